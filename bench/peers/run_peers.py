@@ -1,0 +1,124 @@
+"""Set up the peer venv and run the peer step benchmarks (DBOS, LangGraph) in subprocesses.
+
+Standard library only, so the main bench script can import it from the project's own venv.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+PEERS_DIR = Path(__file__).resolve().parent
+REQUIREMENTS = PEERS_DIR / "requirements.txt"
+DEFAULT_VENV = PEERS_DIR.parent / ".venv-peers"
+SCRIPTS = ("dbos_steps.py", "langgraph_steps.py")
+_STAMP = ".requirements.sha256"
+
+
+def _venv_python(venv: Path) -> Path:
+    return venv / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
+
+
+def _pip(python: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    cmd = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", *args]
+    return subprocess.run(cmd, capture_output=True, text=True)
+
+
+def _tail(text: str, lines: int = 15) -> str:
+    return "\n".join(text.strip().splitlines()[-lines:])
+
+
+def ensure_venv(path: Path = DEFAULT_VENV) -> Path:
+    """Create the peer venv if needed, install requirements.txt, return its python."""
+    python = _venv_python(path)
+    if not python.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(path)], check=True)
+    digest = hashlib.sha256(REQUIREMENTS.read_bytes()).hexdigest()
+    stamp = path / _STAMP
+    if stamp.exists() and stamp.read_text().strip() == digest:
+        return python
+    proc = _pip(python, "-r", str(REQUIREMENTS))
+    if proc.returncode != 0:
+        # pip's resolver errors rarely name the culprit clearly; retry one pin at a time.
+        pins = [
+            line.split("#")[0].strip()
+            for line in REQUIREMENTS.read_text().splitlines()
+            if line.split("#")[0].strip()
+        ]
+        for pin in pins:
+            one = _pip(python, pin)
+            if one.returncode != 0:
+                raise RuntimeError(f"peer venv: pip install {pin!r} failed:\n{_tail(one.stderr)}")
+        raise RuntimeError(
+            f"peer venv: pip install -r {REQUIREMENTS} failed "
+            f"(each pin installs alone; conflict between pins?):\n{_tail(proc.stderr)}"
+        )
+    stamp.write_text(digest + "\n")
+    return python
+
+
+def run_peer(
+    python: Path,
+    script: str,
+    steps: int,
+    sync: str,
+    state_kb_per_step: int = 0,
+    timeout: float = 600,
+    extra_args: Sequence[str] = (),
+) -> dict[str, Any]:
+    """Run one peer script in a fresh temp dir; return its JSON or {"peer", "error"}."""
+    script_path = Path(script) if Path(script).is_absolute() else PEERS_DIR / script
+    peer = script_path.stem.removesuffix("_steps")
+    try:
+        with tempfile.TemporaryDirectory(prefix=f"peer-{peer}-") as tmp:
+            cmd = [
+                str(python),
+                str(script_path),
+                "--steps", str(steps),
+                "--db", str(Path(tmp) / "peer.sqlite"),
+                "--sync", sync,
+                "--state-kb-per-step", str(state_kb_per_step),
+                *extra_args,
+            ]  # fmt: skip
+            proc = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True, timeout=timeout)
+        if proc.returncode != 0:
+            return {"peer": peer, "error": f"exit {proc.returncode}: {_tail(proc.stderr, 5)}"}
+        lines = [line for line in proc.stdout.splitlines() if line.strip()]
+        if not lines:
+            return {"peer": peer, "error": f"no output: {_tail(proc.stderr, 5)}"}
+        result = json.loads(lines[-1])
+        return result if isinstance(result, dict) else {"peer": peer, "error": "non-object JSON"}
+    except subprocess.TimeoutExpired:
+        return {"peer": peer, "error": f"timed out after {timeout}s"}
+    except Exception as e:  # the caller wants a result row, never a raise
+        return {"peer": peer, "error": f"{type(e).__name__}: {e}"}
+
+
+def main() -> None:
+    """Run both peers at FULL and NORMAL (plus DBOS forced to WAL); print JSON lines."""
+    p = argparse.ArgumentParser(description=main.__doc__)
+    p.add_argument("--steps", type=int, default=1000)
+    p.add_argument("--state-kb-per-step", type=int, default=0)
+    args = p.parse_args()
+    python = ensure_venv()
+    # DBOS leaves SQLite in rollback-journal mode; the WAL row matches LangGraph's setup.
+    runs: list[tuple[str, tuple[str, ...]]] = [(script, ()) for script in SCRIPTS]
+    runs.append(("dbos_steps.py", ("--wal",)))
+    for sync in ("FULL", "NORMAL"):
+        for script, extra in runs:
+            row = run_peer(
+                python, script, args.steps, sync, args.state_kb_per_step, extra_args=extra
+            )
+            print(json.dumps(row))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,91 @@
+"""mainspring: a runtime that makes long-horizon AI agents reliable in production.
+
+The public names are all here; everything else is private and may change.
+"""
+
+from ._app import App, RunHandle
+from ._clock import Clock, FakeClock, SystemClock
+from ._errors import (
+    BudgetExceeded,
+    Cancelled,
+    ConfigError,
+    ContextOverflow,
+    LeaseLost,
+    LoopDetected,
+    MainspringError,
+    ModelOutputError,
+    NondeterminismError,
+    PermissionDenied,
+    QuotaExhausted,
+    RateLimited,
+    RunConflict,
+    RunFailed,
+    RunNotFound,
+    SchemaVersionError,
+    SerializationError,
+    StepFailed,
+    StepInterrupted,
+    StepTimeout,
+    StoreError,
+    StoreUnavailable,
+    ToolInputError,
+    ToolNotAllowed,
+    TransientError,
+    UnknownTool,
+    UnknownWorkflow,
+    ValidationFailed,
+    WaitTimeout,
+)
+from .journal import RetryPolicy, RunContext, StepInfo, StepMode, Workflow, current_step
+from .storage import RunRecord, StepRecord, Store
+from .worker import Worker
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "App",
+    "BudgetExceeded",
+    "Cancelled",
+    "Clock",
+    "ConfigError",
+    "ContextOverflow",
+    "FakeClock",
+    "LeaseLost",
+    "LoopDetected",
+    "MainspringError",
+    "ModelOutputError",
+    "NondeterminismError",
+    "PermissionDenied",
+    "QuotaExhausted",
+    "RateLimited",
+    "RetryPolicy",
+    "RunConflict",
+    "RunContext",
+    "RunFailed",
+    "RunHandle",
+    "RunNotFound",
+    "RunRecord",
+    "SchemaVersionError",
+    "SerializationError",
+    "StepFailed",
+    "StepInfo",
+    "StepInterrupted",
+    "StepMode",
+    "StepRecord",
+    "StepTimeout",
+    "Store",
+    "StoreError",
+    "StoreUnavailable",
+    "SystemClock",
+    "ToolInputError",
+    "ToolNotAllowed",
+    "TransientError",
+    "UnknownTool",
+    "UnknownWorkflow",
+    "ValidationFailed",
+    "WaitTimeout",
+    "Worker",
+    "Workflow",
+    "__version__",
+    "current_step",
+]

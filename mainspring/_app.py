@@ -1,0 +1,262 @@
+"""``App``: the registry of workflows over one store, and the way to start runs."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Concatenate, ParamSpec, TypeVar, overload
+
+from ._clock import Clock, SystemClock
+from ._errors import ConfigError, RunFailed, RunNotFound, UnknownWorkflow
+from ._serde import dumps, loads
+from .journal import RetryPolicy, RunContext, Workflow
+from .storage import RunRecord, StepRecord, Store, open_store
+from .worker import Worker
+
+__all__ = ["DEFAULT_URL", "App", "RunHandle"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+DEFAULT_URL = "sqlite:///mainspring.db"
+
+
+@dataclass(frozen=True, slots=True)
+class RunHandle:
+    """A submitted run. ``created`` is False when an existing run had the same key."""
+
+    app: App
+    run_id: str
+    created: bool
+
+    def status(self) -> str:
+        return self.app.get_run(self.run_id).status
+
+    async def result(self, *, timeout: float | None = None) -> Any:
+        """Wait for the run to finish (executed by some worker) and return its result."""
+        return await self.app.result(self.run_id, timeout=timeout)
+
+
+class App:
+    """Workflows registered over one store.
+
+    Args:
+        url: ``sqlite:///path.db`` (the default is ``sqlite:///mainspring.db``; the
+            ``MAINSPRING_DATABASE_URL`` environment variable overrides it when no
+            URL is given), or a :class:`Store`.
+        clock: time source (a :class:`FakeClock` in tests).
+        rng: randomness for ``ctx.uuid()``, ``ctx.random()`` and back-off jitter.
+        lease_s: how long a claim lasts without a heartbeat.
+        heartbeat_s: how often workers extend their leases (default ``lease_s / 3``).
+        max_recoveries: a run recovered this many times in a row without progress
+            is moved to ``failed`` (dead-lettered).
+        inline_wait_s: waits up to this long (sleeps, back-offs) keep the worker;
+            longer ones release it and the run sleeps in the store.
+        default_retry: the retry policy of ``at_least_once`` steps.
+        poll_interval_s: how often idle workers look for runnable runs.
+    """
+
+    def __init__(
+        self,
+        url: str | Store | None = None,
+        *,
+        clock: Clock | None = None,
+        rng: random.Random | None = None,
+        lease_s: float = 15.0,
+        heartbeat_s: float | None = None,
+        max_recoveries: int = 5,
+        inline_wait_s: float = 1.0,
+        default_retry: RetryPolicy | None = None,
+        poll_interval_s: float = 0.1,
+    ) -> None:
+        if url is None:
+            url = os.environ.get("MAINSPRING_DATABASE_URL", DEFAULT_URL)
+        if lease_s <= 0:
+            raise ConfigError(f"lease_s must be > 0, got {lease_s!r}")
+        self._url = url if isinstance(url, str) else url.url
+        self._store: Store | None = None if isinstance(url, str) else url
+        self.clock: Clock = clock or SystemClock()
+        self.rng = rng or random.Random()
+        self.lease_s = float(lease_s)
+        self.heartbeat_s = float(heartbeat_s) if heartbeat_s is not None else self.lease_s / 3
+        if self.heartbeat_s >= self.lease_s:
+            raise ConfigError(
+                f"heartbeat_s={self.heartbeat_s!r} must be shorter than lease_s={self.lease_s!r}"
+            )
+        self.max_recoveries = max_recoveries
+        self.inline_wait_s = inline_wait_s
+        self.default_retry = default_retry or RetryPolicy()
+        self.poll_interval_s = poll_interval_s
+        self.workflows: dict[str, Workflow[Any, Any]] = {}
+
+    @property
+    def url(self) -> str:
+        return self._url
+
+    @property
+    def store(self) -> Store:
+        """The store, opened (and migrated) on first use."""
+        if self._store is None:
+            self._store = open_store(self._url)
+        return self._store
+
+    def close(self) -> None:
+        if self._store is not None:
+            self._store.close()
+
+    # -- registration --------------------------------------------------------------
+
+    @overload
+    def workflow(
+        self, fn: Callable[Concatenate[RunContext, P], Awaitable[R]], /
+    ) -> Workflow[P, R]: ...
+
+    @overload
+    def workflow(
+        self, *, name: str | None = None
+    ) -> Callable[[Callable[Concatenate[RunContext, P], Awaitable[R]]], Workflow[P, R]]: ...
+
+    def workflow(self, fn: Any = None, /, *, name: str | None = None) -> Any:  # type: ignore[misc]
+        """Register an ``async def f(ctx: RunContext, ...)`` as a durable workflow.
+
+        Use as ``@app.workflow`` or ``@app.workflow(name="...")``. The name (the
+        function's name by default) is what the journal records: keep it stable
+        while runs are in flight.
+        """
+
+        def register(f: Callable[..., Awaitable[Any]]) -> Workflow[Any, Any]:
+            wf: Workflow[Any, Any] = Workflow.create(f, name)
+            if wf.name in self.workflows and self.workflows[wf.name].fn is not f:
+                raise ConfigError(f"a workflow named {wf.name!r} is already registered")
+            self.workflows[wf.name] = wf
+            return wf
+
+        return register(fn) if fn is not None else register
+
+    def get_workflow(self, workflow: Workflow[Any, Any] | str) -> Workflow[Any, Any]:
+        name = workflow if isinstance(workflow, str) else workflow.name
+        found = self.workflows.get(name)
+        if found is None:
+            known = ", ".join(sorted(self.workflows)) or "none"
+            raise UnknownWorkflow(
+                f"no workflow named {name!r} is registered in this App (registered: {known})"
+            )
+        return found
+
+    # -- starting runs ---------------------------------------------------------------
+
+    def submit(
+        self,
+        workflow: Workflow[P, R] | str,
+        *args: Any,
+        key: str | None = None,
+        **kwargs: Any,
+    ) -> RunHandle:
+        """Enqueue a run for the workers and return at once.
+
+        A ``key`` makes submission idempotent: the same key returns the same run.
+        """
+        wf = self.get_workflow(workflow)
+        encoded = wf.encode_input(args, kwargs)
+        record, created = self.store.create_run(
+            run_id=_new_id(), workflow=wf.name, input=encoded, key=key, now=self.clock.now()
+        )
+        return RunHandle(self, record.id, created)
+
+    async def run(
+        self,
+        workflow: Workflow[P, R] | str,
+        *args: Any,
+        key: str | None = None,
+        **kwargs: Any,
+    ) -> R:
+        """Execute a run durably in this process and return its result.
+
+        The run is journaled like any other: if this process dies, ``app.run`` with
+        the same ``key`` (or any worker) resumes it at the step where it stopped.
+        Sleeps and waits happen here too.
+
+        Raises:
+            RunFailed: the run ended failed or cancelled.
+        """
+        handle = self.submit(workflow, *args, key=key, **kwargs)
+        worker = Worker(self, concurrency=1, batch=False, _run_id=handle.run_id)
+        await worker.run()
+        value: R = await self.result(handle.run_id)
+        return value
+
+    def worker(self, **options: Any) -> Worker:
+        """A :class:`Worker` for this App (see its arguments)."""
+        return Worker(self, **options)
+
+    # -- looking and steering ----------------------------------------------------------
+
+    def get_run(self, run_id: str) -> RunRecord:
+        record = self.store.get_run(run_id)
+        if record is None:
+            raise RunNotFound(f"no run {run_id!r} in {self._url!r}")
+        return record
+
+    def list_runs(
+        self,
+        *,
+        status: Sequence[str] | str | None = None,
+        workflow: str | None = None,
+        limit: int = 50,
+        offset: int = 0,
+    ) -> list[RunRecord]:
+        statuses = [status] if isinstance(status, str) else status
+        return self.store.list_runs(
+            statuses=statuses, workflow=workflow, limit=limit, offset=offset
+        )
+
+    def steps(self, run_id: str) -> list[StepRecord]:
+        self.get_run(run_id)
+        return self.store.load_steps(run_id)
+
+    def signal(self, run_id: str, name: str, payload: Any = None) -> int:
+        """Send a signal to a run; it is kept until a ``ctx.wait_for(name)`` takes it.
+
+        Raises:
+            RunNotFound: no such run.
+            RunConflict: the run has finished.
+        """
+        return self.store.send_signal(
+            run_id, name, dumps(payload, what=f"payload of signal {name!r}"), self.clock.now()
+        )
+
+    def cancel(self, run_id: str, reason: str | None = None) -> str:
+        """Cancel a run; returns its status afterwards (``running`` while its
+        worker is stopping it)."""
+        return self.store.cancel(run_id, self.clock.now(), reason)
+
+    async def result(self, run_id: str, *, timeout: float | None = None) -> Any:
+        """Wait until the run finishes; return its result or raise :class:`RunFailed`."""
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        while True:
+            record = self.get_run(run_id)
+            if record.finished:
+                break
+            if deadline is not None and loop.time() >= deadline:
+                raise TimeoutError(f"run {run_id!r} is still {record.status} after {timeout}s")
+            await asyncio.sleep(self.poll_interval_s)
+        if record.status == "succeeded":
+            wf = self.workflows.get(record.workflow)
+            return wf.decode_output(record.output) if wf else loads(record.output)
+        error = loads(record.error) or {}
+        raise RunFailed(
+            f"run {run_id!r} of {record.workflow!r} {record.status}: "
+            f"{error.get('type', '?')}: {error.get('message', '')}",
+            status=record.status,
+            error=error,
+            run_id=run_id,
+        )
+
+
+def _new_id() -> str:
+    return uuid.uuid4().hex

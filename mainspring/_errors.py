@@ -1,0 +1,283 @@
+"""The one error tree of mainspring.
+
+Every error the runtime raises derives from :class:`MainspringError`, except
+:class:`Cancelled`, which derives from ``BaseException`` so that a workflow's
+``except Exception`` cannot swallow a cancellation.
+
+Each class says whether retrying can help through its ``retryable`` attribute:
+
+* ``retryable = True``: the same call may succeed later (network, timeouts, 5xx,
+  rate limits, a locked database). Retry policies back off and try again, honouring
+  ``retry_after`` when the error carries one.
+* ``retryable = False``: retrying the same call cannot help. The input, the code,
+  the configuration or a human decision must change first.
+
+Messages name the run, the step and the offending value (quoted with ``{value!r}``)
+so that a line in a log is enough to find the problem.
+
+Tree::
+
+    MainspringError
+    ├── TransientError            retryable: network, timeout, 5xx, locked database
+    │   ├── RateLimited           retryable after ``retry_after`` seconds
+    │   ├── StepTimeout           one attempt of a step ran past its timeout
+    │   └── StoreUnavailable      the database is locked or unreachable
+    ├── ToolInputError            arguments do not match a tool's schema (the model can repair)
+    ├── ModelOutputError          a model's output cannot be parsed (the model can repair)
+    ├── ContextOverflow           the prompt is too long (compact, then retry once)
+    ├── PermissionDenied          auth or permission refused: ask a human
+    ├── QuotaExhausted            the account is out of quota: ask a human
+    ├── UnknownTool               the model called a tool that does not exist
+    ├── ToolNotAllowed            the tool exists but is not on the agent's allowlist
+    ├── BudgetExceeded            steps, tokens, cost or wall time ran out
+    ├── LoopDetected              the agent repeats itself
+    ├── StepInterrupted           an at_most_once step started and never finished
+    ├── StepFailed                a journaled step failed for good (what workflow code sees)
+    ├── WaitTimeout               ``ctx.wait_for`` timed out with no default
+    ├── NondeterminismError       replay met a different step than the journal holds
+    ├── LeaseLost                 another worker took the run over (epoch fencing)
+    ├── ValidationFailed          an output failed its validators
+    ├── RunNotFound               no run with that id
+    ├── RunConflict               the run is not in a state that allows the request
+    ├── RunFailed                 the awaited run ended failed or cancelled
+    ├── ConfigError               a mistake in code or configuration
+    │   ├── UnknownWorkflow       no workflow registered under that name
+    │   └── SerializationError    a payload is not JSON-serialisable (never pickled)
+    └── StoreError                the database is corrupt, foreign or of a newer schema
+        └── SchemaVersionError    the database was written by a newer mainspring
+    Cancelled (BaseException)     the run was cancelled
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+__all__ = [
+    "BudgetExceeded",
+    "Cancelled",
+    "ConfigError",
+    "ContextOverflow",
+    "LeaseLost",
+    "LoopDetected",
+    "MainspringError",
+    "ModelOutputError",
+    "NondeterminismError",
+    "PermissionDenied",
+    "QuotaExhausted",
+    "RateLimited",
+    "RunConflict",
+    "RunFailed",
+    "RunNotFound",
+    "SchemaVersionError",
+    "SerializationError",
+    "StepFailed",
+    "StepInterrupted",
+    "StepTimeout",
+    "StoreError",
+    "StoreUnavailable",
+    "ToolInputError",
+    "ToolNotAllowed",
+    "TransientError",
+    "UnknownTool",
+    "UnknownWorkflow",
+    "ValidationFailed",
+    "WaitTimeout",
+]
+
+
+class MainspringError(Exception):
+    """Base of every error mainspring raises (but :class:`Cancelled`).
+
+    Attributes:
+        retryable: whether the same call may succeed if tried again later.
+        run_id: the run the error happened in, when known.
+        step: ``"session:seq name"`` of the step, when known.
+    """
+
+    retryable: ClassVar[bool] = False
+
+    def __init__(self, message: str, *, run_id: str | None = None, step: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.run_id = run_id
+        self.step = step
+
+    def __str__(self) -> str:
+        where = []
+        if self.run_id:
+            where.append(f"run {self.run_id}")
+        if self.step:
+            where.append(f"step {self.step}")
+        return f"{self.message} ({', '.join(where)})" if where else self.message
+
+
+class TransientError(MainspringError):
+    """A failure that may pass: network, timeout, 5xx, overload. Retry with back-off."""
+
+    retryable = True
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        retry_after: float | None = None,
+        run_id: str | None = None,
+        step: str | None = None,
+    ) -> None:
+        super().__init__(message, run_id=run_id, step=step)
+        self.retry_after = retry_after
+
+
+class RateLimited(TransientError):
+    """The provider refused for rate. Wait at least ``retry_after`` seconds."""
+
+
+class StepTimeout(TransientError):
+    """One attempt of a step ran past its timeout. Retried by the step's policy."""
+
+
+class StoreUnavailable(TransientError):
+    """The database is locked past its busy timeout, or unreachable. Retry later."""
+
+
+class ToolInputError(MainspringError):
+    """A tool's arguments do not match its schema; the message says how to fix them."""
+
+
+class ModelOutputError(MainspringError):
+    """A model's output cannot be parsed into actions; the model is asked to repair it."""
+
+
+class ContextOverflow(MainspringError):
+    """The request is longer than the model's context. Compact, then retry once."""
+
+
+class PermissionDenied(MainspringError):
+    """Authentication or permission was refused. A human must fix credentials."""
+
+
+class QuotaExhausted(MainspringError):
+    """The account has no quota left. A human must raise it or wait for the period."""
+
+
+class UnknownTool(MainspringError):
+    """The model called a tool that does not exist: a configuration error, stop at once."""
+
+
+class ToolNotAllowed(MainspringError):
+    """The tool exists but is not on this agent's allowlist: stop at once."""
+
+
+class BudgetExceeded(MainspringError):
+    """A budget of steps, tokens, cost or wall time ran out."""
+
+
+class LoopDetected(MainspringError):
+    """The agent repeats the same action, error or alternation."""
+
+
+class StepInterrupted(MainspringError):
+    """An ``at_most_once`` step started and its end was never journaled.
+
+    It may or may not have taken effect. It is not re-run: the workflow decides
+    (ask a human, fail, or compensate) by catching this error.
+    """
+
+
+class StepFailed(MainspringError):
+    """A journaled step failed for good (retries exhausted or not retryable).
+
+    Workflow code sees this same error on the first execution and on every replay,
+    so ``except StepFailed`` behaves identically whether or not the run recovered.
+    The original exception is ``__cause__`` on the first execution only.
+
+    Attributes:
+        error_type: qualified name of the original exception class.
+        attempts: how many attempts were made.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        error_type: str,
+        attempts: int,
+        run_id: str | None = None,
+        step: str | None = None,
+    ) -> None:
+        super().__init__(message, run_id=run_id, step=step)
+        self.error_type = error_type
+        self.attempts = attempts
+
+
+class WaitTimeout(MainspringError):
+    """``ctx.wait_for`` reached its timeout and no default was given."""
+
+
+class NondeterminismError(MainspringError):
+    """Replay met a step other than the one journaled at that position.
+
+    The workflow's code changed the order or names of its steps while runs were in
+    flight. Deploy the old code to finish them, or version the workflow.
+    """
+
+
+class LeaseLost(MainspringError):
+    """Another worker claimed the run (its epoch moved on). This worker must stop acting."""
+
+    retryable = False
+
+
+class ValidationFailed(MainspringError):
+    """An output failed its schema or business-rule validators."""
+
+
+class RunNotFound(MainspringError):
+    """No run has that id."""
+
+
+class RunConflict(MainspringError):
+    """The run's state does not allow the request (a signal to a finished run, say)."""
+
+
+class RunFailed(MainspringError):
+    """The awaited run ended ``failed`` or ``cancelled``.
+
+    Attributes:
+        status: the run's final status.
+        error: the journaled error as a JSON object (``type``, ``message``).
+    """
+
+    def __init__(self, message: str, *, status: str, error: Any, run_id: str | None = None):
+        super().__init__(message, run_id=run_id)
+        self.status = status
+        self.error = error
+
+
+class ConfigError(MainspringError):
+    """A mistake in code or configuration. Fix it; retrying cannot help."""
+
+
+class UnknownWorkflow(ConfigError):
+    """No workflow is registered under that name in this App."""
+
+
+class SerializationError(ConfigError):
+    """A payload cannot be encoded as JSON. mainspring never pickles."""
+
+
+class StoreError(MainspringError):
+    """The database cannot be used: corrupt, not a mainspring database, or similar."""
+
+
+class SchemaVersionError(StoreError):
+    """The database's schema is newer than this version of mainspring knows."""
+
+
+class Cancelled(BaseException):
+    """The run was cancelled. A ``BaseException`` so user code cannot swallow it."""
+
+    def __init__(self, run_id: str | None = None, reason: str | None = None) -> None:
+        super().__init__(f"run {run_id} was cancelled" + (f": {reason}" if reason else ""))
+        self.run_id = run_id
+        self.reason = reason

@@ -1,0 +1,23 @@
+"""The durable engine: run contexts, replay, step modes, sessions."""
+
+from ._batch import BatchCommitter
+from ._context import RunContext, StepInfo, StepMode, current_step
+from ._engine import Committer, Engine, RunControl
+from ._executor import Outcome, execute
+from ._retry import RetryPolicy
+from ._workflow import Workflow
+
+__all__ = [
+    "BatchCommitter",
+    "Committer",
+    "Engine",
+    "Outcome",
+    "RetryPolicy",
+    "RunContext",
+    "RunControl",
+    "StepInfo",
+    "StepMode",
+    "Workflow",
+    "current_step",
+    "execute",
+]

@@ -1,0 +1,84 @@
+"""Group commit: the writes of every run stepping at the same moment share one
+transaction, so a worker with many runs pays one commit (one fsync) per batch."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+from .._clock import Clock
+from ..storage import RunWrite, Store, WriteResult
+from ._engine import Committer
+
+__all__ = ["BatchCommitter"]
+
+_Item = tuple[RunWrite, "asyncio.Future[WriteResult]", asyncio.AbstractEventLoop]
+
+
+class BatchCommitter(Committer):
+    """Commits from one background thread; while a commit is in flight, new writes
+    queue up and go together in the next one (no timer, no added latency)."""
+
+    def __init__(self, store: Store, clock: Clock, *, max_batch: int = 512) -> None:
+        super().__init__(store, clock)
+        self.max_batch = max_batch
+        self._queue: list[_Item] = []
+        self._cv = threading.Condition()
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        self.batches = 0
+        self.writes = 0
+
+    async def commit(self, write: RunWrite) -> WriteResult:
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[WriteResult] = loop.create_future()
+        with self._cv:
+            if self._closed:
+                raise RuntimeError("the committer is closed")
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._loop, name="mainspring-committer", daemon=True
+                )
+                self._thread.start()
+            self._queue.append((write, fut, loop))
+            self._cv.notify()
+        return await fut
+
+    async def close(self) -> None:
+        with self._cv:
+            self._closed = True
+            self._cv.notify()
+            thread = self._thread
+        if thread is not None:
+            await asyncio.to_thread(thread.join)
+
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while not self._queue and not self._closed:
+                    self._cv.wait()
+                if not self._queue and self._closed:
+                    return
+                batch = self._queue[: self.max_batch]
+                del self._queue[: self.max_batch]
+            try:
+                results = self.store.commit([w for w, _, _ in batch], self.clock.now())
+            except Exception as exc:
+                for _, fut, loop in batch:
+                    loop.call_soon_threadsafe(_fail, fut, exc)
+                continue
+            self.batches += 1
+            self.writes += len(batch)
+            for (_, fut, loop), result in zip(batch, results, strict=True):
+                loop.call_soon_threadsafe(_succeed, fut, result)
+
+
+def _succeed(fut: asyncio.Future[Any], result: Any) -> None:
+    if not fut.done():
+        fut.set_result(result)
+
+
+def _fail(fut: asyncio.Future[Any], exc: BaseException) -> None:
+    if not fut.done():
+        fut.set_exception(exc)

@@ -1,0 +1,570 @@
+"""``RunContext``: every durable thing a workflow does goes through it.
+
+Each call takes the next sequence number of the session. On replay a journaled
+entry at that number returns its recorded result without running anything; a
+different kind or name there raises :class:`NondeterminismError`. Writes are
+buffered and committed once per step: the completion of one step shares its
+commit with the intent row of the next (DESIGN.md §3).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import dataclasses
+import functools
+import inspect
+import traceback
+import uuid as uuid_mod
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Literal, NoReturn, TypeVar, get_type_hints, overload
+
+from .._errors import (
+    Cancelled,
+    LeaseLost,
+    MainspringError,
+    NondeterminismError,
+    StepFailed,
+    StepInterrupted,
+    StepTimeout,
+    StoreError,
+    StoreUnavailable,
+    WaitTimeout,
+)
+from .._serde import decode, dumps, loads
+from ..storage import RunRecord, RunTransition, RunWrite, StepKind, StepRecord
+from ._engine import Engine, RunControl
+from ._retry import RetryPolicy
+
+__all__ = ["RunContext", "StepInfo", "StepMode", "current_step"]
+
+T = TypeVar("T")
+StepMode = Literal["at_least_once", "at_most_once"]
+_MISSING: Any = object()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepInfo:
+    """The step being executed, as seen from inside its function.
+
+    Attributes:
+        idempotency_key: ``"{run_id}:{session}:{seq}"``, the same on every attempt
+            and after every crash. Pass it to the outside world so that a repeated
+            call is recognised as the same one.
+    """
+
+    run_id: str
+    session: int
+    seq: int
+    name: str
+    attempt: int
+
+    @property
+    def idempotency_key(self) -> str:
+        return f"{self.run_id}:{self.session}:{self.seq}"
+
+
+_current: contextvars.ContextVar[StepInfo | None] = contextvars.ContextVar(
+    "mainspring_step", default=None
+)
+
+
+def current_step() -> StepInfo:
+    """The step whose function is running now (its idempotency key, attempt, ...).
+
+    Raises:
+        RuntimeError: called outside a step function.
+    """
+    info = _current.get()
+    if info is None:
+        raise RuntimeError(
+            "mainspring.current_step() was called outside a step: call it from a "
+            "function run by ctx.step(...)"
+        )
+    return info
+
+
+class _Suspend(BaseException):
+    """Control flow: the run leaves its worker until a time or a signal."""
+
+    def __init__(self, transition: RunTransition) -> None:
+        self.transition = transition
+
+
+class _ContinueAsNew(BaseException):
+    """Control flow: end this session and start the next from a hand-off."""
+
+    def __init__(self, handoff: str) -> None:
+        self.handoff = handoff
+
+
+class _Release(BaseException):
+    """Control flow: the worker is shutting down; give the run back."""
+
+
+@functools.lru_cache(maxsize=4096)
+def _return_type(fn: Callable[..., Any]) -> Any:
+    try:
+        hints = get_type_hints(fn)
+    except Exception:  # unresolvable annotations: fall back to plain JSON
+        return Any
+    return hints.get("return", Any)
+
+
+def _error_json(exc: BaseException, **extra: Any) -> str:
+    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__, limit=8))
+    payload = {
+        "type": f"{type(exc).__module__}.{type(exc).__qualname__}",
+        "message": str(exc),
+        "retryable": bool(getattr(exc, "retryable", True)),
+        "traceback": tb[-4000:],
+        **extra,
+    }
+    return dumps(payload, what="error")
+
+
+class RunContext:
+    """The handle a workflow uses for everything durable. Not created by users.
+
+    Attributes:
+        run_id: this run's id.
+        session: the session number (0, then +1 at each ``continue_as_new``).
+        handoff: the value passed to ``continue_as_new`` by the previous session,
+            ``None`` in session 0.
+    """
+
+    def __init__(
+        self,
+        *,
+        run: RunRecord,
+        journal: list[StepRecord],
+        engine: Engine,
+        control: RunControl,
+    ) -> None:
+        self.run_id = run.id
+        self.workflow = run.workflow
+        self.session = run.session
+        self.handoff: Any = loads(run.handoff)
+        self._epoch = run.epoch
+        self._engine = engine
+        self._control = control
+        self._journal = {rec.seq: rec for rec in journal}
+        self._last_journaled = max(self._journal, default=-1)
+        self._seq = -1
+        self._pending: dict[int, StepRecord] = {}
+        self._consume: list[tuple[int, str]] = []
+        self._cancel = run.cancel_requested
+        self._reset_recoveries = run.recoveries > 0
+
+    # -- public API -------------------------------------------------------------------
+
+    @property
+    def is_replaying(self) -> bool:
+        """True while the workflow re-executes journaled steps."""
+        return self._seq < self._last_journaled
+
+    @overload
+    async def step(
+        self,
+        fn: Callable[..., Awaitable[T]],
+        *args: Any,
+        name: str | None = ...,
+        mode: StepMode = ...,
+        retry: RetryPolicy | None = ...,
+        timeout: float | None = ...,
+        **kwargs: Any,
+    ) -> T: ...
+
+    @overload
+    async def step(
+        self,
+        fn: Callable[..., T],
+        *args: Any,
+        name: str | None = ...,
+        mode: StepMode = ...,
+        retry: RetryPolicy | None = ...,
+        timeout: float | None = ...,
+        **kwargs: Any,
+    ) -> T: ...
+
+    async def step(
+        self,
+        fn: Callable[..., Any],
+        *args: Any,
+        name: str | None = None,
+        mode: StepMode = "at_least_once",
+        retry: RetryPolicy | None = None,
+        timeout: float | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        """Run ``fn(*args, **kwargs)`` as a journaled step and return its result.
+
+        A completed step is never run again: on replay its journaled result is
+        returned (decoded to ``fn``'s return annotation). The result is the same
+        JSON round-trip on the first execution, so code sees identical values
+        either way.
+
+        Args:
+            fn: a sync or async function. Sync functions run in a thread.
+            name: journal name; defaults to the function's qualified name.
+            mode: ``"at_least_once"`` (default): a step interrupted by a crash runs
+                again with the same idempotency key. ``"at_most_once"``: it is not
+                re-run; :class:`StepInterrupted` is raised instead.
+            retry: the back-off policy for attempts that raise; the App's default
+                for ``at_least_once``, no retries for ``at_most_once``.
+            timeout: seconds per attempt; a timed-out attempt raises
+                :class:`StepTimeout` (retryable). A sync function's thread cannot be
+                killed: it is abandoned and the run goes on.
+
+        Raises:
+            StepFailed: the step failed for good (same on replay).
+            StepInterrupted: an ``at_most_once`` step was interrupted by a crash.
+        """
+        if mode not in ("at_least_once", "at_most_once"):
+            raise ValueError(f"mode must be 'at_least_once' or 'at_most_once', got {mode!r}")
+        self._boundary()
+        step_name = name or getattr(fn, "__qualname__", None) or repr(fn)
+        seq = self._take("step", step_name)
+        rec = self._journal.get(seq)
+        ret_type = _return_type(fn) if inspect.isfunction(fn) or inspect.ismethod(fn) else Any
+        if retry is None:
+            retry = self._engine.default_retry if mode == "at_least_once" else RetryPolicy.never()
+        failures = 0
+        attempt = 1
+        if rec is not None:
+            if rec.status == "completed":
+                return decode(rec.output, ret_type, what=f"journaled output of {step_name!r}")
+            if rec.status == "failed":
+                raise self._failed_from_journal(rec)
+            previous = loads(rec.error) or {}
+            failures = int(previous.get("failures", 0))
+            if rec.status == "started" and mode == "at_most_once":
+                err = StepInterrupted(
+                    f"at_most_once step {step_name!r} started (attempt {rec.attempt}) and "
+                    "its end was never journaled; it may or may not have taken effect",
+                    run_id=self.run_id,
+                    step=self._where(seq, step_name),
+                )
+                self._put(
+                    rec,
+                    status="failed",
+                    error=_error_json(err, failures=failures),
+                    finished_at=self._now(),
+                )
+                await self._flush()
+                raise err
+            if rec.status == "retrying" and rec.wake_at is not None:
+                await self._wait_until(rec.wake_at, reason=f"retry:{step_name}")
+            attempt = rec.attempt + 1
+        while True:
+            started = self._put(
+                StepRecord(
+                    run_id=self.run_id,
+                    session=self.session,
+                    seq=seq,
+                    kind="step",
+                    name=step_name,
+                    status="started",
+                    attempt=attempt,
+                    epoch=self._epoch,
+                    started_at=self._now(),
+                )
+            )
+            await self._flush()  # the intent row (and the previous completion) is durable
+            info = StepInfo(
+                run_id=self.run_id, session=self.session, seq=seq, name=step_name, attempt=attempt
+            )
+            try:
+                result = await self._invoke(fn, args, kwargs, info, timeout)
+                output = dumps(result, what=f"output of step {step_name!r}")
+            except Exception as exc:
+                failures += 1
+                delay = retry.next_delay(failures, exc, self._engine.rng)
+                if delay is None:
+                    self._put(
+                        started,
+                        status="failed",
+                        error=_error_json(exc, failures=failures),
+                        finished_at=self._now(),
+                    )
+                    if mode == "at_most_once":
+                        await self._flush()
+                    raise StepFailed(
+                        f"step {step_name!r} failed after {attempt} attempt(s): "
+                        f"{type(exc).__name__}: {exc}",
+                        error_type=f"{type(exc).__module__}.{type(exc).__qualname__}",
+                        attempts=attempt,
+                        run_id=self.run_id,
+                        step=self._where(seq, step_name),
+                    ) from exc
+                wake_at = self._now() + delay
+                self._put(
+                    started,
+                    status="retrying",
+                    error=_error_json(exc, failures=failures),
+                    wake_at=wake_at,
+                )
+                await self._wait_until(wake_at, reason=f"retry:{step_name}")
+                attempt += 1
+                continue
+            self._put(started, status="completed", output=output, finished_at=self._now())
+            if mode == "at_most_once":
+                await self._flush()  # its end must never be in doubt
+            return decode(output, ret_type, what=f"output of step {step_name!r}")
+
+    async def sleep(self, seconds: float) -> None:
+        """Sleep durably. Long sleeps release the worker; the run wakes on time
+        on any worker, even after restarts."""
+        self._boundary()
+        seq = self._take("sleep", "sleep")
+        rec = self._journal.get(seq)
+        if rec is not None:
+            if rec.status == "completed":
+                return
+            wake_at = rec.wake_at if rec.wake_at is not None else self._now()
+        else:
+            wake_at = self._now() + max(0.0, float(seconds))
+            rec = self._put(self._new(seq, "sleep", "sleep", status="started", wake_at=wake_at))
+        await self._wait_until(wake_at, reason="sleep")
+        self._put(rec, status="completed", finished_at=self._now())
+
+    async def wait_for(
+        self, signal: str, *, timeout: float | None = None, default: Any = _MISSING
+    ) -> Any:
+        """Wait durably for the next signal named ``signal`` and return its payload.
+
+        Signals are stored when they arrive, before or after this wait, and each is
+        consumed once, oldest first. While waiting, the run holds no worker.
+
+        Raises:
+            WaitTimeout: ``timeout`` seconds passed with no signal and no ``default``.
+        """
+        self._boundary()
+        seq = self._take("signal", signal)
+        rec = self._journal.get(seq)
+        if rec is not None and rec.status == "completed":
+            return self._wait_result(rec, signal, default)
+        if rec is None:
+            deadline = None if timeout is None else self._now() + max(0.0, timeout)
+            rec = self._put(self._new(seq, "signal", signal, status="started", wake_at=deadline))
+        deadline = rec.wake_at
+        found = self._engine.store.next_signal(self.run_id, signal)
+        if found is not None:
+            done = self._put(
+                rec,
+                status="completed",
+                output='{"signal":' + found.payload + "}",
+                finished_at=self._now(),
+            )
+            self._consume.append((found.id, f"{self.session}:{seq}"))
+            await self._flush()
+            return self._wait_result(done, signal, default)
+        if deadline is not None and self._now() >= deadline:
+            done = self._put(
+                rec, status="completed", output='{"timeout":true}', finished_at=self._now()
+            )
+            return self._wait_result(done, signal, default)
+        raise _Suspend(
+            RunTransition(
+                kind="suspend",
+                status="waiting",
+                wake_at=deadline,
+                wait_reason=f"signal:{signal}",
+                wait_signal=signal,
+            )
+        )
+
+    def now(self) -> datetime:
+        """The current time, journaled: a replay sees the same value."""
+        return datetime.fromtimestamp(self._record("now", self._now), UTC)
+
+    def uuid(self) -> uuid_mod.UUID:
+        """A random UUID (version 4), journaled."""
+        text = self._record(
+            "uuid", lambda: str(uuid_mod.UUID(int=self._engine.rng.getrandbits(128), version=4))
+        )
+        return uuid_mod.UUID(text)
+
+    def random(self) -> float:
+        """A random float in [0, 1), journaled."""
+        return float(self._record("random", self._engine.rng.random))
+
+    def continue_as_new(self, handoff: Any = None) -> NoReturn:
+        """End this session and start the next from ``handoff``.
+
+        The workflow function runs again from the top with ``ctx.session``
+        incremented and ``ctx.handoff`` set to this value; replay never reads an
+        older session's journal, so a run of any length stays cheap to recover.
+        """
+        self._boundary()
+        raise _ContinueAsNew(dumps(handoff, what="hand-off"))
+
+    # -- machinery ----------------------------------------------------------------------
+
+    def _now(self) -> float:
+        return self._engine.clock.now()
+
+    def _where(self, seq: int, name: str) -> str:
+        return f"{self.session}:{seq} {name!r}"
+
+    def _boundary(self) -> None:
+        if self._cancel:
+            raise Cancelled(self.run_id)
+        if self._control.draining:
+            raise _Release()
+
+    def _take(self, kind: StepKind, name: str) -> int:
+        self._seq += 1
+        seq = self._seq
+        rec = self._journal.get(seq)
+        if rec is not None and (rec.kind != kind or rec.name != name):
+            raise NondeterminismError(
+                f"replay expected {rec.kind} {rec.name!r} at position {seq} of session "
+                f"{self.session} but the workflow asked for {kind} {name!r}: the "
+                "workflow's code changed while the run was in flight",
+                run_id=self.run_id,
+                step=self._where(seq, name),
+            )
+        return seq
+
+    def _new(self, seq: int, kind: StepKind, name: str, **fields: Any) -> StepRecord:
+        return StepRecord(
+            run_id=self.run_id,
+            session=self.session,
+            seq=seq,
+            kind=kind,
+            name=name,
+            attempt=1,
+            epoch=self._epoch,
+            started_at=self._now(),
+            **fields,
+        )
+
+    def _put(self, rec: StepRecord, **changes: Any) -> StepRecord:
+        """Buffer a journal row (a fresh copy, so buffered rows never alias)."""
+        new = dataclasses.replace(rec, epoch=self._epoch, **changes)
+        self._pending[new.seq] = new
+        return new
+
+    def _record(self, kind: StepKind, make: Callable[[], Any]) -> Any:
+        self._boundary()
+        seq = self._take(kind, kind)
+        rec = self._journal.get(seq)
+        if rec is not None:
+            return loads(rec.output)
+        value = make()
+        now = self._now()
+        self._put(
+            self._new(seq, kind, kind, status="completed", output=dumps(value), finished_at=now)
+        )
+        return value
+
+    def _wait_result(self, rec: StepRecord, signal: str, default: Any) -> Any:
+        out = loads(rec.output) or {}
+        if "signal" in out:
+            return out["signal"]
+        if default is not _MISSING:
+            return default
+        raise WaitTimeout(
+            f"no signal {signal!r} arrived before the wait's timeout",
+            run_id=self.run_id,
+            step=self._where(rec.seq, signal),
+        )
+
+    def _failed_from_journal(self, rec: StepRecord) -> MainspringError:
+        err = loads(rec.error) or {}
+        error_type = str(err.get("type", "Exception"))
+        if error_type.endswith("StepInterrupted"):
+            return StepInterrupted(
+                str(err.get("message", "")), run_id=self.run_id, step=self._where(rec.seq, rec.name)
+            )
+        return StepFailed(
+            f"step {rec.name!r} failed after {rec.attempt} attempt(s): "
+            f"{error_type.rsplit('.', 1)[-1]}: {err.get('message', '')}",
+            error_type=error_type,
+            attempts=rec.attempt,
+            run_id=self.run_id,
+            step=self._where(rec.seq, rec.name),
+        )
+
+    async def _invoke(
+        self,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        info: StepInfo,
+        timeout: float | None,
+    ) -> Any:
+        token = _current.set(info)
+        try:
+            if inspect.iscoroutinefunction(fn):
+                return await asyncio.wait_for(fn(*args, **kwargs), timeout)
+            loop = asyncio.get_running_loop()
+            call = functools.partial(contextvars.copy_context().run, fn, *args, **kwargs)
+            fut = loop.run_in_executor(self._engine.threads, call)
+            result = await asyncio.wait_for(fut, timeout)
+            if inspect.isawaitable(result):
+                result = await asyncio.wait_for(result, timeout)
+            return result
+        except TimeoutError:
+            raise StepTimeout(
+                f"step {info.name!r} attempt {info.attempt} ran past its timeout of {timeout}s",
+                run_id=self.run_id,
+                step=self._where(info.seq, info.name),
+            ) from None
+        finally:
+            _current.reset(token)
+
+    async def _wait_until(self, wake_at: float, *, reason: str) -> None:
+        delay = wake_at - self._now()
+        if delay <= 0:
+            return
+        if delay <= self._engine.inline_wait_s:
+            await self._flush()
+            await self._engine.clock.sleep(delay)
+            self._boundary()
+            return
+        raise _Suspend(
+            RunTransition(kind="suspend", status="sleeping", wake_at=wake_at, wait_reason=reason)
+        )
+
+    async def _flush(self, transition: RunTransition | None = None) -> None:
+        """Commit buffered rows (and a status change) in one fenced transaction.
+
+        Retried on store errors: the writes are idempotent upserts, so a commit
+        that succeeded but reported failure (an ambiguous commit) is harmless to
+        repeat, and a completed step is never re-run because of it.
+        """
+        if not self._pending and not self._consume and transition is None:
+            return
+        write = RunWrite(
+            run_id=self.run_id,
+            epoch=self._epoch,
+            steps=list(self._pending.values()),
+            consume=list(self._consume),
+            transition=transition,
+            reset_recoveries=self._reset_recoveries,
+        )
+        engine = self._engine
+        delay = 0.05
+        for attempt in range(1, engine.commit_attempts + 1):
+            try:
+                result = await engine.committer.commit(write)
+                break
+            except (StoreUnavailable, StoreError):
+                if attempt == engine.commit_attempts:
+                    raise
+                await asyncio.sleep(delay)  # real time: the database needs it, not the run
+                delay = min(delay * 2, 2.0)
+        if not result.ok:
+            raise LeaseLost(
+                f"epoch {self._epoch} is no longer current: another worker owns the run",
+                run_id=self.run_id,
+            )
+        self._pending.clear()
+        self._consume.clear()
+        self._reset_recoveries = False
+        if result.cancel_requested:
+            self._cancel = True

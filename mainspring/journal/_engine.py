@@ -1,0 +1,53 @@
+"""What a run's context needs from the process it runs in."""
+
+from __future__ import annotations
+
+import random
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Literal
+
+from .._clock import Clock
+from ..storage import RunWrite, Store, WriteResult
+from ._retry import RetryPolicy
+
+__all__ = ["Committer", "Engine", "RunControl"]
+
+
+class Committer:
+    """Commits a run's writes: inline in the event loop's thread (one run in a
+    script), or, in a worker, through :class:`BatchCommitter` so that the writes of
+    many runs share one transaction."""
+
+    def __init__(self, store: Store, clock: Clock) -> None:
+        self.store = store
+        self.clock = clock
+
+    async def commit(self, write: RunWrite) -> WriteResult:
+        return self.store.commit([write], self.clock.now())[0]
+
+    async def close(self) -> None:
+        return None
+
+
+@dataclass(slots=True)
+class Engine:
+    """Shared, per-process parts: the store, time, randomness and settings."""
+
+    store: Store
+    clock: Clock
+    rng: random.Random
+    committer: Committer
+    threads: ThreadPoolExecutor
+    default_retry: RetryPolicy
+    inline_wait_s: float
+    commit_attempts: int = 6
+
+
+@dataclass(slots=True)
+class RunControl:
+    """How a worker talks to one run it executes: why its task was cancelled, and
+    whether the worker is draining (shutting down)."""
+
+    reason: Literal["cancel", "lost", "shutdown"] | None = None
+    draining: bool = False

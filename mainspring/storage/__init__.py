@@ -1,0 +1,55 @@
+"""Durable storage of runs, journals and signals."""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit
+
+from .._errors import ConfigError
+from ._base import Heartbeat, Store
+from ._migrations import LATEST as SCHEMA_VERSION
+from ._records import (
+    FINISHED,
+    RunRecord,
+    RunStatus,
+    RunTransition,
+    RunWrite,
+    SignalRecord,
+    StepKind,
+    StepRecord,
+    StepStatus,
+    WriteResult,
+)
+from .sqlite import SQLiteStore
+
+__all__ = [
+    "FINISHED",
+    "SCHEMA_VERSION",
+    "Heartbeat",
+    "RunRecord",
+    "RunStatus",
+    "RunTransition",
+    "RunWrite",
+    "SQLiteStore",
+    "SignalRecord",
+    "StepKind",
+    "StepRecord",
+    "StepStatus",
+    "Store",
+    "WriteResult",
+    "open_store",
+]
+
+
+def open_store(url: str) -> Store:
+    """Open the store a URL names: ``sqlite:///path.db`` (PostgreSQL comes next)."""
+    scheme = urlsplit(url).scheme
+    if scheme == "sqlite":
+        return SQLiteStore.from_url(url)
+    if scheme in ("postgresql", "postgres"):
+        raise ConfigError(
+            f"database URL {url!r}: the PostgreSQL store is not in this version yet; "
+            "use sqlite:///path.db"
+        )
+    raise ConfigError(
+        f"database URL {url!r}: unknown scheme {scheme!r}; expected sqlite:///path.db"
+    )

@@ -1,0 +1,68 @@
+"""Numbered schema migrations. Never edit a released one: add the next number.
+
+Each migration is SQL shared by every dialect, with a few ``{tokens}`` that a
+dialect fills in (an auto-increment key, SQLite's ``WITHOUT ROWID``).
+"""
+
+from __future__ import annotations
+
+__all__ = ["LATEST", "MIGRATIONS"]
+
+MIGRATIONS: dict[int, str] = {
+    1: """
+CREATE TABLE ms_runs (
+    id TEXT PRIMARY KEY,
+    workflow TEXT NOT NULL,
+    idem_key TEXT UNIQUE,
+    status TEXT NOT NULL,
+    input TEXT NOT NULL,
+    output TEXT,
+    error TEXT,
+    session INTEGER NOT NULL DEFAULT 0,
+    handoff TEXT,
+    epoch INTEGER NOT NULL DEFAULT 0,
+    owner TEXT,
+    lease_until {float},
+    wake_at {float},
+    wait_reason TEXT,
+    wait_signal TEXT,
+    recoveries INTEGER NOT NULL DEFAULT 0,
+    cancel_requested INTEGER NOT NULL DEFAULT 0,
+    created_at {float} NOT NULL,
+    updated_at {float} NOT NULL,
+    finished_at {float}
+);
+CREATE INDEX ms_runs_queued ON ms_runs (created_at) WHERE status = 'queued';
+CREATE INDEX ms_runs_wake ON ms_runs (wake_at) WHERE status IN ('sleeping', 'waiting');
+CREATE INDEX ms_runs_lease ON ms_runs (lease_until) WHERE status = 'running';
+CREATE INDEX ms_runs_created ON ms_runs (created_at);
+CREATE TABLE ms_steps (
+    run_id TEXT NOT NULL,
+    session INTEGER NOT NULL,
+    seq INTEGER NOT NULL,
+    kind TEXT NOT NULL,
+    name TEXT NOT NULL,
+    status TEXT NOT NULL,
+    attempt INTEGER NOT NULL,
+    epoch INTEGER NOT NULL,
+    output TEXT,
+    error TEXT,
+    started_at {float} NOT NULL,
+    finished_at {float},
+    wake_at {float},
+    PRIMARY KEY (run_id, session, seq)
+){without_rowid};
+CREATE TABLE ms_signals (
+    id {autoid},
+    run_id TEXT NOT NULL,
+    name TEXT NOT NULL,
+    payload TEXT NOT NULL,
+    created_at {float} NOT NULL,
+    consumed_at {float},
+    consumed_by TEXT
+);
+CREATE INDEX ms_signals_pending ON ms_signals (run_id, name, id) WHERE consumed_at IS NULL;
+""",
+}
+
+LATEST = max(MIGRATIONS)

@@ -1,0 +1,124 @@
+"""Plain values that cross the storage boundary. Payload columns hold JSON text."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+__all__ = [
+    "FINISHED",
+    "RunRecord",
+    "RunStatus",
+    "RunTransition",
+    "RunWrite",
+    "SignalRecord",
+    "StepKind",
+    "StepRecord",
+    "StepStatus",
+    "WriteResult",
+]
+
+RunStatus = Literal["queued", "running", "sleeping", "waiting", "succeeded", "failed", "cancelled"]
+FINISHED: frozenset[str] = frozenset({"succeeded", "failed", "cancelled"})
+
+StepKind = Literal["step", "sleep", "signal", "now", "uuid", "random"]
+StepStatus = Literal["started", "retrying", "completed", "failed"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunRecord:
+    """One row of ``ms_runs``."""
+
+    id: str
+    workflow: str
+    key: str | None
+    status: RunStatus
+    input: str
+    output: str | None
+    error: str | None
+    session: int
+    handoff: str | None
+    epoch: int
+    owner: str | None
+    lease_until: float | None
+    wake_at: float | None
+    wait_reason: str | None
+    recoveries: int
+    cancel_requested: bool
+    created_at: float
+    updated_at: float
+    finished_at: float | None
+
+    @property
+    def finished(self) -> bool:
+        return self.status in FINISHED
+
+
+@dataclass(slots=True, kw_only=True)
+class StepRecord:
+    """One row of ``ms_steps``: a journal entry, keyed ``(run_id, session, seq)``."""
+
+    run_id: str
+    session: int
+    seq: int
+    kind: StepKind
+    name: str
+    status: StepStatus
+    attempt: int
+    epoch: int
+    output: str | None = None
+    error: str | None = None
+    started_at: float
+    finished_at: float | None = None
+    wake_at: float | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SignalRecord:
+    id: int
+    run_id: str
+    name: str
+    payload: str
+    created_at: float
+    consumed_at: float | None
+    consumed_by: str | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunTransition:
+    """A change of a run's status committed with its last journal writes.
+
+    ``suspend``: the run leaves its worker (``sleeping`` until ``wake_at``, or
+    ``waiting`` for ``wait_signal`` and/or ``wake_at``). ``finish``: a final status with
+    output or error. ``next_session``: continue-as-new with ``handoff``; the worker keeps
+    the lease.
+    """
+
+    kind: Literal["suspend", "finish", "next_session"]
+    status: RunStatus | None = None
+    output: str | None = None
+    error: str | None = None
+    wake_at: float | None = None
+    wait_reason: str | None = None
+    wait_signal: str | None = None
+    handoff: str | None = None
+
+
+@dataclass(slots=True, kw_only=True)
+class RunWrite:
+    """Everything one run wants committed at once, fenced by ``epoch``."""
+
+    run_id: str
+    epoch: int
+    steps: list[StepRecord] = field(default_factory=list)
+    consume: list[tuple[int, str]] = field(default_factory=list)  # (signal id, "session:seq")
+    transition: RunTransition | None = None
+    reset_recoveries: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class WriteResult:
+    """``ok`` is False when the fence refused the write (the epoch moved on)."""
+
+    ok: bool
+    cancel_requested: bool = False

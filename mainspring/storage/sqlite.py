@@ -1,0 +1,165 @@
+"""The SQLite store: the embedded default, on the standard library's ``sqlite3``.
+
+WAL journal, ``synchronous=FULL`` by default (a committed step survives power
+loss) or ``NORMAL`` on request (survives a process crash, may lose the last
+commits on power loss), a busy timeout, and ``BEGIN IMMEDIATE`` for every write so
+that claims and fenced commits serialise across worker processes.
+
+URL forms: ``sqlite:///relative/path.db``, ``sqlite:////absolute/path.db``, with
+optional ``?synchronous=NORMAL&busy_timeout_ms=10000``.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import ClassVar, Literal
+from urllib.parse import parse_qsl, urlsplit
+
+from .._errors import ConfigError, StoreError, StoreUnavailable
+from ._base import Cursor, Store
+
+__all__ = ["SQLiteStore"]
+
+Synchronous = Literal["FULL", "NORMAL", "EXTRA", "OFF"]
+
+
+class SQLiteStore(Store):
+    """A :class:`Store` in one SQLite file, shared by any number of local processes."""
+
+    dialect: ClassVar[str] = "sqlite"
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        synchronous: Synchronous = "FULL",
+        busy_timeout_ms: int = 5000,
+        migrate: bool = True,
+    ) -> None:
+        path = os.fspath(path)
+        if path in ("", ":memory:"):
+            raise ConfigError(
+                f"SQLite path {path!r}: an in-memory database cannot be shared by the "
+                "engine's threads and workers; use a file (a temporary one in tests)"
+            )
+        sync = str(synchronous).upper()
+        if sync not in ("FULL", "NORMAL", "EXTRA", "OFF"):
+            raise ConfigError(
+                f"synchronous={synchronous!r}: expected FULL (default), NORMAL, EXTRA or OFF"
+            )
+        self.path = path
+        self.synchronous = sync
+        self.busy_timeout_ms = int(busy_timeout_ms)
+        self.url = f"sqlite:///{path}"
+        self._local = threading.local()
+        self._all: list[sqlite3.Connection] = []
+        self._lock = threading.Lock()
+        if migrate:
+            self.migrate()
+
+    @classmethod
+    def from_url(cls, url: str, *, migrate: bool = True) -> SQLiteStore:
+        """Open ``sqlite:///path?synchronous=NORMAL&busy_timeout_ms=5000``."""
+        parts = urlsplit(url)
+        if parts.scheme != "sqlite":
+            raise ConfigError(f"not a SQLite URL: {url!r} (expected sqlite:///path/to/file.db)")
+        path = parts.path[1:] if parts.path.startswith("/") else parts.path
+        if parts.netloc:
+            raise ConfigError(
+                f"SQLite URL {url!r} has a host part {parts.netloc!r}; use three slashes "
+                "for a relative path (sqlite:///app.db) or four for an absolute one"
+            )
+        options = dict(parse_qsl(parts.query))
+        unknown = set(options) - {"synchronous", "busy_timeout_ms"}
+        if unknown:
+            raise ConfigError(
+                f"SQLite URL {url!r}: unknown option(s) {sorted(unknown)!r}; "
+                "known: synchronous, busy_timeout_ms"
+            )
+        sync = options.get("synchronous", "FULL").upper()
+        try:
+            busy = int(options.get("busy_timeout_ms", "5000"))
+        except ValueError:
+            raise ConfigError(f"SQLite URL {url!r}: busy_timeout_ms must be an integer") from None
+        return cls(path, synchronous=sync, busy_timeout_ms=busy, migrate=migrate)  # type: ignore[arg-type]
+
+    # -- connections ----------------------------------------------------------------
+
+    def _conn(self) -> sqlite3.Connection:
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            try:
+                conn = sqlite3.connect(
+                    self.path,
+                    isolation_level=None,  # we issue BEGIN ourselves
+                    timeout=self.busy_timeout_ms / 1000,
+                    check_same_thread=False,
+                )
+                conn.execute(f"PRAGMA busy_timeout = {self.busy_timeout_ms}")
+                mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+                if str(mode).lower() != "wal":
+                    raise StoreError(f"SQLite file {self.path!r} cannot use WAL (got {mode!r})")
+                conn.execute(f"PRAGMA synchronous = {self.synchronous}")
+            except sqlite3.DatabaseError as exc:
+                raise self._error(exc, "opening") from exc
+            self._local.conn = conn
+            with self._lock:
+                self._all.append(conn)
+        return conn
+
+    def close(self) -> None:
+        with self._lock:
+            conns, self._all = self._all, []
+        for conn in conns:
+            conn.close()
+        self._local = threading.local()
+
+    @contextmanager
+    def _write(self) -> Iterator[Cursor]:
+        conn = self._conn()
+        try:
+            cur = conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.DatabaseError as exc:
+            raise self._error(exc, "starting a write") from exc
+        try:
+            yield cur
+            conn.execute("COMMIT")
+        except BaseException as exc:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            if isinstance(exc, sqlite3.DatabaseError):
+                raise self._error(exc, "writing") from exc
+            raise
+
+    @contextmanager
+    def _read(self) -> Iterator[Cursor]:
+        conn = self._conn()
+        try:
+            yield conn.cursor()
+        except sqlite3.DatabaseError as exc:
+            raise self._error(exc, "reading") from exc
+
+    def _ddl(self, sql: str) -> str:
+        return sql.format(
+            float="REAL",
+            autoid="INTEGER PRIMARY KEY AUTOINCREMENT",
+            without_rowid=" WITHOUT ROWID",
+        )
+
+    def _error(self, exc: sqlite3.DatabaseError, doing: str) -> Exception:
+        text = str(exc)
+        if isinstance(exc, sqlite3.OperationalError) and (
+            "locked" in text or "busy" in text or "unable to open" in text or "I/O" in text
+        ):
+            return StoreUnavailable(
+                f"SQLite file {self.path!r} unavailable while {doing}: {text} "
+                f"(busy timeout {self.busy_timeout_ms} ms)"
+            )
+        return StoreError(
+            f"SQLite file {self.path!r} failed while {doing}: {text}; is it a mainspring "
+            "database, and intact?"
+        )
