@@ -1,0 +1,37 @@
+"""The ``mainspring`` command."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from .._errors import MainspringError
+from ._worker import worker
+
+__all__ = ["cli", "main"]
+
+cli = typer.Typer(
+    name="mainspring",
+    help="Durable execution for long-horizon AI agents.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+@cli.callback()
+def _root() -> None:
+    """Durable execution for long-horizon AI agents."""
+
+
+cli.command()(worker)
+
+
+def main() -> None:
+    """Entry point: run the CLI, printing mainspring errors as one clear line."""
+    try:
+        cli()
+    except MainspringError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)

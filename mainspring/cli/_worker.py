@@ -1,0 +1,58 @@
+"""``mainspring worker MODULE:APP``."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from typing import Annotated
+
+import typer
+
+from ._load import load_app
+
+__all__ = ["worker"]
+
+
+def worker(
+    app_spec: Annotated[str, typer.Argument(metavar="MODULE:APP", help="Where the App lives.")],
+    concurrency: Annotated[int, typer.Option(help="Runs executed at once.")] = 64,
+    lease_s: Annotated[
+        float | None, typer.Option(help="Lease length in seconds (default: the App's).")
+    ] = None,
+    worker_id: Annotated[str | None, typer.Option(help="Name used in leases and logs.")] = None,
+    shutdown_grace_s: Annotated[
+        float, typer.Option(help="On SIGTERM, how long runs may take to reach a step boundary.")
+    ] = 30.0,
+    until_idle: Annotated[
+        bool, typer.Option(help="Exit when nothing is runnable or running.")
+    ] = False,
+    log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")] = "INFO",
+) -> None:
+    """Execute runs: claim, replay, step, heartbeat. Stops gracefully on SIGTERM/SIGINT."""
+    logging.basicConfig(
+        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    app = load_app(app_spec)
+    if lease_s is not None:
+        app.lease_s = lease_s
+        app.heartbeat_s = lease_s / 3
+    w = app.worker(concurrency=concurrency, worker_id=worker_id, shutdown_grace_s=shutdown_grace_s)
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, w.request_stop)
+        logging.getLogger("mainspring.worker").info(
+            "worker %s started on %s (concurrency %d, workflows: %s)",
+            w.worker_id,
+            app.url,
+            concurrency,
+            ", ".join(sorted(app.workflows)) or "none",
+        )
+        await w.run(until_idle=until_idle)
+        logging.getLogger("mainspring.worker").info(
+            "worker %s stopped: %s", w.worker_id, w.stats.outcomes
+        )
+
+    asyncio.run(main())

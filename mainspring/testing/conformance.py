@@ -1,0 +1,373 @@
+"""The Store conformance suite: what every storage backend must do.
+
+Subclass it in a test module and say how to make a fresh, empty store::
+
+    from mainspring.testing.conformance import StoreConformance
+
+    class TestMyStore(StoreConformance):
+        def make_store(self) -> Store:
+            return MyStore(...)
+
+pytest collects the ``test_*`` methods. Each test opens its own stores through
+:meth:`make_store` (twice where two processes are played) and closes them.
+"""
+
+from __future__ import annotations
+
+import threading
+from abc import abstractmethod
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from .._errors import RunConflict, RunNotFound, SchemaVersionError
+from ..storage import SCHEMA_VERSION, RunTransition, RunWrite, StepRecord, Store
+
+__all__ = ["StoreConformance"]
+
+T0 = 1_000_000.0
+LEASE = 15.0
+
+
+def _step(run_id: str, seq: int, epoch: int, status: str = "completed", **kw: Any) -> StepRecord:
+    fields: dict[str, Any] = {
+        "run_id": run_id,
+        "session": 0,
+        "seq": seq,
+        "kind": "step",
+        "name": f"s{seq}",
+        "status": status,
+        "attempt": 1,
+        "epoch": epoch,
+        "output": str(seq),
+        "started_at": T0,
+        "finished_at": T0 if status == "completed" else None,
+    }
+    fields.update(kw)
+    return StepRecord(**fields)
+
+
+class StoreConformance:
+    """Behaviour every :class:`Store` must have. Override :meth:`make_store`."""
+
+    @abstractmethod
+    def make_store(self) -> Store:
+        """A store on a fresh, empty database. Called once per test (a second call
+        in the same test must open the *same* database, as a second process would)."""
+
+    def reopen(self) -> Store:
+        """A second store on the same database as the last :meth:`make_store`."""
+        return self.make_store()
+
+    @contextmanager
+    def store(self) -> Iterator[Store]:
+        s = self.make_store()
+        try:
+            yield s
+        finally:
+            s.close()
+
+    def _claim(self, s: Store, now: float = T0, **kw: Any) -> list[Any]:
+        args: dict[str, Any] = {
+            "worker": "w1",
+            "now": now,
+            "lease_s": LEASE,
+            "limit": 10,
+            "workflows": ["wf"],
+            "max_recoveries": 3,
+        }
+        args.update(kw)
+        return s.claim(**args)
+
+    def _new(self, s: Store, run_id: str, key: str | None = None, now: float = T0) -> None:
+        s.create_run(
+            run_id=run_id, workflow="wf", input='{"args":[],"kwargs":{}}', key=key, now=now
+        )
+
+    # -- schema ---------------------------------------------------------------------
+
+    def test_migrate_is_idempotent(self) -> None:
+        with self.store() as s:
+            assert s.schema_version() == SCHEMA_VERSION
+            assert s.migrate() == SCHEMA_VERSION
+            assert s.schema_version() == SCHEMA_VERSION
+
+    def test_newer_schema_is_refused(self) -> None:
+        with self.store() as s:
+            with s._write() as cur:
+                cur.execute(
+                    "UPDATE ms_meta SET value = ? WHERE key = 'schema_version'",
+                    (str(SCHEMA_VERSION + 1),),
+                )
+            try:
+                s.migrate()
+            except SchemaVersionError as exc:
+                assert str(SCHEMA_VERSION + 1) in str(exc)
+            else:
+                raise AssertionError("a newer schema was accepted")
+
+    # -- runs -------------------------------------------------------------------------
+
+    def test_create_run_is_idempotent_by_key(self) -> None:
+        with self.store() as s:
+            a, created_a = s.create_run(run_id="a", workflow="wf", input="{}", key="k", now=T0)
+            b, created_b = s.create_run(run_id="b", workflow="wf", input="{}", key="k", now=T0)
+            assert (created_a, created_b) == (True, False)
+            assert b.id == "a" and a.status == "queued"
+            assert s.get_run("b") is None
+            try:
+                s.create_run(run_id="c", workflow="other", input="{}", key="k", now=T0)
+            except RunConflict as exc:
+                assert "'k'" in str(exc)
+            else:
+                raise AssertionError("a key reused for another workflow was accepted")
+
+    def test_list_and_count_runs(self) -> None:
+        with self.store() as s:
+            for i in range(5):
+                self._new(s, f"r{i}", now=T0 + i)
+            self._claim(s, limit=2)
+            listed = s.list_runs(limit=10)
+            assert [r.id for r in listed] == ["r4", "r3", "r2", "r1", "r0"]
+            assert [r.id for r in s.list_runs(statuses=["running"])] == ["r1", "r0"]
+            assert [r.id for r in s.list_runs(limit=2, offset=1)] == ["r3", "r2"]
+            assert s.count_runs() == {"running": 2, "queued": 3}
+
+    # -- claims, leases, fencing ----------------------------------------------------------
+
+    def test_claim_bumps_epoch_and_leases(self) -> None:
+        with self.store() as s:
+            self._new(s, "r1")
+            [run] = self._claim(s)
+            assert (run.status, run.epoch, run.owner) == ("running", 1, "w1")
+            assert run.lease_until == T0 + LEASE
+            assert self._claim(s, worker="w2") == []  # leased: nobody else gets it
+
+    def test_claim_respects_limit_and_workflow_names(self) -> None:
+        with self.store() as s:
+            for i in range(3):
+                self._new(s, f"r{i}", now=T0 + i)
+            s.create_run(run_id="x", workflow="other", input="{}", key=None, now=T0)
+            assert [r.id for r in self._claim(s, limit=2)] == ["r0", "r1"]
+            assert [r.id for r in self._claim(s)] == ["r2"]
+            assert self._claim(s, workflows=[]) == []
+            assert [r.id for r in self._claim(s, workflows=["other"])] == ["x"]
+
+    def test_expired_lease_is_taken_over_with_a_new_epoch(self) -> None:
+        with self.store() as s:
+            self._new(s, "r1")
+            [first] = self._claim(s)
+            assert self._claim(s, worker="w2", now=T0 + LEASE - 1) == []
+            [second] = self._claim(s, worker="w2", now=T0 + LEASE + 1)
+            assert second.epoch == first.epoch + 1 and second.owner == "w2"
+            assert second.recoveries == 1
+
+    def test_stale_epoch_writes_nothing(self) -> None:
+        with self.store() as s:
+            self._new(s, "r1")
+            [old] = self._claim(s)
+            [new] = self._claim(s, worker="w2", now=T0 + LEASE + 1)
+            [stale, fresh] = s.commit(
+                [
+                    RunWrite(run_id="r1", epoch=old.epoch, steps=[_step("r1", 0, old.epoch)]),
+                    RunWrite(run_id="r1", epoch=new.epoch, steps=[_step("r1", 1, new.epoch)]),
+                ],
+                T0,
+            )
+            assert not stale.ok and fresh.ok
+            assert [st.seq for st in s.load_steps("r1")] == [1]
+            assert not s.heartbeat(runs=[("r1", new.epoch)], now=T0, lease_s=LEASE).lost
+            beat = s.heartbeat(runs=[("r1", old.epoch)], now=T0, lease_s=LEASE)
+            assert beat.lost == {"r1"}
+            assert not s.release("r1", old.epoch, T0)
+
+    def test_commit_is_idempotent(self) -> None:
+        with self.store() as s:
+            self._new(s, "r1")
+            [run] = self._claim(s)
+            write = RunWrite(
+                run_id="r1",
+                epoch=run.epoch,
+                steps=[_step("r1", 0, run.epoch, status="started", output=None)],
+            )
+            s.commit([write], T0)
+            done = RunWrite(run_id="r1", epoch=run.epoch, steps=[_step("r1", 0, run.epoch)])
+            s.commit([done], T0)
+            s.commit([done], T0)  # an ambiguous commit, sent again
+            [row] = s.load_steps("r1")
+            assert (row.status, row.output) == ("completed", "0")
+
+    def test_dead_letter_after_repeated_recoveries(self) -> None:
+        with self.store() as s:
+            self._new(s, "r1")
+            now = T0
+            for expected in range(0, 4):
+                [run] = self._claim(s, now=now, max_recoveries=3)
+                assert run.recoveries == expected
+                now += LEASE + 1
+            assert self._claim(s, now=now, max_recoveries=3) == []
+            dead = s.get_run("r1")
+            assert dead is not None and dead.status == "failed"
+            assert dead.error is not None and "dead-lettered" in dead.error
+
+    def test_progress_resets_recoveries(self) -> None:
+        with self.store() as s:
+            self._new(s, "r1")
+            self._claim(s)
+            [run] = self._claim(s, now=T0 + LEASE + 1)
+            assert run.recoveries == 1
+            s.commit([RunWrite(run_id="r1", epoch=run.epoch, reset_recoveries=True)], T0)
+            got = s.get_run("r1")
+            assert got is not None and got.recoveries == 0
+
+    def test_release_requeues_without_counting_a_recovery(self) -> None:
+        with self.store() as s:
+            self._new(s, "r1")
+            [run] = self._claim(s)
+            assert s.release("r1", run.epoch, T0)
+            [again] = self._claim(s, worker="w2")
+            assert again.recoveries == 0 and again.epoch == run.epoch + 1
+
+    def test_concurrent_claims_never_share_a_run(self) -> None:
+        with self.store() as s:
+            for i in range(60):
+                self._new(s, f"r{i}", now=T0 + i)
+            claimed: list[list[str]] = [[], [], []]
+            stores = [self.reopen() for _ in claimed]
+
+            def take(i: int) -> None:
+                while True:
+                    got = self._claim(stores[i], worker=f"w{i}", limit=3)
+                    if not got:
+                        return
+                    claimed[i].extend(r.id for r in got)
+
+            threads = [threading.Thread(target=take, args=(i,)) for i in range(len(claimed))]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            for extra in stores:
+                extra.close()
+            everything = [rid for ids in claimed for rid in ids]
+            assert sorted(everything) == sorted(f"r{i}" for i in range(60))
+
+    # -- suspension, signals, sessions, cancellation ------------------------------------
+
+    def test_sleeping_run_wakes_on_time(self) -> None:
+        with self.store() as s:
+            self._new(s, "r1")
+            [run] = self._claim(s)
+            t = RunTransition(kind="suspend", status="sleeping", wake_at=T0 + 60)
+            s.commit([RunWrite(run_id="r1", epoch=run.epoch, transition=t)], T0)
+            got = s.get_run("r1")
+            assert got is not None and got.status == "sleeping" and got.owner is None
+            assert self._claim(s, now=T0 + 59) == []
+            [woken] = self._claim(s, now=T0 + 60)
+            assert woken.epoch == run.epoch + 1 and woken.recoveries == 0
+
+    def test_signal_before_the_wait_is_not_lost(self) -> None:
+        with self.store() as s:
+            self._new(s, "r1")
+            [run] = self._claim(s)
+            sid = s.send_signal("r1", "go", '"early"', T0)
+            t = RunTransition(kind="suspend", status="waiting", wait_signal="go")
+            s.commit([RunWrite(run_id="r1", epoch=run.epoch, transition=t)], T0 + 1)
+            [woken] = self._claim(s, now=T0 + 1)  # woken at once: the signal was there
+            found = s.next_signal("r1", "go")
+            assert found is not None and found.id == sid and found.payload == '"early"'
+            s.commit([RunWrite(run_id="r1", epoch=woken.epoch, consume=[(sid, "0:0")])], T0)
+            assert s.next_signal("r1", "go") is None
+
+    def test_signal_wakes_a_waiting_run(self) -> None:
+        with self.store() as s:
+            self._new(s, "r1")
+            [run] = self._claim(s)
+            t = RunTransition(kind="suspend", status="waiting", wait_signal="go")
+            s.commit([RunWrite(run_id="r1", epoch=run.epoch, transition=t)], T0)
+            assert self._claim(s, now=T0 + 10_000) == []  # no timeout: waits forever
+            s.send_signal("r1", "other", "1", T0)
+            assert self._claim(s, now=T0 + 1) == []  # not the awaited signal
+            first = s.send_signal("r1", "go", "1", T0)
+            second = s.send_signal("r1", "go", "2", T0)
+            assert [r.id for r in self._claim(s, now=T0 + 1)] == ["r1"]
+            found = s.next_signal("r1", "go")
+            assert found is not None and found.id == first and second > first
+
+    def test_signal_errors(self) -> None:
+        with self.store() as s:
+            try:
+                s.send_signal("nope", "go", "1", T0)
+            except RunNotFound as exc:
+                assert "'nope'" in str(exc)
+            else:
+                raise AssertionError("a signal to an unknown run was accepted")
+            self._new(s, "r1")
+            [run] = self._claim(s)
+            done = RunTransition(kind="finish", status="succeeded", output="1")
+            s.commit([RunWrite(run_id="r1", epoch=run.epoch, transition=done)], T0)
+            try:
+                s.send_signal("r1", "go", "1", T0)
+            except RunConflict as exc:
+                assert "succeeded" in str(exc)
+            else:
+                raise AssertionError("a signal to a finished run was accepted")
+
+    def test_next_session_filters_the_journal(self) -> None:
+        with self.store() as s:
+            self._new(s, "r1")
+            [run] = self._claim(s)
+            s.commit(
+                [
+                    RunWrite(
+                        run_id="r1",
+                        epoch=run.epoch,
+                        steps=[_step("r1", 0, run.epoch)],
+                        transition=RunTransition(kind="next_session", handoff='{"n":1}'),
+                    )
+                ],
+                T0,
+            )
+            s.commit(
+                [RunWrite(run_id="r1", epoch=run.epoch, steps=[_step("r1", 0, 1, session=1)])],
+                T0,
+            )
+            got = s.get_run("r1")
+            assert got is not None and got.session == 1 and got.handoff == '{"n":1}'
+            assert [(x.session, x.seq) for x in s.load_steps("r1", 1)] == [(1, 0)]
+            assert len(s.load_steps("r1")) == 2
+
+    def test_cancel(self) -> None:
+        with self.store() as s:
+            self._new(s, "queued")
+            self._new(s, "running", now=T0 + 1)
+            [run] = self._claim(s, limit=1, now=T0 + 2)
+            assert run.id == "queued"
+            assert s.cancel("queued", T0) == "running"
+            beat = s.heartbeat(runs=[("queued", run.epoch)], now=T0, lease_s=LEASE)
+            assert beat.cancel == {"queued"}
+            assert s.cancel("running", T0) == "cancelled"
+            assert s.cancel("running", T0) == "cancelled"
+            assert self._claim(s) == []
+            try:
+                s.cancel("nope", T0)
+            except RunNotFound:
+                pass
+            else:
+                raise AssertionError("cancelling an unknown run was accepted")
+
+    def test_finish_records_output(self) -> None:
+        with self.store() as s:
+            self._new(s, "r1")
+            [run] = self._claim(s)
+            done = RunTransition(kind="finish", status="succeeded", output='{"ok":true}')
+            [res] = s.commit([RunWrite(run_id="r1", epoch=run.epoch, transition=done)], T0 + 5)
+            assert res.ok
+            got = s.get_run("r1")
+            assert got is not None
+            assert (got.status, got.output, got.finished_at, got.owner) == (
+                "succeeded",
+                '{"ok":true}',
+                T0 + 5,
+                None,
+            )
