@@ -7,6 +7,7 @@ import sys
 import typer
 
 from .._errors import MainspringError
+from ._runs import cancel, runs, show, signal, submit
 from ._worker import worker
 
 __all__ = ["cli", "main"]
@@ -26,6 +27,11 @@ def _root() -> None:
 
 
 cli.command()(worker)
+cli.command()(submit)
+cli.command()(runs)
+cli.command()(show)
+cli.command()(signal)
+cli.command()(cancel)
 
 
 def main() -> None:

@@ -545,7 +545,13 @@ class RunContext:
             steps=list(self._pending.values()),
             consume=list(self._consume),
             transition=transition,
-            reset_recoveries=self._reset_recoveries,
+            # Only real progress (a step ended, or the run moved on) clears the count
+            # of recoveries: an intent row alone is what a poison step writes forever.
+            reset_recoveries=self._reset_recoveries
+            and (
+                transition is not None
+                or any(r.status in ("completed", "failed") for r in self._pending.values())
+            ),
         )
         engine = self._engine
         delay = 0.05
@@ -565,6 +571,7 @@ class RunContext:
             )
         self._pending.clear()
         self._consume.clear()
-        self._reset_recoveries = False
+        if write.reset_recoveries:
+            self._reset_recoveries = False
         if result.cancel_requested:
             self._cancel = True

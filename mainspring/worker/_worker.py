@@ -87,6 +87,8 @@ class Worker:
     def request_stop(self) -> None:
         """Stop claiming and drain (safe to call from a signal handler)."""
         self._stopping = True
+        for active in self._active.values():
+            active.control.draining = True  # each run stops at its next step boundary
         if self._wakeup is not None:
             self._wakeup.set()
 

@@ -1,0 +1,605 @@
+"""``mainspring submit / runs / show / signal / cancel``: operating runs from a shell.
+
+Tables go to stdout through rich; ``--json`` prints one JSON document to stdout and
+nothing else (payload columns decoded, times as ISO-8601 UTC strings). Errors are one
+``error: ...`` line on stderr with exit code 2, whether the command runs under
+``main()`` or is invoked on :data:`cli` directly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from typing import Annotated, Any, get_args
+from urllib.parse import urlsplit
+
+import typer
+from rich.console import Console, Group, JustifyMethod
+from rich.table import Table
+from rich.text import Text
+
+from .._app import DEFAULT_URL, App
+from .._errors import ConfigError, MainspringError
+from ..storage import SCHEMA_VERSION, RunRecord, RunStatus, SQLiteStore, StepRecord, Store
+from ..storage import open_store as _open_store_url
+from ._load import load_app
+
+__all__ = ["cancel", "runs", "show", "signal", "submit"]
+
+_STATUSES: tuple[str, ...] = get_args(RunStatus)
+_SUSPENDED = frozenset({"sleeping", "waiting"})
+_STATUS_STYLE = {
+    "queued": "yellow",
+    "running": "blue",
+    "sleeping": "cyan",
+    "waiting": "magenta",
+    "succeeded": "green",
+    "failed": "bold red",
+    "cancelled": "dim",
+}
+_STEP_STYLE = {"started": "blue", "retrying": "yellow", "completed": "green", "failed": "red"}
+_OUTPUT_WIDTH = 80
+_VALUE_WIDTH = 200
+
+DbOption = Annotated[
+    str | None,
+    typer.Option(
+        "--db",
+        metavar="URL",
+        help="Database URL (default: MAINSPRING_DATABASE_URL, else sqlite:///mainspring.db).",
+    ),
+]
+AppOption = Annotated[
+    str | None,
+    typer.Option("--app", metavar="MODULE:APP", help="Use the database of this App."),
+]
+JsonOption = Annotated[
+    bool, typer.Option("--json", help="Print JSON to stdout instead of a table.")
+]
+
+
+# -- commands ---------------------------------------------------------------------------
+
+
+def submit(
+    app_spec: Annotated[str, typer.Argument(metavar="MODULE:APP", help="Where the App lives.")],
+    workflow: Annotated[str, typer.Argument(help="Name of a workflow registered in the App.")],
+    args: Annotated[
+        str | None,
+        typer.Option("--args", metavar="JSON-ARRAY", help="Positional arguments: '[\"a\", 1]'."),
+    ] = None,
+    kwargs: Annotated[
+        str | None,
+        typer.Option("--kwargs", metavar="JSON-OBJECT", help="Keyword arguments: '{\"n\": 3}'."),
+    ] = None,
+    key: Annotated[
+        str | None,
+        typer.Option(help="Idempotency key: submitting the same key again returns that run."),
+    ] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Submit a run for the workers and print its id."""
+    with _cli_errors():
+        arg_list = [] if args is None else _parse_json(args, "--args", list, "a JSON array")
+        kwarg_map = {} if kwargs is None else _parse_json(kwargs, "--kwargs", dict, "a JSON object")
+        app = load_app(app_spec)
+        try:
+            wf = app.get_workflow(workflow)
+            # Catch arguments of the wrong type now rather than when a worker starts the run.
+            encoded = wf.encode_input(tuple(arg_list), kwarg_map)
+            wf.decode_input(encoded)
+            handle = app.submit(wf, *arg_list, key=key, **kwarg_map)
+            record = app.get_run(handle.run_id)
+            current = _current_step(app.store, record)
+        finally:
+            app.close()
+    if not handle.created and _decode(record.input) != _decode(encoded):
+        typer.echo(
+            f"warning: run {record.id} with key {key!r} was submitted with other input "
+            f"({record.input}); it was not changed",
+            err=True,
+        )
+    if as_json:
+        _print_json({**_run_json(record, current), "created": handle.created})
+        return
+    out = _console()
+    if handle.created:
+        out.print(
+            f"submitted run {record.id} (workflow {record.workflow!r}, {record.status}); "
+            f"a worker executes it: mainspring worker {app_spec}"
+        )
+    else:
+        out.print(
+            f"run {record.id} already exists with key {key!r} "
+            f"(workflow {record.workflow!r}, {record.status}); nothing new was submitted"
+        )
+
+
+def runs(
+    db: DbOption = None,
+    app_spec: AppOption = None,
+    status: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--status",
+            metavar="STATUS",
+            help=f"Only runs in this status (repeatable): {', '.join(_STATUSES)}.",
+        ),
+    ] = None,
+    workflow: Annotated[str | None, typer.Option(help="Only runs of this workflow.")] = None,
+    limit: Annotated[int, typer.Option(min=1, help="How many runs to list.")] = 50,
+    offset: Annotated[int, typer.Option(min=0, help="Skip this many (newest first).")] = 0,
+    as_json: JsonOption = False,
+) -> None:
+    """List runs, newest first, with their current step and a count by status."""
+    with _cli_errors():
+        statuses = _parse_statuses(status or [])
+        with _open_app(db, app_spec) as app:
+            records = app.list_runs(
+                status=statuses or None, workflow=workflow, limit=limit, offset=offset
+            )
+            currents = [_current_step(app.store, r) for r in records]
+            counts = app.store.count_runs()
+    counts = {s: counts[s] for s in _STATUSES if counts.get(s)}
+    if as_json:
+        _print_json(
+            {
+                "runs": [_run_json(r, c) for r, c in zip(records, currents, strict=True)],
+                "counts": counts,
+                "limit": limit,
+                "offset": offset,
+            }
+        )
+        return
+    out = _console()
+    now = time.time()
+    if records:
+        table = Table(box=None, pad_edge=False, header_style="bold")
+        table.add_column("run", no_wrap=True)
+        table.add_column("workflow")
+        table.add_column("status", no_wrap=True)
+        table.add_column("session", justify="right")
+        table.add_column("current step")
+        table.add_column("created (UTC)", no_wrap=True)
+        table.add_column("updated (UTC)", no_wrap=True)
+        table.add_column("waiting on")
+        for r, c in zip(records, currents, strict=True):
+            table.add_row(
+                r.id,
+                r.workflow,
+                _status_text(r),
+                str(r.session),
+                _step_summary(c),
+                _clock(r.created_at, now),
+                _clock(r.updated_at, now),
+                _wait_text(r, now),
+            )
+        out.print(table)
+    else:
+        out.print("no runs match" if statuses or workflow or offset else "no runs yet")
+    total = sum(counts.values())
+    by_status = ", ".join(f"{n} {s}" for s, n in counts.items()) or "none"
+    more = f"; more with --offset {offset + limit}" if len(records) == limit else ""
+    out.print(f"{len(records)} shown{more} · {total} runs in all: {by_status}")
+
+
+def show(
+    run_id: Annotated[str, typer.Argument(metavar="RUN", help="The run's id.")],
+    db: DbOption = None,
+    app_spec: AppOption = None,
+    verbose: Annotated[
+        bool,
+        typer.Option("--verbose", "-v", help="Full values and the tracebacks of errors."),
+    ] = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Show one run: its state, input, result or error, and its journal of steps."""
+    with _cli_errors(), _open_app(db, app_spec) as app:
+        record = app.get_run(run_id)
+        steps = app.steps(run_id)
+    current = max(
+        (s for s in steps if s.session == record.session), key=lambda s: s.seq, default=None
+    )
+    if as_json:
+        _print_json({"run": _run_json(record, current), "steps": [_step_json(s) for s in steps]})
+        return
+    out = _console()
+    now = time.time()
+    width = None if verbose else _VALUE_WIDTH
+    facts: list[tuple[str, str | Text]] = [
+        ("run", record.id),
+        ("status", _status_text(record)),
+        ("workflow", record.workflow),
+        ("key", record.key if record.key is not None else "-"),
+        ("session", str(record.session)),
+    ]
+    holder = "no owner"
+    if record.owner is not None:
+        holder = f"owner {record.owner}"
+    if record.lease_until is not None:
+        expired = " (expired)" if record.lease_until < now else ""
+        holder += f", lease until {_clock(record.lease_until, now)} UTC{expired}"
+    facts.append(("epoch", f"{record.epoch}, {holder}"))
+    if record.recoveries:
+        facts.append(("recoveries", str(record.recoveries)))
+    times = f"created {_clock(record.created_at, now)}, updated {_clock(record.updated_at, now)}"
+    if record.finished_at is not None:
+        times += f", finished {_clock(record.finished_at, now)}"
+    facts.append(("times (UTC)", times))
+    facts.append(("input", _clip(record.input, width)))
+    if record.handoff is not None:
+        facts.append(("hand-off", _clip(record.handoff, width)))
+    if record.status == "succeeded":
+        facts.append(("result", _clip(record.output or "null", width)))
+    error = _decode(record.error)
+    if record.finished and record.status != "succeeded" and error is not None:
+        facts.append(("error", Text(_error_line(error, width), style="red")))
+    elif record.cancel_requested:
+        facts.append(("cancel", "requested; its worker stops it at the next step"))
+    if record.status in _SUSPENDED:
+        facts.append(("waiting on", _wait_text(record, now)))
+    label_width = max(len(label) for label, _ in facts)
+    for label, value in facts:
+        out.print(Text.assemble((label.ljust(label_width), "bold"), "  ", value))
+    if verbose and isinstance(error, dict) and error.get("traceback"):
+        out.print(Text("\nrun error traceback:", style="bold"))
+        out.print(str(error["traceback"]).rstrip())
+    _print_steps(out, steps, now, verbose=verbose)
+
+
+def signal(
+    run_id: Annotated[str, typer.Argument(metavar="RUN", help="The run's id.")],
+    name: Annotated[
+        str, typer.Argument(metavar="NAME", help="Signal name (what the run's ctx.wait_for takes).")
+    ],
+    payload: Annotated[
+        str | None, typer.Argument(metavar="PAYLOAD-JSON", help="The signal's value as JSON.")
+    ] = None,
+    db: DbOption = None,
+    app_spec: AppOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Send a signal to a run; it is kept until the run waits for that name."""
+    with _cli_errors():
+        value = _parse_json(payload, "PAYLOAD-JSON") if payload is not None else None
+        with _open_app(db, app_spec) as app:
+            app.get_run(run_id)  # names the database when the run is not there
+            signal_id = app.signal(run_id, name, value)
+            record = app.get_run(run_id)
+    if as_json:
+        _print_json(
+            {"run_id": run_id, "signal": name, "signal_id": signal_id, "status": record.status}
+        )
+        return
+    if record.wait_reason == f"signal:{name}" and record.status == "waiting":
+        then = "the run was waiting for it and is runnable again"
+    else:
+        then = f"the run is {record.status}; it takes the signal when it waits for {name!r}"
+    _console().print(f"sent signal {name!r} to run {run_id} (signal #{signal_id}): {then}")
+
+
+def cancel(
+    run_id: Annotated[str, typer.Argument(metavar="RUN", help="The run's id.")],
+    reason: Annotated[str | None, typer.Option(help="Recorded as the run's error.")] = None,
+    db: DbOption = None,
+    app_spec: AppOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Cancel a run. A running run stops at its next step boundary."""
+    with _cli_errors(), _open_app(db, app_spec) as app:
+        before = app.get_run(run_id).status
+        after = app.cancel(run_id, reason)
+    if as_json:
+        _print_json({"run_id": run_id, "previous_status": before, "status": after})
+        return
+    if before in ("succeeded", "failed", "cancelled"):
+        message = f"run {run_id} is already {before}: nothing to cancel"
+    elif after == "running":
+        message = f"run {run_id}: cancelling (its worker will stop it at the next step)"
+    else:
+        message = f"run {run_id}: {after} (was {before})"
+    _console().print(message)
+
+
+# -- databases and errors -------------------------------------------------------------------
+
+
+@contextmanager
+def _cli_errors() -> Iterator[None]:
+    """A mainspring error becomes one ``error: ...`` line on stderr and exit code 2."""
+    try:
+        yield
+    except MainspringError as exc:
+        typer.echo(f"error: {_one_line(str(exc))}", err=True)
+        raise typer.Exit(2) from None
+
+
+@contextmanager
+def _open_app(db: str | None, app_spec: str | None) -> Iterator[App]:
+    """The App over the chosen database, which must already exist.
+
+    ``--db``, else ``--app``, else ``MAINSPRING_DATABASE_URL``, else the default.
+    """
+    if db is not None and app_spec is not None:
+        raise ConfigError(f"give --db or --app, not both (got --db {db!r} and --app {app_spec!r})")
+    loaded: App | None = None
+    if db is not None:
+        url, source = db, "--db"
+    elif app_spec is not None:
+        loaded = load_app(app_spec)
+        url, source = loaded.url, f"the App {app_spec!r}"
+    elif os.environ.get("MAINSPRING_DATABASE_URL"):
+        url, source = os.environ["MAINSPRING_DATABASE_URL"], "MAINSPRING_DATABASE_URL"
+    else:
+        url, source = DEFAULT_URL, "the default"
+    _require_file(url, source)
+    app = loaded if loaded is not None else App(_open_store(url))
+    try:
+        yield app
+    finally:
+        app.close()
+
+
+def _require_file(url: str, source: str) -> None:
+    """Refuse a SQLite URL naming no file: opening it would create an empty database."""
+    parts = urlsplit(url)
+    if parts.scheme != "sqlite" or parts.netloc:
+        return  # other stores, and malformed URLs the store explains itself
+    path = parts.path[1:] if parts.path.startswith("/") else parts.path
+    if path and not os.path.isfile(path):
+        raise ConfigError(
+            f"no database file {path!r} (URL {url!r} from {source}); pass --db URL or "
+            "--app MODULE:APP, or set MAINSPRING_DATABASE_URL"
+        )
+
+
+def _open_store(url: str) -> Store:
+    """Open a store without writing to a file that is not a mainspring database."""
+    if urlsplit(url).scheme != "sqlite":
+        return _open_store_url(url)
+    store = SQLiteStore.from_url(url, migrate=False)
+    try:
+        # Fails with "is it a mainspring database?" before any table is created.
+        if store.schema_version() != SCHEMA_VERSION:
+            store.migrate()  # older: upgrade as any worker would; newer: a clear error
+    except BaseException:
+        store.close()
+        raise
+    return store
+
+
+def _parse_json(text: str, what: str, kind: type[Any] | None = None, noun: str = "") -> Any:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{what} {text!r} is not valid JSON: {exc}") from None
+    if kind is not None and not isinstance(value, kind):
+        raise ConfigError(f"{what} {text!r} must be {noun}, not a {type(value).__name__}")
+    return value
+
+
+def _parse_statuses(values: list[str]) -> list[str]:
+    statuses = [s.strip() for v in values for s in v.split(",") if s.strip()]
+    for s in statuses:
+        if s not in _STATUSES:
+            raise ConfigError(
+                f"unknown status {s!r} for --status; expected one of: {', '.join(_STATUSES)}"
+            )
+    return statuses
+
+
+def _one_line(text: str) -> str:
+    lines = [line.strip() for line in text.splitlines()]
+    # pydantic's validation errors end with a documentation link: noise on one line.
+    return " ".join(ln for ln in lines if ln and not ln.startswith("For further information"))
+
+
+# -- reading the journal ------------------------------------------------------------------
+
+
+def _current_step(store: Store, record: RunRecord) -> StepRecord | None:
+    """The highest seq journaled in the run's current session."""
+    steps = store.load_steps(record.id, record.session)
+    return steps[-1] if steps else None
+
+
+def _decode(text: str | None) -> Any:
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text  # not JSON: show it as it is rather than fail the listing
+
+
+def _iso(ts: float | None) -> str | None:
+    if ts is None:
+        return None
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _run_json(r: RunRecord, current: StepRecord | None) -> dict[str, Any]:
+    suspended = r.status in _SUSPENDED
+    return {
+        "id": r.id,
+        "workflow": r.workflow,
+        "key": r.key,
+        "status": r.status,
+        "session": r.session,
+        "epoch": r.epoch,
+        "owner": r.owner,
+        "lease_until": _iso(r.lease_until),
+        "input": _decode(r.input),
+        "output": _decode(r.output),
+        "error": _decode(r.error),
+        "handoff": _decode(r.handoff),
+        # A cancelled run keeps its last wait reason in the store: only show live ones.
+        "wait_reason": r.wait_reason if suspended else None,
+        "wake_at": _iso(r.wake_at) if suspended else None,
+        "recoveries": r.recoveries,
+        "cancel_requested": r.cancel_requested,
+        "created_at": _iso(r.created_at),
+        "updated_at": _iso(r.updated_at),
+        "finished_at": _iso(r.finished_at),
+        "current_step": None
+        if current is None
+        else {
+            "session": current.session,
+            "seq": current.seq,
+            "kind": current.kind,
+            "name": current.name,
+            "status": current.status,
+            "attempts": current.attempt,
+        },
+    }
+
+
+def _step_json(s: StepRecord) -> dict[str, Any]:
+    return {
+        "session": s.session,
+        "seq": s.seq,
+        "kind": s.kind,
+        "name": s.name,
+        "status": s.status,
+        "attempts": s.attempt,
+        "epoch": s.epoch,
+        "output": _decode(s.output),
+        "error": _decode(s.error),
+        "started_at": _iso(s.started_at),
+        "finished_at": _iso(s.finished_at),
+        "wake_at": _iso(s.wake_at),
+        "duration_s": None if s.finished_at is None else s.finished_at - s.started_at,
+    }
+
+
+# -- rendering ----------------------------------------------------------------------------
+
+
+def _console() -> Console:
+    # No markup or emoji codes: run names, outputs and errors are shown as they are.
+    console = Console(highlight=False, markup=False, emoji=False)
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        console.width = 160  # piped output: do not squeeze tables into 80 columns
+    return console
+
+
+def _print_json(value: Any) -> None:
+    sys.stdout.write(json.dumps(value, indent=2, ensure_ascii=False) + "\n")
+
+
+def _clock(ts: float | None, now: float) -> str:
+    """``HH:MM:SS`` in UTC, with the date when it is not today's."""
+    if ts is None:
+        return "-"
+    dt = datetime.fromtimestamp(ts, UTC)
+    if dt.date() == datetime.fromtimestamp(now, UTC).date():
+        return dt.strftime("%H:%M:%S")
+    return dt.strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _duration(seconds: float) -> str:
+    if seconds <= 0:
+        return "0ms"
+    if seconds < 0.001:
+        return "<1ms"
+    if seconds < 0.9995:
+        return f"{seconds * 1000:.0f}ms"
+    if seconds < 59.95:
+        return f"{seconds:.1f}s"
+    whole = round(seconds)
+    if whole < 3600:
+        return f"{whole // 60}m{whole % 60:02d}s"
+    return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
+
+
+def _clip(text: str, width: int | None) -> str:
+    text = " ".join(text.split())
+    if width is None or len(text) <= width:
+        return text
+    return text[: width - 1] + "…"
+
+
+def _status_text(r: RunRecord) -> Text:
+    label = "running (cancel requested)" if r.cancel_requested and r.status == "running" else None
+    return Text(label or r.status, style=_STATUS_STYLE.get(r.status, ""))
+
+
+def _step_summary(step: StepRecord | None) -> Text:
+    if step is None:
+        return Text("-")
+    if step.kind == "step":
+        text = Text(f"{step.seq} {step.name}")
+    elif step.kind == step.name:  # sleep, now, uuid, random
+        text = Text(f"{step.seq} {step.kind}")
+    else:
+        text = Text(f"{step.seq} {step.kind} {step.name}")
+    # An unfinished wait is explained by the run's wait column; an unfinished step is not.
+    if step.status != "completed" and (step.kind == "step" or step.status == "failed"):
+        text.append(f" ({step.status})", style=_STEP_STYLE.get(step.status, ""))
+    return text
+
+
+def _wait_text(r: RunRecord, now: float) -> str:
+    if r.status not in _SUSPENDED:
+        return ""
+    reason = r.wait_reason or r.status
+    return f"{reason}, wakes {_clock(r.wake_at, now)}" if r.wake_at is not None else reason
+
+
+def _error_line(error: Any, width: int | None) -> str:
+    if isinstance(error, dict):
+        kind = str(error.get("type", "Error")).rsplit(".", 1)[-1]
+        return _clip(f"{kind}: {error.get('message', '')}", width)
+    return _clip(str(error), width)
+
+
+def _print_steps(out: Console, steps: list[StepRecord], now: float, *, verbose: bool) -> None:
+    if not steps:
+        out.print("\nno steps journaled yet")
+        return
+    sessions = sorted({s.session for s in steps})
+    width = None if verbose else _OUTPUT_WIDTH
+    for session in sessions:
+        title = f"session {session}" if len(sessions) > 1 else "steps"
+        table = Table(box=None, pad_edge=False, header_style="bold")
+        columns: tuple[tuple[str, JustifyMethod], ...] = (
+            ("seq", "right"),
+            ("kind", "left"),
+            ("name", "left"),
+            ("status", "left"),
+            ("attempts", "right"),
+            ("last error", "left"),
+            ("output", "left"),
+            ("started (UTC)", "left"),
+            ("finished (UTC)", "left"),
+            ("took", "right"),
+        )
+        for column, justify in columns:
+            table.add_column(column, justify=justify)
+        rows = [s for s in steps if s.session == session]
+        for s in rows:
+            error = _decode(s.error)
+            table.add_row(
+                str(s.seq),
+                s.kind,
+                s.name,
+                Text(s.status, style=_STEP_STYLE.get(s.status, "")),
+                str(s.attempt),
+                Text(_error_line(error, width), style="red") if error is not None else "",
+                _clip(s.output, width) if s.output is not None else "",
+                _clock(s.started_at, now),
+                _clock(s.finished_at, now),
+                _duration(s.finished_at - s.started_at) if s.finished_at is not None else "",
+            )
+        out.print(Group(Text(f"\n{title}", style="bold"), table))
+        if verbose:
+            for s in rows:
+                error = _decode(s.error)
+                if isinstance(error, dict) and error.get("traceback"):
+                    out.print(Text(f"\nstep {s.session}:{s.seq} {s.name} traceback:", style="bold"))
+                    out.print(str(error["traceback"]).rstrip())
