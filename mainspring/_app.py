@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Concatenate, ParamSpec, TypeVar, overload
 
 from ._clock import Clock, SystemClock
-from ._errors import ConfigError, RunFailed, RunNotFound, UnknownWorkflow
+from ._errors import ConfigError, RunConflict, RunFailed, RunNotFound, UnknownWorkflow
 from ._serde import dumps, loads
 from .journal import RetryPolicy, RunContext, Workflow
 from .storage import RunRecord, StepRecord, Store, open_store
@@ -165,6 +165,12 @@ class App:
         record, created = self.store.create_run(
             run_id=_new_id(), workflow=wf.name, input=encoded, key=key, now=self.clock.now()
         )
+        if not created and loads(record.input) != loads(encoded):
+            raise RunConflict(
+                f"key {key!r} already names a run of {wf.name!r} with other input "
+                f"({record.input:.200}); use a new key for new input",
+                run_id=record.id,
+            )
         return RunHandle(self, record.id, created)
 
     async def run(
@@ -250,7 +256,7 @@ class App:
             return wf.decode_output(record.output) if wf else loads(record.output)
         error = loads(record.error) or {}
         raise RunFailed(
-            f"run {run_id!r} of {record.workflow!r} {record.status}: "
+            f"{record.workflow!r} {record.status}: "
             f"{error.get('type', '?')}: {error.get('message', '')}",
             status=record.status,
             error=error,

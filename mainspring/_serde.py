@@ -55,7 +55,13 @@ def revive(value: Any, tp: Any, *, what: str = "value") -> Any:
     try:
         return _adapter(tp).validate_python(value)
     except ValidationError as exc:
-        raise SerializationError(f"{what} {value!r:.200} does not fit {tp!r}: {exc}") from None
+        problems = "; ".join(
+            f"{'.'.join(map(str, e['loc'])) or 'value'}: {e['msg']}" for e in exc.errors()[:3]
+        )
+        name = getattr(tp, "__name__", None) or repr(tp)
+        raise SerializationError(
+            f"{what}: {value!r:.200} is not a valid {name} ({problems})"
+        ) from None
     except TypeError:  # an annotation pydantic cannot build a schema for: keep plain JSON
         return value
 

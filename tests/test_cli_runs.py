@@ -532,7 +532,10 @@ def test_submitted_run_is_executed_by_a_worker(runs: Runs, db: str) -> None:
             "workflow 'greet' cannot take args=('a', 'b', 'c')",
         ),
         (["greet"], "missing a required argument: 'name'"),
-        (["doomed", "--args", '["three"]'], "argument 'n' of workflow 'doomed' 'three'"),
+        (
+            ["doomed", "--args", '["three"]'],
+            "'three' is not a valid int",
+        ),
         (["nosuch"], "no workflow named 'nosuch' is registered"),
         (["doomed", "--args", "[1]", "--key", "greet-ada"], "key 'greet-ada' already names"),
     ],

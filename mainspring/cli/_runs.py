@@ -89,21 +89,12 @@ def submit(
         kwarg_map = {} if kwargs is None else _parse_json(kwargs, "--kwargs", dict, "a JSON object")
         app = load_app(app_spec)
         try:
-            wf = app.get_workflow(workflow)
-            # Catch arguments of the wrong type now rather than when a worker starts the run.
-            encoded = wf.encode_input(tuple(arg_list), kwarg_map)
-            wf.decode_input(encoded)
-            handle = app.submit(wf, *arg_list, key=key, **kwarg_map)
+            # App.submit checks the arguments' types and a reused key's input.
+            handle = app.submit(workflow, *arg_list, key=key, **kwarg_map)
             record = app.get_run(handle.run_id)
             current = _current_step(app.store, record)
         finally:
             app.close()
-    if not handle.created and _decode(record.input) != _decode(encoded):
-        typer.echo(
-            f"warning: run {record.id} with key {key!r} was submitted with other input "
-            f"({record.input}); it was not changed",
-            err=True,
-        )
     if as_json:
         _print_json({**_run_json(record, current), "created": handle.created})
         return
@@ -403,9 +394,8 @@ def _one_line(text: str) -> str:
 
 
 def _current_step(store: Store, record: RunRecord) -> StepRecord | None:
-    """The highest seq journaled in the run's current session."""
-    steps = store.load_steps(record.id, record.session)
-    return steps[-1] if steps else None
+    """The newest journal row of the run."""
+    return store.last_steps([record.id]).get(record.id)
 
 
 def _decode(text: str | None) -> Any:

@@ -26,11 +26,19 @@ class BatchCommitter(Committer):
         self._queue: list[_Item] = []
         self._cv = threading.Condition()
         self._closed = False
+        self._inflight = False
         self._thread: threading.Thread | None = None
+        # Set by the worker while it executes a single run: nothing to batch with, so
+        # committing in the loop's own thread saves the hop to the committer thread.
+        self.solo = False
         self.batches = 0
         self.writes = 0
 
     async def commit(self, write: RunWrite) -> WriteResult:
+        if self.solo and not self._queue and not self._inflight:
+            self.batches += 1
+            self.writes += 1
+            return self.store.commit([write], self.clock.now())[0]
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[WriteResult] = loop.create_future()
         with self._cv:
@@ -62,12 +70,15 @@ class BatchCommitter(Committer):
                     return
                 batch = self._queue[: self.max_batch]
                 del self._queue[: self.max_batch]
+                self._inflight = True
             try:
                 results = self.store.commit([w for w, _, _ in batch], self.clock.now())
             except Exception as exc:
+                self._inflight = False
                 for _, fut, loop in batch:
                     loop.call_soon_threadsafe(_fail, fut, exc)
                 continue
+            self._inflight = False
             self.batches += 1
             self.writes += len(batch)
             for (_, fut, loop), result in zip(batch, results, strict=True):

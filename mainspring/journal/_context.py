@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import dataclasses
 import functools
 import inspect
 import traceback
@@ -34,7 +33,7 @@ from .._errors import (
     WaitTimeout,
 )
 from .._serde import decode, dumps, loads
-from ..storage import RunRecord, RunTransition, RunWrite, StepKind, StepRecord
+from ..storage import RunRecord, RunTransition, RunWrite, StepKind, StepRecord, StepStatus
 from ._engine import Engine, RunControl
 from ._retry import RetryPolicy
 
@@ -43,6 +42,7 @@ __all__ = ["RunContext", "StepInfo", "StepMode", "current_step"]
 T = TypeVar("T")
 StepMode = Literal["at_least_once", "at_most_once"]
 _MISSING: Any = object()
+_PLAIN = frozenset({str, int, bool, type(None)})
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -117,7 +117,9 @@ def _error_json(exc: BaseException, **extra: Any) -> str:
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__, limit=8))
     payload = {
         "type": f"{type(exc).__module__}.{type(exc).__qualname__}",
-        "message": str(exc),
+        # A mainspring error's bare message: the run and step have fields of their own.
+        "message": exc.message if isinstance(exc, MainspringError) else str(exc),
+        **({"step": exc.step} if isinstance(exc, MainspringError) and exc.step else {}),
         "retryable": bool(getattr(exc, "retryable", True)),
         "traceback": tb[-4000:],
         **extra,
@@ -233,6 +235,7 @@ class RunContext:
             retry = self._engine.default_retry if mode == "at_least_once" else RetryPolicy.never()
         failures = 0
         attempt = 1
+        last_error: str | None = None
         if rec is not None:
             if rec.status == "completed":
                 return decode(rec.output, ret_type, what=f"journaled output of {step_name!r}")
@@ -240,6 +243,7 @@ class RunContext:
                 raise self._failed_from_journal(rec)
             previous = loads(rec.error) or {}
             failures = int(previous.get("failures", 0))
+            last_error = rec.error
             if rec.status == "started" and mode == "at_most_once":
                 err = StepInterrupted(
                     f"at_most_once step {step_name!r} started (attempt {rec.attempt}) and "
@@ -269,6 +273,7 @@ class RunContext:
                     status="started",
                     attempt=attempt,
                     epoch=self._epoch,
+                    error=last_error,  # why the previous attempt failed, kept for traces
                     started_at=self._now(),
                 )
             )
@@ -300,18 +305,16 @@ class RunContext:
                         step=self._where(seq, step_name),
                     ) from exc
                 wake_at = self._now() + delay
-                self._put(
-                    started,
-                    status="retrying",
-                    error=_error_json(exc, failures=failures),
-                    wake_at=wake_at,
-                )
+                last_error = _error_json(exc, failures=failures)
+                self._put(started, status="retrying", error=last_error, wake_at=wake_at)
                 await self._wait_until(wake_at, reason=f"retry:{step_name}")
                 attempt += 1
                 continue
             self._put(started, status="completed", output=output, finished_at=self._now())
             if mode == "at_most_once":
                 await self._flush()  # its end must never be in doubt
+            if type(result) in _PLAIN and (ret_type is Any or ret_type is type(result)):
+                return result  # JSON gives back exactly this value: skip the round trip
             return decode(output, ret_type, what=f"output of step {step_name!r}")
 
     async def sleep(self, seconds: float) -> None:
@@ -442,9 +445,33 @@ class RunContext:
             **fields,
         )
 
-    def _put(self, rec: StepRecord, **changes: Any) -> StepRecord:
-        """Buffer a journal row (a fresh copy, so buffered rows never alias)."""
-        new = dataclasses.replace(rec, epoch=self._epoch, **changes)
+    def _put(
+        self,
+        rec: StepRecord,
+        *,
+        status: StepStatus | None = None,
+        output: str | None = None,
+        error: str | None = None,
+        finished_at: float | None = None,
+        wake_at: float | None = None,
+    ) -> StepRecord:
+        """Buffer a journal row: a fresh copy of ``rec`` with these fields changed
+        (``None`` keeps the old value), so buffered rows never alias."""
+        new = StepRecord(
+            run_id=rec.run_id,
+            session=rec.session,
+            seq=rec.seq,
+            kind=rec.kind,
+            name=rec.name,
+            status=status or rec.status,
+            attempt=rec.attempt,
+            epoch=self._epoch,
+            output=rec.output if output is None else output,
+            error=rec.error if error is None else error,
+            started_at=rec.started_at,
+            finished_at=rec.finished_at if finished_at is None else finished_at,
+            wake_at=rec.wake_at if wake_at is None else wake_at,
+        )
         self._pending[new.seq] = new
         return new
 
@@ -500,6 +527,8 @@ class RunContext:
         token = _current.set(info)
         try:
             if inspect.iscoroutinefunction(fn):
+                if timeout is None:
+                    return await fn(*args, **kwargs)
                 return await asyncio.wait_for(fn(*args, **kwargs), timeout)
             loop = asyncio.get_running_loop()
             call = functools.partial(contextvars.copy_context().run, fn, *args, **kwargs)

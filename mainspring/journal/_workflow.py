@@ -52,7 +52,9 @@ class Workflow(Generic[P, R]):
             raise ConfigError(
                 f"workflow {self.name!r} cannot take args={args!r} kwargs={kwargs!r}: {exc}"
             ) from None
-        return dumps({"args": list(args), "kwargs": kwargs}, what=f"input of {self.name!r}")
+        encoded = dumps({"args": list(args), "kwargs": kwargs}, what=f"input of {self.name!r}")
+        self.decode_input(encoded)  # wrong types fail here, not later in a worker
+        return encoded
 
     def decode_input(self, text: str) -> tuple[list[Any], dict[str, Any]]:
         """Decode journaled input, reviving each argument to its annotated type."""

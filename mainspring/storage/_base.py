@@ -26,7 +26,11 @@ from ._records import (
     WriteResult,
 )
 
-__all__ = ["Cursor", "Heartbeat", "Store"]
+__all__ = ["WAKE_NOW", "Cursor", "Heartbeat", "Store"]
+
+# ``wake_at`` of a run that must wake at once. Not the sender's "now": a client whose
+# clock runs ahead of the workers' would otherwise delay the wake-up by the skew.
+WAKE_NOW = 0.0
 
 _RUN_COLUMNS = (
     "id, workflow, idem_key, status, input, output, error, session, handoff, epoch, owner,"
@@ -281,6 +285,21 @@ class Store(ABC):
                 )
             return [_step(r) for r in cur.fetchall()]
 
+    def last_steps(self, run_ids: Sequence[str]) -> dict[str, StepRecord]:
+        """The newest journal row of each run (its current step), by run id."""
+        found: dict[str, StepRecord] = {}
+        with self._read() as cur:
+            for rid in run_ids:
+                cur.execute(
+                    f"SELECT {_STEP_COLUMNS} FROM ms_steps WHERE run_id = ?"
+                    " ORDER BY session DESC, seq DESC LIMIT 1",
+                    (rid,),
+                )
+                row = cur.fetchone()
+                if row:
+                    found[rid] = _step(row)
+        return found
+
     # -- claiming and leases ---------------------------------------------------------
 
     def claim(
@@ -429,14 +448,21 @@ class Store(ABC):
         """
         results: list[WriteResult] = []
         with self._write() as cur:
+            # One read of the fences and one upsert of all rows, however many runs.
+            fences = self._fences(cur, list({w.run_id for w in batch}))
+            step_rows: list[tuple[Any, ...]] = []
             for w in batch:
-                cur.execute("SELECT epoch, cancel_requested FROM ms_runs WHERE id = ?", (w.run_id,))
-                row = cur.fetchone()
-                if row is None or row[0] != w.epoch:
+                fence = fences.get(w.run_id)
+                if fence is None or fence[0] != w.epoch:
                     results.append(WriteResult(ok=False))
                     continue
-                if w.steps:
-                    cur.executemany(_UPSERT_STEP, [_step_params(s) for s in w.steps])
+                results.append(WriteResult(ok=True, cancel_requested=bool(fence[1])))
+                step_rows.extend(_step_params(s) for s in w.steps)
+            if step_rows:
+                cur.executemany(_UPSERT_STEP, step_rows)
+            for w, result in zip(batch, results, strict=True):
+                if not result.ok:
+                    continue
                 for signal_id, by in w.consume:
                     cur.execute(
                         "UPDATE ms_signals SET consumed_at = ?, consumed_by = ? WHERE id = ?"
@@ -446,24 +472,41 @@ class Store(ABC):
                 if w.reset_recoveries:
                     cur.execute("UPDATE ms_runs SET recoveries = 0 WHERE id = ?", (w.run_id,))
                 if w.transition is not None:
-                    self._transition(cur, w, bool(row[1]), now)
-                results.append(WriteResult(ok=True, cancel_requested=bool(row[1])))
+                    self._transition(cur, w, result.cancel_requested, now)
         return results
+
+    def _fences(self, cur: Cursor, run_ids: list[str]) -> dict[str, tuple[int, int]]:
+        fences: dict[str, tuple[int, int]] = {}
+        for i in range(0, len(run_ids), 500):
+            chunk = run_ids[i : i + 500]
+            if len(chunk) == 1:
+                cur.execute("SELECT id, epoch, cancel_requested FROM ms_runs WHERE id = ?", chunk)
+            else:
+                cur.execute(
+                    "SELECT id, epoch, cancel_requested FROM ms_runs WHERE id IN"
+                    f" ({', '.join('?' * len(chunk))})",
+                    chunk,
+                )
+            for rid, epoch, cancel in cur.fetchall():
+                fences[rid] = (epoch, cancel)
+        return fences
 
     def _transition(self, cur: Cursor, w: RunWrite, cancel_requested: bool, now: float) -> None:
         t = w.transition
         assert t is not None
         if t.kind == "finish":
+            # A cancelled run keeps the reason ``cancel()`` stored with the request.
             cur.execute(
-                "UPDATE ms_runs SET status = ?, output = ?, error = ?, finished_at = ?,"
-                " updated_at = ?, owner = NULL, lease_until = NULL, wake_at = NULL,"
-                " wait_reason = NULL, wait_signal = NULL WHERE id = ?",
-                (t.status, t.output, t.error, now, now, w.run_id),
+                "UPDATE ms_runs SET status = ?, output = ?, error = CASE WHEN ? = 'cancelled'"
+                " AND cancel_requested = 1 AND error IS NOT NULL THEN error ELSE ? END,"
+                " finished_at = ?, updated_at = ?, owner = NULL, lease_until = NULL,"
+                " wake_at = NULL, wait_reason = NULL, wait_signal = NULL WHERE id = ?",
+                (t.status, t.output, t.status, t.error, now, now, w.run_id),
             )
         elif t.kind == "suspend":
             wake_at = t.wake_at
             if cancel_requested:
-                wake_at = now  # let a worker pick it up at once and cancel it
+                wake_at = WAKE_NOW  # let a worker pick it up at once and cancel it
             elif t.wait_signal is not None:
                 cur.execute(
                     "SELECT 1 FROM ms_signals WHERE run_id = ? AND name = ?"
@@ -471,7 +514,7 @@ class Store(ABC):
                     (w.run_id, t.wait_signal),
                 )
                 if cur.fetchone():  # the signal beat the wait: wake at once
-                    wake_at = now
+                    wake_at = WAKE_NOW
             cur.execute(
                 "UPDATE ms_runs SET status = ?, wake_at = ?, wait_reason = ?, wait_signal = ?,"
                 " owner = NULL, lease_until = NULL, updated_at = ? WHERE id = ?",
@@ -511,7 +554,7 @@ class Store(ABC):
             if row[0] == "waiting" and row[1] == name:
                 cur.execute(
                     "UPDATE ms_runs SET wake_at = ?, updated_at = ? WHERE id = ?",
-                    (now, now, run_id),
+                    (WAKE_NOW, now, run_id),
                 )
             return signal_id
 
@@ -562,7 +605,8 @@ class Store(ABC):
                 return status
             cur.execute(
                 "UPDATE ms_runs SET status = 'cancelled', cancel_requested = 1, error = ?,"
-                " finished_at = ?, updated_at = ?, wake_at = NULL, wait_signal = NULL"
+                " finished_at = ?, updated_at = ?, wake_at = NULL, wait_signal = NULL,"
+                " wait_reason = NULL"
                 " WHERE id = ?",
                 (error, now, now, run_id),
             )

@@ -170,9 +170,11 @@ class Worker:
             execute(engine, record, workflow, control), name=f"mainspring-run-{record.id}"
         )
         self._active[record.id] = _Active(record, task, control)
+        self._set_solo(engine)
 
         def done(t: asyncio.Task[Outcome], run_id: str = record.id) -> None:
             self._active.pop(run_id, None)
+            self._set_solo(engine)
             if t.cancelled():
                 outcome = "lost"
             elif t.exception() is not None:
@@ -186,6 +188,10 @@ class Worker:
                 self._wakeup.set()
 
         task.add_done_callback(done)
+
+    def _set_solo(self, engine: Engine) -> None:
+        if isinstance(engine.committer, BatchCommitter):
+            engine.committer.solo = len(self._active) <= 1
 
     async def _heartbeat_loop(self) -> None:
         app = self.app
