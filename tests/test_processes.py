@@ -179,3 +179,27 @@ def test_stale_worker_is_fenced_off(cluster: Cluster) -> None:
     assert ledger.report().duplicate_effects == {}
     assert all(ledger.applied(f"{run_id}:0:{i}") == 1 for i in range(60))
     store.close()
+
+
+def test_sigterm_finishes_the_step_and_gives_the_run_back(cluster: Cluster) -> None:
+    cluster.env["MAINSPRING_TEST_STEP_S"] = "0.2"
+    [run_id] = _submit(cluster, "slow", runs=1, steps=12)
+    store = SQLiteStore(cluster.db)
+    worker = cluster.start()
+    deadline = time.time() + 30
+    while len(store.load_steps(run_id)) < 3 and time.time() < deadline:
+        time.sleep(0.02)
+    worker.send_signal(signal.SIGTERM)
+    assert worker.wait(20) == 0
+    run = store.get_run(run_id)
+    assert run is not None
+    assert (run.status, run.owner, run.recoveries) == ("queued", None, 0)
+    rows = store.load_steps(run_id)
+    assert all(r.status == "completed" for r in rows)  # the step in flight finished
+    final = cluster.start("--until-idle")
+    assert final.wait(60) == 0, cluster.log(final)
+    assert store.get_run(run_id).status == "succeeded"  # type: ignore[union-attr]
+    report = EffectLedger(cluster.ledger_path).report()
+    assert report.calls == 12  # nothing re-ran: a graceful stop is not a crash
+    assert report.duplicate_calls == {}
+    store.close()

@@ -1,0 +1,42 @@
+"""The public face: every name users import is here, and nothing else leaks."""
+
+from __future__ import annotations
+
+import mainspring as ms
+import mainspring.testing
+
+EXPECTED = {
+    "App", "BudgetExceeded", "Cancelled", "Clock", "ConfigError", "ContextOverflow",
+    "FakeClock", "LeaseLost", "LoopDetected", "MainspringError", "ModelOutputError",
+    "NondeterminismError", "PermissionDenied", "QuotaExhausted", "RateLimited",
+    "RetryPolicy", "RunConflict", "RunContext", "RunFailed", "RunHandle", "RunNotFound",
+    "RunRecord", "SchemaVersionError", "SerializationError", "StepFailed", "StepInfo",
+    "StepInterrupted", "StepMode", "StepRecord", "StepTimeout", "Store", "StoreError",
+    "StoreUnavailable", "SystemClock", "ToolInputError", "ToolNotAllowed",
+    "TransientError", "UnknownTool", "UnknownWorkflow", "ValidationFailed",
+    "WaitTimeout", "Worker", "Workflow", "__version__", "current_step",
+}  # fmt: skip
+
+
+def test_public_names_are_pinned() -> None:
+    assert set(ms.__all__) == EXPECTED
+    for name in ms.__all__:
+        assert hasattr(ms, name), name
+
+
+def test_testing_names_are_pinned() -> None:
+    assert set(mainspring.testing.__all__) == {"EffectLedger", "FakeClock", "LedgerReport"}
+
+
+def test_every_error_says_whether_a_retry_helps() -> None:
+    errors = [getattr(ms, n) for n in ms.__all__ if isinstance(getattr(ms, n), type)]
+    errors = [e for e in errors if issubclass(e, ms.MainspringError)]
+    assert len(errors) >= 20
+    retryable = {e.__name__ for e in errors if e.retryable}
+    assert retryable == {"TransientError", "RateLimited", "StepTimeout", "StoreUnavailable"}
+    assert not issubclass(ms.Cancelled, Exception)  # user code cannot swallow it
+
+
+def test_errors_name_the_run_and_step() -> None:
+    err = ms.StepFailed("boom", error_type="x.Y", attempts=2, run_id="r1", step="0:3 'pay'")
+    assert str(err) == "boom (run r1, step 0:3 'pay')"
