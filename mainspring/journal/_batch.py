@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from .._clock import Clock
@@ -72,17 +73,27 @@ class BatchCommitter(Committer):
                 del self._queue[: self.max_batch]
                 self._inflight = True
             try:
-                results = self.store.commit([w for w, _, _ in batch], self.clock.now())
+                results: list[Any] = self.store.commit(
+                    [w for w, _, _ in batch], self.clock.now()
+                )
+                settle: Callable[[asyncio.Future[Any], Any], None] = _succeed
             except Exception as exc:
-                self._inflight = False
-                for _, fut, loop in batch:
-                    loop.call_soon_threadsafe(_fail, fut, exc)
-                continue
+                results, settle = [exc] * len(batch), _fail
             self._inflight = False
-            self.batches += 1
-            self.writes += len(batch)
+            if settle is _succeed:
+                self.batches += 1
+                self.writes += len(batch)
+            # One wake-up of each loop per batch, not one per write.
+            by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Any, Any]]] = {}
             for (_, fut, loop), result in zip(batch, results, strict=True):
-                loop.call_soon_threadsafe(_succeed, fut, result)
+                by_loop.setdefault(loop, []).append((fut, result))
+            for loop, items in by_loop.items():
+                loop.call_soon_threadsafe(_settle_all, settle, items)
+
+
+def _settle_all(settle: Any, items: list[tuple[Any, Any]]) -> None:
+    for fut, result in items:
+        settle(fut, result)
 
 
 def _succeed(fut: asyncio.Future[Any], result: Any) -> None:

@@ -104,13 +104,26 @@ class _Release(BaseException):
     """Control flow: the worker is shutting down; give the run back."""
 
 
-@functools.lru_cache(maxsize=4096)
-def _return_type(fn: Callable[..., Any]) -> Any:
+def _fn_info(fn: Callable[..., Any]) -> tuple[bool, Any]:
+    """``(is a coroutine function, return annotation)``, cached per function."""
+    try:
+        return _fn_info_cached(fn)
+    except TypeError:  # an unhashable callable object
+        return _inspect_fn(fn)
+
+
+def _inspect_fn(fn: Callable[..., Any]) -> tuple[bool, Any]:
+    is_coro = inspect.iscoroutinefunction(fn)
+    if not (inspect.isfunction(fn) or inspect.ismethod(fn)):
+        return is_coro, Any
     try:
         hints = get_type_hints(fn)
     except Exception:  # unresolvable annotations: fall back to plain JSON
-        return Any
-    return hints.get("return", Any)
+        return is_coro, Any
+    return is_coro, hints.get("return", Any)
+
+
+_fn_info_cached = functools.lru_cache(maxsize=4096)(_inspect_fn)
 
 
 def _error_json(exc: BaseException, **extra: Any) -> str:
@@ -230,7 +243,7 @@ class RunContext:
         step_name = name or getattr(fn, "__qualname__", None) or repr(fn)
         seq = self._take("step", step_name)
         rec = self._journal.get(seq)
-        ret_type = _return_type(fn) if inspect.isfunction(fn) or inspect.ismethod(fn) else Any
+        is_coro, ret_type = _fn_info(fn)
         if retry is None:
             retry = self._engine.default_retry if mode == "at_least_once" else RetryPolicy.never()
         failures = 0
@@ -282,7 +295,7 @@ class RunContext:
                 run_id=self.run_id, session=self.session, seq=seq, name=step_name, attempt=attempt
             )
             try:
-                result = await self._invoke(fn, args, kwargs, info, timeout)
+                result = await self._invoke(fn, args, kwargs, info, timeout, is_coro)
                 output = dumps(result, what=f"output of step {step_name!r}")
             except Exception as exc:
                 failures += 1
@@ -523,10 +536,11 @@ class RunContext:
         kwargs: dict[str, Any],
         info: StepInfo,
         timeout: float | None,
+        is_coro: bool,
     ) -> Any:
         token = _current.set(info)
         try:
-            if inspect.iscoroutinefunction(fn):
+            if is_coro:
                 if timeout is None:
                     return await fn(*args, **kwargs)
                 return await asyncio.wait_for(fn(*args, **kwargs), timeout)
