@@ -41,15 +41,15 @@ __all__ = [
 
 
 def open_store(url: str) -> Store:
-    """Open the store a URL names: ``sqlite:///path.db`` (PostgreSQL comes next)."""
+    """Open the store a URL names: ``sqlite:///path.db`` or ``postgresql://...``."""
     scheme = urlsplit(url).scheme
     if scheme == "sqlite":
         return SQLiteStore.from_url(url)
     if scheme in ("postgresql", "postgres"):
-        raise ConfigError(
-            f"database URL {url!r}: the PostgreSQL store is not in this version yet; "
-            "use sqlite:///path.db"
-        )
+        from .postgres import PostgresStore  # needs the [postgres] extra
+
+        return PostgresStore(url)
     raise ConfigError(
-        f"database URL {url!r}: unknown scheme {scheme!r}; expected sqlite:///path.db"
+        f"database URL {url!r}: unknown scheme {scheme!r}; expected sqlite:///path.db "
+        "or postgresql://user@host/dbname"
     )

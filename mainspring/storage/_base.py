@@ -9,7 +9,7 @@ thread when many runs step at once.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
@@ -143,6 +143,10 @@ class Store(ABC):
     url: str
     # Appended to the SELECTs of a claim: "FOR UPDATE SKIP LOCKED" on PostgreSQL.
     _lock_clause: ClassVar[str] = ""
+    # Appended to the fence read of a commit: on PostgreSQL the run rows must stay
+    # locked until the commit ends, or a claim could move the epoch on in between.
+    # (SQLite's BEGIN IMMEDIATE already excludes every other writer.)
+    _fence_lock: ClassVar[str] = ""
 
     # -- dialect hooks --------------------------------------------------------------
 
@@ -162,6 +166,18 @@ class Store(ABC):
         """Fill a migration's dialect tokens."""
         return sql
 
+    def _lock_migrations(self, cur: Cursor) -> None:  # noqa: B027 - a hook; no-op here
+        """Serialise concurrent migrations (an advisory lock on PostgreSQL)."""
+
+    def _notify(self, cur: Cursor) -> None:  # noqa: B027 - a hook; no-op here
+        """Tell listening workers that something became runnable (NOTIFY on PostgreSQL)."""
+
+    def listen(self, callback: Callable[[], None]) -> Callable[[], None] | None:
+        """Call ``callback`` (from another thread) when something may have become
+        runnable; returns a function that stops listening, or ``None`` when this store
+        cannot push (workers then only poll)."""
+        return None
+
     # -- schema -----------------------------------------------------------------------
 
     def migrate(self) -> int:
@@ -171,6 +187,7 @@ class Store(ABC):
             SchemaVersionError: the database was written by a newer mainspring.
         """
         with self._write() as cur:
+            self._lock_migrations(cur)
             cur.execute("CREATE TABLE IF NOT EXISTS ms_meta (key TEXT PRIMARY KEY, value TEXT)")
             cur.execute("SELECT value FROM ms_meta WHERE key = 'schema_version'")
             row = cur.fetchone()
@@ -229,6 +246,7 @@ class Store(ABC):
                 " updated_at) VALUES (?, ?, ?, 'queued', ?, ?, ?)",
                 (run_id, workflow, key, input, now, now),
             )
+            self._notify(cur)
             cur.execute(f"SELECT {_RUN_COLUMNS} FROM ms_runs WHERE id = ?", (run_id,))
             return _run(cur.fetchone()), True
 
@@ -408,7 +426,7 @@ class Store(ABC):
         lost: set[str] = set()
         cancel: set[str] = set()
         with self._write() as cur:
-            for rid, epoch in runs:
+            for rid, epoch in sorted(runs):
                 cur.execute(
                     "UPDATE ms_runs SET lease_until = ? WHERE id = ? AND epoch = ?"
                     " AND status = 'running'",
@@ -434,7 +452,10 @@ class Store(ABC):
                 " updated_at = ? WHERE id = ? AND epoch = ? AND status = 'running'",
                 (now, run_id, epoch),
             )
-            return bool(cur.rowcount)
+            released = bool(cur.rowcount)
+            if released:
+                self._notify(cur)
+            return released
 
     # -- the journal -----------------------------------------------------------------
 
@@ -449,7 +470,7 @@ class Store(ABC):
         results: list[WriteResult] = []
         with self._write() as cur:
             # One read of the fences and one upsert of all rows, however many runs.
-            fences = self._fences(cur, list({w.run_id for w in batch}))
+            fences = self._fences(cur, sorted({w.run_id for w in batch}))
             step_rows: list[tuple[Any, ...]] = []
             for w in batch:
                 fence = fences.get(w.run_id)
@@ -479,14 +500,12 @@ class Store(ABC):
         fences: dict[str, tuple[int, int]] = {}
         for i in range(0, len(run_ids), 500):
             chunk = run_ids[i : i + 500]
-            if len(chunk) == 1:
-                cur.execute("SELECT id, epoch, cancel_requested FROM ms_runs WHERE id = ?", chunk)
-            else:
-                cur.execute(
-                    "SELECT id, epoch, cancel_requested FROM ms_runs WHERE id IN"
-                    f" ({', '.join('?' * len(chunk))})",
-                    chunk,
-                )
+            # Ordered, so that concurrent batches lock rows in one order (no deadlock).
+            cur.execute(
+                "SELECT id, epoch, cancel_requested FROM ms_runs WHERE id IN"
+                f" ({', '.join('?' * len(chunk))}) ORDER BY id{self._fence_lock}",
+                chunk,
+            )
             for rid, epoch, cancel in cur.fetchall():
                 fences[rid] = (epoch, cancel)
         return fences
@@ -497,8 +516,9 @@ class Store(ABC):
         if t.kind == "finish":
             # A cancelled run keeps the reason ``cancel()`` stored with the request.
             cur.execute(
-                "UPDATE ms_runs SET status = ?, output = ?, error = CASE WHEN ? = 'cancelled'"
-                " AND cancel_requested = 1 AND error IS NOT NULL THEN error ELSE ? END,"
+                "UPDATE ms_runs SET status = ?, output = ?, error = CASE WHEN"
+                " CAST(? AS TEXT) = 'cancelled' AND cancel_requested = 1 AND error IS NOT NULL"
+                " THEN error ELSE ? END,"
                 " finished_at = ?, updated_at = ?, owner = NULL, lease_until = NULL,"
                 " wake_at = NULL, wait_reason = NULL, wait_signal = NULL WHERE id = ?",
                 (t.status, t.output, t.status, t.error, now, now, w.run_id),
@@ -515,6 +535,8 @@ class Store(ABC):
                 )
                 if cur.fetchone():  # the signal beat the wait: wake at once
                     wake_at = WAKE_NOW
+            if wake_at == WAKE_NOW:
+                self._notify(cur)
             cur.execute(
                 "UPDATE ms_runs SET status = ?, wake_at = ?, wait_reason = ?, wait_signal = ?,"
                 " owner = NULL, lease_until = NULL, updated_at = ? WHERE id = ?",
@@ -556,6 +578,7 @@ class Store(ABC):
                     "UPDATE ms_runs SET wake_at = ?, updated_at = ? WHERE id = ?",
                     (WAKE_NOW, now, run_id),
                 )
+                self._notify(cur)
             return signal_id
 
     def next_signal(self, run_id: str, name: str) -> SignalRecord | None:

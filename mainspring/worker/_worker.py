@@ -116,9 +116,19 @@ class Worker:
             inline_wait_s=app.inline_wait_s,
         )
         heartbeat = asyncio.create_task(self._heartbeat_loop())
+        loop = asyncio.get_running_loop()
+        wakeup = self._wakeup
+        # Pushed wake-ups (LISTEN/NOTIFY on PostgreSQL); polling remains the fallback.
+        def pushed() -> None:
+            with contextlib.suppress(RuntimeError):  # the loop may have closed already
+                loop.call_soon_threadsafe(wakeup.set)
+
+        stop_listening = app.store.listen(pushed)
         try:
             await self._claim_loop(engine, until_idle)
         finally:
+            if stop_listening is not None:
+                await asyncio.to_thread(stop_listening)
             await self._drain()
             heartbeat.cancel()
             await asyncio.gather(heartbeat, return_exceptions=True)
