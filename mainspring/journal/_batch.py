@@ -73,9 +73,7 @@ class BatchCommitter(Committer):
                 del self._queue[: self.max_batch]
                 self._inflight = True
             try:
-                results: list[Any] = self.store.commit(
-                    [w for w, _, _ in batch], self.clock.now()
-                )
+                results: list[Any] = self.store.commit([w for w, _, _ in batch], self.clock.now())
                 settle: Callable[[asyncio.Future[Any], Any], None] = _succeed
             except Exception as exc:
                 results, settle = [exc] * len(batch), _fail
