@@ -73,12 +73,12 @@ class App:
         default_retry: RetryPolicy | None = None,
         poll_interval_s: float = 0.1,
     ) -> None:
-        if url is None:
-            url = os.environ.get("MAINSPRING_DATABASE_URL", DEFAULT_URL)
         if lease_s <= 0:
             raise ConfigError(f"lease_s must be > 0, got {lease_s!r}")
-        self._url = url if isinstance(url, str) else url.url
-        self._store: Store | None = None if isinstance(url, str) else url
+        # None: MAINSPRING_DATABASE_URL (or the default), read when the store opens, so
+        # a module-level App follows the environment of the process that uses it.
+        self._url: str | None = url.url if isinstance(url, Store) else url
+        self._store: Store | None = url if isinstance(url, Store) else None
         self.clock: Clock = clock or SystemClock()
         self.rng = rng or random.Random()
         self.lease_s = float(lease_s)
@@ -95,12 +95,16 @@ class App:
 
     @property
     def url(self) -> str:
+        """The database URL (resolved from the environment if none was given)."""
+        if self._url is None:
+            return os.environ.get("MAINSPRING_DATABASE_URL", DEFAULT_URL)
         return self._url
 
     @property
     def store(self) -> Store:
         """The store, opened (and migrated) on first use."""
         if self._store is None:
+            self._url = self.url
             self._store = open_store(self._url)
         return self._store
 
@@ -204,7 +208,7 @@ class App:
     def get_run(self, run_id: str) -> RunRecord:
         record = self.store.get_run(run_id)
         if record is None:
-            raise RunNotFound(f"no run {run_id!r} in {self._url!r}")
+            raise RunNotFound(f"no run {run_id!r} in {self.url!r}")
         return record
 
     def list_runs(

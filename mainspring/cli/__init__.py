@@ -7,6 +7,7 @@ import sys
 import typer
 
 from .._errors import MainspringError
+from ._demo import demo
 from ._runs import cancel, runs, show, signal, submit
 from ._worker import worker
 
@@ -32,6 +33,7 @@ cli.command()(runs)
 cli.command()(show)
 cli.command()(signal)
 cli.command()(cancel)
+cli.command()(demo)
 
 
 def main() -> None:

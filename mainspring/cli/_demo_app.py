@@ -18,10 +18,9 @@ from typing import Any
 import mainspring as ms
 from mainspring.testing import EffectLedger
 
-__all__ = ["LEDGER_ENV", "WORKFLOW", "app", "crm", "migrate_customers"]
+__all__ = ["LEDGER_ENV", "app", "crm", "migrate_customers"]
 
-LEDGER_ENV = "MAINSPRING_DEMO_LEDGER"
-WORKFLOW = "migrate_customers"
+LEDGER_ENV = "MAINSPRING_DEMO_LEDGER"  # set by `mainspring demo`
 # The CRM's API latency: a request travels, the CRM applies it, the reply travels back.
 # A worker killed during the reply leaves an effect done that the journal has not seen.
 REQUEST_S = 0.03
@@ -51,13 +50,12 @@ def export_batch(count: int) -> list[dict[str, Any]]:
     ]
 
 
-def upsert_customer(record: dict[str, Any]) -> bool:
-    """Write one record to the CRM. Returns False when the CRM recognised the key
-    as a repeat of a call it had already applied."""
+def upsert_customer(record: dict[str, Any]) -> dict[str, str]:
+    """Write one record to the CRM, which applies each idempotency key once."""
     time.sleep(REQUEST_S)
     applied = crm.apply(ms.current_step().idempotency_key, "upsert_customer", record)
     time.sleep(REPLY_S)
-    return applied
+    return {"customer": record["id"], "crm": "written" if applied else "repeated key: ignored"}
 
 
 def send_completion_email(migrated: int) -> None:
@@ -69,14 +67,15 @@ def send_completion_email(migrated: int) -> None:
 
 
 @app.workflow
-async def migrate_customers(ctx: ms.RunContext, steps: int) -> dict[str, Any]:
-    """``steps`` journaled steps: one export, ``steps - 2`` upserts, one email."""
-    records = await ctx.step(export_batch, steps - 2)
+async def migrate_customers(ctx: ms.RunContext, count: int) -> dict[str, Any]:
+    """Migrate ``count`` customers: ``count + 2`` journaled steps (export, upserts, email)."""
+    records = await ctx.step(export_batch, count)
     repeats = 0
     for record in records:
         # Journaled: never re-run once completed. A crash mid-step re-runs it under the
         # same idempotency key, and the CRM recognises the repeat.
-        if not await ctx.step(upsert_customer, record):
+        written = await ctx.step(upsert_customer, record)
+        if written["crm"] != "written":
             repeats += 1
     try:
         await ctx.step(send_completion_email, len(records), mode="at_most_once")

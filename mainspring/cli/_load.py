@@ -28,6 +28,10 @@ def load_app(spec: str) -> App:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise ConfigError(f"cannot import module {module_name!r} from {spec!r}: {exc}") from exc
+    except Exception as exc:  # the module itself failed: say so in one line
+        raise ConfigError(
+            f"importing {module_name!r} (from {spec!r}) raised {type(exc).__name__}: {exc}"
+        ) from exc
     obj = module
     for part in attr.split("."):
         if not hasattr(obj, part):

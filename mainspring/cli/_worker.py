@@ -33,6 +33,8 @@ def worker(
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    if lease_s is not None and lease_s <= 0:
+        raise typer.BadParameter(f"must be > 0, got {lease_s!r}", param_hint="--lease-s")
     app = load_app(app_spec)
     if lease_s is not None:
         app.lease_s = lease_s

@@ -257,6 +257,17 @@ class RunContext:
             previous = loads(rec.error) or {}
             failures = int(previous.get("failures", 0))
             last_error = rec.error
+            if rec.status == "started":
+                # The attempt began and never ended: its worker died or lost the run.
+                last_error = dumps(
+                    {
+                        "type": "WorkerLost",
+                        "message": f"attempt {rec.attempt} was interrupted: its worker "
+                        f"(epoch {rec.epoch}) stopped before the step ended",
+                        "retryable": True,
+                        "failures": failures,
+                    }
+                )
             if rec.status == "started" and mode == "at_most_once":
                 err = StepInterrupted(
                     f"at_most_once step {step_name!r} started (attempt {rec.attempt}) and "

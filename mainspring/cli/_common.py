@@ -1,0 +1,149 @@
+"""What the operator commands share: choosing the database, errors, output.
+
+Every command that reads or steers a database finds it the same way: ``--db URL``,
+else ``--app MODULE:APP`` (that App's database), else ``MAINSPRING_DATABASE_URL``,
+else the default ``sqlite:///mainspring.db``. Errors are one ``error: ...`` line on
+stderr with exit code 2, whether the command runs under ``main()`` or is invoked on
+the Typer app directly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Annotated, Any
+from urllib.parse import urlsplit
+
+import typer
+from rich.console import Console
+
+from .._app import DEFAULT_URL, App
+from .._errors import ConfigError, MainspringError
+from ..storage import SCHEMA_VERSION, SQLiteStore, Store, open_store
+from ._load import load_app
+
+__all__ = [
+    "AppOption",
+    "DbOption",
+    "JsonOption",
+    "cli_errors",
+    "console",
+    "database_url",
+    "open_app",
+    "open_existing_store",
+    "print_json",
+    "require_file",
+    "sqlite_path",
+]
+
+DbOption = Annotated[
+    str | None,
+    typer.Option(
+        "--db",
+        metavar="URL",
+        help="Database URL (default: MAINSPRING_DATABASE_URL, else sqlite:///mainspring.db).",
+    ),
+]
+AppOption = Annotated[
+    str | None,
+    typer.Option("--app", metavar="MODULE:APP", help="Use the database of this App."),
+]
+JsonOption = Annotated[
+    bool, typer.Option("--json", help="Print JSON to stdout instead of a table.")
+]
+
+
+@contextmanager
+def cli_errors() -> Iterator[None]:
+    """A mainspring error becomes one ``error: ...`` line on stderr and exit code 2."""
+    try:
+        yield
+    except MainspringError as exc:
+        typer.echo(f"error: {_one_line(str(exc))}", err=True)
+        raise typer.Exit(2) from None
+
+
+def database_url(db: str | None, app_spec: str | None) -> tuple[str, str]:
+    """The chosen database URL and where it came from (for messages).
+
+    ``--db``, else ``--app``, else ``MAINSPRING_DATABASE_URL``, else the default.
+    """
+    if db is not None and app_spec is not None:
+        raise ConfigError(f"give --db or --app, not both (got --db {db!r} and --app {app_spec!r})")
+    if db is not None:
+        return db, "--db"
+    if app_spec is not None:
+        return load_app(app_spec).url, f"the App {app_spec!r}"
+    if os.environ.get("MAINSPRING_DATABASE_URL"):
+        return os.environ["MAINSPRING_DATABASE_URL"], "MAINSPRING_DATABASE_URL"
+    return DEFAULT_URL, "the default"
+
+
+@contextmanager
+def open_app(db: str | None, app_spec: str | None) -> Iterator[App]:
+    """The App over the chosen database (see :func:`database_url`), which must exist."""
+    url, source = database_url(db, app_spec)
+    require_file(url, source)
+    # --app: the user's App itself, with its workflows (load_app returns the module's).
+    app = load_app(app_spec) if db is None and app_spec is not None else App(open_existing_store(url))
+    try:
+        yield app
+    finally:
+        app.close()
+
+
+def sqlite_path(url: str) -> str | None:
+    """The file a ``sqlite:///`` URL names; ``None`` for other stores and malformed URLs."""
+    parts = urlsplit(url)
+    if parts.scheme != "sqlite" or parts.netloc:
+        return None  # other stores, and malformed URLs the store explains itself
+    path = parts.path[1:] if parts.path.startswith("/") else parts.path
+    return path or None
+
+
+def require_file(url: str, source: str) -> None:
+    """Refuse a SQLite URL naming no file: opening it would create an empty database."""
+    path = sqlite_path(url)
+    if path and not os.path.isfile(path):
+        raise ConfigError(
+            f"no database file {path!r} (URL {url!r} from {source}); pass --db URL or "
+            "--app MODULE:APP, or set MAINSPRING_DATABASE_URL"
+        )
+
+
+def open_existing_store(url: str) -> Store:
+    """Open a store without writing to a file that is not a mainspring database."""
+    if urlsplit(url).scheme != "sqlite":
+        return open_store(url)
+    store = SQLiteStore.from_url(url, migrate=False)
+    try:
+        # Fails with "is it a mainspring database?" before any table is created.
+        if store.schema_version() != SCHEMA_VERSION:
+            store.migrate()  # older: upgrade as any worker would; newer: a clear error
+    except BaseException:
+        store.close()
+        raise
+    return store
+
+
+def console() -> Console:
+    """The console tables and messages go to."""
+    # No markup or emoji codes: run names, outputs and errors are shown as they are.
+    out = Console(highlight=False, markup=False, emoji=False)
+    if not out.is_terminal and "COLUMNS" not in os.environ:
+        out.width = 160  # piped output: do not squeeze tables into 80 columns
+    return out
+
+
+def print_json(value: Any) -> None:
+    """One JSON document on stdout, and nothing else."""
+    sys.stdout.write(json.dumps(value, indent=2, ensure_ascii=False) + "\n")
+
+
+def _one_line(text: str) -> str:
+    lines = [line.strip() for line in text.splitlines()]
+    # pydantic's validation errors end with a documentation link: noise on one line.
+    return " ".join(ln for ln in lines if ln and not ln.startswith("For further information"))
