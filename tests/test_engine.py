@@ -558,3 +558,33 @@ def test_locked_database_is_a_transient_error(tmp_path: Path):
         blocker.execute("ROLLBACK")
     store.create_run(run_id="r", workflow="w", input="{}", key=None, now=0)
     assert store.get_run("r") is not None
+
+
+async def test_parallel_steps_are_journaled_in_call_order(fapp: ms.App, clock: ms.FakeClock):
+    calls: list[int] = []
+    crash = {"armed": True}
+
+    async def fetch(i: int) -> int:
+        calls.append(i)
+        await asyncio.sleep(0.01 * (5 - i))  # finish in reverse order: step 0 last
+        if i == 0 and crash["armed"]:
+            crash["armed"] = False
+            raise Crash
+        return i * i
+
+    @fapp.workflow
+    async def fan_out(ctx: ms.RunContext) -> list[int]:
+        first = await asyncio.gather(*(ctx.step(fetch, i) for i in range(5)))
+        return [*first, await ctx.step(fetch, 9)]
+
+    handle = fapp.submit(fan_out)
+    await drain(fapp)
+    clock.advance(fapp.lease_s + 1)
+    await drain(fapp)
+    assert await handle.result() == [0, 1, 4, 9, 16, 81]
+    rows = fapp.steps(handle.run_id)
+    assert [(r.seq, r.status) for r in rows] == [(i, "completed") for i in range(6)]
+    assert [r.output for r in rows] == ["0", "1", "4", "9", "16", "81"]
+    # Steps 1-4 completed while step 0 still ran, and were journaled at once; the
+    # crash in step 0 cost only step 0.
+    assert sorted(calls) == [0, 0, 1, 2, 3, 4, 9]

@@ -172,6 +172,7 @@ class RunContext:
         self._consume: list[tuple[int, str]] = []
         self._cancel = run.cancel_requested
         self._reset_recoveries = run.recoveries > 0
+        self._running = 0  # step functions executing now (more than one under gather)
 
     # -- public API -------------------------------------------------------------------
 
@@ -305,10 +306,12 @@ class RunContext:
             info = StepInfo(
                 run_id=self.run_id, session=self.session, seq=seq, name=step_name, attempt=attempt
             )
+            self._running += 1
             try:
                 result = await self._invoke(fn, args, kwargs, info, timeout, is_coro)
                 output = dumps(result, what=f"output of step {step_name!r}")
             except Exception as exc:
+                self._running -= 1
                 failures += 1
                 delay = retry.next_delay(failures, exc, self._engine.rng)
                 if delay is None:
@@ -334,9 +337,12 @@ class RunContext:
                 await self._wait_until(wake_at, reason=f"retry:{step_name}")
                 attempt += 1
                 continue
+            self._running -= 1
             self._put(started, status="completed", output=output, finished_at=self._now())
-            if mode == "at_most_once":
-                await self._flush()  # its end must never be in doubt
+            if mode == "at_most_once" or self._running:
+                # at_most_once: its end must never be in doubt. Other steps still running
+                # in parallel: don't let a crash in one of them cost this one's result.
+                await self._flush()
             if type(result) in _PLAIN and (ret_type is Any or ret_type is type(result)):
                 return result  # JSON gives back exactly this value: skip the round trip
             return decode(output, ret_type, what=f"output of step {step_name!r}")
@@ -593,10 +599,12 @@ class RunContext:
         """
         if not self._pending and not self._consume and transition is None:
             return
+        sent = dict(self._pending)
+        consumed = len(self._consume)
         write = RunWrite(
             run_id=self.run_id,
             epoch=self._epoch,
-            steps=list(self._pending.values()),
+            steps=list(sent.values()),
             consume=list(self._consume),
             transition=transition,
             # Only real progress (a step ended, or the run moved on) clears the count
@@ -623,8 +631,12 @@ class RunContext:
                 f"epoch {self._epoch} is no longer current: another worker owns the run",
                 run_id=self.run_id,
             )
-        self._pending.clear()
-        self._consume.clear()
+        # Steps running in parallel (asyncio.gather) may have buffered rows while this
+        # commit was in flight: forget only what was sent and has not changed since.
+        for seq, rec in sent.items():
+            if self._pending.get(seq) is rec:
+                del self._pending[seq]
+        del self._consume[:consumed]
         if write.reset_recoveries:
             self._reset_recoveries = False
         if result.cancel_requested:
