@@ -7,6 +7,7 @@ import sys
 import typer
 
 from .._errors import MainspringError
+from ._db import db_commands, prune
 from ._demo import demo
 from ._runs import cancel, runs, show, signal, submit
 from ._worker import worker
@@ -34,6 +35,8 @@ cli.command()(show)
 cli.command()(signal)
 cli.command()(cancel)
 cli.command()(demo)
+cli.command()(prune)
+cli.add_typer(db_commands)
 
 
 def main() -> None:

@@ -71,28 +71,33 @@ def database_url(db: str | None, app_spec: str | None) -> tuple[str, str]:
 
     ``--db``, else ``--app``, else ``MAINSPRING_DATABASE_URL``, else the default.
     """
-    if db is not None and app_spec is not None:
-        raise ConfigError(f"give --db or --app, not both (got --db {db!r} and --app {app_spec!r})")
-    if db is not None:
-        return db, "--db"
-    if app_spec is not None:
-        return load_app(app_spec).url, f"the App {app_spec!r}"
-    if os.environ.get("MAINSPRING_DATABASE_URL"):
-        return os.environ["MAINSPRING_DATABASE_URL"], "MAINSPRING_DATABASE_URL"
-    return DEFAULT_URL, "the default"
+    url, source, _ = _choose(db, app_spec)
+    return url, source
 
 
 @contextmanager
 def open_app(db: str | None, app_spec: str | None) -> Iterator[App]:
     """The App over the chosen database (see :func:`database_url`), which must exist."""
-    url, source = database_url(db, app_spec)
+    url, source, loaded = _choose(db, app_spec)
     require_file(url, source)
-    # --app: the user's App itself, with its workflows (load_app returns the module's).
-    app = load_app(app_spec) if db is None and app_spec is not None else App(open_existing_store(url))
+    app = loaded if loaded is not None else App(open_existing_store(url))
     try:
         yield app
     finally:
         app.close()
+
+
+def _choose(db: str | None, app_spec: str | None) -> tuple[str, str, App | None]:
+    if db is not None and app_spec is not None:
+        raise ConfigError(f"give --db or --app, not both (got --db {db!r} and --app {app_spec!r})")
+    if db is not None:
+        return db, "--db", None
+    if app_spec is not None:
+        loaded = load_app(app_spec)
+        return loaded.url, f"the App {app_spec!r}", loaded
+    if os.environ.get("MAINSPRING_DATABASE_URL"):
+        return os.environ["MAINSPRING_DATABASE_URL"], "MAINSPRING_DATABASE_URL", None
+    return DEFAULT_URL, "the default", None
 
 
 def sqlite_path(url: str) -> str | None:

@@ -9,24 +9,18 @@ nothing else (payload columns decoded, times as ISO-8601 UTC strings). Errors ar
 from __future__ import annotations
 
 import json
-import os
-import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Annotated, Any, get_args
-from urllib.parse import urlsplit
 
 import typer
 from rich.console import Console, Group, JustifyMethod
 from rich.table import Table
 from rich.text import Text
 
-from .._app import DEFAULT_URL, App
-from .._errors import ConfigError, MainspringError
-from ..storage import SCHEMA_VERSION, RunRecord, RunStatus, SQLiteStore, StepRecord, Store
-from ..storage import open_store as _open_store_url
+from .._errors import ConfigError
+from ..storage import RunRecord, RunStatus, StepRecord, Store
+from ._common import AppOption, DbOption, JsonOption, cli_errors, console, open_app, print_json
 from ._load import load_app
 
 __all__ = ["cancel", "runs", "show", "signal", "submit"]
@@ -45,22 +39,6 @@ _STATUS_STYLE = {
 _STEP_STYLE = {"started": "blue", "retrying": "yellow", "completed": "green", "failed": "red"}
 _OUTPUT_WIDTH = 80
 _VALUE_WIDTH = 200
-
-DbOption = Annotated[
-    str | None,
-    typer.Option(
-        "--db",
-        metavar="URL",
-        help="Database URL (default: MAINSPRING_DATABASE_URL, else sqlite:///mainspring.db).",
-    ),
-]
-AppOption = Annotated[
-    str | None,
-    typer.Option("--app", metavar="MODULE:APP", help="Use the database of this App."),
-]
-JsonOption = Annotated[
-    bool, typer.Option("--json", help="Print JSON to stdout instead of a table.")
-]
 
 
 # -- commands ---------------------------------------------------------------------------
@@ -84,7 +62,7 @@ def submit(
     as_json: JsonOption = False,
 ) -> None:
     """Submit a run for the workers and print its id."""
-    with _cli_errors():
+    with cli_errors():
         arg_list = [] if args is None else _parse_json(args, "--args", list, "a JSON array")
         kwarg_map = {} if kwargs is None else _parse_json(kwargs, "--kwargs", dict, "a JSON object")
         app = load_app(app_spec)
@@ -96,9 +74,9 @@ def submit(
         finally:
             app.close()
     if as_json:
-        _print_json({**_run_json(record, current), "created": handle.created})
+        print_json({**_run_json(record, current), "created": handle.created})
         return
-    out = _console()
+    out = console()
     if handle.created:
         out.print(
             f"submitted run {record.id} (workflow {record.workflow!r}, {record.status}); "
@@ -128,9 +106,9 @@ def runs(
     as_json: JsonOption = False,
 ) -> None:
     """List runs, newest first, with their current step and a count by status."""
-    with _cli_errors():
+    with cli_errors():
         statuses = _parse_statuses(status or [])
-        with _open_app(db, app_spec) as app:
+        with open_app(db, app_spec) as app:
             records = app.list_runs(
                 status=statuses or None, workflow=workflow, limit=limit, offset=offset
             )
@@ -138,7 +116,7 @@ def runs(
             counts = app.store.count_runs()
     counts = {s: counts[s] for s in _STATUSES if counts.get(s)}
     if as_json:
-        _print_json(
+        print_json(
             {
                 "runs": [_run_json(r, c) for r, c in zip(records, currents, strict=True)],
                 "counts": counts,
@@ -147,7 +125,7 @@ def runs(
             }
         )
         return
-    out = _console()
+    out = console()
     now = time.time()
     if records:
         table = Table(box=None, pad_edge=False, header_style="bold")
@@ -190,16 +168,16 @@ def show(
     as_json: JsonOption = False,
 ) -> None:
     """Show one run: its state, input, result or error, and its journal of steps."""
-    with _cli_errors(), _open_app(db, app_spec) as app:
+    with cli_errors(), open_app(db, app_spec) as app:
         record = app.get_run(run_id)
         steps = app.steps(run_id)
     current = max(
         (s for s in steps if s.session == record.session), key=lambda s: s.seq, default=None
     )
     if as_json:
-        _print_json({"run": _run_json(record, current), "steps": [_step_json(s) for s in steps]})
+        print_json({"run": _run_json(record, current), "steps": [_step_json(s) for s in steps]})
         return
-    out = _console()
+    out = console()
     now = time.time()
     width = None if verbose else _VALUE_WIDTH
     facts: list[tuple[str, str | Text]] = [
@@ -256,14 +234,14 @@ def signal(
     as_json: JsonOption = False,
 ) -> None:
     """Send a signal to a run; it is kept until the run waits for that name."""
-    with _cli_errors():
+    with cli_errors():
         value = _parse_json(payload, "PAYLOAD-JSON") if payload is not None else None
-        with _open_app(db, app_spec) as app:
+        with open_app(db, app_spec) as app:
             app.get_run(run_id)  # names the database when the run is not there
             signal_id = app.signal(run_id, name, value)
             record = app.get_run(run_id)
     if as_json:
-        _print_json(
+        print_json(
             {"run_id": run_id, "signal": name, "signal_id": signal_id, "status": record.status}
         )
         return
@@ -271,7 +249,7 @@ def signal(
         then = "the run was waiting for it and is runnable again"
     else:
         then = f"the run is {record.status}; it takes the signal when it waits for {name!r}"
-    _console().print(f"sent signal {name!r} to run {run_id} (signal #{signal_id}): {then}")
+    console().print(f"sent signal {name!r} to run {run_id} (signal #{signal_id}): {then}")
 
 
 def cancel(
@@ -282,11 +260,11 @@ def cancel(
     as_json: JsonOption = False,
 ) -> None:
     """Cancel a run. A running run stops at its next step boundary."""
-    with _cli_errors(), _open_app(db, app_spec) as app:
+    with cli_errors(), open_app(db, app_spec) as app:
         before = app.get_run(run_id).status
         after = app.cancel(run_id, reason)
     if as_json:
-        _print_json({"run_id": run_id, "previous_status": before, "status": after})
+        print_json({"run_id": run_id, "previous_status": before, "status": after})
         return
     if before in ("succeeded", "failed", "cancelled"):
         message = f"run {run_id} is already {before}: nothing to cancel"
@@ -294,74 +272,10 @@ def cancel(
         message = f"run {run_id}: cancelling (its worker will stop it at the next step)"
     else:
         message = f"run {run_id}: {after} (was {before})"
-    _console().print(message)
+    console().print(message)
 
 
-# -- databases and errors -------------------------------------------------------------------
-
-
-@contextmanager
-def _cli_errors() -> Iterator[None]:
-    """A mainspring error becomes one ``error: ...`` line on stderr and exit code 2."""
-    try:
-        yield
-    except MainspringError as exc:
-        typer.echo(f"error: {_one_line(str(exc))}", err=True)
-        raise typer.Exit(2) from None
-
-
-@contextmanager
-def _open_app(db: str | None, app_spec: str | None) -> Iterator[App]:
-    """The App over the chosen database, which must already exist.
-
-    ``--db``, else ``--app``, else ``MAINSPRING_DATABASE_URL``, else the default.
-    """
-    if db is not None and app_spec is not None:
-        raise ConfigError(f"give --db or --app, not both (got --db {db!r} and --app {app_spec!r})")
-    loaded: App | None = None
-    if db is not None:
-        url, source = db, "--db"
-    elif app_spec is not None:
-        loaded = load_app(app_spec)
-        url, source = loaded.url, f"the App {app_spec!r}"
-    elif os.environ.get("MAINSPRING_DATABASE_URL"):
-        url, source = os.environ["MAINSPRING_DATABASE_URL"], "MAINSPRING_DATABASE_URL"
-    else:
-        url, source = DEFAULT_URL, "the default"
-    _require_file(url, source)
-    app = loaded if loaded is not None else App(_open_store(url))
-    try:
-        yield app
-    finally:
-        app.close()
-
-
-def _require_file(url: str, source: str) -> None:
-    """Refuse a SQLite URL naming no file: opening it would create an empty database."""
-    parts = urlsplit(url)
-    if parts.scheme != "sqlite" or parts.netloc:
-        return  # other stores, and malformed URLs the store explains itself
-    path = parts.path[1:] if parts.path.startswith("/") else parts.path
-    if path and not os.path.isfile(path):
-        raise ConfigError(
-            f"no database file {path!r} (URL {url!r} from {source}); pass --db URL or "
-            "--app MODULE:APP, or set MAINSPRING_DATABASE_URL"
-        )
-
-
-def _open_store(url: str) -> Store:
-    """Open a store without writing to a file that is not a mainspring database."""
-    if urlsplit(url).scheme != "sqlite":
-        return _open_store_url(url)
-    store = SQLiteStore.from_url(url, migrate=False)
-    try:
-        # Fails with "is it a mainspring database?" before any table is created.
-        if store.schema_version() != SCHEMA_VERSION:
-            store.migrate()  # older: upgrade as any worker would; newer: a clear error
-    except BaseException:
-        store.close()
-        raise
-    return store
+# -- parsing ------------------------------------------------------------------------------
 
 
 def _parse_json(text: str, what: str, kind: type[Any] | None = None, noun: str = "") -> Any:
@@ -382,12 +296,6 @@ def _parse_statuses(values: list[str]) -> list[str]:
                 f"unknown status {s!r} for --status; expected one of: {', '.join(_STATUSES)}"
             )
     return statuses
-
-
-def _one_line(text: str) -> str:
-    lines = [line.strip() for line in text.splitlines()]
-    # pydantic's validation errors end with a documentation link: noise on one line.
-    return " ".join(ln for ln in lines if ln and not ln.startswith("For further information"))
 
 
 # -- reading the journal ------------------------------------------------------------------
@@ -468,18 +376,6 @@ def _step_json(s: StepRecord) -> dict[str, Any]:
 
 
 # -- rendering ----------------------------------------------------------------------------
-
-
-def _console() -> Console:
-    # No markup or emoji codes: run names, outputs and errors are shown as they are.
-    console = Console(highlight=False, markup=False, emoji=False)
-    if not console.is_terminal and "COLUMNS" not in os.environ:
-        console.width = 160  # piped output: do not squeeze tables into 80 columns
-    return console
-
-
-def _print_json(value: Any) -> None:
-    sys.stdout.write(json.dumps(value, indent=2, ensure_ascii=False) + "\n")
 
 
 def _clock(ts: float | None, now: float) -> str:

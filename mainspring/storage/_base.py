@@ -14,7 +14,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
-from .._errors import RunConflict, RunNotFound, SchemaVersionError
+from .._errors import RunConflict, RunNotFound, SchemaVersionError, StoreError
 from .._serde import dumps
 from ._migrations import LATEST, MIGRATIONS
 from ._records import (
@@ -26,7 +26,7 @@ from ._records import (
     WriteResult,
 )
 
-__all__ = ["WAKE_NOW", "Cursor", "Heartbeat", "Store"]
+__all__ = ["WAKE_NOW", "Cursor", "Heartbeat", "PruneResult", "Store"]
 
 # ``wake_at`` of a run that must wake at once. Not the sender's "now": a client whose
 # clock runs ahead of the workers' would otherwise delay the wake-up by the skew.
@@ -49,6 +49,8 @@ _UPSERT_STEP = (
     " started_at = excluded.started_at, finished_at = excluded.finished_at,"
     " wake_at = excluded.wake_at"
 )
+# Finished runs past retention: what ``prune`` deletes.
+_PRUNABLE = "status IN ('succeeded', 'failed', 'cancelled') AND finished_at < ?"
 
 
 class Cursor(Protocol):
@@ -69,6 +71,15 @@ class Heartbeat:
 
     lost: frozenset[str]
     cancel: frozenset[str]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PruneResult:
+    """What :meth:`Store.prune` deleted (or, on a dry run, would delete)."""
+
+    runs: int
+    steps: int
+    signals: int
 
 
 def _run(row: Sequence[Any]) -> RunRecord:
@@ -218,6 +229,22 @@ class Store(ABC):
             cur.execute("SELECT value FROM ms_meta WHERE key = 'schema_version'")
             row = cur.fetchone()
             return int(row[0]) if row else 0
+
+    def stored_schema_version(self) -> int:
+        """The schema version the database records, read without migrating: 0 for a
+        database without mainspring's tables (a new one, or another program's).
+
+        Raises:
+            StoreError: the database cannot be read at all.
+            StoreUnavailable: the database is locked or unreachable.
+        """
+        with self._read() as cur:
+            cur.execute("SELECT 1")  # reachable and readable: a failure below is the table
+        try:
+            return self.schema_version()
+        except StoreError:
+            # No catalog query works on every dialect; ms_meta missing is what fails here.
+            return 0
 
     # -- runs -------------------------------------------------------------------------
 
@@ -634,6 +661,59 @@ class Store(ABC):
                 (error, now, now, run_id),
             )
             return "cancelled"
+
+    # -- retention ----------------------------------------------------------------------
+
+    def prune(
+        self, older_than_s: float, now: float, *, batch: int = 500, dry_run: bool = False
+    ) -> PruneResult:
+        """Delete finished runs whose ``finished_at`` is before ``now - older_than_s``,
+        with their journals and signals. Unfinished runs are never touched.
+
+        Deletes ``batch`` runs per transaction, so that no lock is held for long while
+        workers keep committing. ``dry_run`` only counts what would be deleted.
+        """
+        if batch <= 0:
+            raise ValueError(f"batch must be > 0, got {batch!r}")
+        cutoff = now - older_than_s
+        if dry_run:
+            with self._read() as cur:
+                counts = []
+                for sql in (
+                    f"SELECT COUNT(*) FROM ms_runs WHERE {_PRUNABLE}",
+                    f"SELECT COUNT(*) FROM ms_steps WHERE run_id IN"
+                    f" (SELECT id FROM ms_runs WHERE {_PRUNABLE})",
+                    f"SELECT COUNT(*) FROM ms_signals WHERE run_id IN"
+                    f" (SELECT id FROM ms_runs WHERE {_PRUNABLE})",
+                ):
+                    cur.execute(sql, (cutoff,))
+                    counts.append(int(cur.fetchone()[0]))
+            return PruneResult(runs=counts[0], steps=counts[1], signals=counts[2])
+        runs = steps = signals = 0
+        while True:
+            with self._write() as cur:
+                # Rows another transaction holds are skipped on PostgreSQL: a later
+                # prune takes them.
+                cur.execute(
+                    f"SELECT id FROM ms_runs WHERE {_PRUNABLE} ORDER BY finished_at, id"
+                    f" LIMIT ?{self._lock_clause}",
+                    (cutoff, batch),
+                )
+                ids = [row[0] for row in cur.fetchall()]
+                if not ids:
+                    break
+                for i in range(0, len(ids), 500):  # within every driver's parameter limit
+                    chunk = ids[i : i + 500]
+                    marks = ", ".join("?" * len(chunk))
+                    cur.execute(f"DELETE FROM ms_steps WHERE run_id IN ({marks})", chunk)
+                    steps += cur.rowcount
+                    cur.execute(f"DELETE FROM ms_signals WHERE run_id IN ({marks})", chunk)
+                    signals += cur.rowcount
+                    cur.execute(f"DELETE FROM ms_runs WHERE id IN ({marks})", chunk)
+                    runs += cur.rowcount
+            if len(ids) < batch:
+                break
+        return PruneResult(runs=runs, steps=steps, signals=signals)
 
     def iter_all_steps(self) -> Iterator[StepRecord]:
         """Every journal row, for consistency checks."""

@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from .._errors import RunConflict, RunNotFound, SchemaVersionError
-from ..storage import SCHEMA_VERSION, RunTransition, RunWrite, StepRecord, Store
+from ..storage import SCHEMA_VERSION, RunStatus, RunTransition, RunWrite, StepRecord, Store
 
 __all__ = ["StoreConformance"]
 
@@ -105,6 +105,16 @@ class StoreConformance:
                 assert str(SCHEMA_VERSION + 1) in str(exc)
             else:
                 raise AssertionError("a newer schema was accepted")
+
+    def test_stored_schema_version_is_read_without_migrating(self) -> None:
+        with self.store() as s:
+            assert s.stored_schema_version() == SCHEMA_VERSION
+            with s._write() as cur:
+                cur.execute(
+                    "UPDATE ms_meta SET value = ? WHERE key = 'schema_version'",
+                    (str(SCHEMA_VERSION + 1),),
+                )
+            assert s.stored_schema_version() == SCHEMA_VERSION + 1
 
     # -- runs -------------------------------------------------------------------------
 
@@ -371,3 +381,92 @@ class StoreConformance:
                 T0 + 5,
                 None,
             )
+
+    # -- retention ------------------------------------------------------------------------
+
+    def _finish(self, s: Store, run_id: str, now: float, status: RunStatus = "succeeded") -> None:
+        """Claim the run at ``now`` and finish it then, with two journal rows."""
+        [run] = self._claim(s, now=now, run_id=run_id)
+        done = RunTransition(
+            kind="finish",
+            status=status,
+            output="1" if status == "succeeded" else None,
+            error=None if status == "succeeded" else '{"type":"ValueError","message":"no"}',
+        )
+        steps = [_step(run_id, seq, run.epoch) for seq in range(2)]
+        s.commit([RunWrite(run_id=run_id, epoch=run.epoch, steps=steps, transition=done)], now)
+
+    def test_prune_deletes_old_finished_runs_and_their_rows(self) -> None:
+        day = 86_400.0
+        with self.store() as s:
+            for rid in ("ok", "failed", "cancelled", "recent", "queued", "waiting", "running"):
+                self._new(s, rid)
+            s.send_signal("ok", "go", "1", T0)
+            self._finish(s, "ok", T0)
+            self._finish(s, "failed", T0, status="failed")
+            assert s.cancel("cancelled", T0) == "cancelled"
+            self._finish(s, "recent", T0 + 2 * day)
+            # Old unfinished runs, with journal rows and a signal of their own.
+            [w] = self._claim(s, run_id="waiting")
+            wait = RunTransition(kind="suspend", status="waiting", wait_signal="go")
+            s.commit(
+                [
+                    RunWrite(
+                        run_id="waiting",
+                        epoch=w.epoch,
+                        steps=[_step("waiting", 0, w.epoch)],
+                        transition=wait,
+                    )
+                ],
+                T0,
+            )
+            s.send_signal("waiting", "other", "2", T0)
+            [r] = self._claim(s, run_id="running")
+            s.commit(
+                [RunWrite(run_id="running", epoch=r.epoch, steps=[_step("running", 0, r.epoch)])],
+                T0,
+            )
+            kept = ("recent", "queued", "waiting", "running")
+            journals = {rid: s.load_steps(rid) for rid in kept}
+
+            now = T0 + 3 * day  # cut-off: T0 + 1 day
+            dry = s.prune(2 * day, now, dry_run=True)
+            assert (dry.runs, dry.steps, dry.signals) == (3, 4, 1)
+            assert s.get_run("ok") is not None, "a dry run deleted something"
+            done = s.prune(2 * day, now)
+            assert (done.runs, done.steps, done.signals) == (3, 4, 1)
+            for rid in ("ok", "failed", "cancelled"):
+                assert s.get_run(rid) is None and s.load_steps(rid) == []
+            assert s.next_signal("ok", "go") is None
+            assert sorted(r.id for r in s.list_runs()) == sorted(kept)
+            assert {rid: s.load_steps(rid) for rid in kept} == journals
+            assert s.next_signal("waiting", "other") is not None
+            again = s.prune(2 * day, now)
+            assert (again.runs, again.steps, again.signals) == (0, 0, 0)
+
+            # However old, an unfinished run stays: only the recent finished run goes.
+            late = s.prune(0, T0 + 1000 * day)
+            assert (late.runs, late.steps, late.signals) == (1, 2, 0)
+            assert sorted(r.id for r in s.list_runs()) == ["queued", "running", "waiting"]
+            assert s.count_runs() == {"queued": 1, "running": 1, "waiting": 1}
+            assert len(s.load_steps("waiting")) == 1 and len(s.load_steps("running")) == 1
+
+    def test_prune_works_in_batches(self) -> None:
+        with self.store() as s:
+            for i in range(5):
+                self._new(s, f"r{i}")
+                self._finish(s, f"r{i}", T0 + i)
+            self._new(s, "young")
+            self._finish(s, "young", T0 + 100)
+            dry = s.prune(50, T0 + 100, batch=2, dry_run=True)
+            assert (dry.runs, dry.steps, dry.signals) == (5, 10, 0)
+            done = s.prune(50, T0 + 100, batch=2)
+            assert (done.runs, done.steps, done.signals) == (5, 10, 0)
+            assert [r.id for r in s.list_runs()] == ["young"]
+            assert [st.run_id for st in s.iter_all_steps()] == ["young", "young"]
+            try:
+                s.prune(50, T0 + 100, batch=0)
+            except ValueError as exc:
+                assert "batch" in str(exc)
+            else:
+                raise AssertionError("batch=0 was accepted")

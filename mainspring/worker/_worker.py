@@ -118,6 +118,7 @@ class Worker:
         heartbeat = asyncio.create_task(self._heartbeat_loop())
         loop = asyncio.get_running_loop()
         wakeup = self._wakeup
+
         # Pushed wake-ups (LISTEN/NOTIFY on PostgreSQL); polling remains the fallback.
         def pushed() -> None:
             with contextlib.suppress(RuntimeError):  # the loop may have closed already

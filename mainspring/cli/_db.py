@@ -1,0 +1,293 @@
+"""``mainspring db migrate / db status`` and ``mainspring prune``: looking after the database.
+
+The database is chosen as for every operator command (``--db``, ``--app``,
+``MAINSPRING_DATABASE_URL``, the default). ``db status`` reads without changing
+anything; ``db migrate`` is the one command besides ``submit`` that may create a
+SQLite file.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sqlite3
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated, Literal, get_args
+from urllib.parse import urlsplit, urlunsplit
+
+import typer
+from rich.text import Text
+
+from .._errors import ConfigError
+from ..storage import SCHEMA_VERSION, RunStatus, SQLiteStore, Store, open_store
+from ._common import (
+    AppOption,
+    DbOption,
+    JsonOption,
+    cli_errors,
+    console,
+    database_url,
+    open_app,
+    print_json,
+    require_file,
+    sqlite_path,
+)
+
+__all__ = ["db_commands", "parse_duration", "prune", "redact"]
+
+SchemaState = Literal["up_to_date", "migration_pending", "database_newer", "not_mainspring"]
+
+_STATUSES: tuple[str, ...] = get_args(RunStatus)
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86_400, "w": 604_800}
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
+
+db_commands = typer.Typer(
+    name="db",
+    help="The database: its schema version, migrations and run counts.",
+    no_args_is_help=True,
+)
+
+
+@db_commands.command("migrate")
+def migrate(db: DbOption = None, app_spec: AppOption = None, as_json: JsonOption = False) -> None:
+    """Bring the database's schema to this mainspring's version.
+
+    Run it before rolling out a new version. Workers that start together are safe
+    too: migrations take a lock (an advisory lock on PostgreSQL).
+    """
+    with cli_errors():
+        url, source = database_url(db, app_spec)
+        path = sqlite_path(url)
+        if path is not None and _foreign_sqlite(path):
+            raise ConfigError(
+                f"SQLite file {path!r} (URL {url!r} from {source}) holds tables but none "
+                "of mainspring's: it is not a mainspring database, so nothing was added to it"
+            )
+        store = _open_unmigrated(url)
+        try:
+            before = store.stored_schema_version()
+            after = store.migrate()  # a newer database: SchemaVersionError, exit 2
+            backend = store.dialect
+        finally:
+            store.close()
+    shown = redact(url)
+    if as_json:
+        print_json(
+            {
+                "backend": backend,
+                "url": shown,
+                "before": before,
+                "after": after,
+                "migrated": after != before,
+            }
+        )
+        return
+    if after == before:
+        message = f"{shown}: schema version {after} is already the latest; nothing to migrate"
+    else:
+        message = f"{shown}: migrated the schema from version {before} to {after}"
+    console().print(message, soft_wrap=True)
+
+
+@db_commands.command("status")
+def status(db: DbOption = None, app_spec: AppOption = None, as_json: JsonOption = False) -> None:
+    """Show the database's backend, schema version and run counts. Changes nothing."""
+    with cli_errors():
+        url, source = database_url(db, app_spec)
+        require_file(url, source)
+        path = sqlite_path(url)
+        foreign = path is not None and _foreign_sqlite(path)
+        version, counts, backend = 0, None, SQLiteStore.dialect
+        if not foreign:  # another program's file is not even opened: that would set WAL
+            store = _open_unmigrated(url)
+            try:
+                version = store.stored_schema_version()
+                # Only a schema this mainspring knows is read further.
+                counts = store.count_runs() if 0 < version <= SCHEMA_VERSION else None
+                backend = store.dialect
+            finally:
+                store.close()
+    state: SchemaState
+    if foreign:
+        state = "not_mainspring"
+    elif version > SCHEMA_VERSION:
+        state = "database_newer"
+    elif version < SCHEMA_VERSION:
+        state = "migration_pending"
+    else:
+        state = "up_to_date"
+    ordered = None if counts is None else {s: counts[s] for s in _STATUSES if counts.get(s)}
+    shown = redact(url)
+    if as_json:
+        print_json(
+            {
+                "backend": backend,
+                "url": shown,
+                "schema_version": version,
+                "known_schema_version": SCHEMA_VERSION,
+                "state": state,
+                "runs": ordered,
+                "total_runs": None if ordered is None else sum(ordered.values()),
+            }
+        )
+        return
+    if state == "database_newer":
+        verdict = Text(
+            "newer than this mainspring: refused (upgrade mainspring to use it)", style="bold red"
+        )
+    elif state == "not_mainspring":
+        verdict = Text("not a mainspring database: it holds other tables", style="bold red")
+    elif version == 0:
+        verdict = Text("no mainspring tables yet: run mainspring db migrate", style="yellow")
+    elif state == "migration_pending":
+        verdict = Text("migration pending: run mainspring db migrate", style="yellow")
+    else:
+        verdict = Text("up to date", style="green")
+    if ordered is None:
+        runs_line = "-"
+    else:
+        by_status = ", ".join(f"{n} {s}" for s, n in ordered.items())
+        runs_line = f"{sum(ordered.values())} in all: {by_status}" if ordered else "none"
+    facts: list[tuple[str, str | Text]] = [
+        ("backend", backend),
+        ("database", shown),
+        (
+            "schema",
+            Text.assemble(f"version {version} (this mainspring: {SCHEMA_VERSION}), ", verdict),
+        ),
+        ("runs", runs_line),
+    ]
+    out = console()
+    width = max(len(label) for label, _ in facts)
+    for label, value in facts:
+        out.print(Text.assemble((label.ljust(width), "bold"), "  ", value))
+
+
+def prune(
+    older_than: Annotated[
+        str,
+        typer.Option(
+            "--older-than",
+            metavar="DURATION",
+            help="Delete runs that finished longer ago than this: 30d, 12h, 90m, 45s.",
+        ),
+    ],
+    db: DbOption = None,
+    app_spec: AppOption = None,
+    batch: Annotated[int, typer.Option(min=1, help="Runs deleted per transaction.")] = 500,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Only count what would be deleted.")
+    ] = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Delete finished runs older than a retention period, with their journals and signals.
+
+    Only succeeded, failed and cancelled runs are deleted; queued, running, sleeping
+    and waiting runs are never touched, however old. Deletes in short batches, so
+    workers can keep running.
+    """
+    with cli_errors():
+        seconds = parse_duration(older_than)
+        now = time.time()
+        with open_app(db, app_spec) as app:
+            result = app.store.prune(seconds, now, batch=batch, dry_run=dry_run)
+            url = app.url
+    cutoff = now - seconds
+    if as_json:
+        print_json(
+            {
+                "dry_run": dry_run,
+                "older_than": older_than,
+                "older_than_s": seconds,
+                "cutoff": _iso(cutoff),
+                "runs": result.runs,
+                "steps": result.steps,
+                "signals": result.signals,
+            }
+        )
+        return
+    when = datetime.fromtimestamp(cutoff, UTC).strftime("%Y-%m-%d %H:%M:%S")
+    age = f"finished before {when} UTC, older than {older_than}"
+    what = (
+        f"{_n(result.runs, 'finished run')} ({age}), with {_n(result.steps, 'journal row')}"
+        f" and {_n(result.signals, 'signal')}"
+    )
+    if result.runs == 0:
+        message = f"{redact(url)}: no runs {age}; nothing to delete"
+    elif dry_run:
+        message = f"{redact(url)}: would delete {what}; dry run, nothing was deleted"
+    else:
+        message = f"{redact(url)}: deleted {what}"
+    console().print(message, soft_wrap=True)
+
+
+# -- helpers ------------------------------------------------------------------------------
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in ``30d``, ``12h``, ``90m``, ``45s``, ``2w`` or a sum like ``1d12h``.
+
+    Raises:
+        ConfigError: not a duration.
+    """
+    compact = text.strip().lower()
+    parts = _DURATION_PART.findall(compact)
+    if not compact or "".join(n + u for n, u in parts) != compact:
+        raise ConfigError(
+            f"--older-than {text!r} is not a duration: give a number and a unit, "
+            "like 30d, 12h, 90m or 45s (units: s, m, h, d, w)"
+        )
+    return float(sum(float(n) * _UNITS[u] for n, u in parts))
+
+
+def redact(url: str) -> str:
+    """The URL without its password, to print."""
+    if "://" not in url:  # a libpq "key=value" string
+        return re.sub(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", r"\1***", url)
+    parts = urlsplit(url)
+    netloc = parts.netloc
+    if parts.password is not None:
+        userinfo, _, hostport = netloc.rpartition("@")
+        netloc = f"{userinfo.split(':', 1)[0]}:***@{hostport}"
+    query = re.sub(r"(^|&)(password=)[^&]*", r"\1\2***", parts.query)
+    if (netloc, query) == (parts.netloc, parts.query):
+        return url  # nothing to hide (and urlunsplit would drop sqlite:///'s empty host)
+    return urlunsplit(parts._replace(netloc=netloc, query=query))
+
+
+def _foreign_sqlite(path: str) -> bool:
+    """A SQLite file holding tables, none of them mainspring's: another program's database."""
+    if not os.path.isfile(path):
+        return False
+    try:
+        # Read-only: looking must not change another program's file.
+        conn = sqlite3.connect(Path(path).resolve().as_uri() + "?mode=ro", uri=True)
+        try:
+            names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
+        finally:
+            conn.close()
+    except sqlite3.DatabaseError:
+        return False  # not SQLite at all: opening the store says so
+    return bool(names) and "ms_meta" not in names
+
+
+def _open_unmigrated(url: str) -> Store:
+    """Open the store the URL names without migrating it."""
+    scheme = urlsplit(url).scheme
+    if scheme == "sqlite":
+        return SQLiteStore.from_url(url, migrate=False)
+    if scheme in ("postgresql", "postgres"):
+        from ..storage.postgres import PostgresStore  # needs the [postgres] extra
+
+        return PostgresStore(url, migrate=False)
+    return open_store(url)  # an unknown scheme: open_store explains which ones it knows
+
+
+def _iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _n(count: int, noun: str) -> str:
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
