@@ -22,8 +22,9 @@ from typer.testing import CliRunner
 
 import mainspring as ms
 from mainspring.cli import cli
-from mainspring.cli._db import parse_duration, redact
+from mainspring.cli._db import parse_duration
 from mainspring.storage import SCHEMA_VERSION, SQLiteStore, open_store
+from mainspring.storage import redact_url as redact
 
 DAY = 86_400.0
 

@@ -15,13 +15,13 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Literal, get_args
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import typer
 from rich.text import Text
 
 from .._errors import ConfigError
-from ..storage import SCHEMA_VERSION, RunStatus, SQLiteStore, Store, open_store
+from ..storage import SCHEMA_VERSION, RunStatus, SQLiteStore, Store, open_store, redact_url
 from ._common import (
     AppOption,
     DbOption,
@@ -35,7 +35,7 @@ from ._common import (
     sqlite_path,
 )
 
-__all__ = ["db_commands", "parse_duration", "prune", "redact"]
+__all__ = ["db_commands", "parse_duration", "prune"]
 
 SchemaState = Literal["up_to_date", "migration_pending", "database_newer", "not_mainspring"]
 
@@ -72,7 +72,7 @@ def migrate(db: DbOption = None, app_spec: AppOption = None, as_json: JsonOption
             backend = store.dialect
         finally:
             store.close()
-    shown = redact(url)
+    shown = redact_url(url)
     if as_json:
         print_json(
             {
@@ -119,7 +119,7 @@ def status(db: DbOption = None, app_spec: AppOption = None, as_json: JsonOption 
     else:
         state = "up_to_date"
     ordered = None if counts is None else {s: counts[s] for s in _STATUSES if counts.get(s)}
-    shown = redact(url)
+    shown = redact_url(url)
     if as_json:
         print_json(
             {
@@ -215,11 +215,11 @@ def prune(
         f" and {_n(result.signals, 'signal')}"
     )
     if result.runs == 0:
-        message = f"{redact(url)}: no runs {age}; nothing to delete"
+        message = f"{redact_url(url)}: no runs {age}; nothing to delete"
     elif dry_run:
-        message = f"{redact(url)}: would delete {what}; dry run, nothing was deleted"
+        message = f"{redact_url(url)}: would delete {what}; dry run, nothing was deleted"
     else:
-        message = f"{redact(url)}: deleted {what}"
+        message = f"{redact_url(url)}: deleted {what}"
     console().print(message, soft_wrap=True)
 
 
@@ -240,21 +240,6 @@ def parse_duration(text: str) -> float:
             "like 30d, 12h, 90m or 45s (units: s, m, h, d, w)"
         )
     return float(sum(float(n) * _UNITS[u] for n, u in parts))
-
-
-def redact(url: str) -> str:
-    """The URL without its password, to print."""
-    if "://" not in url:  # a libpq "key=value" string
-        return re.sub(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", r"\1***", url)
-    parts = urlsplit(url)
-    netloc = parts.netloc
-    if parts.password is not None:
-        userinfo, _, hostport = netloc.rpartition("@")
-        netloc = f"{userinfo.split(':', 1)[0]}:***@{hostport}"
-    query = re.sub(r"(^|&)(password=)[^&]*", r"\1\2***", parts.query)
-    if (netloc, query) == (parts.netloc, parts.query):
-        return url  # nothing to hide (and urlunsplit would drop sqlite:///'s empty host)
-    return urlunsplit(parts._replace(netloc=netloc, query=query))
 
 
 def _foreign_sqlite(path: str) -> bool:

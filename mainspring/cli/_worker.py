@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 
+from ..storage import redact_url
 from ._load import load_app
 
 __all__ = ["worker"]
@@ -48,7 +49,7 @@ def worker(
         logging.getLogger("mainspring.worker").info(
             "worker %s started on %s (concurrency %d, workflows: %s)",
             w.worker_id,
-            app.url,
+            redact_url(app.url),
             concurrency,
             ", ".join(sorted(app.workflows)) or "none",
         )

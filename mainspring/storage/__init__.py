@@ -19,6 +19,7 @@ from ._records import (
     StepStatus,
     WriteResult,
 )
+from ._url import redact_url
 from .sqlite import SQLiteStore
 
 __all__ = [
@@ -37,6 +38,7 @@ __all__ = [
     "Store",
     "WriteResult",
     "open_store",
+    "redact_url",
 ]
 
 

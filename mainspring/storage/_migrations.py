@@ -63,6 +63,11 @@ CREATE TABLE ms_signals (
 );
 CREATE INDEX ms_signals_pending ON ms_signals (run_id, name, id) WHERE consumed_at IS NULL;
 """,
+    # Retention: prune finds old finished runs and deletes their signals by run.
+    2: """
+CREATE INDEX ms_runs_finished ON ms_runs (finished_at) WHERE finished_at IS NOT NULL;
+CREATE INDEX ms_signals_run ON ms_signals (run_id);
+""",
 }
 
 LATEST = max(MIGRATIONS)

@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 
 from .._errors import ConfigError, StoreError, StoreUnavailable
 from ._base import Cursor, Store
+from ._url import redact_url
 
 try:
     import psycopg
@@ -91,7 +92,7 @@ class PostgresStore(Store):
         connect_timeout_s: float = 10.0,
         migrate: bool = True,
     ) -> None:
-        self.url = dsn
+        self.url = redact_url(dsn)  # what messages and logs show: no password
         self._dsn = dsn
         self._timeout = connect_timeout_s
         # Fail fast and clearly on a wrong DSN or a missing database, before the pool
@@ -100,10 +101,10 @@ class PostgresStore(Store):
             psycopg.connect(dsn, connect_timeout=max(1, int(connect_timeout_s))).close()
         except psycopg.OperationalError as exc:
             raise ConfigError(
-                f"cannot connect to PostgreSQL at {_redact(dsn)!r}: {str(exc).strip()}"
+                f"cannot connect to PostgreSQL at {redact_url(dsn)!r}: {str(exc).strip()}"
             ) from None
         except psycopg.ProgrammingError as exc:
-            raise ConfigError(f"invalid PostgreSQL DSN {_redact(dsn)!r}: {exc}") from None
+            raise ConfigError(f"invalid PostgreSQL DSN {redact_url(dsn)!r}: {exc}") from None
         self._pool = ConnectionPool(
             dsn,
             min_size=min_size,
@@ -128,7 +129,7 @@ class PostgresStore(Store):
                 yield _Cursor(cur)
         except PoolTimeout as exc:
             raise StoreUnavailable(
-                f"PostgreSQL at {_redact(self._dsn)!r}: no connection within "
+                f"PostgreSQL at {redact_url(self._dsn)!r}: no connection within "
                 f"{self._timeout}s ({exc})"
             ) from exc
         except psycopg.Error as exc:
@@ -141,14 +142,14 @@ class PostgresStore(Store):
                 yield _Cursor(cur)
         except PoolTimeout as exc:
             raise StoreUnavailable(
-                f"PostgreSQL at {_redact(self._dsn)!r}: no connection within "
+                f"PostgreSQL at {redact_url(self._dsn)!r}: no connection within "
                 f"{self._timeout}s ({exc})"
             ) from exc
         except psycopg.Error as exc:
             raise self._error(exc, "reading") from exc
 
     def _error(self, exc: psycopg.Error, doing: str) -> Exception:
-        where = f"PostgreSQL at {_redact(self._dsn)!r}"
+        where = f"PostgreSQL at {redact_url(self._dsn)!r}"
         if isinstance(
             exc,
             psycopg.OperationalError
@@ -209,15 +210,3 @@ class PostgresStore(Store):
             stop.set()  # the thread notices within its 0.5 s poll and closes its connection
 
         return stop_listening
-
-
-def _redact(dsn: str) -> str:
-    """The DSN without its password, for messages."""
-    try:
-        info = psycopg.conninfo.conninfo_to_dict(dsn)
-    except psycopg.ProgrammingError:
-        return "<unparsable DSN>"
-    info.pop("password", None)
-    host = info.get("host", "localhost")
-    port = info.get("port", 5432)
-    return f"postgresql://{info.get('user', '')}@{host}:{port}/{info.get('dbname', '')}"
