@@ -38,6 +38,7 @@ from ._errors import (
 )
 from .journal import RetryPolicy, RunContext, StepInfo, StepMode, Workflow, current_step
 from .storage import RunRecord, StepRecord, Store
+from .tools import Effect, Tool, ToolContext, tool
 from .worker import Worker
 
 __version__ = "0.1.0"
@@ -49,6 +50,7 @@ __all__ = [
     "Clock",
     "ConfigError",
     "ContextOverflow",
+    "Effect",
     "FakeClock",
     "LeaseLost",
     "LoopDetected",
@@ -77,6 +79,8 @@ __all__ = [
     "StoreError",
     "StoreUnavailable",
     "SystemClock",
+    "Tool",
+    "ToolContext",
     "ToolInputError",
     "ToolNotAllowed",
     "TransientError",
@@ -88,4 +92,5 @@ __all__ = [
     "Workflow",
     "__version__",
     "current_step",
+    "tool",
 ]

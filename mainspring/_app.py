@@ -14,7 +14,9 @@ from ._clock import Clock, SystemClock
 from ._errors import ConfigError, RunConflict, RunFailed, RunNotFound, UnknownWorkflow
 from ._serde import dumps, loads
 from .journal import RetryPolicy, RunContext, Workflow
-from .storage import RunRecord, StepRecord, Store, open_store
+from .storage import RunRecord, StepRecord, Store, open_store, redact_url
+from .tools import Effect, Tool, ToolRegistry, Validator
+from .tools import tool as make_tool
 from .worker import Worker
 
 __all__ = ["DEFAULT_URL", "App", "RunHandle"]
@@ -92,6 +94,7 @@ class App:
         self.default_retry = default_retry or RetryPolicy()
         self.poll_interval_s = poll_interval_s
         self.workflows: dict[str, Workflow[Any, Any]] = {}
+        self.tools = ToolRegistry()
 
     @property
     def url(self) -> str:
@@ -138,6 +141,37 @@ class App:
                 raise ConfigError(f"a workflow named {wf.name!r} is already registered")
             self.workflows[wf.name] = wf
             return wf
+
+        return register(fn) if fn is not None else register
+
+    @overload
+    def tool(self, fn: Callable[P, R], /) -> Tool[P, R]: ...
+
+    @overload
+    def tool(
+        self,
+        *,
+        name: str | None = None,
+        description: str | None = None,
+        effect: Effect = "read",
+        timeout_s: float | None = None,
+        retry: RetryPolicy | None = None,
+        requires_approval: bool | None = None,
+        validators: Sequence[Validator] = (),
+        max_result_chars: int = 4000,
+    ) -> Callable[[Callable[P, R]], Tool[P, R]]: ...
+
+    def tool(self, fn: Any = None, /, **options: Any) -> Any:  # type: ignore[misc]
+        """Register a tool for this App's agents (see :func:`mainspring.tools.tool`).
+
+        ``effect`` is ``"read"``, ``"write"`` or ``"irreversible"``; a keyword-only
+        ``ctx: ToolContext`` parameter receives the call's idempotency key.
+        """
+
+        def register(f: Callable[..., Any]) -> Tool[Any, Any]:
+            made: Tool[Any, Any] = make_tool(f, **options)
+            self.tools.add(made)
+            return made
 
         return register(fn) if fn is not None else register
 
@@ -208,7 +242,7 @@ class App:
     def get_run(self, run_id: str) -> RunRecord:
         record = self.store.get_run(run_id)
         if record is None:
-            raise RunNotFound(f"no run {run_id!r} in {self.url!r}")
+            raise RunNotFound(f"no run {run_id!r} in {redact_url(self.url)!r}")
         return record
 
     def list_runs(

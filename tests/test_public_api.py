@@ -15,6 +15,7 @@ EXPECTED = {
     "StoreUnavailable", "SystemClock", "ToolInputError", "ToolNotAllowed",
     "TransientError", "UnknownTool", "UnknownWorkflow", "ValidationFailed",
     "WaitTimeout", "Worker", "Workflow", "__version__", "current_step",
+    "Effect", "Tool", "ToolContext", "tool",
 }  # fmt: skip
 
 
@@ -25,7 +26,11 @@ def test_public_names_are_pinned() -> None:
 
 
 def test_testing_names_are_pinned() -> None:
-    assert set(mainspring.testing.__all__) == {"EffectLedger", "FakeClock", "LedgerReport"}
+    assert set(mainspring.testing.__all__) == {
+        "EffectLedger", "FakeAnthropicServer", "FakeClock", "FakeOpenAIServer", "FakeReply",
+        "FakeToolCall", "FaultProfile", "FaultyModel", "LedgerReport", "RecordedRequest",
+        "ScriptedModel",
+    }  # fmt: skip
 
 
 def test_every_error_says_whether_a_retry_helps() -> None:

@@ -1,7 +1,26 @@
 """Fakes that users' tests need too: a clock that moves on command, an effect ledger,
-and the Store conformance suite (``mainspring.testing.conformance``)."""
+deterministic and faulty models, fake OpenAI and Anthropic servers that speak the real
+wire protocols on 127.0.0.1, and the Store conformance suite
+(``mainspring.testing.conformance``)."""
 
 from .._clock import FakeClock
+from ..models.faulty import FaultProfile, FaultyModel
+from ..models.scripted import ScriptedModel
+from ._fake_anthropic import FakeAnthropicServer
+from ._fake_common import FakeReply, FakeToolCall, RecordedRequest
+from ._fake_openai import FakeOpenAIServer
 from ._ledger import EffectLedger, LedgerReport
 
-__all__ = ["EffectLedger", "FakeClock", "LedgerReport"]
+__all__ = [
+    "EffectLedger",
+    "FakeAnthropicServer",
+    "FakeClock",
+    "FakeOpenAIServer",
+    "FakeReply",
+    "FakeToolCall",
+    "FaultProfile",
+    "FaultyModel",
+    "LedgerReport",
+    "RecordedRequest",
+    "ScriptedModel",
+]

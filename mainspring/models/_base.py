@@ -1,0 +1,78 @@
+"""The :class:`Model` extension point: one async ``request()``."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from types import TracebackType
+from typing import Self
+
+from ._types import Message, ModelResponse, ModelSettings, ToolSpec
+
+__all__ = ["Model"]
+
+
+class Model(ABC):
+    """A chat model behind one async call.
+
+    Adapters translate the provider-neutral messages to the provider's wire format and
+    map every provider failure into mainspring's error tree (``TransientError``,
+    ``RateLimited``, ``ContextOverflow``, ``PermissionDenied``, ``QuotaExhausted``,
+    ``ConfigError``). They never retry: the runtime retries, once, coordinated with the
+    rate limiter and the journal.
+
+    Attributes:
+        name: ``"provider:model_id"``, the spelling :func:`~mainspring.models.resolve_model`
+            accepts (e.g. ``"openai:gpt-4.1-mini"``); used in traces and price tables.
+        provider: ``"openai"``, ``"anthropic"``, ``"scripted"``, ...; with ``model_id``
+            it names the rate-limit bucket.
+        model_id: the provider's name of the model (``"gpt-4.1-mini"``).
+    """
+
+    name: str
+    provider: str
+    model_id: str
+
+    @abstractmethod
+    async def request(
+        self,
+        messages: Sequence[Message],
+        *,
+        tools: Sequence[ToolSpec] = (),
+        settings: ModelSettings | None = None,
+    ) -> ModelResponse:
+        """Send one request and return the model's reply.
+
+        Args:
+            messages: the conversation, oldest first.
+            tools: the tools the model may call.
+            settings: sampling settings; ``None`` keeps the model's defaults.
+
+        Returns:
+            The reply: text and/or tool calls, finish reason, usage, rate-limit headers.
+
+        Raises:
+            TransientError: network trouble, a timeout, a 5xx or an overload; retry later.
+            RateLimited: the provider refused for rate; retry after ``retry_after``.
+            ContextOverflow: the prompt is longer than the model's context.
+            PermissionDenied: credentials are missing, wrong or not allowed.
+            QuotaExhausted: the account is out of credit or quota.
+            ConfigError: the request itself is wrong (unknown model, bad parameter).
+        """
+
+    async def aclose(self) -> None:  # noqa: B027 - an optional hook, not abstract
+        """Release network resources (HTTP connections). The default has none."""
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name!r}>"

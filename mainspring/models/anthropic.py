@@ -1,0 +1,360 @@
+"""Anthropic's Messages API through the official SDK.
+
+System messages become the ``system`` parameter; tool calls are ``tool_use`` blocks and
+tool results ``tool_result`` blocks, merged into one user message as the API requires.
+The SDK's own retries are off (``max_retries=0``): the runtime retries.
+
+Usage is normalised to OpenAI's convention so budgets and limiters read one meaning:
+``input_tokens`` is the whole prompt (Anthropic's ``input_tokens`` plus
+``cache_read_input_tokens`` plus ``cache_creation_input_tokens``); ``cache_read_tokens``
+and ``cache_write_tokens`` say how many of them were read from or written to the cache.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import re
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from .._errors import (
+    ConfigError,
+    ContextOverflow,
+    MainspringError,
+    PermissionDenied,
+    QuotaExhausted,
+    RateLimited,
+    TransientError,
+)
+from ._base import Model
+from ._common import LoopClients, error_fields, rate_limit_headers, retry_after_from_headers
+from ._types import (
+    AssistantMessage,
+    FinishReason,
+    Message,
+    ModelResponse,
+    ModelSettings,
+    SystemMessage,
+    ToolCall,
+    ToolResultMessage,
+    ToolSpec,
+    Usage,
+    UserMessage,
+)
+
+try:
+    import anthropic
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise ImportError(
+        "AnthropicModel needs the Anthropic SDK: pip install 'mainspring[anthropic]'"
+    ) from exc
+
+__all__ = [
+    "AnthropicModel",
+    "map_status_error",
+    "messages_to_wire",
+    "response_from_wire",
+]
+
+_STOP: dict[str, FinishReason] = {
+    "end_turn": "stop",
+    "stop_sequence": "stop",
+    "tool_use": "tool_calls",
+    "max_tokens": "length",
+    "model_context_window_exceeded": "length",
+    "refusal": "refusal",
+}
+
+_CONTEXT_WORDS = re.compile(r"prompt is too long|context window|too many tokens", re.IGNORECASE)
+_QUOTA_WORDS = re.compile(r"credit balance|billing|spend limit|quota", re.IGNORECASE)
+
+
+class AnthropicModel(Model):
+    """A Claude model behind the Anthropic Messages API (tool use included).
+
+    Args:
+        model_id: the model's name (``"claude-sonnet-4-5"``).
+        base_url: another endpoint of the same API (a proxy, a gateway, a fake server);
+            ``None`` for Anthropic's.
+        api_key: the key; ``None`` lets the SDK find it (``ANTHROPIC_API_KEY`` and the
+            SDK's other credential sources).
+        timeout_s: the deadline of one request; past it, :class:`TransientError`.
+        client: an ``anthropic.AsyncAnthropic`` to use instead of making one (its
+            retries are turned off). Without it, one client is made per event loop.
+        max_tokens: the reply's token cap when the request's settings give none (the
+            API requires one).
+
+    Raises:
+        ConfigError: ``model_id`` is empty or ``max_tokens`` is not positive.
+    """
+
+    provider = "anthropic"
+
+    def __init__(
+        self,
+        model_id: str,
+        *,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        timeout_s: float = 60.0,
+        client: anthropic.AsyncAnthropic | None = None,
+        max_tokens: int = 4096,
+    ) -> None:
+        if not model_id or not model_id.strip():
+            raise ConfigError(f"AnthropicModel needs a model id, got {model_id!r}")
+        if max_tokens < 1:
+            raise ConfigError(f"AnthropicModel max_tokens must be positive, got {max_tokens!r}")
+        self.model_id = model_id
+        self.base_url = base_url
+        self.timeout_s = timeout_s
+        self.max_tokens = max_tokens
+        self.name = f"anthropic:{model_id}" + (f"@{base_url}" if base_url else "")
+        self._api_key = api_key
+        self._given = client.with_options(max_retries=0) if client is not None else None
+        self._clients: LoopClients[anthropic.AsyncAnthropic] = LoopClients(
+            self._make_client, _close_client
+        )
+
+    def _make_client(self) -> anthropic.AsyncAnthropic:
+        return anthropic.AsyncAnthropic(
+            api_key=self._api_key or os.environ.get("ANTHROPIC_API_KEY"),
+            base_url=self.base_url,
+            timeout=self.timeout_s,
+            max_retries=0,
+        )
+
+    def _client(self) -> anthropic.AsyncAnthropic:
+        return self._given if self._given is not None else self._clients.get()
+
+    async def aclose(self) -> None:
+        """Close this event loop's HTTP client (a ``client=`` given by the caller is theirs)."""
+        await self._clients.aclose()
+
+    async def request(
+        self,
+        messages: Sequence[Message],
+        *,
+        tools: Sequence[ToolSpec] = (),
+        settings: ModelSettings | None = None,
+    ) -> ModelResponse:
+        """Send one Messages API request; see :meth:`Model.request`."""
+        kwargs = self._request_kwargs(messages, tools, settings)
+        client = self._client()
+        started = time.perf_counter()
+        try:
+            raw: Any = await client.messages.with_raw_response.create(**kwargs)
+            message: Any = raw.parse()
+            if inspect.isawaitable(message):  # SDK 2.x parses raw responses asynchronously
+                message = await message
+        except anthropic.APIStatusError as exc:
+            raise map_status_error(
+                exc.status_code, exc.body, exc.response.headers, model=self.name
+            ) from exc
+        except anthropic.APITimeoutError as exc:
+            raise TransientError(f"{self.name}: request timed out after {self.timeout_s}s") from exc
+        except anthropic.APIConnectionError as exc:
+            raise TransientError(f"{self.name}: connection failed: {exc}") from exc
+        except TypeError as exc:
+            # The SDK's way of saying it found no credentials, before any request is sent.
+            if "authentication" not in str(exc):
+                raise
+            raise PermissionDenied(
+                f"{self.name}: no API key: set ANTHROPIC_API_KEY or pass api_key= ({exc})"
+            ) from exc
+        latency = time.perf_counter() - started
+        return response_from_wire(
+            message.model_dump(mode="json"),
+            headers=raw.headers,
+            latency_s=latency,
+            model=self.model_id,
+        )
+
+    def _request_kwargs(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[ToolSpec],
+        settings: ModelSettings | None,
+    ) -> dict[str, Any]:
+        system, wire = messages_to_wire(messages)
+        kwargs: dict[str, Any] = {
+            "model": self.model_id,
+            "messages": wire,
+            "max_tokens": self.max_tokens,
+            "timeout": self.timeout_s,
+        }
+        if system:
+            kwargs["system"] = system
+        if tools:
+            kwargs["tools"] = tools_to_wire(tools)
+        if settings is not None:
+            if settings.max_tokens is not None:
+                kwargs["max_tokens"] = settings.max_tokens
+            if settings.stop:
+                kwargs["stop_sequences"] = list(settings.stop)
+            # Sampling knobs go through extra_body: SDK releases differ on which of them
+            # they take as keyword arguments, the wire has always taken them.
+            extra: dict[str, Any] = {}
+            if settings.temperature is not None:
+                extra["temperature"] = settings.temperature
+            if settings.top_p is not None:
+                extra["top_p"] = settings.top_p
+            extra.update(settings.extra)
+            if extra:
+                kwargs["extra_body"] = extra
+        return kwargs
+
+
+async def _close_client(client: anthropic.AsyncAnthropic) -> None:
+    await client.close()
+
+
+def _tool_input(arguments: str) -> dict[str, Any]:
+    try:
+        value = json.loads(arguments)
+    except ValueError:
+        value = None
+    # The API wants an object here even for a call the model botched earlier; the tool
+    # result that follows it already tells the model what was wrong.
+    return value if isinstance(value, dict) else {}
+
+
+def messages_to_wire(messages: Sequence[Message]) -> tuple[str, list[dict[str, Any]]]:
+    """Provider-neutral messages as the Messages API's ``(system, messages)``.
+
+    System messages, wherever they are, are joined into ``system``. Turns alternate:
+    consecutive user-side content (tool results, then user text) becomes one user
+    message, consecutive assistant content one assistant message.
+    """
+    system: list[str] = []
+    out: list[dict[str, Any]] = []
+
+    def add(role: str, blocks: list[dict[str, Any]]) -> None:
+        if not blocks:
+            return
+        if out and out[-1]["role"] == role:
+            out[-1]["content"].extend(blocks)
+        else:
+            out.append({"role": role, "content": blocks})
+
+    for message in messages:
+        if isinstance(message, SystemMessage):
+            system.append(message.content)
+        elif isinstance(message, UserMessage):
+            add("user", [{"type": "text", "text": message.content}] if message.content else [])
+        elif isinstance(message, AssistantMessage):
+            blocks: list[dict[str, Any]] = []
+            if message.text:  # the API refuses empty text blocks
+                blocks.append({"type": "text", "text": message.text})
+            blocks.extend(
+                {
+                    "type": "tool_use",
+                    "id": call.id,
+                    "name": call.name,
+                    "input": _tool_input(call.arguments),
+                }
+                for call in message.tool_calls
+            )
+            add("assistant", blocks)
+        elif isinstance(message, ToolResultMessage):
+            block: dict[str, Any] = {
+                "type": "tool_result",
+                "tool_use_id": message.tool_call_id,
+                "content": message.content,
+            }
+            if message.is_error:
+                block["is_error"] = True
+            add("user", [block])
+        else:  # pragma: no cover - typed away
+            raise ConfigError(f"not a message: {message!r}")
+    return "\n\n".join(system), out
+
+
+def tools_to_wire(tools: Sequence[ToolSpec]) -> list[dict[str, Any]]:
+    """Tool specifications as Messages API tools."""
+    return [
+        {"name": tool.name, "description": tool.description, "input_schema": tool.parameters}
+        for tool in tools
+    ]
+
+
+def response_from_wire(
+    data: Mapping[str, Any],
+    *,
+    headers: Mapping[str, str],
+    latency_s: float,
+    model: str,
+) -> ModelResponse:
+    """A Messages API response body as a :class:`ModelResponse`."""
+    texts: list[str] = []
+    calls: list[ToolCall] = []
+    for block in data.get("content") or []:
+        kind = block.get("type")
+        if kind == "text":
+            texts.append(block.get("text") or "")
+        elif kind == "tool_use":
+            calls.append(
+                ToolCall(
+                    id=str(block.get("id") or f"toolu_{len(calls)}"),
+                    name=str(block.get("name") or ""),
+                    arguments=json.dumps(block.get("input") or {}),
+                )
+            )
+        # thinking and server-tool blocks are not part of the neutral reply
+    stop = data.get("stop_reason")
+    finish: FinishReason = _STOP.get(stop or "", "other")
+    if stop is None:
+        finish = "tool_calls" if calls else "stop"
+    usage = data.get("usage") or {}
+    cache_read = int(usage.get("cache_read_input_tokens") or 0)
+    cache_write = int(usage.get("cache_creation_input_tokens") or 0)
+    return ModelResponse(
+        text="".join(texts) if texts else None,
+        tool_calls=tuple(calls),
+        finish_reason=finish,
+        usage=Usage(
+            input_tokens=int(usage.get("input_tokens") or 0) + cache_read + cache_write,
+            output_tokens=int(usage.get("output_tokens") or 0),
+            cache_read_tokens=cache_read,
+            cache_write_tokens=cache_write,
+        ),
+        model=str(data.get("model") or model),
+        rate_limit=rate_limit_headers(headers),
+        latency_s=latency_s,
+    )
+
+
+def map_status_error(
+    status: int, body: object, headers: Mapping[str, str], *, model: str
+) -> MainspringError:
+    """The mainspring error for an HTTP error from the Messages API.
+
+    429 → :class:`RateLimited` (``retry_after`` from ``retry-after`` or the exhausted
+    ``anthropic-ratelimit-*-reset``); 529 overloaded, 408, 409 and other 5xx →
+    :class:`TransientError`; billing and credit errors → :class:`QuotaExhausted`;
+    401/403 → :class:`PermissionDenied`; "prompt is too long" and 413 →
+    :class:`ContextOverflow`; any other 4xx → :class:`ConfigError`.
+    """
+    err_type, code, message = error_fields(body)
+    label = code or err_type
+    detail = f"{model}: HTTP {status}" + (f" {label}" if label else "") + f": {message or body!r}"
+    if status == 429:
+        return RateLimited(detail, retry_after=retry_after_from_headers(headers))
+    if status in (408, 409) or status >= 500:
+        # Only an explicit retry-after counts: rate-limit resets say nothing about when
+        # an overloaded server recovers.
+        return TransientError(detail, retry_after=retry_after_from_headers(headers, resets=False))
+    if (
+        status == 402
+        or err_type == "billing_error"
+        or (code is not None and _QUOTA_WORDS.search(code.replace("_", " ")))
+        or (status == 400 and message is not None and _QUOTA_WORDS.search(message))
+    ):
+        return QuotaExhausted(detail)
+    if status in (401, 403):
+        return PermissionDenied(detail)
+    if status == 413 or (message is not None and _CONTEXT_WORDS.search(message)):
+        return ContextOverflow(detail)
+    return ConfigError(detail)

@@ -1,0 +1,202 @@
+"""``FakeAnthropicServer``: Anthropic's Messages API wire protocol on 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from ._fake_common import FakeProviderServer, FakeReply, FakeToolCall, RecordedRequest, call_id
+
+__all__ = ["FakeAnthropicServer"]
+
+_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    402: "billing_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    504: "timeout_error",
+    529: "overloaded_error",
+}
+
+_DIMENSIONS = ("requests", "tokens", "input-tokens", "output-tokens")
+
+
+def _tool_input(call: FakeToolCall) -> Any:
+    if not isinstance(call.arguments, str):
+        return dict(call.arguments)
+    try:
+        return json.loads(call.arguments)
+    except ValueError:
+        return call.arguments  # not an object: a malformed reply, on purpose
+
+
+class FakeAnthropicServer(FakeProviderServer):
+    """A fake Anthropic endpoint, ``POST /v1/messages`` (non-streaming).
+
+    The official ``anthropic`` SDK (and :class:`~mainspring.models.AnthropicModel`) talk
+    to it unmodified: ``text`` and ``tool_use`` content blocks, ``stop_reason``, ``usage``
+    with the cache counters, ``anthropic-ratelimit-*`` headers, and errors as
+    ``{"type": "error", "error": {"type", "message"}}`` with Anthropic's statuses
+    (529 ``overloaded_error`` included)::
+
+        with FakeAnthropicServer() as server:
+            server.script([server.overloaded(), server.text("done")])
+            model = AnthropicModel("claude-sonnet-4-5", base_url=server.base_url,
+                                   api_key="sk-ant-test")
+
+    See :class:`~mainspring.testing._fake_common.FakeProviderServer` for the arguments.
+    """
+
+    endpoint = "/v1/messages"
+    DEFAULT_RATE_LIMIT_HEADERS: Mapping[str, str] = {
+        "anthropic-ratelimit-requests-limit": "4000",
+        "anthropic-ratelimit-requests-remaining": "3999",
+        "anthropic-ratelimit-tokens-limit": "2400000",
+        "anthropic-ratelimit-tokens-remaining": "2399000",
+        "anthropic-ratelimit-input-tokens-limit": "2000000",
+        "anthropic-ratelimit-input-tokens-remaining": "1999000",
+        "anthropic-ratelimit-output-tokens-limit": "400000",
+        "anthropic-ratelimit-output-tokens-remaining": "399900",
+    }
+
+    @property
+    def base_url(self) -> str:
+        """``http://127.0.0.1:PORT``, as the Anthropic SDK's ``base_url`` wants it."""
+        return self.url
+
+    # -- error builders ------------------------------------------------------------------
+
+    @staticmethod
+    def error(
+        status: int,
+        message: str,
+        *,
+        type: str | None = None,
+        headers: Mapping[str, str] | None = None,
+        delay_s: float = 0.0,
+    ) -> FakeReply:
+        """An error reply: ``{"type": "error", "error": {"type", "message"}}``."""
+        if type is None:
+            type = _ERROR_TYPES.get(status, "api_error")
+        body = {
+            "type": "error",
+            "error": {"type": type, "message": message},
+            "request_id": "req_fake",
+        }
+        return FakeReply(status=status, error=body, headers=headers or {}, delay_s=delay_s)
+
+    @staticmethod
+    def rate_limited(
+        retry_after: float | None = 1.0,
+        *,
+        dimension: str = "input-tokens",
+        headers: Mapping[str, str] | None = None,
+    ) -> FakeReply:
+        """A 429 ``rate_limit_error`` with ``retry-after`` (seconds) unless it is None, and
+        the exhausted dimension's ``anthropic-ratelimit-*-remaining`` at 0."""
+        sent = {f"anthropic-ratelimit-{dimension}-remaining": "0"}
+        if retry_after is not None:
+            sent["retry-after"] = f"{retry_after:g}"
+        sent.update(headers or {})
+        return FakeAnthropicServer.error(
+            429,
+            f"This request would exceed the rate limit for your organization of "
+            f"{dimension.replace('-', ' ')} per minute.",
+            headers=sent,
+        )
+
+    @staticmethod
+    def overloaded() -> FakeReply:
+        """Anthropic's 529 ``overloaded_error``."""
+        return FakeAnthropicServer.error(529, "Overloaded")
+
+    @staticmethod
+    def server_error(status: int = 500) -> FakeReply:
+        """A 5xx ``api_error``."""
+        return FakeAnthropicServer.error(status, "Internal server error")
+
+    @staticmethod
+    def context_overflow(limit: int = 200000, used: int = 210000) -> FakeReply:
+        """Anthropic's 400 for a prompt longer than the context window."""
+        return FakeAnthropicServer.error(
+            400, f"prompt is too long: {used} tokens > {limit} maximum"
+        )
+
+    @staticmethod
+    def quota_exhausted() -> FakeReply:
+        """Anthropic's 400 for an account out of credit."""
+        return FakeAnthropicServer.error(
+            400,
+            "Your credit balance is too low to access the Anthropic API. Please go to "
+            "Plans & Billing to upgrade or purchase credits.",
+        )
+
+    # -- the wire ------------------------------------------------------------------------
+
+    def _error(self, status: int, message: str) -> FakeReply:
+        return self.error(status, message)
+
+    def _api_key_of(self, request: RecordedRequest) -> str | None:
+        key = request.headers.get("x-api-key")
+        if key is None and request.headers.get("authorization", "").startswith("Bearer "):
+            key = request.headers["authorization"].removeprefix("Bearer ")
+        return key
+
+    def _unauthorized(self) -> FakeReply:
+        return self.error(401, "invalid x-api-key")
+
+    def _rate_limit_headers(self, request: RecordedRequest) -> dict[str, str]:
+        headers = super()._rate_limit_headers(request)
+        # Full buckets reset "now"; the stamp is RFC 3339, as Anthropic sends it.
+        now = datetime.now(UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+        for dim in _DIMENSIONS:
+            prefix = f"anthropic-ratelimit-{dim}"
+            if f"{prefix}-limit" in headers:
+                headers.setdefault(f"{prefix}-reset", now)
+        return headers
+
+    def _render_reply(self, reply: FakeReply, request: RecordedRequest, n: int) -> dict[str, Any]:
+        body = request.body if isinstance(request.body, Mapping) else {}
+        content: list[dict[str, Any]] = []
+        text = reply.refusal if reply.refusal is not None else reply.text
+        if text:
+            content.append({"type": "text", "text": text})
+        content.extend(
+            {
+                "type": "tool_use",
+                "id": call_id(call, n, i, prefix="toolu"),
+                "name": call.name,
+                "input": _tool_input(call),
+            }
+            for i, call in enumerate(reply.tool_calls)
+        )
+        if reply.stop_reason is not None:
+            stop = reply.stop_reason
+        elif reply.refusal is not None:
+            stop = "refusal"
+        else:
+            stop = "tool_use" if reply.tool_calls else "end_turn"
+        usage = self._usage(reply, request)
+        cached = usage.cache_read_tokens + usage.cache_write_tokens
+        return {
+            "id": f"msg_fake{n}",
+            "type": "message",
+            "role": "assistant",
+            "model": str(body.get("model") or "fake"),
+            "content": content,
+            "stop_reason": stop,
+            "stop_sequence": None,
+            "usage": {
+                # Anthropic counts cached prompt tokens apart from input_tokens.
+                "input_tokens": max(0, usage.input_tokens - cached),
+                "output_tokens": usage.output_tokens,
+                "cache_creation_input_tokens": usage.cache_write_tokens,
+                "cache_read_input_tokens": usage.cache_read_tokens,
+                "service_tier": "standard",
+            },
+        }

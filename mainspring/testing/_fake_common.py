@@ -1,0 +1,473 @@
+"""The machinery of the fake provider servers: a real HTTP server on 127.0.0.1 in a
+background thread, a script of replies, and a record of every request.
+
+Each provider's server (:class:`~mainspring.testing.FakeOpenAIServer`,
+:class:`~mainspring.testing.FakeAnthropicServer`) only says how its wire looks: the
+path it serves, how a reply and an error are rendered, how the API key is sent. The
+official SDKs talk to them unmodified, so a test exercises the real client code, its
+headers, its error classes and its timeouts.
+
+Handling one request (:meth:`FakeProviderServer._respond`) runs in this order::
+
+    record it → check the API key → take the next scripted reply → wait its delay
+    → render its body and headers (usage and rate-limit headers included)
+
+Rate-limit enforcement (RPM, TPM, ITPM, OTPM token buckets) belongs between "check the
+API key" and "take the next scripted reply": an enforcer charges the request (its
+estimated input tokens are :meth:`FakeProviderServer.estimate_input_tokens`) and,
+when a bucket is empty, answers with the provider's 429 (``rate_limited()``) instead
+of consuming the script; after rendering, it charges the output tokens and reports its
+buckets through :meth:`FakeProviderServer._rate_limit_headers`, which today returns
+the fixed ``rate_limit_headers`` given to the constructor.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import sys
+import threading
+from abc import ABC, abstractmethod
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import TracebackType
+from typing import Any, Self
+
+from ..models._common import estimate_tokens
+from ..models._types import Usage
+
+__all__ = [
+    "FakeProviderServer",
+    "FakeReply",
+    "FakeToolCall",
+    "RecordedRequest",
+    "ScriptItem",
+]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RecordedRequest:
+    """A request the fake server received.
+
+    Attributes:
+        method: ``"POST"``, ...
+        path: the request path, query included (``"/v1/chat/completions"``).
+        headers: the request headers, names lower-cased.
+        body: the JSON body, decoded (``None`` if there was none or it was not JSON).
+    """
+
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: Any
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FakeToolCall:
+    """A tool call in a scripted reply.
+
+    Attributes:
+        name: the tool's name.
+        arguments: a dict (sent as the provider sends arguments), or a string sent as
+            is: OpenAI's raw ``arguments`` text, broken JSON included; for Anthropic a
+            string is decoded to the ``input`` object when it is JSON, else sent as is.
+        id: the call id; ``None`` numbers it (``call_1_0``, ``toolu_1_0``: reply 1, call 0).
+    """
+
+    name: str
+    arguments: Mapping[str, Any] | str = field(default_factory=dict)
+    id: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FakeReply:
+    """One scripted answer. Build them with the servers' helpers (``text``,
+    ``tool_call``, ``error``, ...) rather than by hand.
+
+    Attributes:
+        status: the HTTP status.
+        text: the assistant's text.
+        refusal: a refusal (OpenAI's ``message.refusal``; Anthropic's ``refusal`` stop).
+        tool_calls: the tool calls, in order.
+        stop_reason: the wire's finish/stop reason; ``None`` derives it (tool calls →
+            ``tool_calls``/``tool_use``, else ``stop``/``end_turn``).
+        usage: the tokens to report (provider-neutral; rendered in the provider's
+            shape); ``None`` estimates them from the request and the reply (bytes / 4).
+        error: the error body, for a status of 400 or more.
+        body: a whole body sent verbatim, for malformed-reply tests (wins over the rest).
+        headers: extra response headers (``retry-after``, rate-limit headers, ...).
+        delay_s: how long to wait before answering (past the client's timeout: a hang).
+    """
+
+    status: int = 200
+    text: str | None = None
+    refusal: str | None = None
+    tool_calls: tuple[FakeToolCall, ...] = ()
+    stop_reason: str | None = None
+    usage: Usage | None = None
+    error: Mapping[str, Any] | None = None
+    body: Mapping[str, Any] | None = None
+    headers: Mapping[str, str] = field(default_factory=dict)
+    delay_s: float = 0.0
+
+
+ScriptItem = FakeReply | Callable[[RecordedRequest], FakeReply]
+"""A scripted reply, or a function of the request that returns one."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Wire:
+    status: int
+    headers: dict[str, str]
+    body: Mapping[str, Any]
+
+
+_REASONS = {429: "Too Many Requests", 529: "Overloaded"}
+
+
+class _Handler(BaseHTTPRequestHandler):
+    # HTTP/1.1 keeps connections alive, as the SDKs' pools expect of a real provider.
+    protocol_version = "HTTP/1.1"
+    timeout = 30  # an idle kept-alive connection frees its thread after this
+    # Headers and body go out in two writes; with Nagle on, each reply waits ~40 ms on
+    # the client's delayed ACK.
+    disable_nagle_algorithm = True
+    server: _HTTPServer
+
+    def setup(self) -> None:
+        super().setup()
+        with self.server.connections_lock:
+            self.server.connections.add(self.connection)
+
+    def finish(self) -> None:
+        try:
+            super().finish()
+        finally:
+            with self.server.connections_lock:
+                self.server.connections.discard(self.connection)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # tests read server.requests, not an access log on stderr
+
+    def _serve(self) -> None:
+        length = int(self.headers.get("content-length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        try:
+            body = json.loads(raw) if raw else None
+        except ValueError:
+            body = None
+        request = RecordedRequest(
+            method=self.command,
+            path=self.path,
+            headers={k.lower(): v for k, v in self.headers.items()},
+            body=body,
+        )
+        owner = self.server.owner
+        try:
+            wire = owner._respond(request)
+        except Exception as exc:  # a test's reply function failed: say so, in the wire shape
+            wire = owner._render_error(
+                owner._error(500, f"{type(owner).__name__}: the scripted reply raised {exc!r}")
+            )
+        data = json.dumps(wire.body).encode()
+        self.send_response(wire.status, _REASONS.get(wire.status))
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(data)))
+        for name, value in wire.headers.items():
+            self.send_header(name, value)
+        self.end_headers()
+        self.wfile.write(data)
+
+    do_POST = _serve
+    do_GET = _serve
+
+
+class _HTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, owner: FakeProviderServer) -> None:
+        self.owner = owner
+        self.connections: set[socket.socket] = set()
+        self.connections_lock = threading.Lock()
+        super().__init__(("127.0.0.1", 0), _Handler)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client that timed out and hung up is part of the tests (hangs, timeouts):
+        # writing to it fails, and that is not worth a traceback.
+        if isinstance(sys.exc_info()[1], ConnectionError | TimeoutError):
+            return
+        super().handle_error(request, client_address)
+
+
+class FakeProviderServer(ABC):
+    """Base of the fake provider servers: lifecycle, script, record, request pipeline.
+
+    Args:
+        api_key: if set, requests with another key get the provider's 401.
+        fallback: the reply when the script is empty (a reply or a function of the
+            request); ``None`` answers a 400 that names the request, so a test that
+            scripted too few replies fails with a clear, non-retryable error.
+        rate_limit_headers: headers sent with every successful reply; ``None`` sends
+            the provider's typical ones (``DEFAULT_RATE_LIMIT_HEADERS``).
+    """
+
+    #: The path the provider serves.
+    endpoint: str
+    #: Rate-limit headers of a reply when the constructor is given none.
+    DEFAULT_RATE_LIMIT_HEADERS: Mapping[str, str] = {}
+
+    def __init__(
+        self,
+        *,
+        api_key: str | None = None,
+        fallback: ScriptItem | None = None,
+        rate_limit_headers: Mapping[str, str] | None = None,
+    ) -> None:
+        self.api_key = api_key
+        self.fallback = fallback
+        self.rate_limit_headers = dict(
+            self.DEFAULT_RATE_LIMIT_HEADERS if rate_limit_headers is None else rate_limit_headers
+        )
+        self.requests: list[RecordedRequest] = []
+        self._script: deque[ScriptItem] = deque()
+        self._lock = threading.Lock()
+        self._served = 0
+        self._stopping = threading.Event()
+        self._http: _HTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def start(self) -> Self:
+        """Listen on an ephemeral port of 127.0.0.1 and serve in a background thread."""
+        if self._http is not None:
+            return self
+        self._stopping.clear()
+        self._http = _HTTPServer(self)
+        self._thread = threading.Thread(
+            target=self._http.serve_forever,
+            kwargs={"poll_interval": 0.05},
+            name=f"{type(self).__name__}:{self.port}",
+            daemon=True,
+        )
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop serving, wake delayed replies and close every connection."""
+        http, self._http = self._http, None
+        if http is None:
+            return
+        self._stopping.set()
+        http.shutdown()
+        with http.connections_lock:
+            open_connections = list(http.connections)
+        for conn in open_connections:
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
+        http.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    @property
+    def port(self) -> int:
+        """The port the server listens on (started servers only)."""
+        if self._http is None:
+            raise RuntimeError(f"{type(self).__name__} is not started: use it with `with`")
+        return int(self._http.server_address[1])
+
+    @property
+    def url(self) -> str:
+        """``http://127.0.0.1:PORT``, without a path."""
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    @abstractmethod
+    def base_url(self) -> str:
+        """The ``base_url`` to give the provider's SDK (or mainspring's adapter)."""
+
+    # -- script ------------------------------------------------------------------------
+
+    def script(self, replies: Iterable[ScriptItem]) -> Self:
+        """Queue replies, answered in order, one per request (appends to the queue)."""
+        with self._lock:
+            self._script.extend(replies)
+        return self
+
+    def reset(self) -> Self:
+        """Forget the script and the recorded requests (to share one server between tests)."""
+        with self._lock:
+            self._script.clear()
+            self.requests.clear()
+            self._served = 0
+        return self
+
+    @property
+    def pending(self) -> int:
+        """Scripted replies not yet used."""
+        with self._lock:
+            return len(self._script)
+
+    @property
+    def bodies(self) -> list[Any]:
+        """The JSON bodies of the requests received, in order."""
+        with self._lock:
+            return [r.body for r in self.requests]
+
+    # -- reply builders (the same for every provider) ------------------------------------
+
+    @staticmethod
+    def text(
+        text: str,
+        *,
+        usage: Usage | None = None,
+        stop_reason: str | None = None,
+        headers: Mapping[str, str] | None = None,
+        delay_s: float = 0.0,
+    ) -> FakeReply:
+        """A text reply."""
+        return FakeReply(
+            text=text, usage=usage, stop_reason=stop_reason, headers=headers or {}, delay_s=delay_s
+        )
+
+    @staticmethod
+    def tool_call(
+        name: str,
+        arguments: Mapping[str, Any] | str | None = None,
+        *,
+        id: str | None = None,
+        text: str | None = None,
+        usage: Usage | None = None,
+        headers: Mapping[str, str] | None = None,
+        delay_s: float = 0.0,
+    ) -> FakeReply:
+        """A reply that calls one tool (``arguments`` as a string is sent verbatim)."""
+        call = FakeToolCall(name=name, arguments={} if arguments is None else arguments, id=id)
+        return FakeReply(
+            text=text, tool_calls=(call,), usage=usage, headers=headers or {}, delay_s=delay_s
+        )
+
+    @staticmethod
+    def tool_calls(
+        *calls: FakeToolCall | tuple[str, Mapping[str, Any] | str],
+        text: str | None = None,
+        usage: Usage | None = None,
+        headers: Mapping[str, str] | None = None,
+        delay_s: float = 0.0,
+    ) -> FakeReply:
+        """A reply that calls several tools at once: ``tool_calls(("a", {...}), ("b", {...}))``."""
+        made = tuple(
+            c if isinstance(c, FakeToolCall) else FakeToolCall(name=c[0], arguments=c[1])
+            for c in calls
+        )
+        return FakeReply(
+            text=text, tool_calls=made, usage=usage, headers=headers or {}, delay_s=delay_s
+        )
+
+    @staticmethod
+    def refusal(text: str = "I can't help with that.", *, delay_s: float = 0.0) -> FakeReply:
+        """A refusal, in the provider's way of saying it."""
+        return FakeReply(refusal=text, delay_s=delay_s)
+
+    # -- request pipeline ----------------------------------------------------------------
+
+    def _respond(self, request: RecordedRequest) -> _Wire:
+        with self._lock:
+            self.requests.append(request)
+            index = len(self.requests)
+        path = request.path.split("?", 1)[0]
+        if request.method != "POST" or path != self.endpoint:
+            return self._render_error(self._error(404, f"no route {request.method} {path}"))
+        if self.api_key is not None and self._api_key_of(request) != self.api_key:
+            return self._render_error(self._unauthorized())
+        reply = self._next_reply(request, index)
+        if reply.delay_s > 0 and self._stopping.wait(reply.delay_s):
+            return self._render_error(self._error(503, "the fake server is stopping"))
+        if reply.body is not None:
+            return _Wire(reply.status, {**reply.headers}, reply.body)
+        if reply.status >= 400:
+            return self._render_error(reply)
+        with self._lock:
+            self._served += 1
+            served = self._served
+        body = self._render_reply(reply, request, served)
+        headers = {**self._rate_limit_headers(request), **reply.headers}
+        return _Wire(reply.status, headers, body)
+
+    def _next_reply(self, request: RecordedRequest, index: int) -> FakeReply:
+        with self._lock:
+            item = self._script.popleft() if self._script else self.fallback
+        if item is None:
+            return self._error(
+                400,
+                f"{type(self).__name__}: nothing scripted for request #{index} "
+                f"(script more replies with server.script([...]))",
+            )
+        return item(request) if callable(item) else item
+
+    def _render_error(self, reply: FakeReply) -> _Wire:
+        error = reply.error
+        if error is None:
+            error = self._error(reply.status, f"HTTP {reply.status}").error or {}
+        return _Wire(reply.status, {**reply.headers}, error)
+
+    def _rate_limit_headers(self, request: RecordedRequest) -> dict[str, str]:
+        """Rate-limit headers of a successful reply (where an enforcer reports its buckets)."""
+        return dict(self.rate_limit_headers)
+
+    def estimate_input_tokens(self, body: Any) -> int:
+        """Estimated input tokens of a request body (JSON bytes / 4)."""
+        if not isinstance(body, Mapping):
+            return 0
+        parts = [body.get(k) for k in ("system", "messages", "tools") if body.get(k)]
+        return estimate_tokens(json.dumps(parts))
+
+    def _usage(self, reply: FakeReply, request: RecordedRequest) -> Usage:
+        if reply.usage is not None:
+            return reply.usage
+        out = (reply.text or "") + "".join(
+            c.name + (c.arguments if isinstance(c.arguments, str) else json.dumps(c.arguments))
+            for c in reply.tool_calls
+        )
+        return Usage(
+            input_tokens=self.estimate_input_tokens(request.body),
+            output_tokens=estimate_tokens(out),
+        )
+
+    # -- what each provider defines ------------------------------------------------------
+
+    @abstractmethod
+    def _api_key_of(self, request: RecordedRequest) -> str | None:
+        """The API key the request carries."""
+
+    @abstractmethod
+    def _unauthorized(self) -> FakeReply:
+        """The provider's reply to a wrong API key."""
+
+    @abstractmethod
+    def _render_reply(self, reply: FakeReply, request: RecordedRequest, n: int) -> dict[str, Any]:
+        """The body of a successful reply (``n`` numbers the replies, from 1)."""
+
+    @abstractmethod
+    def _error(self, status: int, message: str) -> FakeReply:
+        """An error reply in the provider's shape, of the type that fits ``status``."""
+
+
+def call_id(call: FakeToolCall, reply_n: int, index: int, prefix: str = "call") -> str:
+    """The id of a scripted call: its own, or ``{prefix}_{reply}_{index}``."""
+    return call.id or f"{prefix}_{reply_n}_{index}"

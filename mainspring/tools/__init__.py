@@ -1,0 +1,15 @@
+"""Tools: functions a model may call, with schemas, effect classes and allowlists.
+
+``@tool`` turns a function into a :class:`Tool`: its arguments' JSON schema comes from
+the type hints and the docstring; its effect class (``read``, ``write``,
+``irreversible``) decides its default timeout, whether a crash may re-run it and
+whether a human approves each call. A :class:`ToolRegistry` maps names to tools and
+enforces each agent's allowlist.
+"""
+
+from ._context import Effect, ToolContext
+from ._decorator import tool
+from ._registry import ToolRegistry
+from ._tool import Tool, Validator
+
+__all__ = ["Effect", "Tool", "ToolContext", "ToolRegistry", "Validator", "tool"]
