@@ -36,7 +36,10 @@ from ._errors import (
     ValidationFailed,
     WaitTimeout,
 )
+from .agent import Agent, AgentResult, AgentState
+from .context import ContextPolicy
 from .journal import RetryPolicy, RunContext, StepInfo, StepMode, Workflow, current_step
+from .limits import Limits
 from .storage import RunRecord, StepRecord, Store
 from .tools import Effect, Tool, ToolContext, tool
 from .worker import Worker
@@ -44,15 +47,20 @@ from .worker import Worker
 __version__ = "0.1.0"
 
 __all__ = [
+    "Agent",
+    "AgentResult",
+    "AgentState",
     "App",
     "BudgetExceeded",
     "Cancelled",
     "Clock",
     "ConfigError",
     "ContextOverflow",
+    "ContextPolicy",
     "Effect",
     "FakeClock",
     "LeaseLost",
+    "Limits",
     "LoopDetected",
     "MainspringError",
     "ModelOutputError",

@@ -13,7 +13,12 @@ from typing import Any, Concatenate, ParamSpec, TypeVar, overload
 from ._clock import Clock, SystemClock
 from ._errors import ConfigError, RunConflict, RunFailed, RunNotFound, UnknownWorkflow
 from ._serde import dumps, loads
+from .agent import Agent, AgentResult, CompletionValidator
+from .context import ContextPolicy
 from .journal import RetryPolicy, RunContext, Workflow
+from .limits import Limits, Price
+from .models import Model, resolve_model
+from .models._types import ModelSettings
 from .storage import RunRecord, StepRecord, Store, open_store, redact_url
 from .tools import Effect, Tool, ToolRegistry, Validator
 from .tools import tool as make_tool
@@ -95,6 +100,7 @@ class App:
         self.poll_interval_s = poll_interval_s
         self.workflows: dict[str, Workflow[Any, Any]] = {}
         self.tools = ToolRegistry()
+        self.agents: dict[str, Agent] = {}
 
     @property
     def url(self) -> str:
@@ -174,6 +180,70 @@ class App:
             return made
 
         return register(fn) if fn is not None else register
+
+    def agent(
+        self,
+        name: str,
+        *,
+        model: str | Model,
+        instructions: str,
+        tools: Sequence[Tool[Any, Any]] = (),
+        limits: Limits | None = None,
+        context: ContextPolicy | None = None,
+        settings: ModelSettings | None = None,
+        planning: bool = False,
+        planning_settings: ModelSettings | None = None,
+        validators: Sequence[CompletionValidator] = (),
+        max_repairs: int = 3,
+        session_turns: int | None = None,
+        prices: dict[str, Price] | None = None,
+    ) -> Workflow[[str], AgentResult]:
+        """Define an agent and register the workflow that runs it, under ``name``.
+
+        Run it like any workflow with the task as its argument:
+        ``app.submit(agent, "Answer ticket 7")`` or ``await app.run(agent, "...")``.
+
+        Args:
+            model: ``"openai:gpt-4.1-mini"``, ``"anthropic:claude-sonnet-4-5"``,
+                ``"openai:NAME@http://host/v1"`` (any OpenAI-compatible endpoint) or a
+                :class:`~mainspring.models.Model` (``ScriptedModel`` in tests).
+            tools: the agent's allowlist; tools not yet registered are registered.
+            limits: steps, tool calls, tokens, cost and wall time (pause and ask first).
+            context: how much history each request carries.
+            settings / planning_settings: sampling for execution and planning turns.
+            planning: ask for a plan (with ``update_state``) on the first turn.
+            validators: ``(answer, state) -> None | problem`` checks of ``finish``.
+            max_repairs: turns in a row without a usable action before the run fails.
+            session_turns: end a session every so many turns, handing off the state.
+            prices: USD per million tokens per model id (defaults: ``limits.PRICES``).
+        """
+        for t in tools:
+            if t.name not in self.tools:
+                self.tools.add(t)
+        spec = Agent(
+            name=name,
+            model=resolve_model(model),
+            instructions=instructions,
+            tools=self.tools,
+            allowed=tuple(t.name for t in tools),
+            limits=limits or Limits(),
+            context=context or ContextPolicy(),
+            settings=settings,
+            planning=planning,
+            planning_settings=planning_settings,
+            validators=tuple(validators),
+            max_repairs=max_repairs,
+            session_turns=session_turns,
+            prices=prices,
+        )
+
+        async def run_agent(ctx: RunContext, task: str) -> AgentResult:
+            return await spec.run(ctx, task)
+
+        run_agent.__name__ = run_agent.__qualname__ = name
+        workflow: Workflow[[str], AgentResult] = self.workflow(name=name)(run_agent)
+        self.agents[name] = spec
+        return workflow
 
     def get_workflow(self, workflow: Workflow[Any, Any] | str) -> Workflow[Any, Any]:
         name = workflow if isinstance(workflow, str) else workflow.name

@@ -15,7 +15,8 @@ EXPECTED = {
     "StoreUnavailable", "SystemClock", "ToolInputError", "ToolNotAllowed",
     "TransientError", "UnknownTool", "UnknownWorkflow", "ValidationFailed",
     "WaitTimeout", "Worker", "Workflow", "__version__", "current_step",
-    "Effect", "Tool", "ToolContext", "tool",
+    "Effect", "Tool", "ToolContext", "tool", "Agent", "AgentResult", "AgentState",
+    "ContextPolicy", "Limits",
 }  # fmt: skip
 
 

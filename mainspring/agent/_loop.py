@@ -1,0 +1,466 @@
+"""The decision–execution loop, on top of the journal.
+
+Each turn: check the budgets → assemble the context → call the model (a journaled
+step, retried with back-off on transient errors) → parse actions → validate
+arguments → apply policy (allowlist, approval) → run the tools (journaled, in
+parallel when the model asked for several) → update the structured state → watch
+for loops → next turn. Every decision depends only on journaled values, so a
+replay after a crash takes the same path without calling the model again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal, NoReturn
+
+from .._errors import (
+    LoopDetected,
+    ModelOutputError,
+    StepFailed,
+    StepInterrupted,
+    ToolInputError,
+)
+from ..context import ContextPolicy, History, Turn
+from ..journal import RetryPolicy, RunContext
+from ..limits import Limits, Price, cost_usd
+from ..models._base import Model
+from ..models._types import (
+    AssistantMessage,
+    ModelResponse,
+    ModelSettings,
+    ToolCall,
+    ToolResultMessage,
+    ToolSpec,
+)
+from ..tools import Tool, ToolRegistry
+from ._guard import LoopGuard
+from ._parse import action_from_text
+from ._state import AgentResult, AgentState, PlanItem
+
+__all__ = ["Agent", "CompletionValidator"]
+
+CompletionValidator = Callable[[Any, AgentState], str | None]
+"""``(answer, state) -> None`` when the answer is acceptable, else what is wrong."""
+
+_STOP_FOR_HUMAN = frozenset({"PermissionDenied", "QuotaExhausted"})
+
+FINISH = ToolSpec(
+    name="finish",
+    description="Finish the task and give the final answer. Call it only when the task is "
+    "complete; the answer is checked before it is accepted.",
+    parameters={
+        "type": "object",
+        "properties": {"answer": {"description": "The final answer or result of the task."}},
+        "required": ["answer"],
+    },
+)
+UPDATE_STATE = ToolSpec(
+    name="update_state",
+    description="Record your plan, facts you established and a progress note. The state "
+    "is shown to you every turn; older turns are only summarised.",
+    parameters={
+        "type": "object",
+        "properties": {
+            "plan": {
+                "type": "array",
+                "description": "The whole plan, replacing the previous one.",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "text": {"type": "string"},
+                        "status": {"enum": ["todo", "doing", "done", "dropped"]},
+                    },
+                    "required": ["text"],
+                },
+            },
+            "facts": {"type": "array", "items": {"type": "string"}},
+            "note": {"type": "string"},
+        },
+    },
+)
+GUIDANCE = (
+    "You work in turns. Each turn, call one or more tools. Use update_state to keep your "
+    "plan, facts and progress notes current: older turns are only shown as a summary. "
+    "When the task is complete, call finish with the answer."
+)
+
+
+@dataclass(slots=True)
+class _Run:
+    """The mutable part of one session of an agent run (rebuilt by replay)."""
+
+    state: AgentState
+    limits: Limits
+    started: float
+    earlier: str
+    sessions: int
+    history: History = field(default_factory=History)
+    guard: LoopGuard = field(default_factory=LoopGuard)
+    failed_turns: int = 0
+    session_turns: int = 0
+    recent: int | None = None  # fewer verbatim turns after a context overflow
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class Agent:
+    """An agent's configuration. Made by :meth:`App.agent`, which registers the
+    workflow that runs it."""
+
+    name: str
+    model: Model
+    instructions: str
+    tools: ToolRegistry
+    allowed: tuple[str, ...]
+    limits: Limits = field(default_factory=Limits)
+    context: ContextPolicy = field(default_factory=ContextPolicy)
+    settings: ModelSettings | None = None
+    planning: bool = False
+    planning_settings: ModelSettings | None = None
+    validators: tuple[CompletionValidator, ...] = ()
+    max_repairs: int = 3
+    session_turns: int | None = None
+    model_retry: RetryPolicy = field(
+        default_factory=lambda: RetryPolicy(max_attempts=4, initial_s=1.0, max_s=30.0)
+    )
+    prices: dict[str, Price] | None = None
+
+    def tool_specs(self) -> list[ToolSpec]:
+        return [*self.tools.specs(self.allowed), UPDATE_STATE, FINISH]
+
+    async def run(self, ctx: RunContext, task: str) -> AgentResult:
+        """The workflow body: one session of the loop."""
+        run = self._resume(ctx, task)
+        specs = self.tool_specs()
+        while True:
+            stop = await self._check_limits(ctx, run)
+            if stop is not None:
+                return self._result(ctx, run, "partial", None, stop)
+            if self.session_turns and run.session_turns >= self.session_turns:
+                self._hand_off(ctx, run)
+            response = await self._ask_model(ctx, run, task, specs)
+            if response is None:
+                continue
+            turn = Turn(
+                assistant=AssistantMessage(text=response.text, tool_calls=response.tool_calls)
+            )
+            done, answer = await self._act(ctx, run, turn, response)
+            run.history.add(turn)
+            if done:
+                return self._result(ctx, run, "done", answer, None)
+            verdict, why = run.guard.observe(turn)
+            if verdict == "stop":
+                raise _loop_detected(ctx, why)
+            if verdict == "nudge":
+                turn.note = (
+                    f"You are {why}. That is not making progress: change your approach, "
+                    "record what you learned with update_state, or finish."
+                )
+
+    # -- a turn ------------------------------------------------------------------------
+
+    async def _ask_model(
+        self, ctx: RunContext, run: _Run, task: str, specs: list[ToolSpec]
+    ) -> ModelResponse | None:
+        planning = self.planning and run.state.turns == 0 and not run.state.plan
+        messages = run.history.messages(
+            instructions=f"{self.instructions}\n\n{GUIDANCE}"
+            + ("\nStart by making a plan with update_state." if planning else ""),
+            task=task,
+            state_block=run.state.block(),
+            earlier=run.earlier,
+            policy=self.context,
+            tools=specs,
+            recent=run.recent,
+        )
+        settings = self.planning_settings if planning and self.planning_settings else self.settings
+        model = self.model
+
+        async def call_model() -> ModelResponse:
+            return await model.request(messages, tools=specs, settings=settings)
+
+        try:
+            response: ModelResponse = await ctx.step(
+                call_model, name=f"model:{model.name}", retry=self.model_retry
+            )
+        except StepFailed as exc:
+            kind = exc.error_type.rsplit(".", 1)[-1]
+            if kind == "ContextOverflow" and run.recent != 0:
+                run.recent = 0  # compact: state and summary only, then retry once
+                return None
+            if kind in _STOP_FOR_HUMAN:
+                run.state.last_error = f"{kind}: {exc.message}"
+                decision = await ctx.wait_for("resume")  # a human fixes the account
+                if _action(decision) == "stop":
+                    raise
+                return None
+            raise
+        run.recent = None
+        usage = response.usage
+        run.state.turns += 1
+        run.session_turns += 1
+        run.state.input_tokens += usage.input_tokens
+        run.state.output_tokens += usage.output_tokens
+        run.state.cost_usd += cost_usd(model.model_id, usage, self.prices)
+        return response
+
+    async def _act(
+        self, ctx: RunContext, run: _Run, turn: Turn, response: ModelResponse
+    ) -> tuple[bool, Any]:
+        """Carry out the reply's actions; ``(True, answer)`` when the task is done."""
+        calls = list(response.tool_calls)
+        if not calls and response.text:
+            found = action_from_text(response.text, f"text_{run.state.turns}")
+            if found is not None:
+                calls = [found]
+                turn.assistant = AssistantMessage(text=response.text, tool_calls=(found,))
+            elif response.finish_reason not in ("refusal", "content_filter", "length"):
+                return self._finish(run, turn, response.text)
+        if not calls:
+            why = {
+                "refusal": "You refused",
+                "content_filter": "Your reply was filtered",
+                "length": "Your reply was cut off at the token limit",
+            }.get(response.finish_reason, "Your reply was empty")
+            self._repair(ctx, run, turn, f"{why}. Call a tool, or call finish with the answer.")
+            return False, None
+        results: dict[str, tuple[str, bool]] = {}
+        todo: list[tuple[ToolCall, Tool[Any, Any], dict[str, Any]]] = []
+        repaired = False
+        for call in calls:
+            if call.name == "finish":
+                done, answer, error = self._check_finish(run, call)
+                if done:
+                    results[call.id] = ("accepted", False)
+                    turn.results = [_result(c, results.get(c.id)) for c in calls]
+                    return True, answer
+                results[call.id] = (error, True)
+                repaired = True
+            elif call.name == "update_state":
+                try:
+                    update = _json_object(call.arguments, "update_state")
+                    run.state.apply_update(update)
+                    results[call.id] = ("state updated", False)
+                except (ToolInputError, KeyError, TypeError) as exc:
+                    results[call.id] = (f"update_state: {exc}", True)
+                    repaired = True
+            else:
+                tool = self.tools.resolve(call.name, self.allowed)  # unknown: stop at once
+                try:
+                    args = tool.prepare(call.arguments)
+                except ToolInputError as exc:
+                    results[call.id] = (str(exc.message), True)
+                    repaired = True
+                    continue
+                if tool.requires_approval:
+                    verdict = await self._approve(ctx, tool, call, args)
+                    if isinstance(verdict, str):
+                        results[call.id] = (verdict, True)
+                        continue
+                    args = verdict
+                todo.append((call, tool, args))
+        outcomes = await asyncio.gather(*(self._run_tool(ctx, t, a) for _, t, a in todo))
+        for (call, _, _), outcome in zip(todo, outcomes, strict=True):
+            results[call.id] = outcome
+            run.state.tool_calls += 1
+            if outcome[1]:
+                run.state.last_error = f"{call.name}: {outcome[0][:300]}"
+        turn.results = [_result(c, results[c.id]) for c in calls]
+        if repaired and not todo:
+            self._count_repair(ctx, run)
+        else:
+            run.failed_turns = 0
+        return False, None
+
+    def _finish(self, run: _Run, turn: Turn, answer: Any) -> tuple[bool, Any]:
+        """A plain text reply is the final answer, if the validators accept it."""
+        done, value, error = self._validate_answer(run, answer)
+        if done:
+            return True, value
+        turn.note = error
+        run.failed_turns += 1
+        return False, None
+
+    def _check_finish(self, run: _Run, call: ToolCall) -> tuple[bool, Any, str]:
+        try:
+            answer = _json_object(call.arguments, "finish")["answer"]
+        except (ToolInputError, KeyError) as exc:
+            return False, None, f'finish: {exc}; call finish with {{"answer": ...}}'
+        return self._validate_answer(run, answer)
+
+    def _validate_answer(self, run: _Run, answer: Any) -> tuple[bool, Any, str]:
+        for validator in self.validators:
+            problem = validator(answer, run.state)
+            if problem:
+                return False, None, f"The answer was not accepted: {problem}. Fix it, then finish."
+        return True, answer, ""
+
+    def _repair(self, ctx: RunContext, run: _Run, turn: Turn, note: str) -> None:
+        turn.note = note
+        self._count_repair(ctx, run)
+
+    def _count_repair(self, ctx: RunContext, run: _Run) -> None:
+        run.failed_turns += 1
+        run.state.repairs += 1
+        if run.failed_turns > self.max_repairs:
+            raise ModelOutputError(
+                f"agent {self.name!r}: {run.failed_turns} turns in a row without a usable "
+                f"action (max_repairs={self.max_repairs}); last error: {run.state.last_error}",
+                run_id=ctx.run_id,
+            )
+
+    async def _approve(
+        self, ctx: RunContext, tool: Tool[Any, Any], call: ToolCall, args: dict[str, Any]
+    ) -> dict[str, Any] | str:
+        """Wait durably for a reviewer; the approved (maybe edited) arguments, or why not."""
+        decision = await ctx.wait_for(f"approval:{call.id}")
+        if not isinstance(decision, dict) or not decision.get("approve"):
+            reason = decision.get("reason") if isinstance(decision, dict) else None
+            return f"{tool.name}: rejected by the reviewer" + (f": {reason}" if reason else "")
+        edited = decision.get("arguments")
+        if edited is None:
+            return args
+        try:
+            return tool.prepare(edited)
+        except ToolInputError as exc:
+            return f"{tool.name}: the reviewer's edited arguments are invalid: {exc.message}"
+
+    async def _run_tool(
+        self, ctx: RunContext, tool: Tool[Any, Any], args: dict[str, Any]
+    ) -> tuple[str, bool]:
+        try:
+            value = await tool.run(ctx, args)
+        except StepFailed as exc:
+            return tool.render_error(exc), True
+        except StepInterrupted as exc:
+            return (
+                f"{tool.name}: interrupted by a crash; it may or may not have taken "
+                f"effect ({exc.message})",
+                True,
+            )
+        return tool.render_result(value), False
+
+    # -- budgets, sessions, results ------------------------------------------------------
+
+    async def _check_limits(self, ctx: RunContext, run: _Run) -> str | None:
+        while True:
+            exceeded = self._exceeded(ctx, run)
+            if exceeded is None:
+                return None
+            which, text = exceeded
+            if run.limits.on_exceeded == "stop":
+                return text
+            # Pause and ask: {"action": "continue", "limit": 80} raises it; "stop" ends.
+            decision = await ctx.wait_for(f"budget:{which}")
+            if _action(decision) != "continue" or not isinstance(decision, dict):
+                return f"{text}; stopped by a human"
+            current = getattr(run.limits, which)
+            run.limits = run.limits.raised(which, decision.get("limit", current * 2))
+
+    def _exceeded(self, ctx: RunContext, run: _Run) -> tuple[str, str] | None:
+        s, lim = run.state, run.limits
+        checks: list[tuple[str, float | None, float]] = [
+            ("max_steps", lim.max_steps, s.turns),
+            ("max_tool_calls", lim.max_tool_calls, s.tool_calls),
+            ("max_tokens", lim.max_tokens, s.input_tokens + s.output_tokens),
+            ("max_cost_usd", lim.max_cost_usd, s.cost_usd),
+        ]
+        if lim.max_wall_s is not None:
+            checks.append(("max_wall_s", lim.max_wall_s, ctx.now().timestamp() - run.started))
+        for which, cap, used in checks:
+            if cap is not None and used >= cap:
+                return which, f"{which} reached ({used:g} of {cap:g})"
+        return None
+
+    def _resume(self, ctx: RunContext, task: str) -> _Run:
+        handoff = ctx.handoff
+        if not handoff:
+            started = ctx.now().timestamp() if self.limits.max_wall_s is not None else 0.0
+            return _Run(
+                state=AgentState(goal=task),
+                limits=self.limits,
+                started=started,
+                earlier="",
+                sessions=1,
+            )
+        state = AgentState(goal=task)
+        for key, value in handoff["state"].items():
+            setattr(state, key, value)
+        state.plan = [_plan_item(p) for p in handoff["state"]["plan"]]
+        limits = dataclasses.replace(self.limits, **handoff["limits"])
+        return _Run(
+            state=state,
+            limits=limits,
+            started=handoff["started"],
+            earlier=handoff["earlier"],
+            sessions=handoff["sessions"] + 1,
+        )
+
+    def _hand_off(self, ctx: RunContext, run: _Run) -> NoReturn:
+        run.history._fold(len(run.history.turns), self.context)
+        earlier = "\n".join(filter(None, [run.earlier, *run.history.summary_lines]))
+        ctx.continue_as_new(
+            {
+                "state": dataclasses.asdict(run.state),
+                "limits": dataclasses.asdict(run.limits),
+                "started": run.started,
+                "earlier": earlier[-self.context.summary_chars :],
+                "sessions": run.sessions,
+            }
+        )
+
+    def _result(
+        self,
+        ctx: RunContext,
+        run: _Run,
+        status: Literal["done", "partial"],
+        answer: Any,
+        reason: str | None,
+    ) -> AgentResult:
+        s = run.state
+        return AgentResult(
+            status=status,
+            answer=answer,
+            reason=reason,
+            state=dataclasses.asdict(s),
+            turns=s.turns,
+            tool_calls=s.tool_calls,
+            input_tokens=s.input_tokens,
+            output_tokens=s.output_tokens,
+            cost_usd=round(s.cost_usd, 6),
+            sessions=run.sessions,
+        )
+
+
+def _result(call: ToolCall, outcome: tuple[str, bool] | None) -> ToolResultMessage:
+    content, is_error = outcome if outcome is not None else ("not run", True)
+    return ToolResultMessage(
+        tool_call_id=call.id, name=call.name, content=content, is_error=is_error
+    )
+
+
+def _json_object(arguments: str, what: str) -> dict[str, Any]:
+    try:
+        value = json.loads(arguments or "{}")
+    except ValueError as exc:
+        raise ToolInputError(f"{what}: the arguments are not valid JSON ({exc})") from None
+    if not isinstance(value, dict):
+        raise ToolInputError(f"{what}: the arguments must be a JSON object")
+    return value
+
+
+def _plan_item(data: dict[str, Any]) -> PlanItem:
+    return PlanItem(text=data["text"], status=data.get("status", "todo"))
+
+
+def _action(decision: Any) -> str:
+    if isinstance(decision, dict):
+        return str(decision.get("action", "continue"))
+    return str(decision or "continue")
+
+
+def _loop_detected(ctx: RunContext, why: str) -> Exception:
+    return LoopDetected(f"the agent kept {why}, even after being told", run_id=ctx.run_id)
