@@ -197,6 +197,7 @@ class App:
         max_repairs: int = 3,
         session_turns: int | None = None,
         prices: dict[str, Price] | None = None,
+        model_retry: RetryPolicy | None = None,
     ) -> Workflow[[str], AgentResult]:
         """Define an agent and register the workflow that runs it, under ``name``.
 
@@ -216,6 +217,7 @@ class App:
             max_repairs: turns in a row without a usable action before the run fails.
             session_turns: end a session every so many turns, handing off the state.
             prices: USD per million tokens per model id (defaults: ``limits.PRICES``).
+            model_retry: back-off for transient model errors (4 attempts, 1 s doubling).
         """
         for t in tools:
             if t.name not in self.tools:
@@ -235,6 +237,7 @@ class App:
             max_repairs=max_repairs,
             session_turns=session_turns,
             prices=prices,
+            **({"model_retry": model_retry} if model_retry is not None else {}),
         )
 
         async def run_agent(ctx: RunContext, task: str) -> AgentResult:

@@ -247,6 +247,10 @@ class Agent:
                 except (ToolInputError, KeyError, TypeError) as exc:
                     results[call.id] = (f"update_state: {exc}", True)
                     repaired = True
+            elif not call.name.strip():
+                # A garbled call, not a wrong tool: the model can repair it.
+                results[call.id] = ("the tool call had no tool name; name one of the tools", True)
+                repaired = True
             else:
                 tool = self.tools.resolve(call.name, self.allowed)  # unknown: stop at once
                 try:
