@@ -105,11 +105,23 @@ class _Release(BaseException):
 
 
 def _fn_info(fn: Callable[..., Any]) -> tuple[bool, Any]:
-    """``(is a coroutine function, return annotation)``, cached per function."""
-    try:
-        return _fn_info_cached(fn)
-    except TypeError:  # an unhashable callable object
+    """``(is a coroutine function, return annotation)``, cached per code object.
+
+    Keyed by code, not by function: a closure made afresh for every step (holding
+    that step's arguments) must neither miss the cache nor be kept alive by it.
+    """
+    plain = getattr(fn, "__func__", fn)
+    code = getattr(plain, "__code__", None)
+    if code is None:
         return _inspect_fn(fn)
+    try:  # closures of one def may carry different annotations: they are in the key
+        key = (code, tuple(getattr(plain, "__annotations__", {}).items()))
+        found = _fn_info_by_code.get(key)
+    except TypeError:  # an unhashable annotation
+        return _inspect_fn(fn)
+    if found is None:
+        found = _fn_info_by_code[key] = _inspect_fn(fn)
+    return found
 
 
 def _inspect_fn(fn: Callable[..., Any]) -> tuple[bool, Any]:
@@ -123,7 +135,8 @@ def _inspect_fn(fn: Callable[..., Any]) -> tuple[bool, Any]:
     return is_coro, hints.get("return", Any)
 
 
-_fn_info_cached = functools.lru_cache(maxsize=4096)(_inspect_fn)
+# Code objects live as long as their module; the functions made from them need not.
+_fn_info_by_code: dict[Any, tuple[bool, Any]] = {}
 
 
 def _error_json(exc: BaseException, **extra: Any) -> str:
