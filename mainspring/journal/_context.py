@@ -633,6 +633,11 @@ class RunContext:
         for attempt in range(1, engine.commit_attempts + 1):
             try:
                 result = await engine.committer.commit(write)
+                if result.busy:  # the run's row is locked elsewhere: back off and retry
+                    raise StoreUnavailable(
+                        f"the row of run {self.run_id!r} is locked by another transaction",
+                        run_id=self.run_id,
+                    )
                 break
             except (StoreUnavailable, StoreError):
                 if attempt == engine.commit_attempts:

@@ -52,6 +52,6 @@ def open_store(url: str) -> Store:
 
         return PostgresStore(url)
     raise ConfigError(
-        f"database URL {url!r}: unknown scheme {scheme!r}; expected sqlite:///path.db "
+        f"database URL {redact_url(url)!r}: unknown scheme {scheme!r}; expected sqlite:///path.db "
         "or postgresql://user@host/dbname"
     )

@@ -498,9 +498,15 @@ class Store(ABC):
         with self._write() as cur:
             # One read of the fences and one upsert of all rows, however many runs.
             fences = self._fences(cur, sorted({w.run_id for w in batch}))
+            # A row another transaction holds is skipped on PostgreSQL: its run waits
+            # and retries (busy); it must not hold up the rest of the batch.
+            unlocked = self._epochs(cur, sorted({w.run_id for w in batch} - fences.keys()))
             step_rows: list[tuple[Any, ...]] = []
             for w in batch:
                 fence = fences.get(w.run_id)
+                if fence is None and unlocked.get(w.run_id) == w.epoch:
+                    results.append(WriteResult(ok=False, busy=True))
+                    continue
                 if fence is None or fence[0] != w.epoch:
                     results.append(WriteResult(ok=False))
                     continue
@@ -536,6 +542,18 @@ class Store(ABC):
             for rid, epoch, cancel in cur.fetchall():
                 fences[rid] = (epoch, cancel)
         return fences
+
+    def _epochs(self, cur: Cursor, run_ids: list[str]) -> dict[str, int]:
+        """Epochs read without locking (of runs whose fence row was skipped)."""
+        epochs: dict[str, int] = {}
+        for i in range(0, len(run_ids), 500):
+            chunk = run_ids[i : i + 500]
+            cur.execute(
+                f"SELECT id, epoch FROM ms_runs WHERE id IN ({', '.join('?' * len(chunk))})",
+                chunk,
+            )
+            epochs.update({rid: epoch for rid, epoch in cur.fetchall()})
+        return epochs
 
     def _transition(self, cur: Cursor, w: RunWrite, cancel_requested: bool, now: float) -> None:
         t = w.transition

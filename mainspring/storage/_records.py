@@ -122,3 +122,5 @@ class WriteResult:
 
     ok: bool
     cancel_requested: bool = False
+    # The run's row is locked by another transaction: nothing was written; retry.
+    busy: bool = False

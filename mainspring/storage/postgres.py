@@ -20,7 +20,7 @@ from functools import lru_cache
 from typing import Any, ClassVar
 
 from .._errors import ConfigError, StoreError, StoreUnavailable
-from ._base import Cursor, Store
+from ._base import Cursor, Heartbeat, Store
 from ._url import redact_url
 
 try:
@@ -81,7 +81,7 @@ class PostgresStore(Store):
 
     dialect: ClassVar[str] = "postgresql"
     _lock_clause: ClassVar[str] = " FOR UPDATE SKIP LOCKED"
-    _fence_lock: ClassVar[str] = " FOR UPDATE"
+    _fence_lock: ClassVar[str] = " FOR UPDATE SKIP LOCKED"
 
     def __init__(
         self,
@@ -95,13 +95,14 @@ class PostgresStore(Store):
         self.url = redact_url(dsn)  # what messages and logs show: no password
         self._dsn = dsn
         self._timeout = connect_timeout_s
+        self._local = threading.local()  # per-thread transaction settings
         # Fail fast and clearly on a wrong DSN or a missing database, before the pool
         # starts retrying in the background.
         try:
             psycopg.connect(dsn, connect_timeout=max(1, int(connect_timeout_s))).close()
         except psycopg.OperationalError as exc:
             raise ConfigError(
-                f"cannot connect to PostgreSQL at {redact_url(dsn)!r}: {str(exc).strip()}"
+                f"cannot connect to PostgreSQL at {redact_url(dsn)!r}: {_one_line(exc)}"
             ) from None
         except psycopg.ProgrammingError as exc:
             raise ConfigError(f"invalid PostgreSQL DSN {redact_url(dsn)!r}: {exc}") from None
@@ -126,6 +127,8 @@ class PostgresStore(Store):
     def _write(self) -> Iterator[Cursor]:
         try:
             with self._pool.connection() as conn, conn.transaction(), conn.cursor() as cur:
+                if getattr(self._local, "lock_timeout", None):
+                    cur.execute(f"SET LOCAL lock_timeout = '{self._local.lock_timeout}'")
                 yield _Cursor(cur)
         except PoolTimeout as exc:
             raise StoreUnavailable(
@@ -160,6 +163,28 @@ class PostgresStore(Store):
         ):
             return StoreUnavailable(f"{where} unavailable while {doing}: {str(exc).strip()}")
         return StoreError(f"{where} failed while {doing}: {str(exc).strip()}")
+
+    def heartbeat(
+        self, *, runs: Sequence[tuple[str, int]], now: float, lease_s: float
+    ) -> Heartbeat:
+        """One short transaction per run, each waiting a moment at most for its row: a
+        row locked elsewhere delays its own lease, never the others'."""
+        lost: set[str] = set()
+        cancel: set[str] = set()
+        self._local.lock_timeout = "500ms"
+        try:
+            for held in sorted(runs):
+                try:
+                    beat = super().heartbeat(runs=[held], now=now, lease_s=lease_s)
+                except StoreUnavailable as exc:
+                    if not isinstance(exc.__cause__, psycopg.errors.LockNotAvailable):
+                        raise
+                    continue  # locked elsewhere: neither extended nor lost; next beat
+                lost |= beat.lost
+                cancel |= beat.cancel
+        finally:
+            self._local.lock_timeout = None
+        return Heartbeat(frozenset(lost), frozenset(cancel))
 
     # -- dialect hooks ------------------------------------------------------------------
 
@@ -210,3 +235,8 @@ class PostgresStore(Store):
             stop.set()  # the thread notices within its 0.5 s poll and closes its connection
 
         return stop_listening
+
+
+def _one_line(exc: BaseException) -> str:
+    """libpq's messages span lines (a hint on a tab-indented second line)."""
+    return " ".join(str(exc).split())
