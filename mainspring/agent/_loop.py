@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -24,7 +25,7 @@ from .._errors import (
     StepInterrupted,
     ToolInputError,
 )
-from ..context import ContextPolicy, History, Turn
+from ..context import ContextPolicy, History, TokenCounter, Turn, counter_for
 from ..journal import RetryPolicy, RunContext
 from ..limits import Limits, Price, cost_usd
 from ..models._base import Model
@@ -103,6 +104,8 @@ class _Run:
     failed_turns: int = 0
     session_turns: int = 0
     recent: int | None = None  # fewer verbatim turns after a context overflow
+    # Reported prompt tokens / our count, smoothed: corrects the estimate for the model.
+    calibration: float = 1.0
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -127,6 +130,10 @@ class Agent:
         default_factory=lambda: RetryPolicy(max_attempts=4, initial_s=1.0, max_s=30.0)
     )
     prices: dict[str, Price] | None = None
+
+    @functools.cached_property
+    def _counter(self) -> TokenCounter:
+        return counter_for(self.model.provider)
 
     def tool_specs(self) -> list[ToolSpec]:
         return [*self.tools.specs(self.allowed), UPDATE_STATE, FINISH]
@@ -175,9 +182,11 @@ class Agent:
             policy=self.context,
             tools=specs,
             recent=run.recent,
+            count=lambda m, t: round(self._counter.messages(m, t) * run.calibration),
         )
         settings = self.planning_settings if planning and self.planning_settings else self.settings
         model = self.model
+        estimated = self._counter.messages(messages, specs) if self.context.max_input_tokens else 0
 
         async def call_model() -> ModelResponse:
             return await model.request(messages, tools=specs, settings=settings)
@@ -200,6 +209,8 @@ class Agent:
             raise
         run.recent = None
         usage = response.usage
+        if estimated and usage.input_tokens:
+            run.calibration = 0.7 * run.calibration + 0.3 * (usage.input_tokens / estimated)
         run.state.turns += 1
         run.session_turns += 1
         run.state.input_tokens += usage.input_tokens

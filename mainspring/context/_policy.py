@@ -7,6 +7,7 @@ each request roughly constant, so the total grows O(n).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..models._common import estimate_input_tokens
@@ -83,8 +84,10 @@ class History:
         policy: ContextPolicy,
         tools: list[ToolSpec],
         recent: int | None = None,
+        count: Callable[[list[Message], list[ToolSpec]], int] = estimate_input_tokens,
     ) -> list[Message]:
-        """The request for the next turn under ``policy``."""
+        """The request for the next turn under ``policy``; ``count`` measures a request
+        against ``policy.max_input_tokens``."""
         keep = policy.recent_turns if recent is None else recent
         while True:
             cut = max(0, len(self.turns) - keep)
@@ -107,7 +110,7 @@ class History:
                 if turn.note:
                     messages.append(UserMessage(content=turn.note))
             budget = policy.max_input_tokens
-            if budget is None or keep == 0 or estimate_input_tokens(messages, tools) <= budget:
+            if budget is None or keep == 0 or count(messages, tools) <= budget:
                 return messages
             keep -= 1
 
