@@ -119,10 +119,7 @@ def _corpus() -> list[Any]:
     for case in cases:
         assert case["expect"] in ("accept", "error"), case
         assert ("args" in case) == (case["expect"] == "accept"), case
-        marks = []
-        if "bug" in case:
-            marks.append(pytest.mark.xfail(strict=True, reason=f"bug: {case['bug']}"))
-        params.append(pytest.param(case, id=case["id"], marks=marks))
+        params.append(pytest.param(case, id=case["id"]))
     return params
 
 
@@ -194,11 +191,6 @@ async def test_malformed_arguments_never_crash_the_agent(
     assert all(s.status == "completed" for s in _steps(app))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: RecursionError from json.loads escapes Agent._json_object (finish, "
-    "update_state) and action_from_text (text replies); the run fails",
-)
 @pytest.mark.parametrize(
     "bad_turn",
     [
@@ -224,11 +216,6 @@ async def test_deeply_nested_json_elsewhere_is_repaired(
     assert (result.status, result.answer, result.state["repairs"]) == ("done", "ok", 1)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: an unpaired \\ud83d escape in finish's answer is accepted; AgentResult "
-    "then cannot be journaled (UTF-8) and the finished run fails with SerializationError",
-)
 async def test_lone_surrogate_in_the_answer_does_not_fail_a_finished_run(
     sqlite_app: ms.App,
 ) -> None:
@@ -241,11 +228,6 @@ async def test_lone_surrogate_in_the_answer_does_not_fail_a_finished_run(
     assert result.status == "done"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: finish/update_state arguments are read with plain json.loads "
-    "(Agent._json_object), not the tolerant parse_arguments every other tool gets",
-)
 @pytest.mark.parametrize(
     "raw",
     [
@@ -270,21 +252,11 @@ async def test_finish_arguments_are_parsed_as_tolerantly_as_tools(
             {"plan": [{"text": "read", "status": "bogus"}]},
             "status",
             id="unknown-plan-status",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="bug: update_state is not validated against its schema; the status "
-                "is stored and AgentState.block() raises KeyError('bogus'): the run fails",
-            ),
         ),
         pytest.param(
             {"facts": "the printer is on fire"},
             "facts",
             id="string-for-facts",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="bug: update_state is not validated against its schema; a string "
-                "for facts is iterated and stored as one fact per character",
-            ),
         ),
         pytest.param({"plan": [{"status": "todo"}]}, "text", id="plan-item-without-text"),
     ],
@@ -397,11 +369,6 @@ async def test_repeated_unusable_replies_fail_after_max_repairs(sqlite_app: ms.A
     assert len(model.requests) == 4
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: Agent._act treats any truthy text as the final answer, so a "
-    "whitespace-only reply finishes the run with answer '  \\n\\t '",
-)
 async def test_whitespace_only_reply_is_empty_not_an_answer(sqlite_app: ms.App) -> None:
     app = sqlite_app
     model = ScriptedModel([ModelResponse(text="  \n\t "), call("finish", {"answer": "ok"})])
@@ -413,11 +380,6 @@ async def test_whitespace_only_reply_is_empty_not_an_answer(sqlite_app: ms.App) 
     ]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: action_from_text takes any JSON object with a 'name' key as a tool call; "
-    "a final answer holding a record {'name': 'Ana', ...} stops the run with UnknownTool",
-)
 async def test_text_answer_holding_json_data_is_not_a_tool_call(sqlite_app: ms.App) -> None:
     app = sqlite_app
     answer = (
@@ -655,11 +617,6 @@ async def test_parallel_calls_all_run_and_come_back_in_call_order(app: ms.App) -
     assert steps[2].status == "failed"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: Agent._act keys results by call id; two calls with the same id (some "
-    "OpenAI-compatible servers) both get the last call's result",
-)
 async def test_calls_sharing_an_id_each_get_their_own_result(sqlite_app: ms.App) -> None:
     app = sqlite_app
     twins = ModelResponse(
@@ -825,12 +782,6 @@ async def test_context_overflow_once_compacts_and_the_run_goes_on(app: ms.App) -
     assert _error(steps[2])["type"] == "mainspring._errors.ContextOverflow"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: after a compaction History.messages shows the folded turns again "
-    "verbatim (cut < folded), so the next request repeats them on top of their summary "
-    "and is bigger than the one that overflowed",
-)
 async def test_request_after_a_compaction_does_not_repeat_summarised_turns(
     sqlite_app: ms.App,
 ) -> None:
@@ -1016,11 +967,6 @@ async def test_max_tool_calls_stops_with_a_partial_result(sqlite_app: ms.App) ->
     assert app.get_run(_run_id(app)).status == "succeeded"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: budgets are only checked between turns (Agent._check_limits), so one "
-    "parallel turn runs every call it asked for: 4 charges under max_tool_calls=2",
-)
 async def test_max_tool_calls_is_not_overshot_by_a_parallel_turn(sqlite_app: ms.App) -> None:
     app = sqlite_app
     charged: list[int] = []

@@ -373,15 +373,13 @@ def test_pg_server_restart_mid_run_loses_nothing(
     c.reopen()  # the test's own pool lost its connections too
     at_restart = _completed_steps(c)
     ids += c.submit(monkeypatch, "effects", steps, [f"after-{i}" for i in range(2)])
-    owners: set[str] = set()
     deadline = time.monotonic() + 120
     while c.finished() < len(ids):
         assert time.monotonic() < deadline, f"runs unfinished after the restart\n{c.logs()}"
-        owners |= {r.owner or "" for r in c.store.list_runs(statuses=["running"])}
         time.sleep(0.05)
-    # The same two processes reconnected and finished everything, both taking part.
+    # The same two processes lived through the outage and finished everything (which
+    # of them took which run after it is up to the claims, not something to assert).
     assert all(c.procs[w].poll() is None for w in workers), c.logs()
-    assert set(workers) <= owners, (owners, c.logs())
     assert _completed_steps(c) > at_restart
     for w in workers:
         assert c.stop(w) == 0, c.log(w)

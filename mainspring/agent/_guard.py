@@ -16,7 +16,7 @@ Verdict = Literal["ok", "nudge", "stop"]
 def _canonical(arguments: str) -> str:
     try:
         return json.dumps(json.loads(arguments), sort_keys=True)
-    except ValueError:
+    except (ValueError, RecursionError):
         return arguments
 
 
@@ -57,10 +57,10 @@ class LoopGuard:
     def _looping(self) -> str | None:
         s, n = self._signatures, self.repeats
         if len(s) >= n and all(x == s[-1] for x in s[-n:]):
-            return f"the same action and result {n} times in a row"
+            return f"repeating the same action and result {n} times in a row"
         e = self._errors
         if len(e) >= n and e[-1] and all(x == e[-1] for x in e[-n:]):
-            return f"the same error {n} times in a row: {e[-1][:200]}"
+            return f"hitting the same error {n} times in a row: {e[-1][:200]}"
         if len(s) >= 4 and s[-1] == s[-3] and s[-2] == s[-4] and s[-1] != s[-2]:
             return "alternating between the same two actions (A-B-A-B)"
         return None

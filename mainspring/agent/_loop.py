@@ -13,10 +13,11 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, NoReturn
+
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from .._errors import (
     LoopDetected,
@@ -38,6 +39,7 @@ from ..models._types import (
     ToolSpec,
 )
 from ..tools import Tool, ToolRegistry
+from ..tools._arguments import describe_errors, parse_arguments
 from ._guard import LoopGuard
 from ._parse import action_from_text
 from ._state import AgentResult, AgentState, PlanItem
@@ -223,8 +225,9 @@ class Agent:
     ) -> tuple[bool, Any]:
         """Carry out the reply's actions; ``(True, answer)`` when the task is done."""
         calls = list(response.tool_calls)
-        if not calls and response.text:
-            found = action_from_text(response.text, f"text_{run.state.turns}")
+        if not calls and response.text and response.text.strip():
+            known = {*self.allowed, "finish", "update_state"}
+            found = action_from_text(response.text, f"text_{run.state.turns}", known)
             if found is not None:
                 calls = [found]
                 turn.assistant = AssistantMessage(text=response.text, tool_calls=(found,))
@@ -238,52 +241,56 @@ class Agent:
             }.get(response.finish_reason, "Your reply was empty")
             self._repair(ctx, run, turn, f"{why}. Call a tool, or call finish with the answer.")
             return False, None
-        results: dict[str, tuple[str, bool]] = {}
-        todo: list[tuple[ToolCall, Tool[Any, Any], dict[str, Any]]] = []
+        # Keyed by position: a model may reuse a call id.
+        results: dict[int, tuple[str, bool]] = {}
+        todo: list[tuple[int, ToolCall, Tool[Any, Any], dict[str, Any]]] = []
+        cap = run.limits.max_tool_calls
         repaired = False
-        for call in calls:
+        for i, call in enumerate(calls):
             if call.name == "finish":
                 done, answer, error = self._check_finish(run, call)
                 if done:
-                    results[call.id] = ("accepted", False)
-                    turn.results = [_result(c, results.get(c.id)) for c in calls]
+                    results[i] = ("accepted", False)
+                    turn.results = [_result(c, results.get(j)) for j, c in enumerate(calls)]
                     return True, answer
-                results[call.id] = (error, True)
+                results[i] = (error, True)
                 repaired = True
             elif call.name == "update_state":
                 try:
-                    update = _json_object(call.arguments, "update_state")
-                    run.state.apply_update(update)
-                    results[call.id] = ("state updated", False)
-                except (ToolInputError, KeyError, TypeError) as exc:
-                    results[call.id] = (f"update_state: {exc}", True)
+                    run.state.apply_update(_state_update(call.arguments))
+                    results[i] = ("state updated", False)
+                except ToolInputError as exc:
+                    results[i] = (exc.message, True)
                     repaired = True
             elif not call.name.strip():
                 # A garbled call, not a wrong tool: the model can repair it.
-                results[call.id] = ("the tool call had no tool name; name one of the tools", True)
+                results[i] = ("the tool call had no tool name; name one of the tools", True)
                 repaired = True
             else:
                 tool = self.tools.resolve(call.name, self.allowed)  # unknown: stop at once
                 try:
                     args = tool.prepare(call.arguments)
                 except ToolInputError as exc:
-                    results[call.id] = (str(exc.message), True)
+                    results[i] = (str(exc.message), True)
                     repaired = True
+                    continue
+                if cap is not None and run.state.tool_calls + len(todo) >= cap:
+                    results[i] = (f"not run: the budget of {cap} tool calls is used up", True)
                     continue
                 if tool.requires_approval:
                     verdict = await self._approve(ctx, tool, call, args)
                     if isinstance(verdict, str):
-                        results[call.id] = (verdict, True)
+                        results[i] = (verdict, True)
                         continue
                     args = verdict
-                todo.append((call, tool, args))
-        outcomes = await asyncio.gather(*(self._run_tool(ctx, t, a) for _, t, a in todo))
-        for (call, _, _), outcome in zip(todo, outcomes, strict=True):
-            results[call.id] = outcome
+                todo.append((i, call, tool, args))
+        outcomes = await asyncio.gather(*(self._run_tool(ctx, t, a) for _, _, t, a in todo))
+        for (i, call, _, _), outcome in zip(todo, outcomes, strict=True):
+            results[i] = outcome
             run.state.tool_calls += 1
             if outcome[1]:
                 run.state.last_error = f"{call.name}: {outcome[0][:300]}"
-        turn.results = [_result(c, results[c.id]) for c in calls]
+        turn.results = [_result(c, results.get(i)) for i, c in enumerate(calls)]
         if repaired and not todo:
             self._count_repair(ctx, run)
         else:
@@ -300,11 +307,14 @@ class Agent:
         return False, None
 
     def _check_finish(self, run: _Run, call: ToolCall) -> tuple[bool, Any, str]:
+        expected = 'finish(answer: any) -- call finish with {"answer": ...}'
         try:
-            answer = _json_object(call.arguments, "finish")["answer"]
-        except (ToolInputError, KeyError) as exc:
-            return False, None, f'finish: {exc}; call finish with {{"answer": ...}}'
-        return self._validate_answer(run, answer)
+            arguments = parse_arguments(call.arguments, tool="finish", expected=expected)
+        except ToolInputError as exc:
+            return False, None, exc.message
+        if "answer" not in arguments:
+            return False, None, f"finish: argument 'answer' is required\nExpected: {expected}"
+        return self._validate_answer(run, arguments["answer"])
 
     def _validate_answer(self, run: _Run, answer: Any) -> tuple[bool, Any, str]:
         for validator in self.validators:
@@ -457,14 +467,33 @@ def _result(call: ToolCall, outcome: tuple[str, bool] | None) -> ToolResultMessa
     )
 
 
-def _json_object(arguments: str, what: str) -> dict[str, Any]:
+class _PlanEntry(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    text: str
+    status: Literal["todo", "doing", "done", "dropped"] = "todo"
+
+
+class _StateUpdate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    plan: list[_PlanEntry] | None = None
+    facts: list[str] | None = None
+    note: str | None = None
+
+
+_UPDATE_EXPECTED = (
+    "update_state(plan: [{text, status: todo|doing|done|dropped}] | None, "
+    "facts: [str] | None, note: str | None)"
+)
+
+
+def _state_update(arguments: str) -> dict[str, Any]:
+    """The validated arguments of an ``update_state`` call, worded for the model."""
+    raw = parse_arguments(arguments, tool="update_state", expected=_UPDATE_EXPECTED)
     try:
-        value = json.loads(arguments or "{}")
-    except ValueError as exc:
-        raise ToolInputError(f"{what}: the arguments are not valid JSON ({exc})") from None
-    if not isinstance(value, dict):
-        raise ToolInputError(f"{what}: the arguments must be a JSON object")
-    return value
+        return _StateUpdate.model_validate(raw).model_dump(exclude_none=True)
+    except ValidationError as exc:
+        problems = "; ".join(describe_errors(exc.errors()))
+        raise ToolInputError(f"update_state: {problems}\nExpected: {_UPDATE_EXPECTED}") from None
 
 
 def _plan_item(data: dict[str, Any]) -> PlanItem:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Collection
 from typing import Any
 
 from ..models._types import ToolCall
@@ -20,15 +21,18 @@ _NAME_KEYS = ("tool", "name", "action", "function")
 _ARG_KEYS = ("arguments", "args", "input", "parameters")
 
 
-def action_from_text(text: str, call_id: str) -> ToolCall | None:
-    """The tool call a text reply holds, or ``None`` if it holds none."""
+def action_from_text(text: str, call_id: str, tools: Collection[str]) -> ToolCall | None:
+    """The call of one of ``tools`` that a text reply holds, or ``None``.
+
+    JSON naming anything else is data (an answer that happens to be JSON), not an action.
+    """
     for candidate in _candidates(text):
         try:
             data = json.loads(candidate)
-        except ValueError:
+        except (ValueError, RecursionError):
             continue
         call = _as_call(data, call_id)
-        if call is not None:
+        if call is not None and call.name in tools:
             return call
     return None
 

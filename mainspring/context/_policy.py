@@ -90,7 +90,8 @@ class History:
         against ``policy.max_input_tokens``."""
         keep = policy.recent_turns if recent is None else recent
         while True:
-            cut = max(0, len(self.turns) - keep)
+            # Never show again what was already folded into the summary (a compaction).
+            cut = max(self.folded, len(self.turns) - keep)
             self._fold(cut, policy)
             summary = "\n".join(self.summary_lines)
             if len(summary) > policy.summary_chars:

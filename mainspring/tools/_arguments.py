@@ -61,7 +61,36 @@ def parse_arguments(
             f"{tool}: arguments must be a JSON object with one key per argument, got a "
             f"JSON {_json_kind(value)} {_show(value)}\nExpected: {expected}"
         )
+    bad = _unencodable(value)
+    if bad is not None:
+        raise ToolInputError(
+            f"{tool}: argument {bad!r} holds text that is not valid Unicode (an unpaired "
+            f"surrogate escape such as \\ud83d); send whole characters\nExpected: {expected}"
+        )
     return value
+
+
+def _unencodable(value: Any, path: str = "") -> str | None:
+    """The path of the first string that cannot be encoded as UTF-8 (half an emoji
+    escaped as a lone surrogate), or None."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return path or "value"
+        return None
+    if isinstance(value, dict):
+        items: Any = value.items()
+    elif isinstance(value, list):
+        items = enumerate(value)
+    else:
+        return None
+    for key, item in items:
+        found = _unencodable(key, path) if isinstance(key, str) else None
+        found = found or _unencodable(item, f"{path}.{key}" if path else str(key))
+        if found:
+            return found
+    return None
 
 
 def _decode(text: str) -> tuple[Any, str | None]:
@@ -71,10 +100,12 @@ def _decode(text: str) -> tuple[Any, str | None]:
         return json.loads(text, strict=False), None
     except json.JSONDecodeError as exc:
         first = f"{exc.msg} at line {exc.lineno} column {exc.colno}"
+    except RecursionError:
+        return None, "nested too deeply"
     for block in _FENCE.findall(text):
         try:
             return json.loads(block.strip(), strict=False), None
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             continue
     decoder = json.JSONDecoder(strict=False)
     start = text.find("{")
@@ -83,7 +114,7 @@ def _decode(text: str) -> tuple[Any, str | None]:
             break
         try:
             value, _end = decoder.raw_decode(text, start)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             start = text.find("{", start + 1)
             continue
         if isinstance(value, dict):
