@@ -196,6 +196,9 @@ class App:
         validators: Sequence[CompletionValidator] = (),
         max_repairs: int = 3,
         session_turns: int | None = None,
+        session_tokens: int | None = None,
+        session_bytes: int | None = None,
+        session_wall_s: float | None = None,
         prices: dict[str, Price] | None = None,
         model_retry: RetryPolicy | None = None,
     ) -> Workflow[[str], AgentResult]:
@@ -215,7 +218,10 @@ class App:
             planning: ask for a plan (with ``update_state``) on the first turn.
             validators: ``(answer, state) -> None | problem`` checks of ``finish``.
             max_repairs: turns in a row without a usable action before the run fails.
-            session_turns: end a session every so many turns, handing off the state.
+            session_turns / session_tokens / session_bytes / session_wall_s: end the
+                session when it reaches any of these bounds (turns; input + output
+                tokens; bytes of model replies and tool results journaled; seconds),
+                and start the next from a hand-off of the state and a summary.
             prices: USD per million tokens per model id (defaults: ``limits.PRICES``).
             model_retry: back-off for transient model errors (4 attempts, 1 s doubling).
         """
@@ -236,6 +242,9 @@ class App:
             validators=tuple(validators),
             max_repairs=max_repairs,
             session_turns=session_turns,
+            session_tokens=session_tokens,
+            session_bytes=session_bytes,
+            session_wall_s=session_wall_s,
             prices=prices,
             **({"model_retry": model_retry} if model_retry is not None else {}),
         )

@@ -301,3 +301,28 @@ async def test_context_stays_small_over_200_turns(app: ms.App) -> None:
                 )
             )
     assert naive / ours >= 10, (naive, ours)
+
+
+@pytest.mark.parametrize(
+    ("bound", "value"),
+    [("session_tokens", 3000), ("session_bytes", 1500), ("session_wall_s", 5.0)],
+)
+async def test_sessions_end_at_token_byte_and_time_bounds(
+    fapp: ms.App, clock: FakeClock, bound: str, value: float
+) -> None:
+    @fapp.tool
+    def read_page(page: int) -> str:
+        clock.advance(2)  # each page takes two (fake) seconds
+        return f"page {page}: " + "text " * 100
+
+    turns: list[ModelResponse | str] = [call("read_page", {"page": i}) for i in range(6)]
+    model = ScriptedModel([*turns, call("finish", {"answer": "read"})])
+    agent = fapp.agent(
+        f"bounded-{bound}", model=model, instructions="x", tools=[read_page], **{bound: value}
+    )
+    handle = fapp.submit(agent, "read six pages")
+    await drain(fapp)
+    result = await handle.result()
+    assert result.status == "done"
+    assert result.sessions > 1  # the bound ended sessions before the task did
+    assert result.tool_calls == 6  # nothing repeated across the hand-offs

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 import uuid
 from datetime import datetime
 from pathlib import Path
@@ -588,3 +589,30 @@ async def test_parallel_steps_are_journaled_in_call_order(fapp: ms.App, clock: m
     # Steps 1-4 completed while step 0 still ran, and were journaled at once; the
     # crash in step 0 cost only step 0.
     assert sorted(calls) == [0, 0, 1, 2, 3, 4, 9]
+
+
+async def test_a_worker_that_outlives_its_own_lease_does_not_lose_track(
+    fapp: ms.App, clock: ms.FakeClock
+) -> None:
+    stalled = {"done": False}
+
+    def slow(i: int) -> int:
+        if i == 1 and not stalled["done"]:
+            stalled["done"] = True
+            clock.advance(fapp.lease_s + 1)  # a stall longer than the lease, mid-step
+            run_id = ms.current_step().run_id
+            for _ in range(500):  # ...until this very worker claims the run afresh
+                if fapp.get_run(run_id).epoch >= 2:
+                    break
+                time.sleep(0.01)
+        return i
+
+    @fapp.workflow
+    async def wf(ctx: ms.RunContext) -> int:
+        return sum([await ctx.step(slow, i) for i in range(4)])
+
+    handle = fapp.submit(wf)
+    worker = await drain(fapp)  # the worker re-claims its own run: the stale copy stops
+    assert await handle.result() == 6
+    assert worker.stats.outcomes.get("succeeded") == 1
+    assert fapp.get_run(handle.run_id).epoch >= 2

@@ -105,6 +105,9 @@ class _Run:
     guard: LoopGuard = field(default_factory=LoopGuard)
     failed_turns: int = 0
     session_turns: int = 0
+    session_tokens: int = 0
+    session_bytes: int = 0  # model replies and tool results journaled this session
+    session_started: float = 0.0
     recent: int | None = None  # fewer verbatim turns after a context overflow
     # Reported prompt tokens / our count, smoothed: corrects the estimate for the model.
     calibration: float = 1.0
@@ -128,6 +131,9 @@ class Agent:
     validators: tuple[CompletionValidator, ...] = ()
     max_repairs: int = 3
     session_turns: int | None = None
+    session_tokens: int | None = None
+    session_bytes: int | None = None
+    session_wall_s: float | None = None
     model_retry: RetryPolicy = field(
         default_factory=lambda: RetryPolicy(max_attempts=4, initial_s=1.0, max_s=30.0)
     )
@@ -148,7 +154,7 @@ class Agent:
             stop = await self._check_limits(ctx, run)
             if stop is not None:
                 return self._result(ctx, run, "partial", None, stop)
-            if self.session_turns and run.session_turns >= self.session_turns:
+            if self._session_over(ctx, run):
                 self._hand_off(ctx, run)
             response = await self._ask_model(ctx, run, task, specs)
             if response is None:
@@ -215,6 +221,10 @@ class Agent:
             run.calibration = 0.7 * run.calibration + 0.3 * (usage.input_tokens / estimated)
         run.state.turns += 1
         run.session_turns += 1
+        run.session_tokens += usage.input_tokens + usage.output_tokens
+        run.session_bytes += len(response.text or "") + sum(
+            len(c.name) + len(c.arguments) for c in response.tool_calls
+        )
         run.state.input_tokens += usage.input_tokens
         run.state.output_tokens += usage.output_tokens
         run.state.cost_usd += cost_usd(model.model_id, usage, self.prices)
@@ -288,6 +298,7 @@ class Agent:
         for (i, call, _, _), outcome in zip(todo, outcomes, strict=True):
             results[i] = outcome
             run.state.tool_calls += 1
+            run.session_bytes += len(outcome[0])
             if outcome[1]:
                 run.state.last_error = f"{call.name}: {outcome[0][:300]}"
         turn.results = [_result(c, results.get(i)) for i, c in enumerate(calls)]
@@ -400,7 +411,27 @@ class Agent:
                 return which, f"{which} reached ({used:g} of {cap:g})"
         return None
 
+    def _session_over(self, ctx: RunContext, run: _Run) -> bool:
+        """Has this session reached a bound (turns, tokens, journal bytes, wall time)?"""
+        if run.session_turns == 0:
+            return False  # a session always makes progress before it hands off
+        if self.session_turns is not None and run.session_turns >= self.session_turns:
+            return True
+        if self.session_tokens is not None and run.session_tokens >= self.session_tokens:
+            return True
+        if self.session_bytes is not None and run.session_bytes >= self.session_bytes:
+            return True
+        if self.session_wall_s is not None:
+            return ctx.now().timestamp() - run.session_started >= self.session_wall_s
+        return False
+
     def _resume(self, ctx: RunContext, task: str) -> _Run:
+        run = self._resume_run(ctx, task)
+        if self.session_wall_s is not None:
+            run.session_started = ctx.now().timestamp()
+        return run
+
+    def _resume_run(self, ctx: RunContext, task: str) -> _Run:
         handoff = ctx.handoff
         if not handoff:
             started = ctx.now().timestamp() if self.limits.max_wall_s is not None else 0.0

@@ -175,16 +175,22 @@ class Worker:
 
     def _start(self, engine: Engine, record: RunRecord) -> None:
         self.stats.claimed += 1
+        stale = self._active.get(record.id)
+        if stale is not None:
+            # Our own lease ran out (a stall longer than the lease) and we claimed the
+            # run afresh: the old execution is fenced off already; stop it now.
+            self._interrupt(stale, "lost")
         workflow = self.app.workflows[record.workflow]
         control = RunControl(draining=self._stopping)
         task = asyncio.create_task(
             execute(engine, record, workflow, control), name=f"mainspring-run-{record.id}"
         )
-        self._active[record.id] = _Active(record, task, control)
+        entry = self._active[record.id] = _Active(record, task, control)
         self._set_solo(engine)
 
         def done(t: asyncio.Task[Outcome], run_id: str = record.id) -> None:
-            self._active.pop(run_id, None)
+            if self._active.get(run_id) is entry:  # not a newer claim of the same run
+                del self._active[run_id]
             self._set_solo(engine)
             if t.cancelled():
                 outcome = "lost"
