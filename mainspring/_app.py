@@ -16,7 +16,7 @@ from ._serde import dumps, loads
 from .agent import Agent, AgentResult, CompletionValidator
 from .context import ContextPolicy
 from .journal import RetryPolicy, RunContext, Workflow
-from .limits import Limits, Price
+from .limits import Limits, Price, price_of
 from .models import Model, resolve_model
 from .models._types import ModelSettings
 from .storage import RunRecord, StepRecord, Store, open_store, redact_url
@@ -228,13 +228,22 @@ class App:
         for t in tools:
             if t.name not in self.tools:
                 self.tools.add(t)
+        resolved = resolve_model(model)
+        budget = limits or Limits()
+        if budget.max_cost_usd is not None and price_of(resolved.model_id, prices) is None:
+            # Its cost would count as 0 and the cap would never fire.
+            raise ConfigError(
+                f"agent {name!r} has max_cost_usd={budget.max_cost_usd!r} but no price for "
+                f"model {resolved.model_id!r}: pass prices={{{resolved.model_id!r}: "
+                "ms.limits.Price(input=..., output=...)}} (USD per million tokens)"
+            )
         spec = Agent(
             name=name,
-            model=resolve_model(model),
+            model=resolved,
             instructions=instructions,
             tools=self.tools,
             allowed=tuple(t.name for t in tools),
-            limits=limits or Limits(),
+            limits=budget,
             context=context or ContextPolicy(),
             settings=settings,
             planning=planning,

@@ -326,3 +326,11 @@ async def test_sessions_end_at_token_byte_and_time_bounds(
     assert result.status == "done"
     assert result.sessions > 1  # the bound ended sessions before the task did
     assert result.tool_calls == 6  # nothing repeated across the hand-offs
+
+
+def test_a_cost_cap_needs_a_price(app: ms.App) -> None:
+    model = ScriptedModel([call("finish", {"answer": "x"})], model_id="in-house-7b")
+    with pytest.raises(ms.ConfigError, match="no price for model 'in-house-7b'"):
+        app.agent("a", model=model, instructions="x", limits=ms.Limits(max_cost_usd=1.0))
+    prices = {"in-house-7b": ms.limits.Price(0.1, 0.2)}
+    app.agent("b", model=model, instructions="x", limits=ms.Limits(max_cost_usd=1.0), prices=prices)

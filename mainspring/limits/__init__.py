@@ -1,5 +1,5 @@
 """Limits of agent runs: budgets and prices (the shared rate limiter comes next)."""
 
-from ._budget import PRICES, Limits, Price, cost_usd
+from ._budget import PRICES, Limits, Price, cost_usd, price_of
 
-__all__ = ["PRICES", "Limits", "Price", "cost_usd"]
+__all__ = ["PRICES", "Limits", "Price", "cost_usd", "price_of"]

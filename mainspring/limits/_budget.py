@@ -7,7 +7,7 @@ from typing import Literal
 
 from ..models._types import Usage
 
-__all__ = ["PRICES", "Limits", "Price", "cost_usd"]
+__all__ = ["PRICES", "Limits", "Price", "cost_usd", "price_of"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -65,13 +65,20 @@ PRICES: dict[str, Price] = {
 }
 
 
-def cost_usd(model_id: str, usage: Usage, prices: dict[str, Price] | None = None) -> float:
-    """The cost of one request; 0 for a model the table does not know."""
+def price_of(model_id: str, prices: dict[str, Price] | None = None) -> Price | None:
+    """The model's price: by exact id, else the longest known prefix
+    ("gpt-4.1-mini-2025-04-14" → "gpt-4.1-mini"); None when the table has neither."""
     table = PRICES if prices is None else prices
     price = table.get(model_id)
-    if price is None:  # "gpt-4.1-mini-2025-04-14" → the longest known prefix
+    if price is None:
         known = [k for k in table if model_id.startswith(k)]
         price = table[max(known, key=len)] if known else None
+    return price
+
+
+def cost_usd(model_id: str, usage: Usage, prices: dict[str, Price] | None = None) -> float:
+    """The cost of one request; 0 for a model the table does not know."""
+    price = price_of(model_id, prices)
     if price is None:
         return 0.0
     cached = min(usage.cache_read_tokens, usage.input_tokens)
