@@ -130,11 +130,6 @@ class PostgresStore(Store):
                 if getattr(self._local, "lock_timeout", None):
                     cur.execute(f"SET LOCAL lock_timeout = '{self._local.lock_timeout}'")
                 yield _Cursor(cur)
-        except PoolTimeout as exc:
-            raise StoreUnavailable(
-                f"PostgreSQL at {redact_url(self._dsn)!r}: no connection within "
-                f"{self._timeout}s ({exc})"
-            ) from exc
         except psycopg.Error as exc:
             raise self._error(exc, "writing") from exc
 
@@ -143,16 +138,15 @@ class PostgresStore(Store):
         try:
             with self._pool.connection() as conn, conn.cursor() as cur:
                 yield _Cursor(cur)
-        except PoolTimeout as exc:
-            raise StoreUnavailable(
-                f"PostgreSQL at {redact_url(self._dsn)!r}: no connection within "
-                f"{self._timeout}s ({exc})"
-            ) from exc
         except psycopg.Error as exc:
             raise self._error(exc, "reading") from exc
 
     def _error(self, exc: psycopg.Error, doing: str) -> Exception:
         where = f"PostgreSQL at {redact_url(self._dsn)!r}"
+        if isinstance(exc, PoolTimeout):  # before OperationalError, which it is too
+            return StoreUnavailable(
+                f"{where}: no connection within {self._timeout}s while {doing} ({exc})"
+            )
         if isinstance(
             exc,
             psycopg.OperationalError
