@@ -39,7 +39,7 @@ async def execute(
             return "abandoned"
         ctx = RunContext(run=run, journal=journal, engine=engine, control=control)
         transition: RunTransition
-        outcome: Outcome
+        outcome: Outcome | None  # None: the session ended; the run goes on in the next
         try:
             args, kwargs = workflow.decode_input(run.input)
             result = await workflow.fn(ctx, *args, **kwargs)
@@ -52,15 +52,7 @@ async def execute(
         except _Suspend as s:
             transition, outcome = s.transition, "suspended"
         except _ContinueAsNew as c:
-            transition = RunTransition(kind="next_session", handoff=c.handoff)
-            try:
-                await ctx._flush(transition)
-            except LeaseLost:
-                return "lost"
-            except (StoreUnavailable, StoreError):
-                return "abandoned"
-            run = replace(run, session=run.session + 1, handoff=c.handoff, recoveries=0)
-            continue
+            transition, outcome = RunTransition(kind="next_session", handoff=c.handoff), None
         except _Release:
             return await _release(engine, ctx, run)
         except LeaseLost:
@@ -90,9 +82,11 @@ async def execute(
         except LeaseLost:
             return "lost"
         except (StoreUnavailable, StoreError) as exc:
-            log.warning("run %s: cannot commit its %s (%s)", run.id, outcome, exc)
+            log.warning("run %s: cannot commit its %s (%s)", run.id, transition.kind, exc)
             return "abandoned"
-        return outcome
+        if outcome is not None:
+            return outcome
+        run = replace(run, session=run.session + 1, handoff=transition.handoff, recoveries=0)
 
 
 async def _release(engine: Engine, ctx: RunContext, run: RunRecord) -> Outcome:

@@ -82,7 +82,6 @@ class Worker:
         self._active: dict[str, _Active] = {}
         self._stopping = False
         self._wakeup: asyncio.Event | None = None
-        self._last_outcome: Outcome | None = None
 
     def request_stop(self) -> None:
         """Stop claiming and drain (safe to call from a signal handler)."""
@@ -199,7 +198,6 @@ class Worker:
                 outcome = "abandoned"
             else:
                 outcome = t.result()
-            self._last_outcome = outcome  # type: ignore[assignment]
             self.stats.outcomes[outcome] = self.stats.outcomes.get(outcome, 0) + 1
             if self._wakeup is not None:
                 self._wakeup.set()
