@@ -68,6 +68,43 @@ CREATE INDEX ms_signals_pending ON ms_signals (run_id, name, id) WHERE consumed_
 CREATE INDEX ms_runs_finished ON ms_runs (finished_at) WHERE finished_at IS NOT NULL;
 CREATE INDEX ms_signals_run ON ms_signals (run_id);
 """,
+    # The HTTP API and humans in the loop: API keys (hashed), webhook endpoints and
+    # a durable outbox that a commit fills in the same transaction as the transition.
+    3: """
+CREATE TABLE ms_api_keys (
+    id TEXT PRIMARY KEY,
+    name TEXT NOT NULL,
+    hash TEXT NOT NULL,
+    scopes TEXT NOT NULL,
+    created_at {float} NOT NULL,
+    last_used_at {float},
+    revoked_at {float}
+);
+CREATE TABLE ms_webhooks (
+    id TEXT PRIMARY KEY,
+    url TEXT NOT NULL,
+    secret TEXT NOT NULL,
+    events TEXT NOT NULL,
+    created_at {float} NOT NULL,
+    removed_at {float}
+);
+CREATE TABLE ms_outbox (
+    id {autoid},
+    event_id TEXT NOT NULL,
+    webhook_id TEXT NOT NULL,
+    run_id TEXT NOT NULL,
+    event TEXT NOT NULL,
+    payload TEXT NOT NULL,
+    created_at {float} NOT NULL,
+    next_at {float},
+    attempts INTEGER NOT NULL DEFAULT 0,
+    delivered_at {float},
+    last_error TEXT
+);
+CREATE INDEX ms_outbox_due ON ms_outbox (next_at) WHERE delivered_at IS NULL;
+CREATE UNIQUE INDEX ms_outbox_event ON ms_outbox (event_id, webhook_id);
+CREATE INDEX ms_outbox_run ON ms_outbox (run_id);
+""",
 }
 
 LATEST = max(MIGRATIONS)
