@@ -6,10 +6,12 @@ The public names are all here; everything else is private and may change.
 from ._app import App, RunHandle
 from ._clock import Clock, FakeClock, SystemClock
 from ._errors import (
+    ApprovalRejected,
     BudgetExceeded,
     Cancelled,
     ConfigError,
     ContextOverflow,
+    InvalidAnswer,
     LeaseLost,
     LoopDetected,
     MainspringError,
@@ -18,6 +20,7 @@ from ._errors import (
     PermissionDenied,
     QuotaExhausted,
     RateLimited,
+    RequestNotFound,
     RunConflict,
     RunFailed,
     RunNotFound,
@@ -38,6 +41,7 @@ from ._errors import (
 )
 from .agent import Agent, AgentResult, AgentState
 from .context import ContextPolicy
+from .hitl import Approval, Request
 from .journal import RetryPolicy, RunContext, StepInfo, StepMode, Workflow, current_step
 from .limits import Limits
 from .storage import RunRecord, StepRecord, Store
@@ -51,6 +55,8 @@ __all__ = [
     "AgentResult",
     "AgentState",
     "App",
+    "Approval",
+    "ApprovalRejected",
     "BudgetExceeded",
     "Cancelled",
     "Clock",
@@ -59,6 +65,7 @@ __all__ = [
     "ContextPolicy",
     "Effect",
     "FakeClock",
+    "InvalidAnswer",
     "LeaseLost",
     "Limits",
     "LoopDetected",
@@ -68,6 +75,8 @@ __all__ = [
     "PermissionDenied",
     "QuotaExhausted",
     "RateLimited",
+    "Request",
+    "RequestNotFound",
     "RetryPolicy",
     "RunConflict",
     "RunContext",

@@ -15,6 +15,7 @@ from ._errors import ConfigError, RunConflict, RunFailed, RunNotFound, UnknownWo
 from ._serde import dumps, loads
 from .agent import Agent, AgentResult, CompletionValidator
 from .context import ContextPolicy
+from .hitl import Decision, Request, answer_payload
 from .journal import RetryPolicy, RunContext, Workflow
 from .limits import Limits, Price, price_of
 from .models import Model, resolve_model
@@ -201,6 +202,7 @@ class App:
         session_wall_s: float | None = None,
         prices: dict[str, Price] | None = None,
         model_retry: RetryPolicy | None = None,
+        ask_human: bool = False,
     ) -> Workflow[[str], AgentResult]:
         """Define an agent and register the workflow that runs it, under ``name``.
 
@@ -224,6 +226,8 @@ class App:
                 and start the next from a hand-off of the state and a summary.
             prices: USD per million tokens per model id (defaults: ``limits.PRICES``).
             model_retry: back-off for transient model errors (4 attempts, 1 s doubling).
+            ask_human: give the model an ``ask_human(question, choices?)`` tool; the
+                run waits durably for the answer (a request, like an approval).
         """
         for t in tools:
             if t.name not in self.tools:
@@ -255,6 +259,7 @@ class App:
             session_bytes=session_bytes,
             session_wall_s=session_wall_s,
             prices=prices,
+            ask_human=ask_human,
             **({"model_retry": model_retry} if model_retry is not None else {}),
         )
 
@@ -363,6 +368,45 @@ class App:
         return self.store.send_signal(
             run_id, name, dumps(payload, what=f"payload of signal {name!r}"), self.clock.now()
         )
+
+    def requests(self, run_id: str | None = None) -> list[Request]:
+        """Requests waiting for a human (of one run, or of all runs), oldest first."""
+        return self.store.pending_requests(run_id)
+
+    def answer(
+        self,
+        run_id: str,
+        request_id: str,
+        *,
+        decision: Decision | None = None,
+        reason: str | None = None,
+        arguments: dict[str, Any] | None = None,
+        answer: str | None = None,
+        by: str | None = None,
+    ) -> Request:
+        """Answer a pending request once: ``decision`` (``approve``, ``reject`` with a
+        ``reason``, or ``edit`` with new ``arguments``) for an approval, ``answer`` for
+        a question. The run resumes on any worker.
+
+        Raises:
+            RunNotFound: no such run.
+            RequestNotFound: the run has no such request.
+            RunConflict: the run has finished or the request was already answered.
+            InvalidAnswer: the answer does not fit the request.
+        """
+
+        def payload(request: Request) -> str:
+            return answer_payload(
+                request,
+                decision=decision,
+                reason=reason,
+                arguments=arguments,
+                answer=answer,
+                by=by,
+            )
+
+        request, _ = self.store.answer_request(run_id, request_id, payload, self.clock.now())
+        return request
 
     def cancel(self, run_id: str, reason: str | None = None) -> str:
         """Cancel a run; returns its status afterwards (``running`` while its

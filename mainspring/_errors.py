@@ -39,6 +39,9 @@ Tree::
     ├── ValidationFailed          an output failed its validators
     ├── RunNotFound               no run with that id
     ├── RunConflict               the run is not in a state that allows the request
+    ├── RequestNotFound           no pending request to a human by that id
+    ├── InvalidAnswer             a malformed answer to a request (bad decision or choice)
+    ├── ApprovalRejected          a reviewer rejected a stage gate
     ├── RunFailed                 the awaited run ended failed or cancelled
     ├── ConfigError               a mistake in code or configuration
     │   ├── UnknownWorkflow       no workflow registered under that name
@@ -53,10 +56,12 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 __all__ = [
+    "ApprovalRejected",
     "BudgetExceeded",
     "Cancelled",
     "ConfigError",
     "ContextOverflow",
+    "InvalidAnswer",
     "LeaseLost",
     "LoopDetected",
     "MainspringError",
@@ -65,6 +70,7 @@ __all__ = [
     "PermissionDenied",
     "QuotaExhausted",
     "RateLimited",
+    "RequestNotFound",
     "RunConflict",
     "RunFailed",
     "RunNotFound",
@@ -238,6 +244,19 @@ class RunNotFound(MainspringError):
 
 class RunConflict(MainspringError):
     """The run's state does not allow the request (a signal to a finished run, say)."""
+
+
+class RequestNotFound(MainspringError):
+    """The run has no pending request to a human by that id."""
+
+
+class InvalidAnswer(MainspringError):
+    """An answer to a human request is malformed: an unknown decision, a choice
+    that was not offered, edited arguments that are not an object."""
+
+
+class ApprovalRejected(MainspringError):
+    """A reviewer rejected a stage gate; the message carries their reason."""
 
 
 class RunFailed(MainspringError):

@@ -17,6 +17,7 @@ EXPECTED = {
     "WaitTimeout", "Worker", "Workflow", "__version__", "current_step",
     "Effect", "Tool", "ToolContext", "tool", "Agent", "AgentResult", "AgentState",
     "ContextPolicy", "Limits",
+    "Approval", "ApprovalRejected", "InvalidAnswer", "Request", "RequestNotFound",
 }  # fmt: skip
 
 

@@ -27,6 +27,7 @@ from .._errors import (
     ToolInputError,
 )
 from ..context import ContextPolicy, History, TokenCounter, Turn, counter_for
+from ..hitl._wait import approval, ask
 from ..journal import RetryPolicy, RunContext
 from ..limits import Limits, Price, cost_usd
 from ..models._base import Model
@@ -85,6 +86,23 @@ UPDATE_STATE = ToolSpec(
         },
     },
 )
+ASK_HUMAN = ToolSpec(
+    name="ask_human",
+    description="Ask a person when you are unsure or the input is ambiguous. The run "
+    "pauses until they answer (which may take hours); use it sparingly.",
+    parameters={
+        "type": "object",
+        "properties": {
+            "question": {"type": "string", "description": "One clear question."},
+            "choices": {
+                "type": "array",
+                "items": {"type": "string"},
+                "description": "The possible answers, when the choice is closed.",
+            },
+        },
+        "required": ["question"],
+    },
+)
 GUIDANCE = (
     "You work in turns. Each turn, call one or more tools. Use update_state to keep your "
     "plan, facts and progress notes current: older turns are only shown as a summary. "
@@ -138,20 +156,22 @@ class Agent:
         default_factory=lambda: RetryPolicy(max_attempts=4, initial_s=1.0, max_s=30.0)
     )
     prices: dict[str, Price] | None = None
+    ask_human: bool = False
 
     @functools.cached_property
     def _counter(self) -> TokenCounter:
         return counter_for(self.model.provider)
 
     def tool_specs(self) -> list[ToolSpec]:
-        return [*self.tools.specs(self.allowed), UPDATE_STATE, FINISH]
+        extra = [ASK_HUMAN] if self.ask_human else []
+        return [*self.tools.specs(self.allowed), *extra, UPDATE_STATE, FINISH]
 
     async def run(self, ctx: RunContext, task: str) -> AgentResult:
         """The workflow body: one session of the loop."""
         run = self._resume(ctx, task)
         specs = self.tool_specs()
         while True:
-            stop = await self._check_limits(ctx, run)
+            stop = await self._check_limits(ctx, run) or await self._checkpoint(ctx, run)
             if stop is not None:
                 return self._result(ctx, run, "partial", None, stop)
             if self._session_over(ctx, run):
@@ -210,8 +230,13 @@ class Agent:
                 return None
             if kind in _STOP_FOR_HUMAN:
                 run.state.last_error = f"{kind}: {exc.message}"
-                decision = await ctx.wait_for("resume")  # a human fixes the account
-                if _action(decision) == "stop":
+                decision = await approval(  # a human fixes the account, then resumes
+                    ctx,
+                    "resume",
+                    title=f"the provider refused: {kind}; fix it, then approve to retry",
+                    preview={"error": f"{kind}: {exc.message}"},
+                )
+                if not decision.approved:
                     raise
                 return None
             raise
@@ -237,6 +262,8 @@ class Agent:
         calls = list(response.tool_calls)
         if not calls and response.text and response.text.strip():
             known = {*self.allowed, "finish", "update_state"}
+            if self.ask_human:
+                known.add("ask_human")
             found = action_from_text(response.text, f"text_{run.state.turns}", known)
             if found is not None:
                 calls = [found]
@@ -272,6 +299,8 @@ class Agent:
                 except ToolInputError as exc:
                     results[i] = (exc.message, True)
                     repaired = True
+            elif call.name == "ask_human" and self.ask_human:
+                results[i] = await self._ask_human(ctx, call)
             elif not call.name.strip():
                 # A garbled call, not a wrong tool: the model can repair it.
                 results[i] = ("the tool call had no tool name; name one of the tools", True)
@@ -352,17 +381,40 @@ class Agent:
         self, ctx: RunContext, tool: Tool[Any, Any], call: ToolCall, args: dict[str, Any]
     ) -> dict[str, Any] | str:
         """Wait durably for a reviewer; the approved (maybe edited) arguments, or why not."""
-        decision = await ctx.wait_for(f"approval:{call.id}")
-        if not isinstance(decision, dict) or not decision.get("approve"):
-            reason = decision.get("reason") if isinstance(decision, dict) else None
-            return f"{tool.name}: rejected by the reviewer" + (f": {reason}" if reason else "")
-        edited = decision.get("arguments")
-        if edited is None:
+        decision = await approval(
+            ctx,
+            f"approval:{call.id}",
+            title=f"run the {tool.effect} tool {tool.name!r}",
+            preview={"tool": tool.name, "arguments": args, "effect": tool.effect},
+        )
+        if not decision.approved:
+            by = f" ({decision.by})" if decision.by else ""
+            why = f": {decision.reason}" if decision.reason else ""
+            return f"{tool.name}: rejected by the reviewer{by}{why}"
+        if decision.arguments is None:
             return args
         try:
-            return tool.prepare(edited)
+            return tool.prepare(decision.arguments)
         except ToolInputError as exc:
             return f"{tool.name}: the reviewer's edited arguments are invalid: {exc.message}"
+
+    async def _ask_human(self, ctx: RunContext, call: ToolCall) -> tuple[str, bool]:
+        """The ``ask_human`` tool: the model asks; a person answers, however late."""
+        expected = 'ask_human(question: str, choices?: [str]) -- {"question": "..."}'
+        try:
+            arguments = parse_arguments(call.arguments, tool="ask_human", expected=expected)
+        except ToolInputError as exc:
+            return exc.message, True
+        question = arguments.get("question")
+        choices = arguments.get("choices")
+        if not isinstance(question, str) or not question.strip():
+            return f"ask_human: 'question' must be a non-empty string\nExpected: {expected}", True
+        if choices is not None and not (
+            isinstance(choices, list) and choices and all(isinstance(c, str) for c in choices)
+        ):
+            return f"ask_human: 'choices' must be a list of strings\nExpected: {expected}", True
+        reply = await ask(ctx, f"question:{call.id}", question, choices=choices)
+        return f"The human answered: {reply}", False
 
     async def _run_tool(
         self, ctx: RunContext, tool: Tool[Any, Any], args: dict[str, Any]
@@ -389,12 +441,43 @@ class Agent:
             which, text = exceeded
             if run.limits.on_exceeded == "stop":
                 return text
-            # Pause and ask: {"action": "continue", "limit": 80} raises it; "stop" ends.
-            decision = await ctx.wait_for(f"budget:{which}")
-            if _action(decision) != "continue" or not isinstance(decision, dict):
-                return f"{text}; stopped by a human"
+            # Pause and ask: approve (edit {"limit": 80} to set the new cap) or reject.
             current = getattr(run.limits, which)
-            run.limits = run.limits.raised(which, decision.get("limit", current * 2))
+            decision = await approval(
+                ctx,
+                f"budget:{which}",
+                title=f"{text}: continue?",
+                preview={"limit": which, "cap": current, "state": run.state.block()},
+            )
+            if not decision.approved:
+                return f"{text}; stopped by a human"
+            raised = (decision.arguments or {}).get("limit", current * 2)
+            run.limits = run.limits.raised(which, raised)
+
+    async def _checkpoint(self, ctx: RunContext, run: _Run) -> str | None:
+        """Pause at each ``checkpoint_usd`` spent and ``checkpoint_tokens`` used."""
+        s, lim = run.state, run.limits
+        tokens = s.input_tokens + s.output_tokens
+        for unit, every, used, passed in (
+            ("usd", lim.checkpoint_usd, s.cost_usd, s.checkpoint_usd),
+            ("tokens", lim.checkpoint_tokens, tokens, s.checkpoint_tokens),
+        ):
+            if not every or used < passed + every:
+                continue
+            mark = (used // every) * every
+            decision = await approval(
+                ctx,
+                f"checkpoint:{unit}:{mark:g}",
+                title=f"cost checkpoint: {used:g} {unit} used so far; continue?",
+                preview={"unit": unit, "used": used, "every": every, "state": s.block()},
+            )
+            if not decision.approved:
+                return f"stopped by a human at the {mark:g} {unit} checkpoint"
+            if unit == "usd":
+                s.checkpoint_usd = float(mark)
+            else:
+                s.checkpoint_tokens = int(mark)
+        return None
 
     def _exceeded(self, ctx: RunContext, run: _Run) -> tuple[str, str] | None:
         s, lim = run.state, run.limits
@@ -529,12 +612,6 @@ def _state_update(arguments: str) -> dict[str, Any]:
 
 def _plan_item(data: dict[str, Any]) -> PlanItem:
     return PlanItem(text=data["text"], status=data.get("status", "todo"))
-
-
-def _action(decision: Any) -> str:
-    if isinstance(decision, dict):
-        return str(decision.get("action", "continue"))
-    return str(decision or "continue")
 
 
 def _loop_detected(ctx: RunContext, why: str) -> Exception:

@@ -36,6 +36,9 @@ class AgentState:
     output_tokens: int = 0
     cost_usd: float = 0.0
     summary: str = ""  # of turns no longer shown verbatim (and of earlier sessions)
+    # The cost checkpoints a human has passed (in USD and in tokens).
+    checkpoint_usd: float = 0.0
+    checkpoint_tokens: int = 0
 
     def block(self) -> str:
         """The state as the model sees it: short, structured, current."""

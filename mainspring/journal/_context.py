@@ -15,10 +15,10 @@ import functools
 import inspect
 import traceback
 import uuid as uuid_mod
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Literal, NoReturn, TypeVar, get_type_hints, overload
+from typing import TYPE_CHECKING, Any, Literal, NoReturn, TypeVar, get_type_hints, overload
 
 from .._errors import (
     Cancelled,
@@ -36,6 +36,9 @@ from .._serde import decode, dumps, loads
 from ..storage import RunRecord, RunTransition, RunWrite, StepKind, StepRecord, StepStatus
 from ._engine import Engine, RunControl
 from ._retry import RetryPolicy
+
+if TYPE_CHECKING:
+    from ..hitl import Approval
 
 __all__ = ["RunContext", "StepInfo", "StepMode", "current_step"]
 
@@ -387,6 +390,71 @@ class RunContext:
         Raises:
             WaitTimeout: ``timeout`` seconds passed with no signal and no ``default``.
         """
+        return await self._wait(signal, timeout=timeout, default=default)
+
+    async def approval(
+        self,
+        name: str,
+        *,
+        preview: Any = None,
+        title: str | None = None,
+        timeout: float | None = None,
+        default: Literal["approve", "reject"] = "reject",
+    ) -> Approval:
+        """Ask a human to approve (or reject, or edit) before going on; a durable wait.
+
+        The request is listed with ``preview`` as ``approval:<name>`` until a reviewer
+        answers through the API, the CLI or the dashboard. After ``timeout`` seconds
+        the ``default`` decision applies.
+        """
+        from ..hitl._wait import approval
+
+        return await approval(
+            self, f"approval:{name}", title=title, preview=preview, timeout=timeout, default=default
+        )
+
+    async def gate(
+        self, name: str, *, preview: Any = None, timeout: float | None = None
+    ) -> Approval:
+        """A stage gate: like :meth:`approval`, but a rejection fails the run with
+        :class:`~mainspring.ApprovalRejected` carrying the reviewer's reason."""
+        from ..hitl._wait import gate
+
+        return await gate(self, name, preview=preview, timeout=timeout)
+
+    async def ask(
+        self,
+        question: str,
+        *,
+        choices: Sequence[str] | None = None,
+        name: str | None = None,
+        timeout: float | None = None,
+        default: Any = _MISSING,
+    ) -> str:
+        """Ask a human a question and wait durably for the answer (one of ``choices``
+        when given). The request is ``question:<name>`` (by default its journal
+        position).
+
+        Raises:
+            WaitTimeout: ``timeout`` seconds passed with no answer and no ``default``.
+        """
+        from ..hitl._wait import ask
+
+        key = name if name is not None else f"{self.session}.{self._seq + 1}"
+        return await ask(
+            self, f"question:{key}", question, choices=choices, timeout=timeout, default=default
+        )
+
+    async def _wait(
+        self,
+        signal: str,
+        *,
+        timeout: float | None,
+        default: Any = _MISSING,
+        request: str | None = None,
+    ) -> Any:
+        """``wait_for``; ``request`` (JSON) marks the wait as a request to a human and
+        stays in the journal row, listed while pending and kept once answered."""
         self._boundary()
         seq = self._take("signal", signal)
         rec = self._journal.get(seq)
@@ -394,14 +462,24 @@ class RunContext:
             return self._wait_result(rec, signal, default)
         if rec is None:
             deadline = None if timeout is None else self._now() + max(0.0, timeout)
-            rec = self._put(self._new(seq, "signal", signal, status="started", wake_at=deadline))
+            rec = self._put(
+                self._new(
+                    seq,
+                    "signal",
+                    signal,
+                    status="started",
+                    wake_at=deadline,
+                    output=None if request is None else '{"request":' + request + "}",
+                )
+            )
+        meta = "" if rec.output is None else rec.output[1:-1] + ","  # '"request":{…},'
         deadline = rec.wake_at
         found = self._engine.store.next_signal(self.run_id, signal)
         if found is not None:
             done = self._put(
                 rec,
                 status="completed",
-                output='{"signal":' + found.payload + "}",
+                output="{" + meta + '"signal":' + found.payload + "}",
                 finished_at=self._now(),
             )
             self._consume.append((found.id, f"{self.session}:{seq}"))
@@ -409,7 +487,10 @@ class RunContext:
             return self._wait_result(done, signal, default)
         if deadline is not None and self._now() >= deadline:
             done = self._put(
-                rec, status="completed", output='{"timeout":true}', finished_at=self._now()
+                rec,
+                status="completed",
+                output="{" + meta + '"timeout":true}',
+                finished_at=self._now(),
             )
             return self._wait_result(done, signal, default)
         raise _Suspend(

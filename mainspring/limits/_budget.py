@@ -23,6 +23,8 @@ class Limits:
         on_exceeded: ``"ask"`` pauses the run for a human decision (continue with a
             raised limit, or stop) before stopping it; ``"stop"`` ends it at once with
             its partial result.
+        checkpoint_usd / checkpoint_tokens: pause for a human's go-ahead each time
+            this much more is spent (USD) or used (input plus output tokens).
     """
 
     max_steps: int | None = 50
@@ -31,6 +33,8 @@ class Limits:
     max_cost_usd: float | None = None
     max_wall_s: float | None = None
     on_exceeded: Literal["ask", "stop"] = "ask"
+    checkpoint_usd: float | None = None
+    checkpoint_tokens: int | None = None
 
     def raised(self, which: str, value: float) -> Limits:
         """A copy with one limit changed (a human's "continue, up to ...")."""

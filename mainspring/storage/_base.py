@@ -15,11 +15,14 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
 from .._errors import RunConflict, RunNotFound, SchemaVersionError, StoreError
-from .._serde import dumps
+from .._serde import dumps, loads
+from ._api import ApiTables
 from ._migrations import LATEST, MIGRATIONS
 from ._records import (
     FINISHED,
+    WAKE_NOW,
     RunRecord,
+    RunTransition,
     RunWrite,
     SignalRecord,
     StepRecord,
@@ -27,10 +30,6 @@ from ._records import (
 )
 
 __all__ = ["WAKE_NOW", "Cursor", "Heartbeat", "PruneResult", "Store"]
-
-# ``wake_at`` of a run that must wake at once. Not the sender's "now": a client whose
-# clock runs ahead of the workers' would otherwise delay the wake-up by the skew.
-WAKE_NOW = 0.0
 
 _RUN_COLUMNS = (
     "id, workflow, idem_key, status, input, output, error, session, handoff, epoch, owner,"
@@ -142,7 +141,7 @@ def _step_params(s: StepRecord) -> tuple[Any, ...]:
     )
 
 
-class Store(ABC):
+class Store(ApiTables, ABC):
     """Durable home of runs, their journals and their signals.
 
     Subclasses implement :meth:`_write` (a write transaction that serialises with
@@ -158,6 +157,8 @@ class Store(ABC):
     # locked until the commit ends, or a claim could move the epoch on in between.
     # (SQLite's BEGIN IMMEDIATE already excludes every other writer.)
     _fence_lock: ClassVar[str] = ""
+    # Appended to a read that must hold its run row until the transaction ends.
+    _row_lock: ClassVar[str] = ""
 
     # -- dialect hooks --------------------------------------------------------------
 
@@ -177,10 +178,10 @@ class Store(ABC):
         """Fill a migration's dialect tokens."""
         return sql
 
-    def _lock_migrations(self, cur: Cursor) -> None:  # noqa: B027 - a hook; no-op here
+    def _lock_migrations(self, cur: Cursor) -> None:
         """Serialise concurrent migrations (an advisory lock on PostgreSQL)."""
 
-    def _notify(self, cur: Cursor) -> None:  # noqa: B027 - a hook; no-op here
+    def _notify(self, cur: Cursor) -> None:
         """Tell listening workers that something became runnable (NOTIFY on PostgreSQL)."""
 
     def listen(self, callback: Callable[[], None]) -> Callable[[], None] | None:
@@ -427,6 +428,16 @@ class Store(ABC):
                                 rid,
                             ),
                         )
+                        self._emit(
+                            cur,
+                            rid,
+                            "run.failed",
+                            {
+                                "status": "failed",
+                                "error": loads(_dead_letter_error(max_recoveries)),
+                            },
+                            now,
+                        )
                         continue
                     cur.execute(
                         "UPDATE ms_runs SET status = 'running', epoch = epoch + 1, owner = ?,"
@@ -568,6 +579,8 @@ class Store(ABC):
                 " wake_at = NULL, wait_reason = NULL, wait_signal = NULL WHERE id = ?",
                 (t.status, t.output, t.status, t.error, now, now, w.run_id),
             )
+            if t.status in FINISHED:
+                self._emit(cur, w.run_id, f"run.{t.status}", _event_run(t.status, t), now)  # type: ignore[arg-type]
         elif t.kind == "suspend":
             wake_at = t.wake_at
             if cancel_requested:
@@ -587,6 +600,9 @@ class Store(ABC):
                 " owner = NULL, lease_until = NULL, updated_at = ? WHERE id = ?",
                 (t.status, wake_at, t.wait_reason, t.wait_signal, now, w.run_id),
             )
+            if t.status == "waiting" and wake_at != WAKE_NOW:
+                waiting = {"status": "waiting", "wait_reason": t.wait_reason}
+                self._emit(cur, w.run_id, "run.waiting", waiting, now)
         else:
             cur.execute(
                 "UPDATE ms_runs SET session = session + 1, handoff = ?, updated_at = ?"
@@ -612,19 +628,7 @@ class Store(ABC):
                 raise RunConflict(
                     f"cannot signal {name!r}: run {run_id!r} is already {row[0]}", run_id=run_id
                 )
-            cur.execute(
-                "INSERT INTO ms_signals (run_id, name, payload, created_at) VALUES (?, ?, ?, ?)"
-                " RETURNING id",
-                (run_id, name, payload, now),
-            )
-            signal_id = int(cur.fetchone()[0])
-            if row[0] == "waiting" and row[1] == name:
-                cur.execute(
-                    "UPDATE ms_runs SET wake_at = ?, updated_at = ? WHERE id = ?",
-                    (WAKE_NOW, now, run_id),
-                )
-                self._notify(cur)
-            return signal_id
+            return self._insert_signal(cur, run_id, name, payload, row[0], row[1], now)
 
     def next_signal(self, run_id: str, name: str) -> SignalRecord | None:
         """The oldest unconsumed signal of that name."""
@@ -677,6 +681,9 @@ class Store(ABC):
                 " wait_reason = NULL"
                 " WHERE id = ?",
                 (error, now, now, run_id),
+            )
+            self._emit(
+                cur, run_id, "run.cancelled", {"status": "cancelled", "error": loads(error)}, now
             )
             return "cancelled"
 
@@ -753,3 +760,12 @@ def _dead_letter_error(max_recoveries: int) -> str:
 
 def _cancel_error(reason: str | None) -> str:
     return dumps({"type": "Cancelled", "message": reason or "cancelled"})
+
+
+def _event_run(status: str, t: RunTransition) -> dict[str, Any]:
+    run: dict[str, Any] = {"status": status}
+    if t.output is not None:
+        run["output"] = loads(t.output)
+    if t.error is not None:
+        run["error"] = loads(t.error)
+    return run

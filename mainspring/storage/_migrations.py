@@ -93,6 +93,7 @@ CREATE TABLE ms_outbox (
     event_id TEXT NOT NULL,
     webhook_id TEXT NOT NULL,
     run_id TEXT NOT NULL,
+    workflow TEXT NOT NULL,
     event TEXT NOT NULL,
     payload TEXT NOT NULL,
     created_at {float} NOT NULL,

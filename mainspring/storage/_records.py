@@ -19,6 +19,10 @@ __all__ = [
 ]
 
 RunStatus = Literal["queued", "running", "sleeping", "waiting", "succeeded", "failed", "cancelled"]
+# ``wake_at`` of a run that must wake at once. Not the sender's "now": a client whose
+# clock runs ahead of the workers' would otherwise delay the wake-up by the skew.
+WAKE_NOW = 0.0
+
 FINISHED: frozenset[str] = frozenset({"succeeded", "failed", "cancelled"})
 
 StepKind = Literal["step", "sleep", "signal", "now", "uuid", "random"]

@@ -82,6 +82,7 @@ class PostgresStore(Store):
     dialect: ClassVar[str] = "postgresql"
     _lock_clause: ClassVar[str] = " FOR UPDATE SKIP LOCKED"
     _fence_lock: ClassVar[str] = " FOR UPDATE SKIP LOCKED"
+    _row_lock: ClassVar[str] = " FOR UPDATE"
 
     def __init__(
         self,

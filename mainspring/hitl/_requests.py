@@ -1,0 +1,199 @@
+"""Requests to humans and their answers, as values.
+
+A request is a durable wait whose journal row carries what is asked (kind, title,
+preview, choices). Its id is the signal it waits on (``approval:<name>``,
+``question:<name>``, ``budget:<limit>``, ``resume``), so a raw signal answers it too.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from .._errors import InvalidAnswer
+
+__all__ = ["Approval", "Decision", "Request", "RequestKind", "answer_payload", "approval_from"]
+
+RequestKind = Literal["approval", "question"]
+Decision = Literal["approve", "reject", "edit"]
+_DECISIONS: tuple[str, ...] = ("approve", "reject", "edit")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Request:
+    """A pending (or answered) request to a human.
+
+    Attributes:
+        id: the request's id within its run: the signal its wait consumes.
+        kind: ``"approval"`` (approve, reject or edit) or ``"question"`` (an answer).
+        title: what is asked, in a line.
+        preview: what the reviewer should see (the tool call, the plan, the numbers).
+        choices: the allowed answers of a question, if limited.
+        created_at: when the run started waiting (epoch seconds).
+        deadline: when the default applies, if the wait has a timeout.
+    """
+
+    run_id: str
+    workflow: str
+    id: str
+    kind: RequestKind
+    title: str
+    preview: Any = None
+    choices: tuple[str, ...] | None = None
+    created_at: float
+    deadline: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "run_id": self.run_id,
+            "workflow": self.workflow,
+            "id": self.id,
+            "kind": self.kind,
+            "title": self.title,
+            "preview": self.preview,
+            "choices": list(self.choices) if self.choices is not None else None,
+            "created_at": self.created_at,
+            "deadline": self.deadline,
+        }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Approval:
+    """A reviewer's decision.
+
+    Attributes:
+        approved: go ahead (``approve`` or ``edit``).
+        reason: why, as the reviewer wrote it (the agent sees it on a rejection).
+        arguments: the edited arguments, when the reviewer changed them.
+        by: who decided (the API key's name, or the CLI user).
+        timed_out: nobody answered before the wait's timeout; the default applied.
+    """
+
+    approved: bool
+    reason: str | None = None
+    arguments: dict[str, Any] | None = None
+    by: str | None = None
+    timed_out: bool = False
+
+
+def request_meta(
+    kind: RequestKind, title: str, preview: Any = None, choices: tuple[str, ...] | None = None
+) -> dict[str, Any]:
+    meta: dict[str, Any] = {"kind": kind, "title": title, "preview": preview}
+    if choices is not None:
+        meta["choices"] = list(choices)
+    return meta
+
+
+def approval_from(payload: Any) -> Approval:
+    """Read a decision from a signal payload.
+
+    Accepts the canonical ``{"decision": "approve"|"reject"|"edit", ...}``, and the
+    shorter forms a raw signal may carry: ``{"approve": true}``, ``{"action":
+    "continue"|"stop"}``, ``true``/``false`` and the bare words.
+    """
+    if isinstance(payload, bool):
+        return Approval(approved=payload)
+    if isinstance(payload, str):
+        return Approval(approved=payload not in ("stop", "reject", "cancel", "no"))
+    if not isinstance(payload, dict):
+        return Approval(approved=False, reason=f"unreadable decision {payload!r}")
+    arguments = payload.get("arguments")
+    if "limit" in payload and arguments is None:
+        arguments = {"limit": payload["limit"]}
+    if "decision" in payload:
+        approved = payload["decision"] in ("approve", "edit")
+    elif "approve" in payload:
+        approved = bool(payload["approve"])
+    else:
+        approved = payload.get("action", "continue") not in ("stop", "reject", "cancel")
+    reason = payload.get("reason")
+    by = payload.get("by")
+    return Approval(
+        approved=approved,
+        reason=str(reason) if reason is not None else None,
+        arguments=arguments if isinstance(arguments, dict) else None,
+        by=str(by) if by is not None else None,
+    )
+
+
+def answer_payload(
+    request: Request,
+    *,
+    decision: str | None = None,
+    reason: str | None = None,
+    arguments: Any = None,
+    answer: str | None = None,
+    by: str | None = None,
+) -> str:
+    """The signal payload (JSON) that answers ``request``, checked against it.
+
+    Raises:
+        InvalidAnswer: the answer does not fit the request, named in the message.
+    """
+    where = f"request {request.id!r} of run {request.run_id!r}"
+    body: dict[str, Any]
+    if request.kind == "question":
+        if decision is not None and decision != "answer":
+            raise InvalidAnswer(
+                f"{where} is a question: send an 'answer', not the decision {decision!r}"
+            )
+        if answer is None or not str(answer).strip():
+            raise InvalidAnswer(f"{where} is a question: 'answer' must be a non-empty string")
+        if request.choices is not None and answer not in request.choices:
+            raise InvalidAnswer(
+                f"{where}: {answer!r} is not one of the choices {list(request.choices)!r}"
+            )
+        body = {"answer": answer}
+    else:
+        if decision not in _DECISIONS:
+            raise InvalidAnswer(
+                f"{where} is an approval: 'decision' must be one of {list(_DECISIONS)!r},"
+                f" not {decision!r}"
+            )
+        if decision == "edit" and not isinstance(arguments, dict):
+            raise InvalidAnswer(
+                f"{where}: an 'edit' needs 'arguments', a JSON object of the new arguments,"
+                f" not {arguments!r}"
+            )
+        if decision != "edit" and arguments is not None:
+            raise InvalidAnswer(f"{where}: 'arguments' are only allowed with decision 'edit'")
+        body = {"decision": decision}
+        if arguments is not None:
+            body["arguments"] = arguments
+    if reason is not None:
+        body["reason"] = reason
+    if by is not None:
+        body["by"] = by
+    return json.dumps(body, separators=(",", ":"), ensure_ascii=False)
+
+
+def request_from_row(
+    *,
+    run_id: str,
+    workflow: str,
+    name: str,
+    output: str,
+    started_at: float,
+    deadline: float | None,
+) -> Request | None:
+    """The request a started wait row describes, or ``None`` for a plain wait."""
+    try:
+        meta = json.loads(output).get("request")
+    except (ValueError, AttributeError):
+        return None
+    if not isinstance(meta, dict):
+        return None
+    choices = meta.get("choices")
+    return Request(
+        run_id=run_id,
+        workflow=workflow,
+        id=name,
+        kind="question" if meta.get("kind") == "question" else "approval",
+        title=str(meta.get("title", name)),
+        preview=meta.get("preview"),
+        choices=tuple(str(c) for c in choices) if isinstance(choices, list) else None,
+        created_at=started_at,
+        deadline=deadline,
+    )

@@ -1,0 +1,467 @@
+"""The store's tables for the outside world: requests to humans, API keys, webhooks
+and their durable outbox. Mixed into :class:`Store`; the SQL is shared by every
+dialect like the rest."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import secrets
+import uuid
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+from .._errors import ConfigError, RequestNotFound, RunConflict, RunNotFound
+from ._records import FINISHED, WAKE_NOW
+
+if TYPE_CHECKING:
+    from ..hitl._requests import Request
+    from ._base import Cursor
+
+__all__ = [
+    "SCOPES",
+    "ApiKey",
+    "Delivery",
+    "Scope",
+    "Webhook",
+    "WebhookEvent",
+]
+
+Scope = Literal["read", "submit", "approve", "admin"]
+SCOPES: tuple[Scope, ...] = ("read", "submit", "approve", "admin")
+WebhookEvent = Literal["run.waiting", "run.succeeded", "run.failed", "run.cancelled"]
+WEBHOOK_EVENTS: tuple[WebhookEvent, ...] = (
+    "run.waiting",
+    "run.succeeded",
+    "run.failed",
+    "run.cancelled",
+)
+_KEY_PREFIX = "msk"
+# A key's last use is written at most this often: reads must not each cost a write.
+_LAST_USED_EVERY_S = 60.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ApiKey:
+    """An API key's record (never the key itself, which is stored hashed)."""
+
+    id: str
+    name: str
+    scopes: tuple[Scope, ...]
+    created_at: float
+    last_used_at: float | None
+    revoked_at: float | None
+
+    def allows(self, scope: Scope) -> bool:
+        return self.revoked_at is None and ("admin" in self.scopes or scope in self.scopes)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Webhook:
+    id: str
+    url: str
+    events: tuple[str, ...]
+    created_at: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Delivery:
+    """One event to deliver to one webhook endpoint (an outbox row)."""
+
+    id: int
+    event_id: str
+    event: str
+    run_id: str
+    workflow: str
+    payload: str
+    created_at: float
+    attempts: int
+    url: str
+    secret: str
+
+    def body(self) -> bytes:
+        run = json.loads(self.payload)
+        run = {"id": self.run_id, "workflow": self.workflow, **run}
+        doc = {"id": self.event_id, "type": self.event, "created_at": self.created_at, "run": run}
+        return json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def hash_key(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+class ApiTables(ABC):
+    """Requests, keys, webhooks and outbox: methods of every :class:`Store`."""
+
+    _lock_clause: ClassVar[str]
+    _row_lock: ClassVar[str]
+
+    @abstractmethod
+    def _write(self) -> AbstractContextManager[Cursor]: ...
+
+    @abstractmethod
+    def _read(self) -> AbstractContextManager[Cursor]: ...
+
+    @abstractmethod
+    def _notify(self, cur: Cursor) -> None: ...
+
+    # -- requests to humans ----------------------------------------------------------
+
+    def pending_requests(self, run_id: str | None = None, *, limit: int = 1000) -> list[Request]:
+        """Requests still waiting for a human, oldest first (of one run, or all)."""
+        from ..hitl._requests import request_from_row
+
+        where = " AND r.id = ?" if run_id is not None else ""
+        params: list[Any] = [run_id] if run_id is not None else []
+        with self._read() as cur:
+            cur.execute(
+                "SELECT s.run_id, r.workflow, s.name, s.output, s.started_at, s.wake_at"
+                " FROM ms_runs r JOIN ms_steps s ON s.run_id = r.id AND s.session = r.session"
+                " WHERE r.status IN ('queued', 'running', 'sleeping', 'waiting')" + where + ""
+                " AND s.kind = 'signal' AND s.status = 'started' AND s.output IS NOT NULL"
+                " AND NOT EXISTS (SELECT 1 FROM ms_signals g WHERE g.run_id = s.run_id"
+                " AND g.name = s.name AND g.consumed_at IS NULL)"
+                " ORDER BY s.started_at, s.run_id, s.seq LIMIT ?",
+                [*params, limit],
+            )
+            rows = cur.fetchall()
+        found = (
+            request_from_row(
+                run_id=r[0], workflow=r[1], name=r[2], output=r[3], started_at=r[4], deadline=r[5]
+            )
+            for r in rows
+        )
+        return [req for req in found if req is not None]
+
+    def answer_request(
+        self, run_id: str, request_id: str, make_payload: Callable[[Request], str], now: float
+    ) -> tuple[Request, int]:
+        """Answer a pending request once: check, build the payload and store it as
+        the signal its wait consumes, in one transaction.
+
+        Raises:
+            RunNotFound: no such run.
+            RequestNotFound: the run never asked ``request_id``.
+            RunConflict: the run has finished, or the request was already answered.
+            InvalidAnswer: ``make_payload`` refused the answer.
+        """
+        from ..hitl._requests import request_from_row
+
+        with self._write() as cur:
+            cur.execute(
+                "SELECT status, workflow, session, wait_signal FROM ms_runs WHERE id = ?"
+                + self._row_lock,
+                (run_id,),
+            )
+            run = cur.fetchone()
+            if run is None:
+                raise RunNotFound(f"cannot answer {request_id!r}: no run {run_id!r}")
+            status, workflow, session, wait_signal = run
+            if status in FINISHED:
+                raise RunConflict(
+                    f"cannot answer {request_id!r}: run {run_id!r} is already {status}",
+                    run_id=run_id,
+                )
+            cur.execute(
+                "SELECT status, output, started_at, wake_at FROM ms_steps WHERE run_id = ?"
+                " AND session = ? AND kind = 'signal' AND name = ? AND output IS NOT NULL"
+                " ORDER BY seq DESC LIMIT 1",
+                (run_id, session, request_id),
+            )
+            step = cur.fetchone()
+            request = None
+            if step is not None:
+                request = request_from_row(
+                    run_id=run_id,
+                    workflow=workflow,
+                    name=request_id,
+                    output=step[1],
+                    started_at=step[2],
+                    deadline=step[3],
+                )
+            if request is None:
+                raise RequestNotFound(
+                    f"run {run_id!r} has no request {request_id!r}"
+                    " (list them with GET /runs/{id} or `mainspring pending`)",
+                    run_id=run_id,
+                )
+            cur.execute(
+                "SELECT 1 FROM ms_signals WHERE run_id = ? AND name = ? AND consumed_at IS NULL"
+                " LIMIT 1",
+                (run_id, request_id),
+            )
+            if step[0] != "started" or cur.fetchone() is not None:
+                raise RunConflict(
+                    f"request {request_id!r} of run {run_id!r} was already answered",
+                    run_id=run_id,
+                )
+            payload = make_payload(request)
+            signal_id = self._insert_signal(
+                cur, run_id, request_id, payload, status, wait_signal, now
+            )
+            return request, signal_id
+
+    def _insert_signal(
+        self,
+        cur: Cursor,
+        run_id: str,
+        name: str,
+        payload: str,
+        status: str,
+        wait_signal: str | None,
+        now: float,
+    ) -> int:
+        cur.execute(
+            "INSERT INTO ms_signals (run_id, name, payload, created_at) VALUES (?, ?, ?, ?)"
+            " RETURNING id",
+            (run_id, name, payload, now),
+        )
+        signal_id = int(cur.fetchone()[0])
+        if status == "waiting" and wait_signal == name:
+            cur.execute(
+                "UPDATE ms_runs SET wake_at = ?, updated_at = ? WHERE id = ?",
+                (WAKE_NOW, now, run_id),
+            )
+            self._notify(cur)
+        return signal_id
+
+    # -- API keys ---------------------------------------------------------------------
+
+    def create_api_key(self, name: str, scopes: Sequence[str], now: float) -> tuple[ApiKey, str]:
+        """A new key: its record and the secret token, shown this once (only a hash
+        of it is stored).
+
+        Raises:
+            ConfigError: an unknown scope, or an empty name.
+        """
+        bad = [s for s in scopes if s not in SCOPES]
+        if bad or not scopes:
+            raise ConfigError(
+                f"API key scopes must be some of {list(SCOPES)!r}; got {list(scopes)!r}"
+            )
+        if not name.strip():
+            raise ConfigError("an API key needs a name (who or what uses it)")
+        key_id = secrets.token_hex(6)
+        token = f"{_KEY_PREFIX}_{key_id}_{secrets.token_urlsafe(32)}"
+        ordered = tuple(s for s in SCOPES if s in scopes)
+        with self._write() as cur:
+            cur.execute(
+                "INSERT INTO ms_api_keys (id, name, hash, scopes, created_at)"
+                " VALUES (?, ?, ?, ?, ?)",
+                (key_id, name, hash_key(token), ",".join(ordered), now),
+            )
+        record = ApiKey(
+            id=key_id,
+            name=name,
+            scopes=ordered,
+            created_at=now,
+            last_used_at=None,
+            revoked_at=None,
+        )
+        return record, token
+
+    def verify_api_key(self, token: str, now: float) -> ApiKey | None:
+        """The key a token belongs to, if it is genuine (revoked keys too: the caller
+        checks scopes with :meth:`ApiKey.allows`)."""
+        parts = token.split("_", 2)
+        if len(parts) != 3 or parts[0] != _KEY_PREFIX:
+            return None
+        with self._read() as cur:
+            cur.execute(
+                "SELECT id, name, hash, scopes, created_at, last_used_at, revoked_at"
+                " FROM ms_api_keys WHERE id = ?",
+                (parts[1],),
+            )
+            row = cur.fetchone()
+        if row is None or not hmac.compare_digest(row[2], hash_key(token)):
+            return None
+        key = _api_key(row)
+        if key.revoked_at is None and (key.last_used_at or 0) < now - _LAST_USED_EVERY_S:
+            with self._write() as cur:
+                cur.execute("UPDATE ms_api_keys SET last_used_at = ? WHERE id = ?", (now, key.id))
+        return key
+
+    def list_api_keys(self) -> list[ApiKey]:
+        with self._read() as cur:
+            cur.execute(
+                "SELECT id, name, hash, scopes, created_at, last_used_at, revoked_at"
+                " FROM ms_api_keys ORDER BY created_at"
+            )
+            return [_api_key(r) for r in cur.fetchall()]
+
+    def revoke_api_key(self, key_id: str, now: float) -> bool:
+        """Revoke a key; ``False`` when there is no such key (or it was revoked)."""
+        with self._write() as cur:
+            cur.execute(
+                "UPDATE ms_api_keys SET revoked_at = ? WHERE id = ? AND revoked_at IS NULL",
+                (now, key_id),
+            )
+            return bool(cur.rowcount)
+
+    # -- webhooks and their outbox -------------------------------------------------------
+
+    def add_webhook(
+        self, url: str, now: float, *, secret: str | None = None, events: Sequence[str] = ()
+    ) -> tuple[Webhook, str]:
+        """Register an endpoint; returns it and its signing secret.
+
+        Raises:
+            ConfigError: the URL is not http(s) or an event is unknown.
+        """
+        if not url.startswith(("http://", "https://")):
+            raise ConfigError(f"a webhook URL must start with http:// or https://, not {url!r}")
+        bad = [e for e in events if e not in WEBHOOK_EVENTS]
+        if bad:
+            raise ConfigError(f"unknown webhook events {bad!r}; known: {list(WEBHOOK_EVENTS)!r}")
+        secret = secret or secrets.token_urlsafe(32)
+        hook = Webhook(
+            id=secrets.token_hex(6), url=url, events=tuple(events) or ("*",), created_at=now
+        )
+        with self._write() as cur:
+            cur.execute(
+                "INSERT INTO ms_webhooks (id, url, secret, events, created_at)"
+                " VALUES (?, ?, ?, ?, ?)",
+                (hook.id, url, secret, ",".join(hook.events), now),
+            )
+        return hook, secret
+
+    def list_webhooks(self) -> list[Webhook]:
+        with self._read() as cur:
+            cur.execute(
+                "SELECT id, url, events, created_at FROM ms_webhooks WHERE removed_at IS NULL"
+                " ORDER BY created_at"
+            )
+            return [
+                Webhook(id=r[0], url=r[1], events=tuple(r[2].split(",")), created_at=r[3])
+                for r in cur.fetchall()
+            ]
+
+    def remove_webhook(self, webhook_id: str, now: float) -> bool:
+        """Stop delivering to an endpoint (events already queued for it are dropped)."""
+        with self._write() as cur:
+            cur.execute(
+                "UPDATE ms_webhooks SET removed_at = ? WHERE id = ? AND removed_at IS NULL",
+                (now, webhook_id),
+            )
+            removed = bool(cur.rowcount)
+            cur.execute(
+                "UPDATE ms_outbox SET next_at = NULL, last_error = 'webhook removed'"
+                " WHERE webhook_id = ? AND delivered_at IS NULL",
+                (webhook_id,),
+            )
+            return removed
+
+    def _emit(
+        self, cur: Cursor, run_id: str, event: WebhookEvent, run: dict[str, Any], now: float
+    ) -> None:
+        """Queue ``event`` for every endpoint that wants it, in the caller's transaction:
+        the outbox row exists if and only if the transition committed."""
+        cur.execute(
+            "INSERT INTO ms_outbox (event_id, webhook_id, run_id, workflow, event, payload,"
+            " created_at, next_at) SELECT ?, w.id, r.id, r.workflow, ?, ?, ?, ?"
+            " FROM ms_webhooks w, ms_runs r WHERE r.id = ? AND w.removed_at IS NULL"
+            " AND (w.events = '*' OR (',' || w.events || ',') LIKE ?)",
+            (
+                f"evt_{uuid.uuid4().hex}",
+                event,
+                json.dumps(run, separators=(",", ":"), ensure_ascii=False),
+                now,
+                now,
+                run_id,
+                f"%,{event},%",
+            ),
+        )
+
+    def claim_deliveries(
+        self, now: float, *, limit: int = 50, hold_s: float = 30.0
+    ) -> list[Delivery]:
+        """Due outbox rows, hidden from other dispatchers for ``hold_s`` seconds while
+        this one delivers them (a dispatcher that dies leaves them due again)."""
+        with self._write() as cur:
+            cur.execute(
+                "SELECT o.id, o.event_id, o.event, o.run_id, o.workflow, o.payload,"
+                " o.created_at, o.attempts, w.url, w.secret FROM ms_outbox o"
+                " JOIN ms_webhooks w ON w.id = o.webhook_id"
+                " WHERE o.delivered_at IS NULL AND o.next_at <= ?"
+                " ORDER BY o.next_at, o.id LIMIT ?"
+                + self._lock_clause.replace(" UPDATE", " UPDATE OF o"),
+                (now, limit),
+            )
+            rows = cur.fetchall()
+            if rows:
+                ids = [r[0] for r in rows]
+                cur.execute(
+                    f"UPDATE ms_outbox SET next_at = ? WHERE id IN ({', '.join('?' * len(ids))})",
+                    [now + hold_s, *ids],
+                )
+        return [
+            Delivery(
+                id=r[0],
+                event_id=r[1],
+                event=r[2],
+                run_id=r[3],
+                workflow=r[4],
+                payload=r[5],
+                created_at=r[6],
+                attempts=r[7],
+                url=r[8],
+                secret=r[9],
+            )
+            for r in rows
+        ]
+
+    def finish_delivery(
+        self, delivery_id: int, now: float, *, ok: bool, retry_at: float | None, error: str | None
+    ) -> None:
+        """Record one attempt: delivered, or due again at ``retry_at`` (``None``: give up)."""
+        with self._write() as cur:
+            if ok:
+                cur.execute(
+                    "UPDATE ms_outbox SET delivered_at = ?, attempts = attempts + 1,"
+                    " last_error = NULL WHERE id = ?",
+                    (now, delivery_id),
+                )
+            else:
+                cur.execute(
+                    "UPDATE ms_outbox SET next_at = ?, attempts = attempts + 1, last_error = ?"
+                    " WHERE id = ?",
+                    (retry_at, error, delivery_id),
+                )
+
+    def outbox(self, run_id: str | None = None) -> list[dict[str, Any]]:
+        """Outbox rows (for operators and tests): event, endpoint, attempts, state."""
+        where = " WHERE run_id = ?" if run_id is not None else ""
+        with self._read() as cur:
+            cur.execute(
+                "SELECT id, event_id, webhook_id, run_id, event, attempts, next_at, delivered_at,"
+                " last_error FROM ms_outbox" + where + " ORDER BY id",
+                (run_id,) if run_id is not None else (),
+            )
+            cols = (
+                "id",
+                "event_id",
+                "webhook_id",
+                "run_id",
+                "event",
+                "attempts",
+                "next_at",
+                "delivered_at",
+                "last_error",
+            )
+            return [dict(zip(cols, r, strict=True)) for r in cur.fetchall()]
+
+
+def _api_key(row: Sequence[Any]) -> ApiKey:
+    scopes = tuple(s for s in str(row[3]).split(",") if s in SCOPES)
+    return ApiKey(
+        id=row[0],
+        name=row[1],
+        scopes=scopes,
+        created_at=row[4],
+        last_used_at=row[5],
+        revoked_at=row[6],
+    )
