@@ -9,7 +9,10 @@ import typer
 from .._errors import MainspringError
 from ._db import db_commands, prune
 from ._demo import demo
+from ._human import answer, approve, pending
+from ._keys import keys_commands, webhooks_commands
 from ._runs import cancel, runs, show, signal, submit
+from ._serve import serve
 from ._worker import worker
 
 __all__ = ["cli", "main"]
@@ -34,9 +37,15 @@ cli.command()(runs)
 cli.command()(show)
 cli.command()(signal)
 cli.command()(cancel)
+cli.command()(pending)
+cli.command()(approve)
+cli.command()(answer)
+cli.command()(serve)
 cli.command()(demo)
 cli.command()(prune)
 cli.add_typer(db_commands)
+cli.add_typer(keys_commands)
+cli.add_typer(webhooks_commands)
 
 
 def main() -> None:

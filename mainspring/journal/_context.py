@@ -410,7 +410,12 @@ class RunContext:
         from ..hitl._wait import approval
 
         return await approval(
-            self, f"approval:{name}", title=title, preview=preview, timeout=timeout, default=default
+            self,
+            f"approval:{name}",
+            title=title or f"approve {name!r}",
+            preview=preview,
+            timeout=timeout,
+            default=default,
         )
 
     async def gate(

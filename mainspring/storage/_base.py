@@ -331,6 +331,18 @@ class Store(ApiTables, ABC):
                 )
             return [_step(r) for r in cur.fetchall()]
 
+    def steps_after(
+        self, run_id: str, session: int, seq: int, *, limit: int = 1000
+    ) -> list[StepRecord]:
+        """Journal rows after position ``(session, seq)``, in order (for followers)."""
+        with self._read() as cur:
+            cur.execute(
+                f"SELECT {_STEP_COLUMNS} FROM ms_steps WHERE run_id = ?"
+                " AND (session > ? OR (session = ? AND seq > ?)) ORDER BY session, seq LIMIT ?",
+                (run_id, session, session, seq, limit),
+            )
+            return [_step(r) for r in cur.fetchall()]
+
     def last_steps(self, run_ids: Sequence[str]) -> dict[str, StepRecord]:
         """The newest journal row of each run (its current step), by run id."""
         found: dict[str, StepRecord] = {}

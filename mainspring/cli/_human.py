@@ -1,0 +1,143 @@
+"""``mainspring pending``, ``approve`` and ``answer``: humans in the loop from a shell."""
+
+from __future__ import annotations
+
+import getpass
+import time
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from .._errors import ConfigError
+from ..hitl import Request
+from ._common import AppOption, DbOption, JsonOption, cli_errors, console, open_app, print_json
+from ._runs import _parse_json
+
+__all__ = ["answer", "approve", "pending"]
+
+ByOption = Annotated[
+    str | None,
+    typer.Option("--by", help="Who decides (recorded with the answer; default: your user)."),
+]
+
+
+def _request_json(r: Request) -> dict[str, Any]:
+    return r.to_json()
+
+
+def pending(
+    run_id: Annotated[
+        str | None, typer.Argument(metavar="[RUN]", help="Only this run's requests.")
+    ] = None,
+    db: DbOption = None,
+    app_spec: AppOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """List the requests waiting for a human: what, why, since when."""
+    with cli_errors(), open_app(db, app_spec) as app:
+        if run_id is not None:
+            app.get_run(run_id)
+        requests = app.requests(run_id)
+    if as_json:
+        print_json([_request_json(r) for r in requests])
+        return
+    if not requests:
+        console().print("no pending requests")
+        return
+    table = Table("run", "request", "kind", "what", "waiting", "deadline")
+    now = time.time()
+    for r in requests:
+        preview = "" if r.preview is None else f"\n{_short(r.preview)}"
+        choices = f"\nchoices: {', '.join(r.choices)}" if r.choices else ""
+        deadline = "-" if r.deadline is None else f"in {_ago(r.deadline - now)}"
+        table.add_row(
+            r.run_id, r.id, r.kind, r.title + preview + choices, _ago(now - r.created_at), deadline
+        )
+    console().print(table)
+
+
+def approve(
+    run_id: Annotated[str, typer.Argument(metavar="RUN", help="The run's id.")],
+    request_id: Annotated[
+        str, typer.Argument(metavar="REQUEST", help="The request's id (see `mainspring pending`).")
+    ],
+    edit: Annotated[
+        str | None,
+        typer.Option("--edit", metavar="JSON", help="Approve with these arguments instead."),
+    ] = None,
+    reject: Annotated[
+        str | None,
+        typer.Option("--reject", metavar="REASON", help="Reject, with a reason the run sees."),
+    ] = None,
+    by: ByOption = None,
+    db: DbOption = None,
+    app_spec: AppOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Approve a request (or --reject REASON, or approve with --edit JSON arguments)."""
+    with cli_errors():
+        if edit is not None and reject is not None:
+            raise ConfigError("choose one of --edit and --reject")
+        arguments = None
+        decision = "approve"
+        if edit is not None:
+            arguments = _parse_json(edit, "--edit", dict, "a JSON object of arguments")
+            decision = "edit"
+        if reject is not None:
+            decision = "reject"
+        with open_app(db, app_spec) as app:
+            request = app.answer(
+                run_id,
+                request_id,
+                decision=decision,  # type: ignore[arg-type]
+                reason=reject,
+                arguments=arguments,
+                by=by or getpass.getuser(),
+            )
+    _done(request, decision, as_json)
+
+
+def answer(
+    run_id: Annotated[str, typer.Argument(metavar="RUN", help="The run's id.")],
+    request_id: Annotated[
+        str, typer.Argument(metavar="REQUEST", help="The question's id (see `mainspring pending`).")
+    ],
+    text: Annotated[str, typer.Argument(metavar="TEXT", help="The answer.")],
+    by: ByOption = None,
+    db: DbOption = None,
+    app_spec: AppOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Answer a question a run asked."""
+    with cli_errors(), open_app(db, app_spec) as app:
+        request = app.answer(run_id, request_id, answer=text, by=by or getpass.getuser())
+    _done(request, "answer", as_json)
+
+
+def _done(request: Request, decision: str, as_json: bool) -> None:
+    if as_json:
+        print_json({"run_id": request.run_id, "request": request.id, "decision": decision})
+        return
+    console().print(
+        f"{decision}: request {request.id!r} of run {request.run_id} ({request.title});"
+        " the run resumes on the next free worker"
+    )
+
+
+def _short(value: Any, limit: int = 200) -> str:
+    import json
+
+    text = json.dumps(value, ensure_ascii=False, default=str)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _ago(seconds: float) -> str:
+    seconds = max(0.0, seconds)
+    if seconds < 120:
+        return f"{seconds:.0f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f}m"
+    if seconds < 172800:
+        return f"{seconds / 3600:.1f}h"
+    return f"{seconds / 86400:.1f}d"

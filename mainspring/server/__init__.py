@@ -1,0 +1,21 @@
+"""The HTTP API (FastAPI) and webhook delivery. Needs the ``[server]`` extra.
+
+``mainspring serve MODULE:APP`` runs it; :func:`create_app` gives the ASGI app to
+mount or to run under any ASGI server.
+"""
+
+try:
+    import fastapi  # noqa: F401
+    import httpx  # noqa: F401
+    import uvicorn  # noqa: F401
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        f"the HTTP API needs the server extra ({exc.name} is missing): "
+        "pip install 'mainspring[server]'"
+    ) from exc
+
+from ._api import create_app
+from ._events import parse_event_id
+from ._webhooks import WebhookDispatcher, sign_webhook, verify_webhook
+
+__all__ = ["WebhookDispatcher", "create_app", "parse_event_id", "sign_webhook", "verify_webhook"]

@@ -1,0 +1,133 @@
+"""Server-Sent Events of one run, resumable from ``Last-Event-ID``.
+
+An event's id starts with a watermark ``session.seq``: every journal row up to it
+had finished when the event was sent. A client that reconnects with that id gets
+every row after the watermark in its current state again, so nothing is missed;
+rows past the watermark may arrive twice (dedupe on ``session``, ``seq``,
+``status``). For a run without parallel steps the watermark is its last finished
+step, so a reconnect repeats nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from .._app import App
+from .._errors import RunNotFound
+from .._serde import loads
+from ..storage import StepRecord
+
+__all__ = ["event_stream", "parse_event_id"]
+
+_KEEPALIVE_S = 15.0
+
+
+def parse_event_id(value: str | None) -> tuple[int, int]:
+    """The watermark in a ``Last-Event-ID``; the start for a missing or foreign one."""
+    if value:
+        head = value.split("~", 1)[0]
+        try:
+            session, seq = head.split(".", 1)
+            return int(session), int(seq)
+        except ValueError:
+            pass
+    return -1, -1
+
+
+def _frame(event: str, event_id: str, data: dict[str, Any]) -> bytes:
+    payload = json.dumps(data, separators=(",", ":"), ensure_ascii=False, default=str)
+    return f"id: {event_id}\nevent: {event}\ndata: {payload}\n\n".encode()
+
+
+def _decode(text: str | None) -> Any:
+    if text is None:
+        return None
+    try:
+        return loads(text)
+    except Exception:
+        return text
+
+
+def _step_data(s: StepRecord) -> dict[str, Any]:
+    return {
+        "session": s.session,
+        "seq": s.seq,
+        "kind": s.kind,
+        "name": s.name,
+        "status": s.status,
+        "attempt": s.attempt,
+        "started_at": s.started_at,
+        "finished_at": s.finished_at,
+        "output": _decode(s.output),
+        "error": _decode(s.error),
+    }
+
+
+async def event_stream(
+    app: App, run_id: str, last_event_id: str | None, *, poll_s: float = 0.2
+) -> AsyncIterator[bytes]:
+    mark = parse_event_id(last_event_id)
+    sent: dict[tuple[int, int], str] = {}  # rows past the watermark, as last sent
+    status: str | None = None
+    quiet = 0.0
+    yield b"retry: 1000\n\n"
+    while True:
+        try:
+            run = await asyncio.to_thread(app.get_run, run_id)
+        except RunNotFound:  # pruned while we followed it
+            yield _frame("end", f"{mark[0]}.{mark[1]}~gone", {"status": "gone"})
+            return
+        steps = await asyncio.to_thread(app.store.steps_after, run_id, *mark)
+        emitted = False
+        for s in steps:
+            key = (s.session, s.seq)
+            if sent.get(key) != s.status:
+                sent[key] = s.status
+                if s.status != "started" and _follows(mark, key):
+                    mark = key
+                    sent.pop(key, None)
+                yield _frame(
+                    "step", f"{mark[0]}.{mark[1]}~{s.session}.{s.seq}.{s.status}", _step_data(s)
+                )
+                emitted = True
+            elif s.status != "started" and _follows(mark, key):
+                mark = key
+                sent.pop(key, None)
+        if run.status != status:
+            status = run.status
+            data: dict[str, Any] = {"status": status, "wait_reason": run.wait_reason}
+            if status == "waiting":
+                pending = await asyncio.to_thread(app.requests, run_id)
+                data["pending_requests"] = [p.to_json() for p in pending]
+            if run.finished:
+                data["output"] = _decode(run.output)
+                data["error"] = _decode(run.error)
+            yield _frame("status", f"{mark[0]}.{mark[1]}~run.{status}", data)
+            emitted = True
+        if run.finished and not steps_pending(steps):
+            yield _frame("end", f"{mark[0]}.{mark[1]}~end", {"status": run.status})
+            return
+        if emitted:
+            quiet = 0.0
+        else:
+            quiet += poll_s
+            if quiet >= _KEEPALIVE_S:
+                quiet = 0.0
+                yield b": keep-alive\n\n"
+        await asyncio.sleep(poll_s)
+
+
+def _follows(mark: tuple[int, int], key: tuple[int, int]) -> bool:
+    """Is ``key`` the journal row right after ``mark``? (Rows are numbered from 0 in
+    each session; a row not yet written must not be skipped over.)"""
+    session, seq = mark
+    if session < 0:
+        return key == (0, 0)
+    return key == (session, seq + 1) or key == (session + 1, 0)
+
+
+def steps_pending(steps: list[StepRecord]) -> bool:
+    return any(s.status == "started" for s in steps)

@@ -1,0 +1,177 @@
+"""The HTTP API's bodies: pydantic models at the edge, documented in OpenAPI."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "AnswerIn",
+    "CancelIn",
+    "ErrorBody",
+    "ErrorOut",
+    "RequestOut",
+    "RunList",
+    "RunOut",
+    "SignalIn",
+    "SignalOut",
+    "StepList",
+    "StepOut",
+    "SubmitIn",
+    "SubmitOut",
+    "WebhookIn",
+    "WebhookOut",
+]
+
+RunStatusName = Literal[
+    "queued", "running", "sleeping", "waiting", "succeeded", "failed", "cancelled"
+]
+
+
+class _In(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ErrorBody(BaseModel):
+    type: str = Field(description="A stable, machine-readable name of the problem.")
+    message: str = Field(description="What was wrong, naming the field or value.")
+    details: list[dict[str, Any]] | None = None
+
+
+class ErrorOut(BaseModel):
+    error: ErrorBody
+
+
+class SubmitIn(_In):
+    workflow: str = Field(min_length=1, max_length=200, description="A registered workflow.")
+    args: list[Any] = Field(default_factory=list, description="Positional arguments.")
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments.")
+    key: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=200,
+        description="Idempotency key: the same key returns the same run "
+        "(also accepted as the Idempotency-Key header).",
+    )
+
+
+class SubmitOut(BaseModel):
+    id: str
+    workflow: str
+    status: RunStatusName
+    created: bool = Field(description="False when an idempotency key named an existing run.")
+    url: str
+
+
+class RequestOut(BaseModel):
+    run_id: str
+    workflow: str
+    id: str = Field(description="The request's id within its run; answer at its URL.")
+    kind: Literal["approval", "question"]
+    title: str
+    preview: Any = None
+    choices: list[str] | None = None
+    created_at: float
+    deadline: float | None = None
+    url: str
+
+
+class StepOut(BaseModel):
+    session: int
+    seq: int
+    kind: str
+    name: str
+    status: str
+    attempt: int
+    started_at: float
+    finished_at: float | None = None
+    output: Any = None
+    error: Any = None
+
+
+class CurrentStep(BaseModel):
+    session: int
+    seq: int
+    kind: str
+    name: str
+    status: str
+
+
+class RunOut(BaseModel):
+    id: str
+    workflow: str
+    key: str | None
+    status: RunStatusName
+    session: int
+    recoveries: int
+    created_at: float
+    updated_at: float
+    finished_at: float | None
+    wait_reason: str | None = None
+    wake_at: float | None = None
+    input: Any = None
+    output: Any = None
+    error: Any = None
+    current_step: CurrentStep | None = None
+    pending_requests: list[RequestOut] = Field(default_factory=list)
+
+
+class RunList(BaseModel):
+    runs: list[RunOut]
+    next: str | None = Field(description="The next page, if there may be one.")
+
+
+class StepList(BaseModel):
+    steps: list[StepOut]
+
+
+class SignalIn(_In):
+    name: str = Field(min_length=1, max_length=200)
+    payload: Any = None
+
+
+class SignalOut(BaseModel):
+    run_id: str
+    name: str
+    signal_id: int
+
+
+class AnswerIn(_In):
+    decision: Literal["approve", "reject", "edit"] | None = Field(
+        default=None, description="For an approval."
+    )
+    reason: str | None = Field(default=None, max_length=10_000)
+    arguments: dict[str, Any] | None = Field(default=None, description="With decision 'edit'.")
+    answer: str | None = Field(default=None, max_length=100_000, description="For a question.")
+
+
+class CancelIn(_In):
+    reason: str | None = Field(default=None, max_length=10_000)
+
+
+class CancelOut(BaseModel):
+    id: str
+    status: RunStatusName
+
+
+class WebhookIn(_In):
+    url: str = Field(pattern=r"^https?://", max_length=2000)
+    events: list[Literal["run.waiting", "run.succeeded", "run.failed", "run.cancelled"]] = Field(
+        default_factory=list, description="Empty: every event."
+    )
+    secret: str | None = Field(default=None, min_length=16, max_length=200)
+
+
+class WebhookOut(BaseModel):
+    id: str
+    url: str
+    events: list[str]
+    created_at: float
+    secret: str | None = Field(default=None, description="Shown once, when created.")
+
+
+class Health(BaseModel):
+    ok: bool
+    store: str
+    schema_version: int
