@@ -46,4 +46,12 @@ def reset(dsn: str) -> None:
     import psycopg
 
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("DROP TABLE IF EXISTS ms_steps, ms_signals, ms_runs, ms_meta CASCADE")
+        tables = [
+            row[0]
+            for row in conn.execute(
+                "SELECT tablename FROM pg_tables WHERE schemaname = current_schema()"
+                " AND tablename LIKE 'ms\\_%'"
+            )
+        ]
+        if tables:
+            conn.execute(f"DROP TABLE IF EXISTS {', '.join(tables)} CASCADE")
