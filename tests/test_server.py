@@ -1,0 +1,313 @@
+"""The HTTP API over real HTTP on 127.0.0.1: a `mainspring serve` process, worker
+processes stopped and started, SSE followed and resumed, keys and scopes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+import mainspring as ms
+from mainspring.testing import EffectLedger
+
+ROOT = Path(__file__).resolve().parent
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _until(check: Callable[[], Any], what: str, timeout: float = 20.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+class Stack:
+    """`mainspring serve apps.hitl_app:app` plus worker processes, on one database."""
+
+    def __init__(self, tmp: Path, db_url: str) -> None:
+        self.tmp = tmp
+        self.db_url = db_url
+        self.ledger = EffectLedger(tmp / "ledger.db")
+        self.env = {
+            **os.environ,
+            "MAINSPRING_DATABASE_URL": db_url,
+            "MAINSPRING_TEST_LEDGER": str(tmp / "ledger.db"),
+            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        }
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.clients: list[httpx.Client] = []
+        self.app = ms.App(db_url)
+        _, self.admin = self.app.store.create_api_key("ops", ["admin"], time.time())
+        _, self.reviewer = self.app.store.create_api_key("ana", ["read", "approve"], time.time())
+        self.port = _free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+
+    def spawn(self, name: str, *args: str) -> subprocess.Popen[bytes]:
+        with open(self.tmp / f"{name}.log", "wb") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "mainspring", *args],
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        self.procs[name] = proc
+        return proc
+
+    def log(self, name: str) -> str:
+        return (self.tmp / f"{name}.log").read_text()
+
+    def serve(self, *extra: str) -> None:
+        self.spawn("server", "serve", "apps.hitl_app:app", "--port", str(self.port), *extra)
+
+        def up() -> bool:
+            try:
+                return httpx.get(f"{self.base}/healthz", timeout=1).status_code == 200
+            except httpx.HTTPError:
+                assert self.procs["server"].poll() is None, self.log("server")
+                return False
+
+        _until(up, "the server to listen")
+
+    def client(self, key: str | None = None) -> httpx.Client:
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        client = httpx.Client(base_url=self.base, headers=headers, timeout=10)
+        self.clients.append(client)
+        return client
+
+    def close(self) -> None:
+        for client in self.clients:
+            client.close()
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(10)
+        self.app.close()
+
+
+@pytest.fixture
+def stack(tmp_path: Path, db_url: str) -> Iterator[Stack]:
+    s = Stack(tmp_path, db_url)
+    yield s
+    s.close()
+
+
+def _run(c: httpx.Client, run_id: str) -> dict[str, Any]:
+    response = c.get(f"/runs/{run_id}")
+    assert response.status_code == 200, response.text
+    body: dict[str, Any] = response.json()
+    return body
+
+
+def test_approval_over_http_resumes_on_another_worker_process(stack: Stack) -> None:
+    stack.serve("--no-worker", "--no-webhooks")
+    ops, ana = stack.client(stack.admin), stack.client(stack.reviewer)
+    response = ops.post("/runs", json={"workflow": "deploy", "args": ["prod"]})
+    assert response.status_code == 202, response.text
+    run_id = response.json()["id"]
+    assert response.headers["location"] == f"/runs/{run_id}"
+
+    first = stack.spawn("worker-a", "worker", "apps.hitl_app:app")
+    waiting = _until(
+        lambda: (r := _run(ops, run_id))["pending_requests"] and r, "the approval request"
+    )
+    assert (waiting["status"], waiting["wait_reason"]) == ("waiting", "signal:approval:deploy")
+    [request] = waiting["pending_requests"]
+    assert request["id"] == "approval:deploy" and request["preview"]["env"] == "prod"
+    assert request["url"] == f"/runs/{run_id}/requests/approval:deploy"
+    first.send_signal(signal.SIGTERM)  # the worker goes away; the run stays waiting
+    assert first.wait(20) == 0, stack.log("worker-a")
+    assert _run(ops, run_id)["status"] == "waiting"
+
+    assert ana.post(request["url"], json={"decision": "approve"}).status_code == 200
+    again = ana.post(request["url"], json={"decision": "approve"})
+    assert again.status_code == 409 and "already answered" in again.json()["error"]["message"]
+
+    second = stack.spawn("worker-b", "worker", "apps.hitl_app:app")
+    done = _until(lambda: (r := _run(ops, run_id))["status"] == "succeeded" and r, "the run")
+    assert done["output"] == f"ship by {second.pid}, approved by ana"
+    with sqlite3.connect(stack.tmp / "ledger.db") as conn:
+        effects = dict(conn.execute("SELECT effect, CAST(payload AS INTEGER) FROM effects"))
+    assert effects == {"build": first.pid, "ship": second.pid}  # each by its worker
+    report = stack.ledger.report()
+    assert (report.calls, report.duplicate_effects) == (2, {})  # each once
+    finished = ana.post(request["url"], json={"decision": "approve"})
+    assert (
+        finished.status_code == 409 and "already succeeded" in finished.json()["error"]["message"]
+    )
+
+
+def test_signal_before_wait_is_consumed_and_finished_runs_refuse_steering(stack: Stack) -> None:
+    stack.serve("--no-webhooks", "--worker")
+    ops = stack.client(stack.admin)
+    early = ops.post("/runs", json={"workflow": "steps_then_wait", "args": [0, 0]}).json()["id"]
+    sent = ops.post(f"/runs/{early}/signals", json={"name": "go", "payload": 7})
+    assert sent.status_code == 202 and sent.json()["signal_id"] > 0
+    done = _until(lambda: (r := _run(ops, early))["status"] == "succeeded" and r, "the run")
+    assert done["output"] == 7
+
+    queued = ops.post("/runs", json={"workflow": "deploy", "args": ["x"]}).json()["id"]
+    cancel = ops.post(f"/runs/{queued}/cancel", json={"reason": "wrong env"})
+    _until(lambda: _run(ops, queued)["status"] == "cancelled", "the cancellation")
+    assert cancel.status_code == 202
+    for path, body in (
+        (f"/runs/{queued}/signals", {"name": "go"}),
+        (f"/runs/{queued}/requests/approval:deploy", {"decision": "approve"}),
+        (f"/runs/{queued}/cancel", {}),
+    ):
+        refused = ops.post(path, json=body)
+        assert refused.status_code == 409, (path, refused.text)
+        assert "cancelled" in refused.json()["error"]["message"]
+    missing = ops.post("/runs/nope/signals", json={"name": "go"})
+    assert missing.status_code == 404 and "no run 'nope'" in missing.json()["error"]["message"]
+
+
+def _events(
+    response: httpx.Response, stop: Callable[[dict[str, Any]], bool]
+) -> list[dict[str, Any]]:
+    """Parse an SSE stream until ``stop(event)`` is true (or it ends)."""
+    events: list[dict[str, Any]] = []
+    current: dict[str, Any] = {}
+    for line in response.iter_lines():
+        if line == "":
+            if "event" in current:
+                current["data"] = json.loads(current["data"])
+                events.append(current)
+                if stop(current):
+                    break
+            current = {}
+        elif not line.startswith(":") and ":" in line:
+            field, _, value = line.partition(":")
+            current[field] = value.removeprefix(" ")
+    return events
+
+
+def test_sse_shows_every_step_and_resumes_from_last_event_id(stack: Stack) -> None:
+    stack.serve("--no-webhooks", "--worker")
+    ops = stack.client(stack.admin)
+    run_id = ops.post("/runs", json={"workflow": "steps_then_wait", "args": [5, 4]}).json()["id"]
+    with ops.stream("GET", f"/runs/{run_id}/events") as stream:
+        assert stream.headers["content-type"].startswith("text/event-stream")
+        first = _events(
+            stream, lambda e: e["event"] == "status" and e["data"]["status"] == "waiting"
+        )
+    steps = [e["data"] for e in first if e["event"] == "step"]
+    assert [s["name"] for s in steps if s["status"] == "completed"] == [
+        f"before-{i}" for i in range(5)
+    ]
+    last_id = first[-1]["id"]
+
+    ops.post(f"/runs/{run_id}/signals", json={"name": "go", "payload": 1})
+    with ops.stream("GET", f"/runs/{run_id}/events", headers={"Last-Event-ID": last_id}) as stream:
+        rest = _events(stream, lambda e: e["event"] == "end")
+    later = [e["data"] for e in rest if e["event"] == "step" and e["data"]["status"] == "completed"]
+    # Nothing before the reconnect is sent again; everything after it is there, in order.
+    assert [s["name"] for s in later] == ["go"] + [f"after-{i}" for i in range(4)]
+    statuses = [e["data"]["status"] for e in rest if e["event"] == "status"]
+    assert statuses[-1] == "succeeded" and rest[-1]["event"] == "end"
+    done = [(s["session"], s["seq"]) for s in steps + later if s["status"] == "completed"]
+    assert len(done) == len(set(done)) == 10  # no finished step twice
+
+    # From the start, a finished run's stream replays its whole journal, then ends.
+    with ops.stream("GET", f"/runs/{run_id}/events") as stream:
+        whole = _events(stream, lambda e: e["event"] == "end")
+    names = [e["data"]["name"] for e in whole if e["event"] == "step"]
+    assert names == [s.name for s in stack.app.steps(run_id)]
+
+
+def test_keys_scopes_and_bad_requests_change_nothing(stack: Stack, tmp_path: Path) -> None:
+    stack.serve("--no-worker", "--no-webhooks", "--max-body-bytes", "20000")
+    _, reader = stack.app.store.create_api_key("dash", ["read"], time.time())
+    revoked, revoked_token = stack.app.store.create_api_key("old", ["admin"], time.time())
+    revoke = subprocess.run(
+        [sys.executable, "-m", "mainspring", "keys", "revoke", revoked.id, "--db", stack.db_url],
+        env=stack.env,
+        capture_output=True,
+        text=True,
+    )
+    assert revoke.returncode == 0, revoke.stderr
+    body = {"workflow": "deploy", "args": ["prod"]}
+    cases = [
+        (stack.client(), 401, "an API key is required"),
+        (stack.client("msk_nope_nope"), 401, "not valid"),
+        (stack.client("garbage"), 401, "not valid"),
+        (stack.client(revoked_token), 401, f"{revoked.id!r} was revoked"),
+        (stack.client(stack.reviewer), 403, "this needs 'submit'"),
+        (stack.client(reader), 403, "this needs 'submit'"),
+    ]
+    for client, status, message in cases:
+        response = client.post("/runs", json=body)
+        assert response.status_code == status, response.text
+        assert message in response.json()["error"]["message"]
+    assert stack.client().get("/runs").status_code == 401
+    assert stack.client(reader).get("/runs").json()["runs"] == []
+    assert stack.app.list_runs() == []  # nothing was created
+
+    ops = stack.client(stack.admin)
+    for payload, status, message in [
+        ({"workflow": "nope"}, 422, "no workflow named 'nope'"),
+        ({"workflow": "deploy", "args": [1, 2, 3]}, 422, "cannot take args"),
+        ({"workflow": "deploy", "extra": 1}, 422, "body.extra: Extra inputs are not permitted"),
+        ({"args": []}, 422, "body.workflow: Field required"),
+        ({"workflow": "deploy", "args": ["x" * 30000]}, 413, "larger than 20000 bytes"),
+    ]:
+        response = ops.post("/runs", json=payload)
+        assert response.status_code == status, response.text
+        assert message in response.json()["error"]["message"]
+    broken = ops.post("/runs", content=b"{not json", headers={"content-type": "application/json"})
+    assert broken.status_code == 422 and broken.json()["error"]["type"] == "invalid_request"
+    assert stack.app.list_runs() == []
+
+    # Idempotency: the same key is the same run; a key reused for other input is refused.
+    a = ops.post("/runs", json={**body, "key": "deploy-42"})
+    b = ops.post("/runs", json=body, headers={"Idempotency-Key": "deploy-42"})
+    assert a.status_code == b.status_code == 202
+    assert a.json()["id"] == b.json()["id"] and (a.json()["created"], b.json()["created"]) == (
+        True,
+        False,
+    )
+    assert b.headers["idempotent-replayed"] == "true"
+    other = ops.post("/runs", json={"workflow": "deploy", "args": ["dev"], "key": "deploy-42"})
+    assert other.status_code == 409 and "other input" in other.json()["error"]["message"]
+    assert len(stack.app.list_runs()) == 1
+
+
+def test_run_listing_filters_and_pages(stack: Stack) -> None:
+    stack.serve("--no-worker", "--no-webhooks")
+    ops = stack.client(stack.admin)
+    ids = [
+        ops.post("/runs", json={"workflow": "deploy", "args": [str(i)]}).json()["id"]
+        for i in range(5)
+    ]
+    ops.post(f"/runs/{ids[0]}/cancel")
+    page = ops.get("/runs", params={"limit": 2}).json()
+    assert [r["id"] for r in page["runs"]] == ids[::-1][:2]
+    second = ops.get(page["next"]).json()
+    assert [r["id"] for r in second["runs"]] == ids[::-1][2:4]
+    cancelled = ops.get("/runs", params={"status": "cancelled"}).json()["runs"]
+    assert [r["id"] for r in cancelled] == [ids[0]]
+    assert ops.get("/runs", params={"workflow": "fails"}).json() == {"runs": [], "next": None}
+    bad = ops.get("/runs", params={"status": "sideways"})
+    assert bad.status_code == 422 and "query.status" in bad.json()["error"]["message"]
+    assert stack.client().get("/healthz").json()["schema_version"] == ms.storage.SCHEMA_VERSION
+    doc = stack.client().get("/openapi.json").json()
+    assert "/runs/{run_id}/requests/{request_id}" in doc["paths"]
