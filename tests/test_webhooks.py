@@ -1,0 +1,182 @@
+"""Webhooks: a durable outbox filled with each transition, delivered signed, retried
+with back-off, seen once per event by a real receiver on 127.0.0.1."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections import Counter
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+from _helpers import drain
+
+import mainspring as ms
+from mainspring.server import WebhookDispatcher, sign_webhook, verify_webhook
+
+SECRET = "s3cret-s3cret-s3cret"
+
+
+class Receiver:
+    """Verifies signatures, refuses the first ``refuse`` deliveries of each event
+    with a 500, and keeps the events it accepted (deduplicated by id, as a receiver
+    should; ``accepted`` counts what got through so duplicates would show)."""
+
+    def __init__(self, refuse: int) -> None:
+        self.refuse = refuse
+        self.tries: Counter[str] = Counter()
+        self.accepted: Counter[str] = Counter()
+        self.events: dict[str, dict[str, Any]] = {}
+        self.bad_signatures = 0
+        self.lock = threading.Lock()
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                ok = verify_webhook(
+                    SECRET,
+                    timestamp=self.headers["Mainspring-Timestamp"],
+                    signature=self.headers["Mainspring-Signature"],
+                    body=body,
+                )
+                event_id = self.headers["Mainspring-Event-Id"]
+                with receiver.lock:
+                    if not ok:
+                        receiver.bad_signatures += 1
+                        status = 401
+                    else:
+                        receiver.tries[event_id] += 1
+                        if receiver.tries[event_id] <= receiver.refuse:
+                            status = 500
+                        else:
+                            receiver.accepted[event_id] += 1
+                            receiver.events[event_id] = json.loads(body)
+                            status = 204
+                self.send_response(status)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hooks"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    r = Receiver(refuse=2)
+    yield r
+    r.close()
+
+
+async def _deliver_until(app: ms.App, receiver: Receiver, count: int, dispatchers: int) -> None:
+    """Run several dispatchers at once (as several server processes would)."""
+    fleet = [
+        WebhookDispatcher(app.store, backoff_s=0.02, max_backoff_s=0.1, poll_interval_s=0.01)
+        for _ in range(dispatchers)
+    ]
+    tasks = [asyncio.create_task(d.run()) for d in fleet]
+    for _ in range(1000):  # up to 20 s
+        if len(receiver.accepted) >= count:
+            break
+        await asyncio.sleep(0.02)
+    await asyncio.sleep(0.3)  # let any duplicate delivery show up
+    for d in fleet:
+        d.stop()
+    await asyncio.gather(*tasks)
+
+
+async def test_each_event_arrives_once_despite_refusals(app: ms.App, receiver: Receiver) -> None:
+    @app.workflow
+    async def gated(ctx: ms.RunContext, fail: bool) -> str:
+        decision = await ctx.approval("go")
+        if fail:
+            raise ValueError("it broke")
+        return f"approved={decision.approved}"
+
+    hook, secret = app.store.add_webhook(receiver.url, app.clock.now(), secret=SECRET)
+    assert secret == SECRET and hook.events == ("*",)
+    ok = app.submit(gated, False)
+    bad = app.submit(gated, True)
+    gone = app.submit(gated, False)
+    await drain(app)
+    app.answer(ok.run_id, "approval:go", decision="approve")
+    app.answer(bad.run_id, "approval:go", decision="approve")
+    app.cancel(gone.run_id, "not needed")
+    await drain(app)
+    await _deliver_until(app, receiver, count=6, dispatchers=3)
+
+    assert receiver.bad_signatures == 0
+    assert all(n == 1 for n in receiver.accepted.values()), receiver.accepted
+    assert all(n == 3 for n in receiver.tries.values())  # refused twice, then taken
+    seen = sorted((e["run"]["id"], e["type"]) for e in receiver.events.values())
+    assert seen == sorted(
+        [
+            (ok.run_id, "run.waiting"),
+            (ok.run_id, "run.succeeded"),
+            (bad.run_id, "run.waiting"),
+            (bad.run_id, "run.failed"),
+            (gone.run_id, "run.waiting"),
+            (gone.run_id, "run.cancelled"),
+        ]
+    )
+    by_type = {(e["run"]["id"], e["type"]): e for e in receiver.events.values()}
+    assert by_type[(ok.run_id, "run.succeeded")]["run"]["output"] == "approved=True"
+    assert by_type[(ok.run_id, "run.waiting")]["run"]["wait_reason"] == "signal:approval:go"
+    assert by_type[(bad.run_id, "run.failed")]["run"]["workflow"] == "gated"
+    assert "not needed" in json.dumps(by_type[(gone.run_id, "run.cancelled")]["run"]["error"])
+    rows = app.store.outbox()
+    assert len(rows) == 6 and all(r["delivered_at"] and r["attempts"] == 3 for r in rows)
+
+
+async def test_event_filter_and_giving_up(app: ms.App) -> None:
+    @app.workflow
+    async def quick(ctx: ms.RunContext) -> int:
+        return 1
+
+    # Nothing listens on this port: every attempt fails; after max_attempts it stops.
+    app.store.add_webhook("http://127.0.0.1:9/nowhere", app.clock.now(), events=["run.succeeded"])
+    with pytest.raises(ms.ConfigError, match="unknown webhook events"):
+        app.store.add_webhook("http://127.0.0.1:9/x", 0, events=["run.exploded"])
+    with pytest.raises(ms.ConfigError, match="must start with http"):
+        app.store.add_webhook("ftp://example.com", 0)
+    await app.run(quick)
+    [row] = app.store.outbox()
+    assert row["event"] == "run.succeeded"
+    dispatcher = WebhookDispatcher(app.store, backoff_s=0.0, max_attempts=3, timeout_s=1)
+    for _ in range(5):
+        await dispatcher.deliver_once()
+    [row] = app.store.outbox()
+    assert row["attempts"] == 3 and row["delivered_at"] is None and row["next_at"] is None
+    assert "ConnectError" in row["last_error"]
+
+
+def test_signatures_are_checked() -> None:
+    body = b'{"id":"evt_1"}'
+    now = 1_800_000_000
+    signature = sign_webhook(SECRET, now, body)
+    assert verify_webhook(SECRET, timestamp=str(now), signature=signature, body=body, now=now)
+    assert not verify_webhook(
+        "other-secret-xxxx", timestamp=str(now), signature=signature, body=body, now=now
+    )
+    assert not verify_webhook(
+        SECRET, timestamp=str(now), signature=signature, body=body + b" ", now=now
+    )
+    # An old delivery replayed later is refused even with a valid signature.
+    assert not verify_webhook(
+        SECRET, timestamp=str(now), signature=signature, body=body, now=now + 301
+    )
+    assert not verify_webhook(
+        SECRET, timestamp="yesterday", signature=signature, body=body, now=now
+    )
