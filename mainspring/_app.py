@@ -234,10 +234,12 @@ class App:
                 self.tools.add(t)
         resolved = resolve_model(model)
         budget = limits or Limits()
-        if budget.max_cost_usd is not None and price_of(resolved.model_id, prices) is None:
+        priced = budget.max_cost_usd if budget.max_cost_usd is not None else budget.checkpoint_usd
+        if priced is not None and price_of(resolved.model_id, prices) is None:
             # Its cost would count as 0 and the cap would never fire.
+            which = "max_cost_usd" if budget.max_cost_usd is not None else "checkpoint_usd"
             raise ConfigError(
-                f"agent {name!r} has max_cost_usd={budget.max_cost_usd!r} but no price for "
+                f"agent {name!r} has {which}={priced!r} but no price for "
                 f"model {resolved.model_id!r}: pass prices={{{resolved.model_id!r}: "
                 "ms.limits.Price(input=..., output=...)}} (USD per million tokens)"
             )

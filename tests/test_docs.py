@@ -37,3 +37,14 @@ def test_doc_example_runs(name: str, code: str, tmp_path: Path) -> None:
         [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 0, f"{name} failed:\n{done.stdout}\n{done.stderr}"
+
+
+def test_api_reference_is_generated_from_the_openapi_document() -> None:
+    from mainspring.server._reference import _app_doc, render_reference
+
+    expected = render_reference(_app_doc())
+    committed = (ROOT / "docs" / "api-reference.md").read_text()
+    assert committed == expected, (
+        "docs/api-reference.md is stale: python -m mainspring.server._reference"
+        " > docs/api-reference.md"
+    )

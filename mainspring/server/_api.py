@@ -129,7 +129,6 @@ def create_app(
         "signals, answers to approvals and questions, cancellation. Every endpoint but "
         "/healthz needs an API key (`mainspring keys create`).",
         lifespan=lifespan,
-        responses={422: _ERRORS[422]},
     )
     api.add_middleware(BodySizeLimit, max_bytes=max_body_bytes)
     _errors(api)
