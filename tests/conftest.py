@@ -3,6 +3,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pg
 import pytest
@@ -37,3 +38,13 @@ def app(db_url: str) -> Iterator[ms.App]:
     application = ms.App(db_url, inline_wait_s=0.5, poll_interval_s=0.02)
     yield application
     application.close()
+
+
+@pytest.fixture
+def stack(tmp_path: Path, db_url: str) -> Iterator[Any]:
+    """`mainspring serve` and worker processes of tests/apps/hitl_app.py on ``db_url``."""
+    from _stack import Stack
+
+    s = Stack(tmp_path, db_url)
+    yield s
+    s.close()

@@ -4,111 +4,19 @@ processes stopped and started, SSE followed and resumed, keys and scopes."""
 from __future__ import annotations
 
 import json
-import os
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
+from _stack import Stack, until
 
 import mainspring as ms
-from mainspring.testing import EffectLedger
-
-ROOT = Path(__file__).resolve().parent
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def _until(check: Callable[[], Any], what: str, timeout: float = 20.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-class Stack:
-    """`mainspring serve apps.hitl_app:app` plus worker processes, on one database."""
-
-    def __init__(self, tmp: Path, db_url: str) -> None:
-        self.tmp = tmp
-        self.db_url = db_url
-        self.ledger = EffectLedger(tmp / "ledger.db")
-        self.env = {
-            **os.environ,
-            "MAINSPRING_DATABASE_URL": db_url,
-            "MAINSPRING_TEST_LEDGER": str(tmp / "ledger.db"),
-            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-        }
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
-        self.clients: list[httpx.Client] = []
-        self.app = ms.App(db_url)
-        _, self.admin = self.app.store.create_api_key("ops", ["admin"], time.time())
-        _, self.reviewer = self.app.store.create_api_key("ana", ["read", "approve"], time.time())
-        self.port = _free_port()
-        self.base = f"http://127.0.0.1:{self.port}"
-
-    def spawn(self, name: str, *args: str) -> subprocess.Popen[bytes]:
-        with open(self.tmp / f"{name}.log", "wb") as log:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "mainspring", *args],
-                env=self.env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-        self.procs[name] = proc
-        return proc
-
-    def log(self, name: str) -> str:
-        return (self.tmp / f"{name}.log").read_text()
-
-    def serve(self, *extra: str) -> None:
-        self.spawn("server", "serve", "apps.hitl_app:app", "--port", str(self.port), *extra)
-
-        def up() -> bool:
-            try:
-                return httpx.get(f"{self.base}/healthz", timeout=1).status_code == 200
-            except httpx.HTTPError:
-                assert self.procs["server"].poll() is None, self.log("server")
-                return False
-
-        _until(up, "the server to listen")
-
-    def client(self, key: str | None = None) -> httpx.Client:
-        headers = {"Authorization": f"Bearer {key}"} if key else {}
-        client = httpx.Client(base_url=self.base, headers=headers, timeout=10)
-        self.clients.append(client)
-        return client
-
-    def close(self) -> None:
-        for client in self.clients:
-            client.close()
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait(10)
-        self.app.close()
-
-
-@pytest.fixture
-def stack(tmp_path: Path, db_url: str) -> Iterator[Stack]:
-    s = Stack(tmp_path, db_url)
-    yield s
-    s.close()
 
 
 def _run(c: httpx.Client, run_id: str) -> dict[str, Any]:
@@ -127,7 +35,7 @@ def test_approval_over_http_resumes_on_another_worker_process(stack: Stack) -> N
     assert response.headers["location"] == f"/runs/{run_id}"
 
     first = stack.spawn("worker-a", "worker", "apps.hitl_app:app")
-    waiting = _until(
+    waiting = until(
         lambda: (r := _run(ops, run_id))["pending_requests"] and r, "the approval request"
     )
     assert (waiting["status"], waiting["wait_reason"]) == ("waiting", "signal:approval:deploy")
@@ -143,7 +51,7 @@ def test_approval_over_http_resumes_on_another_worker_process(stack: Stack) -> N
     assert again.status_code == 409 and "already answered" in again.json()["error"]["message"]
 
     second = stack.spawn("worker-b", "worker", "apps.hitl_app:app")
-    done = _until(lambda: (r := _run(ops, run_id))["status"] == "succeeded" and r, "the run")
+    done = until(lambda: (r := _run(ops, run_id))["status"] == "succeeded" and r, "the run")
     assert done["output"] == f"ship by {second.pid}, approved by ana"
     with sqlite3.connect(stack.tmp / "ledger.db") as conn:
         effects = dict(conn.execute("SELECT effect, CAST(payload AS INTEGER) FROM effects"))
@@ -162,12 +70,12 @@ def test_signal_before_wait_is_consumed_and_finished_runs_refuse_steering(stack:
     early = ops.post("/runs", json={"workflow": "steps_then_wait", "args": [0, 0]}).json()["id"]
     sent = ops.post(f"/runs/{early}/signals", json={"name": "go", "payload": 7})
     assert sent.status_code == 202 and sent.json()["signal_id"] > 0
-    done = _until(lambda: (r := _run(ops, early))["status"] == "succeeded" and r, "the run")
+    done = until(lambda: (r := _run(ops, early))["status"] == "succeeded" and r, "the run")
     assert done["output"] == 7
 
     queued = ops.post("/runs", json={"workflow": "deploy", "args": ["x"]}).json()["id"]
     cancel = ops.post(f"/runs/{queued}/cancel", json={"reason": "wrong env"})
-    _until(lambda: _run(ops, queued)["status"] == "cancelled", "the cancellation")
+    until(lambda: _run(ops, queued)["status"] == "cancelled", "the cancellation")
     assert cancel.status_code == 202
     for path, body in (
         (f"/runs/{queued}/signals", {"name": "go"}),

@@ -11,8 +11,8 @@ from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Header, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
-from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.responses import JSONResponse, RedirectResponse, StreamingResponse
+from fastapi.security import APIKeyCookie, APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .._app import App
@@ -26,11 +26,12 @@ from .._errors import (
     StoreUnavailable,
 )
 from .._serde import loads
+from ..dashboard import dashboard_router
 from ..hitl import Request as HumanRequest
 from ..storage import RunRecord, StepRecord
 from ..storage._api import ApiKey, Scope
 from ..storage._records import FINISHED
-from ._events import event_stream
+from ._events import event_stream, runs_stream
 from ._limits import BodySizeLimit
 from ._schemas import (
     AnswerIn,
@@ -77,6 +78,9 @@ def _responses(*codes: int) -> dict[int | str, dict[str, Any]]:
 
 _bearer = HTTPBearer(auto_error=False, description="An API key: `Authorization: Bearer msk_…`")
 _header = APIKeyHeader(name="X-API-Key", auto_error=False, description="An API key.")
+# The dashboard's session: the same key, in an HttpOnly, SameSite=Strict cookie.
+COOKIE = "mainspring_key"
+_cookie = APIKeyCookie(name=COOKIE, auto_error=False, description="The dashboard's key.")
 
 
 class _AuthError(Exception):
@@ -132,13 +136,19 @@ def create_app(
     )
     api.add_middleware(BodySizeLimit, max_bytes=max_body_bytes)
     _errors(api)
+    api.include_router(dashboard_router(app))
+
+    @api.get("/", include_in_schema=False)
+    def home() -> RedirectResponse:
+        return RedirectResponse("/ui/", status_code=307)
 
     def key_with(scope: Scope) -> Callable[..., ApiKey]:
         def check(
             bearer: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
             header: Annotated[str | None, Depends(_header)],
+            cookie: Annotated[str | None, Depends(_cookie)],
         ) -> ApiKey:
-            token = bearer.credentials if bearer is not None else header
+            token = bearer.credentials if bearer is not None else header or cookie
             if not token:
                 raise _AuthError(401, "an API key is required: 'Authorization: Bearer msk_…'")
             key = app.store.verify_api_key(token, app.clock.now())
@@ -264,6 +274,27 @@ def create_app(
         app.get_run(run_id)
         return StreamingResponse(
             event_stream(app, run_id, last_event_id, poll_s=events_poll_s),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+
+    @api.get(
+        "/events",
+        tags=["runs"],
+        response_class=StreamingResponse,
+        responses={
+            200: {"content": {"text/event-stream": {}}, "description": "Server-Sent Events."},
+            **_responses(),
+        },
+    )
+    def all_events(
+        _key: Read,
+        last_event_id: Annotated[str | None, Header(max_length=200)] = None,
+    ) -> StreamingResponse:
+        """Follow every run: a ``run`` event each time one is submitted, claimed,
+        suspended or finished (for live lists)."""
+        return StreamingResponse(
+            runs_stream(app, last_event_id),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
@@ -416,7 +447,9 @@ def _errors(api: FastAPI) -> None:
     @api.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         kinds = {404: "not_found", 405: "method_not_allowed", 413: "too_large"}
-        return body(exc.status_code, kinds.get(exc.status_code, "http_error"), str(exc.detail))
+        response = body(exc.status_code, kinds.get(exc.status_code, "http_error"), str(exc.detail))
+        response.headers.update(exc.headers or {})  # e.g. a 405's Allow (RFC 9110)
+        return response
 
 
 def _decode(text: str | None) -> Any:

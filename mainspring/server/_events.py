@@ -20,7 +20,7 @@ from .._errors import RunNotFound
 from .._serde import loads
 from ..storage import StepRecord
 
-__all__ = ["event_stream", "parse_event_id"]
+__all__ = ["event_stream", "parse_event_id", "runs_stream"]
 
 _KEEPALIVE_S = 15.0
 
@@ -73,6 +73,7 @@ async def event_stream(
     sent: dict[tuple[int, int], str] = {}  # rows past the watermark, as last sent
     status: str | None = None
     quiet = 0.0
+    seen_finished = False
     yield b"retry: 1000\n\n"
     while True:
         try:
@@ -107,9 +108,12 @@ async def event_stream(
                 data["error"] = _decode(run.error)
             yield _frame("status", f"{mark[0]}.{mark[1]}~run.{status}", data)
             emitted = True
-        if run.finished and not steps_pending(steps):
+        # A run cancelled in a wait or sleep keeps that row 'started' for good: after
+        # one more poll (for rows still being written) the stream ends anyway.
+        if run.finished and (not steps_pending(steps) or seen_finished):
             yield _frame("end", f"{mark[0]}.{mark[1]}~end", {"status": run.status})
             return
+        seen_finished = run.finished
         if emitted:
             quiet = 0.0
         else:
@@ -131,3 +135,37 @@ def _follows(mark: tuple[int, int], key: tuple[int, int]) -> bool:
 
 def steps_pending(steps: list[StepRecord]) -> bool:
     return any(s.status == "started" for s in steps)
+
+
+async def runs_stream(
+    app: App, last_event_id: str | None, *, poll_s: float = 0.5
+) -> AsyncIterator[bytes]:
+    """Every run whose row changes (submitted, claimed, waiting, finished, …), as
+    ``run`` events; the id is the change's ``updated_at`` so a reconnect resumes."""
+    try:
+        after = float(last_event_id) if last_event_id else app.clock.now()
+    except ValueError:
+        after = app.clock.now()
+    quiet = 0.0
+    yield b"retry: 2000\n\n"
+    while True:
+        changed = await asyncio.to_thread(app.store.runs_changed_since, after)
+        for run in changed:
+            after = max(after, run.updated_at)
+            data = {
+                "id": run.id,
+                "workflow": run.workflow,
+                "status": run.status,
+                "wait_reason": run.wait_reason,
+                "created_at": run.created_at,
+                "updated_at": run.updated_at,
+            }
+            yield _frame("run", repr(run.updated_at), data)
+        if changed:
+            quiet = 0.0
+        else:
+            quiet += poll_s
+            if quiet >= _KEEPALIVE_S:
+                quiet = 0.0
+                yield b": keep-alive\n\n"
+        await asyncio.sleep(poll_s)

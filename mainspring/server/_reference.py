@@ -39,7 +39,7 @@ def render_reference(doc: dict[str, Any]) -> str:
         "running `mainspring serve`. The guide is [http-api.md](http-api.md).",
         "",
         "Authentication: `Authorization: Bearer <key>` or `X-API-Key: <key>` on every",
-        "endpoint but `/healthz`. Errors are `{\"error\": {\"type\", \"message\"}}`.",
+        'endpoint but `/healthz`. Errors are `{"error": {"type", "message"}}`.',
         "",
         "## Endpoints",
         "",

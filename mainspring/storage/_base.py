@@ -309,6 +309,17 @@ class Store(ApiTables, ABC):
             cur.execute(sql, (*params, limit, offset))
             return [_run(r) for r in cur.fetchall()]
 
+    def runs_changed_since(self, after: float, *, limit: int = 200) -> list[RunRecord]:
+        """Runs whose row changed after ``after`` (their ``updated_at``), oldest change
+        first: what a live list needs to redraw."""
+        with self._read() as cur:
+            cur.execute(
+                f"SELECT {_RUN_COLUMNS} FROM ms_runs WHERE updated_at > ?"
+                " ORDER BY updated_at, id LIMIT ?",
+                (after, limit),
+            )
+            return [_run(r) for r in cur.fetchall()]
+
     def count_runs(self) -> dict[str, int]:
         """How many runs are in each status."""
         with self._read() as cur:

@@ -105,6 +105,7 @@ CREATE TABLE ms_outbox (
 CREATE INDEX ms_outbox_due ON ms_outbox (next_at) WHERE delivered_at IS NULL;
 CREATE UNIQUE INDEX ms_outbox_event ON ms_outbox (event_id, webhook_id);
 CREATE INDEX ms_outbox_run ON ms_outbox (run_id);
+CREATE INDEX ms_runs_updated ON ms_runs (updated_at);
 """,
 }
 

@@ -8,6 +8,7 @@ ledger file) from the environment.
 from __future__ import annotations
 
 import os
+import time
 
 import mainspring as ms
 from mainspring.testing import EffectLedger
@@ -48,3 +49,20 @@ async def fails(ctx: ms.RunContext) -> None:
 
 def _boom() -> None:
     raise ValueError("the disk is full")
+
+
+@app.workflow
+async def release(ctx: ms.RunContext, before: int, pace_s: float) -> str:
+    """Steps at a human pace (to be watched live), a gate, then the rest."""
+    for i in range(before):
+        await ctx.step(_pause, pace_s, name=f"check-{i}")
+    decision = await ctx.approval(
+        "publish", preview={"tool": "publish", "arguments": {"tag": "v1"}}
+    )
+    await ctx.step(_pause, 0.0, name="publish")
+    return f"published {(decision.arguments or {}).get('tag', 'v1')} (approved by {decision.by})"
+
+
+def _pause(seconds: float) -> float:
+    time.sleep(seconds)
+    return seconds

@@ -1,0 +1,6 @@
+"""The web dashboard: server-rendered pages (Jinja2) over the HTTP API, live over SSE,
+with no front-end build step. Mounted at ``/ui`` by ``mainspring serve``."""
+
+from ._views import dashboard_router
+
+__all__ = ["dashboard_router"]

@@ -1,0 +1,75 @@
+"""The dashboard in a real headless Chromium (Debian's), driven by Playwright: log in,
+watch a run progress live, approve its request with a click, see it finish."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+CHROMIUM = "/usr/bin/chromium"
+ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts" / "dashboard"
+
+pytestmark = [
+    pytest.mark.skipif(
+        not os.path.exists(CHROMIUM),
+        reason=f"{CHROMIUM} is missing: apt-get install chromium chromium-driver (.ci/run does)",
+    ),
+]
+
+
+@pytest.fixture
+def browser() -> Any:
+    sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright")
+    with sync_api.sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=CHROMIUM, headless=True)
+        yield chromium
+        chromium.close()
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_watch_a_run_live_and_approve_it(stack: Any, browser: Any) -> None:
+    stack.serve("--worker", "--no-webhooks")
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    page.set_default_timeout(20_000)
+
+    page.goto(f"{stack.base}/ui/")
+    assert page.url.endswith("/ui/login")
+    page.fill("#key", "msk_wrong_key")
+    page.click("#login")
+    assert "not valid" in page.text_content("#login-error")
+    page.fill("#key", stack.admin)
+    page.click("#login")
+    page.wait_for_url(f"{stack.base}/ui/")
+
+    ops = stack.client(stack.admin)
+    run_id = ops.post("/runs", json={"workflow": "release", "args": [8, 0.5]}).json()["id"]
+    row = page.locator(f"#run-{run_id}")
+    row.wait_for()  # appeared without a reload: the list follows /events
+    page.screenshot(path=str(ARTIFACTS / "runs.png"))
+
+    row.locator("a").click()
+    page.wait_for_url(f"{stack.base}/ui/runs/{run_id}")
+    steps = page.locator("#steps tr.step")
+    first = steps.count()
+    assert first < 8  # the run is still going: what follows arrives live
+    # Steps keep arriving while the page stays open (one every 0.5 s).
+    page.wait_for_function(f"document.querySelectorAll('#steps tr.step').length > {first + 1}")
+    request = page.locator('[data-request="approval:publish"]')
+    request.wait_for()
+    assert page.text_content("#run-status") == "waiting"
+    assert '"tag": "v1"' in request.inner_text()
+    page.screenshot(path=str(ARTIFACTS / "run-waiting.png"), full_page=True)
+
+    request.locator("summary").click()
+    request.locator("textarea.arguments").fill('{"tag": "v2"}')
+    request.locator("button.edit").click()
+    page.wait_for_function("document.getElementById('run-status')?.textContent === 'succeeded'")
+    assert "published v2 (approved by ops)" in page.text_content("#output")
+    names = page.locator("#steps tr.step td:nth-child(3)").all_text_contents()
+    assert names == [*(f"check-{i}" for i in range(8)), "approval:publish", "publish"]
+    page.screenshot(path=str(ARTIFACTS / "run-done.png"), full_page=True)
+    assert stack.app.get_run(run_id).status == "succeeded"
