@@ -40,6 +40,7 @@ from .agent import Agent, AgentResult, AgentState
 from .context import ContextPolicy
 from .journal import RetryPolicy, RunContext, StepInfo, StepMode, Workflow, current_step
 from .limits import Limits
+from .observability import Redactor, RunTrace, TraceEntry
 from .storage import RunRecord, StepRecord, Store
 from .tools import Effect, Tool, ToolContext, tool
 from .worker import Worker
@@ -68,6 +69,7 @@ __all__ = [
     "PermissionDenied",
     "QuotaExhausted",
     "RateLimited",
+    "Redactor",
     "RetryPolicy",
     "RunConflict",
     "RunContext",
@@ -75,6 +77,7 @@ __all__ = [
     "RunHandle",
     "RunNotFound",
     "RunRecord",
+    "RunTrace",
     "SchemaVersionError",
     "SerializationError",
     "StepFailed",
@@ -91,6 +94,7 @@ __all__ = [
     "ToolContext",
     "ToolInputError",
     "ToolNotAllowed",
+    "TraceEntry",
     "TransientError",
     "UnknownTool",
     "UnknownWorkflow",
