@@ -18,7 +18,7 @@ from ._serde import dumps, loads
 from .agent import Agent, AgentResult, CompletionValidator
 from .context import ContextPolicy
 from .journal import RetryPolicy, RunContext, Workflow
-from .limits import Limits, Price, price_of
+from .limits import PRICES, Limits, Price, price_of
 from .models import Model, resolve_model
 from .models._types import ModelSettings
 from .observability import Diagnosis, MetricsCollector, Redactor, RunTrace, build_trace, diagnose
@@ -390,7 +390,10 @@ class App:
         runs are aggregated once). ``app.metrics().render()`` is what ``/metrics``
         serves. Needs the ``[metrics]`` extra."""
         if self._metrics is None:
-            self._metrics = MetricsCollector(self.store)
+            prices = dict(PRICES)
+            for spec in self.agents.values():
+                prices.update(spec.prices or {})
+            self._metrics = MetricsCollector(self.store, prices=prices)
         return self._metrics
 
     def fork(self, run_id: str, *, from_step: int | str, edit: Any = _NO_EDIT) -> RunHandle:

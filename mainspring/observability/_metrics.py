@@ -38,6 +38,7 @@ _KINDS = ("model", "tool", "step")
 def _prometheus() -> Any:
     try:
         import prometheus_client
+        import prometheus_client.core
     except ImportError:
         raise ImportError(
             "mainspring's Prometheus metrics need prometheus_client: "

@@ -121,4 +121,5 @@ def _span_of(e: TraceEntry) -> tuple[str, dict[str, Any]]:
 
 
 def _ns(seconds: float) -> int:
-    return int(seconds * _NS)
+    whole = int(seconds)  # apart, so the fraction keeps its precision
+    return whole * _NS + round((seconds - whole) * _NS)
