@@ -157,7 +157,7 @@ async def test_redaction_can_be_turned_off(db_url: str) -> None:
 
 
 async def test_metrics_parse_back(fapp: ms.App, clock: FakeClock) -> None:
-    run_id, _ = await _support_run(fapp, clock)
+    await _support_run(fapp, clock)
 
     @fapp.workflow
     async def broken(ctx: ms.RunContext) -> None:
