@@ -9,6 +9,7 @@ import typer
 from .._errors import MainspringError
 from ._db import db_commands, prune
 from ._demo import demo
+from ._observe import doctor, fork, retry, tail, trace
 from ._runs import cancel, runs, show, signal, submit
 from ._worker import worker
 
@@ -34,6 +35,11 @@ cli.command()(runs)
 cli.command()(show)
 cli.command()(signal)
 cli.command()(cancel)
+cli.command()(trace)
+cli.command()(tail)
+cli.command()(doctor)
+cli.command()(fork)
+cli.command()(retry)
 cli.command()(demo)
 cli.command()(prune)
 cli.add_typer(db_commands)
