@@ -33,6 +33,13 @@ BUILTIN_PATTERNS: tuple[str, ...] = (
     r"(?i)(\b(?:password|passwd|pwd|secret|api[_-]?key|access[_-]?token|token)\s*[=:]\s*)"
     r"[^\s\"'&,;]+",
 )
+# Cheap first look (substrings of the lower-cased text): the patterns above can only
+# match where one of these occurs, and one search for literals is much cheaper.
+_BUILTIN_HINTS: tuple[str, ...] = (
+    "sk-", "akia", "asia", "ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_", "xox",
+    "aiza", "bearer", "password", "passwd", "pwd", "secret", "api_key", "api-key", "apikey",
+    "token=", "token:", "token =", "token :",
+)  # fmt: skip
 # Values of object keys with these names are replaced whatever they look like.
 SECRET_KEYS: tuple[str, ...] = (
     "password",
@@ -74,6 +81,8 @@ class Redactor:
     _text: re.Pattern[str] = field(init=False, repr=False, compare=False)
     _detect: re.Pattern[str] = field(init=False, repr=False, compare=False)
     _keys: frozenset[str] = field(init=False, repr=False, compare=False)
+    _hints: re.Pattern[str] = field(init=False, repr=False, compare=False)
+    _custom: re.Pattern[str] | None = field(init=False, repr=False, compare=False)
     _key_value: re.Pattern[str] | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -93,6 +102,10 @@ class Redactor:
         )
         # In the raw JSON text a nested key's quotes are escaped: \"password\":
         detect = text + (rf'|(?i:\\?"(?:{key_alt})\\?"\s*:)' if keys else "")
+        hints = (*(_BUILTIN_HINTS if self.builtin else ()), *sorted(keys))
+        custom = "|".join(_scoped(s) for s in self.patterns)
+        object.__setattr__(self, "_hints", re.compile("|".join(map(re.escape, hints)) or r"(?!x)x"))
+        object.__setattr__(self, "_custom", re.compile(custom) if custom else None)
         object.__setattr__(self, "_text", re.compile(text))
         object.__setattr__(self, "_detect", re.compile(detect))
         object.__setattr__(self, "_keys", keys)
@@ -100,7 +113,7 @@ class Redactor:
 
     def redact_json(self, text: str) -> str:
         """Redact JSON text; returns ``text`` itself (the same object) when clean."""
-        if not self._detect.search(text):
+        if not self._suspect(text):
             return text
         try:
             value = json.loads(text)
@@ -111,7 +124,7 @@ class Redactor:
 
     def redact_text(self, text: str) -> str:
         """Redact plain text (a log line, an error message)."""
-        if not self._detect.search(text):
+        if not self._suspect(text):
             return text
         out = self._text.sub(self._replace, text)
         if self._key_value is not None:
@@ -123,6 +136,13 @@ class Redactor:
         return self._value(value)
 
     __call__ = redact_json
+
+    def _suspect(self, text: str) -> bool:
+        if self._custom is not None and self._custom.search(text):
+            return True
+        if not self._hints.search(text.lower()):
+            return False
+        return self._detect.search(text) is not None
 
     def _replace(self, m: re.Match[str]) -> str:
         kept = next((g for g in m.groups() if g is not None), "")
