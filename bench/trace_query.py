@@ -1,10 +1,10 @@
 """Trace query time of a 1,000-step agent run, and a metrics scrape over it.
 
-Journals a scripted agent run of 500 model turns and 500 tool calls (1,000 steps,
+Journals a scripted agent run of 501 model turns and 500 tool calls (1,001 steps,
 tokens on every model step) on SQLite, then times ``app.trace(run_id)`` (load the
 journal and build the entries), ``app.diagnose(run_id)`` and a ``/metrics`` render,
 median of ``--repeat`` timings. A report: nothing is asserted.
-``python bench/trace_query.py [--turns 500] [--repeat 7]``
+``python bench/trace_query.py [--turns 501] [--repeat 7]``
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def _median_ms(fn: object, repeat: int) -> float:
 
 async def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--turns", type=int, default=500, help="model turns (each with a tool call)")
+    p.add_argument("--turns", type=int, default=501, help="model turns (all but the last with a tool call)")
     p.add_argument("--repeat", type=int, default=7)
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
