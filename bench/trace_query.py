@@ -33,7 +33,9 @@ def _median_ms(fn: object, repeat: int) -> float:
 
 async def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--turns", type=int, default=501, help="model turns (all but the last with a tool call)")
+    p.add_argument(
+        "--turns", type=int, default=501, help="model turns (all but the last with a tool call)"
+    )
     p.add_argument("--repeat", type=int, default=7)
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
