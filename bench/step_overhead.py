@@ -146,6 +146,7 @@ async def replay(steps: int, kb: bool) -> dict[str, Any]:
         )
         committer = Committer(store, app.clock)  # inline, like app.run
         engine = Engine(store, app.clock, app.rng, committer, threads, app.default_retry, 1.0)
+        engine.redact = app.redactor.redact_json if app.redactor is not None else None
         calls, store.commits[:] = 0, []
         t0 = time.perf_counter()
         outcome = await execute(engine, record, app.get_workflow("steps_wf"), RunControl())

@@ -44,6 +44,7 @@ from .context import ContextPolicy
 from .hitl import Approval, Request
 from .journal import RetryPolicy, RunContext, StepInfo, StepMode, Workflow, current_step
 from .limits import Limits
+from .observability import Redactor, RunTrace, TraceEntry
 from .storage import RunRecord, StepRecord, Store
 from .tools import Effect, Tool, ToolContext, tool
 from .worker import Worker
@@ -75,6 +76,7 @@ __all__ = [
     "PermissionDenied",
     "QuotaExhausted",
     "RateLimited",
+    "Redactor",
     "Request",
     "RequestNotFound",
     "RetryPolicy",
@@ -84,6 +86,7 @@ __all__ = [
     "RunHandle",
     "RunNotFound",
     "RunRecord",
+    "RunTrace",
     "SchemaVersionError",
     "SerializationError",
     "StepFailed",
@@ -100,6 +103,7 @@ __all__ = [
     "ToolContext",
     "ToolInputError",
     "ToolNotAllowed",
+    "TraceEntry",
     "TransientError",
     "UnknownTool",
     "UnknownWorkflow",

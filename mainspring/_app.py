@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import random
+import re
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -17,9 +19,10 @@ from .agent import Agent, AgentResult, CompletionValidator
 from .context import ContextPolicy
 from .hitl import Decision, Request, answer_payload
 from .journal import RetryPolicy, RunContext, Workflow
-from .limits import Limits, Price, price_of
+from .limits import PRICES, Limits, Price, price_of
 from .models import Model, resolve_model
 from .models._types import ModelSettings
+from .observability import Diagnosis, MetricsCollector, Redactor, RunTrace, build_trace, diagnose
 from .storage import RunRecord, StepRecord, Store, open_store, redact_url
 from .tools import Effect, Tool, ToolRegistry, Validator
 from .tools import tool as make_tool
@@ -31,6 +34,8 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 DEFAULT_URL = "sqlite:///mainspring.db"
+_DEFAULT_REDACTOR = Redactor()
+_NO_EDIT: Any = object()
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +71,9 @@ class App:
             longer ones release it and the run sleeps in the store.
         default_retry: the retry policy of ``at_least_once`` steps.
         poll_interval_s: how often idle workers look for runnable runs.
+        redact: what to hide from the journal (and so from traces and exports):
+            common API-key shapes, bearer tokens and ``password=...`` by default;
+            ``Redactor(patterns=[...])`` adds patterns, ``None`` turns it off.
     """
 
     def __init__(
@@ -80,6 +88,7 @@ class App:
         inline_wait_s: float = 1.0,
         default_retry: RetryPolicy | None = None,
         poll_interval_s: float = 0.1,
+        redact: Redactor | None = _DEFAULT_REDACTOR,
     ) -> None:
         if lease_s <= 0:
             raise ConfigError(f"lease_s must be > 0, got {lease_s!r}")
@@ -99,6 +108,8 @@ class App:
         self.inline_wait_s = inline_wait_s
         self.default_retry = default_retry or RetryPolicy()
         self.poll_interval_s = poll_interval_s
+        self.redactor = redact
+        self._metrics: MetricsCollector | None = None
         self.workflows: dict[str, Workflow[Any, Any]] = {}
         self.tools = ToolRegistry()
         self.agents: dict[str, Agent] = {}
@@ -350,11 +361,120 @@ class App:
         workflow: str | None = None,
         limit: int = 50,
         offset: int = 0,
+        since: float | None = None,
+        search: str | None = None,
     ) -> list[RunRecord]:
+        """Runs, newest first. ``since``: created at or after this timestamp;
+        ``search``: text in the id, key, input, output or error (any case)."""
         statuses = [status] if isinstance(status, str) else status
         return self.store.list_runs(
-            statuses=statuses, workflow=workflow, limit=limit, offset=offset
+            statuses=statuses,
+            workflow=workflow,
+            limit=limit,
+            offset=offset,
+            since=since,
+            search=search,
         )
+
+    def trace(self, run_id: str) -> RunTrace:
+        """The run's trace: one entry per journaled step with its latency, tokens,
+        cost, attempt and error class (redacted like the journal).
+
+        Raises:
+            RunNotFound: no such run.
+        """
+        record = self.get_run(run_id)
+        return build_trace(record, self.store.load_steps(run_id), self._prices(record.workflow))
+
+    def diagnose(self, run_id: str, *, stall_after_s: float = 600.0) -> Diagnosis:
+        """``mainspring doctor``: match the run against the failure table (stopped
+        half-way, looping, stale state, ignored tool error, context bloat, done but
+        wrong), with what to check next."""
+        return diagnose(self.trace(run_id), now=self.clock.now(), stall_after_s=stall_after_s)
+
+    def metrics(self) -> MetricsCollector:
+        """The Prometheus collector over this App's store (kept, so that finished
+        runs are aggregated once). ``app.metrics().render()`` is what ``/metrics``
+        serves. Needs the ``[metrics]`` extra."""
+        if self._metrics is None:
+            prices = dict(PRICES)
+            for spec in self.agents.values():
+                prices.update(spec.prices or {})
+            self._metrics = MetricsCollector(self.store, prices=prices)
+        return self._metrics
+
+    def fork(self, run_id: str, *, from_step: int | str, edit: Any = _NO_EDIT) -> RunHandle:
+        """Start a new run that replays ``run_id``'s journal up to ``from_step`` and
+        executes live from the step after it (time-travel debugging).
+
+        Args:
+            from_step: the journal position to keep up to, inclusive: ``seq`` in the
+                run's current session, or ``"session:seq"`` (session 0 or the current
+                one: only their starting hand-offs are known).
+            edit: a JSON value merged into that step's journaled output (RFC 7386
+                merge patch: an object patches an object, ``null`` removes a key,
+                anything else replaces the output), so the new run continues from an
+                edited result.
+
+        Raises:
+            RunNotFound: no such run.
+            ConfigError: no such step, or an edit that is not JSON.
+        """
+        source = self.get_run(run_id)
+        session, seq = _position(from_step, source.session)
+        if session not in (0, source.session):
+            raise ConfigError(
+                f"cannot fork run {run_id!r} from {session}:{seq}: only session 0 and the "
+                f"current session {source.session} can be forked (the hand-off that "
+                f"started session {session} is not kept)"
+            )
+        steps = self.store.load_steps(run_id, session)
+        target = next((s for s in steps if s.seq == seq), None)
+        if target is None:
+            have = f"0..{steps[-1].seq}" if steps else "none"
+            raise ConfigError(
+                f"run {run_id!r} has no step {session}:{seq} (its session {session} "
+                f"journal holds steps {have})"
+            )
+        output = None
+        if edit is not _NO_EDIT:
+            patched = _merge_patch(loads(target.output), edit)
+            output = dumps(patched, what=f"edited output of step {session}:{seq}")
+            if self.redactor is not None:
+                output = self.redactor.redact_json(output)
+        record = self.store.fork_run(
+            source,
+            run_id=_new_id(),
+            session=session,
+            upto_seq=seq,
+            output=output,
+            now=self.clock.now(),
+        )
+        return RunHandle(self, record.id, True)
+
+    def retry(self, run_id: str) -> RunHandle:
+        """Queue a failed run again, from its failing step: the steps it completed
+        replay from the journal and are not executed again; the failing step runs
+        again with the same idempotency key.
+
+        Raises:
+            RunNotFound: no such run.
+            RunConflict: the run is not failed.
+        """
+        record = self.get_run(run_id)
+        if record.status != "failed":
+            raise RunConflict(
+                f"cannot retry run {run_id!r}: it is {record.status}, and only a failed "
+                "run can be retried (fork it to run it again from a step)",
+                run_id=run_id,
+            )
+        from_seq = _failing_seq(record, self.store.load_steps(run_id, record.session))
+        self.store.retry_run(run_id, from_seq=from_seq, now=self.clock.now())
+        return RunHandle(self, run_id, False)
+
+    def _prices(self, workflow: str) -> dict[str, Price] | None:
+        spec = self.agents.get(workflow)
+        return spec.prices if spec is not None else None
 
     def steps(self, run_id: str) -> list[StepRecord]:
         self.get_run(run_id)
@@ -441,3 +561,50 @@ class App:
 
 def _new_id() -> str:
     return uuid.uuid4().hex
+
+
+def _position(step: int | str, current: int) -> tuple[int, int]:
+    """``7`` or ``"7"`` (in the current session) or ``"1:7"`` -> ``(session, seq)``."""
+    if isinstance(step, bool):
+        raise ConfigError(f"a step is a number or 'session:seq', got {step!r}")
+    if isinstance(step, int):
+        session, seq = current, step
+    else:
+        m = re.fullmatch(r"\s*(?:(\d+):)?(\d+)\s*", str(step))
+        if m is None:
+            raise ConfigError(f"a step is a number or 'session:seq', got {step!r}")
+        session = int(m.group(1)) if m.group(1) is not None else current
+        seq = int(m.group(2))
+    if seq < 0:
+        raise ConfigError(f"a step number is 0 or more, got {step!r}")
+    return session, seq
+
+
+def _merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch."""
+    if not isinstance(patch, dict):
+        return patch
+    merged = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            merged.pop(key, None)
+        else:
+            merged[key] = _merge_patch(merged.get(key), value)
+    return merged
+
+
+def _failing_seq(record: RunRecord, steps: list[StepRecord]) -> int | None:
+    """The seq of the step that failed the run, in its current session: the one its
+    error names, else a failed last row; ``None`` when no step failed it."""
+    try:
+        error = json.loads(record.error) if record.error else {}
+    except ValueError:
+        error = {}
+    where = error.get("step") if isinstance(error, dict) else None
+    if isinstance(where, str):
+        m = re.match(r"(\d+):(\d+) ", where)
+        if m and int(m.group(1)) == record.session:
+            return int(m.group(2))
+    if steps and steps[-1].status == "failed":
+        return steps[-1].seq
+    return None

@@ -46,12 +46,13 @@ def reset(dsn: str) -> None:
     import psycopg
 
     with psycopg.connect(dsn, autocommit=True) as conn:
-        tables = [
+        # Every ms_ table, whatever migrations have added since this was written.
+        names = [
             row[0]
             for row in conn.execute(
                 "SELECT tablename FROM pg_tables WHERE schemaname = current_schema()"
                 " AND tablename LIKE 'ms\\_%'"
             )
         ]
-        if tables:
-            conn.execute(f"DROP TABLE IF EXISTS {', '.join(tables)} CASCADE")
+        if names:
+            conn.execute(f"DROP TABLE IF EXISTS {', '.join(names)} CASCADE")

@@ -16,7 +16,7 @@ EXPECTED = {
     "TransientError", "UnknownTool", "UnknownWorkflow", "ValidationFailed",
     "WaitTimeout", "Worker", "Workflow", "__version__", "current_step",
     "Effect", "Tool", "ToolContext", "tool", "Agent", "AgentResult", "AgentState",
-    "ContextPolicy", "Limits",
+    "ContextPolicy", "Limits", "Redactor", "RunTrace", "TraceEntry",
     "Approval", "ApprovalRejected", "InvalidAnswer", "Request", "RequestNotFound",
 }  # fmt: skip
 

@@ -11,6 +11,7 @@ from ._db import db_commands, prune
 from ._demo import demo
 from ._human import answer, approve, pending
 from ._keys import keys_commands, webhooks_commands
+from ._observe import doctor, fork, retry, tail, trace
 from ._runs import cancel, runs, show, signal, submit
 from ._serve import serve
 from ._worker import worker
@@ -41,6 +42,11 @@ cli.command()(pending)
 cli.command()(approve)
 cli.command()(answer)
 cli.command()(serve)
+cli.command()(trace)
+cli.command()(tail)
+cli.command()(doctor)
+cli.command()(fork)
+cli.command()(retry)
 cli.command()(demo)
 cli.command()(prune)
 cli.add_typer(db_commands)

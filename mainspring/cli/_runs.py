@@ -9,6 +9,7 @@ nothing else (payload columns decoded, times as ISO-8601 UTC strings). Errors ar
 from __future__ import annotations
 
 import json
+import re
 import time
 from datetime import UTC, datetime
 from typing import Annotated, Any, get_args
@@ -101,6 +102,20 @@ def runs(
         ),
     ] = None,
     workflow: Annotated[str | None, typer.Option(help="Only runs of this workflow.")] = None,
+    since: Annotated[
+        str | None,
+        typer.Option(
+            metavar="WHEN",
+            help="Only runs created since: a duration ago (90s, 30m, 2h, 7d) or an "
+            "ISO-8601 time (2026-05-01T12:00, UTC when no zone is given).",
+        ),
+    ] = None,
+    search: Annotated[
+        str | None,
+        typer.Option(
+            metavar="TEXT", help="Only runs with TEXT in id, key, input, output or error."
+        ),
+    ] = None,
     limit: Annotated[int, typer.Option(min=1, help="How many runs to list.")] = 50,
     offset: Annotated[int, typer.Option(min=0, help="Skip this many (newest first).")] = 0,
     as_json: JsonOption = False,
@@ -108,9 +123,15 @@ def runs(
     """List runs, newest first, with their current step and a count by status."""
     with cli_errors():
         statuses = _parse_statuses(status or [])
+        since_ts = None if since is None else _parse_since(since, time.time())
         with open_app(db, app_spec) as app:
             records = app.list_runs(
-                status=statuses or None, workflow=workflow, limit=limit, offset=offset
+                status=statuses or None,
+                workflow=workflow,
+                limit=limit,
+                offset=offset,
+                since=since_ts,
+                search=search,
             )
             currents = [_current_step(app.store, r) for r in records]
             counts = app.store.count_runs()
@@ -150,7 +171,8 @@ def runs(
             )
         out.print(table)
     else:
-        out.print("no runs match" if statuses or workflow or offset else "no runs yet")
+        filtered = statuses or workflow or offset or since or search
+        out.print("no runs match" if filtered else "no runs yet")
     total = sum(counts.values())
     by_status = ", ".join(f"{n} {s}" for s, n in counts.items()) or "none"
     more = f"; more with --offset {offset + limit}" if len(records) == limit else ""
@@ -286,6 +308,27 @@ def _parse_json(text: str, what: str, kind: type[Any] | None = None, noun: str =
     if kind is not None and not isinstance(value, kind):
         raise ConfigError(f"{what} {text!r} must be {noun}, not a {type(value).__name__}")
     return value
+
+
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
+
+
+def _parse_since(text: str, now: float) -> float:
+    """``90s``/``30m``/``2h``/``7d``/``1w`` ago, or an ISO-8601 time (UTC if naive)."""
+    raw = text.strip()
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([smhdw])", raw)
+    if m:
+        return now - float(m.group(1)) * _UNITS[m.group(2)]
+    try:
+        when = datetime.fromisoformat(raw)
+    except ValueError:
+        raise ConfigError(
+            f"--since {text!r} is neither a duration (90s, 30m, 2h, 7d, 1w) nor an "
+            "ISO-8601 time (2026-05-01T12:00)"
+        ) from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return when.timestamp()
 
 
 def _parse_statuses(values: list[str]) -> list[str]:

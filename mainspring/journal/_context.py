@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import dataclasses
 import functools
 import inspect
 import traceback
@@ -348,17 +349,25 @@ class RunContext:
                         step=self._where(seq, step_name),
                     ) from exc
                 wake_at = self._now() + delay
-                last_error = _error_json(exc, failures=failures)
-                self._put(started, status="retrying", error=last_error, wake_at=wake_at)
+                retrying = self._put(
+                    started,
+                    status="retrying",
+                    error=_error_json(exc, failures=failures),
+                    wake_at=wake_at,
+                )
+                last_error = retrying.error  # as journaled (redacted)
                 await self._wait_until(wake_at, reason=f"retry:{step_name}")
                 attempt += 1
                 continue
             self._running -= 1
-            self._put(started, status="completed", output=output, finished_at=self._now())
+            done = self._put(started, status="completed", output=output, finished_at=self._now())
             if mode == "at_most_once" or self._running:
                 # at_most_once: its end must never be in doubt. Other steps still running
                 # in parallel: don't let a crash in one of them cost this one's result.
                 await self._flush()
+            if done.output is not output:
+                # Secrets were redacted: the live run sees what a replay will see.
+                return decode(done.output, ret_type, what=f"output of step {step_name!r}")
             if type(result) in _PLAIN and (ret_type is Any or ret_type is type(result)):
                 return result  # JSON gives back exactly this value: skip the round trip
             return decode(output, ret_type, what=f"output of step {step_name!r}")
@@ -585,7 +594,14 @@ class RunContext:
         wake_at: float | None = None,
     ) -> StepRecord:
         """Buffer a journal row: a fresh copy of ``rec`` with these fields changed
-        (``None`` keeps the old value), so buffered rows never alias."""
+        (``None`` keeps the old value), so buffered rows never alias. New output and
+        error text is redacted here, before it can reach the store."""
+        redact = self._engine.redact
+        if redact is not None:
+            if output is not None:
+                output = redact(output)
+            if error is not None:
+                error = redact(error)
         new = StepRecord(
             run_id=rec.run_id,
             session=rec.session,
@@ -698,6 +714,14 @@ class RunContext:
         """
         if not self._pending and not self._consume and transition is None:
             return
+        redact = self._engine.redact
+        if transition is not None and redact is not None:
+            transition = dataclasses.replace(
+                transition,
+                output=None if transition.output is None else redact(transition.output),
+                error=None if transition.error is None else redact(transition.error),
+                handoff=None if transition.handoff is None else redact(transition.handoff),
+            )
         sent = dict(self._pending)
         consumed = len(self._consume)
         write = RunWrite(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Literal
@@ -42,6 +43,9 @@ class Engine:
     default_retry: RetryPolicy
     inline_wait_s: float
     commit_attempts: int = 6
+    # JSON text -> JSON text with secrets replaced, applied before anything is journaled
+    # (returns its argument itself when there is nothing to hide).
+    redact: Callable[[str], str] | None = None
 
 
 @dataclass(slots=True)

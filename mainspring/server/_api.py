@@ -14,6 +14,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, RedirectResponse, StreamingResponse
 from fastapi.security import APIKeyCookie, APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from .._app import App
 from .._errors import (
@@ -445,10 +446,19 @@ def _errors(api: FastAPI) -> None:
         )
 
     @api.exception_handler(StarletteHTTPException)
-    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         kinds = {404: "not_found", 405: "method_not_allowed", 413: "too_large"}
         response = body(exc.status_code, kinds.get(exc.status_code, "http_error"), str(exc.detail))
-        response.headers.update(exc.headers or {})  # e.g. a 405's Allow (RFC 9110)
+        response.headers.update(exc.headers or {})
+        if exc.status_code == 405:
+            # RFC 9110: a 405 lists every method of the path; Starlette's names only the
+            # first route's (GET /runs, not POST /runs too).
+            methods = set()
+            for route in api.router.routes:
+                if route.matches(request.scope)[0] is Match.PARTIAL:
+                    methods |= getattr(route, "methods", None) or set()
+            if methods:
+                response.headers["Allow"] = ", ".join(sorted(methods))
         return response
 
 

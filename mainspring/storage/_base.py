@@ -291,8 +291,11 @@ class Store(ApiTables, ABC):
         workflow: str | None = None,
         limit: int = 50,
         offset: int = 0,
+        since: float | None = None,
+        search: str | None = None,
     ) -> list[RunRecord]:
-        """Newest first."""
+        """Newest first. ``since``: created at or after this time; ``search``: text
+        found (case-insensitively) in the id, key, input, output or error."""
         where: list[str] = []
         params: list[Any] = []
         if statuses:
@@ -301,6 +304,14 @@ class Store(ApiTables, ABC):
         if workflow:
             where.append("workflow = ?")
             params.append(workflow)
+        if since is not None:
+            where.append("created_at >= ?")
+            params.append(since)
+        if search:
+            escaped = search.lower().replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+            columns = ("id", "idem_key", "input", "output", "error")
+            where.append("(" + " OR ".join(f"LOWER({c}) LIKE ? ESCAPE '\\'" for c in columns) + ")")
+            params.extend([f"%{escaped}%"] * len(columns))
         sql = f"SELECT {_RUN_COLUMNS} FROM ms_runs"
         if where:
             sql += " WHERE " + " AND ".join(where)
@@ -325,6 +336,98 @@ class Store(ApiTables, ABC):
         with self._read() as cur:
             cur.execute("SELECT status, COUNT(*) FROM ms_runs GROUP BY status")
             return {status: n for status, n in cur.fetchall()}
+
+    def run_stamps(self) -> list[tuple[str, str, str, float]]:
+        """``(id, workflow, status, updated_at)`` of every run: what a metrics scrape
+        needs to tell which runs changed."""
+        with self._read() as cur:
+            cur.execute("SELECT id, workflow, status, updated_at FROM ms_runs")
+            return [(r[0], r[1], r[2], r[3]) for r in cur.fetchall()]
+
+    def fork_run(
+        self,
+        source: RunRecord,
+        *,
+        run_id: str,
+        session: int,
+        upto_seq: int,
+        output: str | None,
+        now: float,
+    ) -> RunRecord:
+        """A new queued run of ``source``'s workflow and input whose journal is a copy
+        of ``source``'s session ``session`` up to and including ``upto_seq``.
+
+        ``output`` replaces the journaled output of that last step (``None``: kept).
+        The new run starts in ``session`` with ``source``'s hand-off, which the caller
+        must have checked is the hand-off of that session.
+        """
+        with self._write() as cur:
+            cur.execute(
+                "INSERT INTO ms_runs (id, workflow, status, input, session, handoff,"
+                " created_at, updated_at) VALUES (?, ?, 'queued', ?, ?, ?, ?, ?)",
+                (
+                    run_id,
+                    source.workflow,
+                    source.input,
+                    session,
+                    source.handoff if session else None,
+                    now,
+                    now,
+                ),
+            )
+            cur.execute(
+                f"SELECT {_STEP_COLUMNS} FROM ms_steps WHERE run_id = ? AND session = ?"
+                " AND seq <= ? ORDER BY seq",
+                (source.id, session, upto_seq),
+            )
+            rows = [_step(r) for r in cur.fetchall()]
+            for r in rows:
+                r.run_id, r.epoch = run_id, 0
+                if r.seq == upto_seq and output is not None:
+                    r.output = output
+            if rows:
+                cur.executemany(_UPSERT_STEP, [_step_params(r) for r in rows])
+            self._notify(cur)
+            cur.execute(f"SELECT {_RUN_COLUMNS} FROM ms_runs WHERE id = ?", (run_id,))
+            return _run(cur.fetchone())
+
+    def retry_run(self, run_id: str, *, from_seq: int | None, now: float) -> RunRecord:
+        """Queue a failed run again. Journal rows of its current session from
+        ``from_seq`` on are deleted, so that step runs again; earlier rows replay.
+
+        Raises:
+            RunNotFound: no such run.
+            RunConflict: the run is not failed (a concurrent retry got there first).
+        """
+        with self._write() as cur:
+            cur.execute(f"SELECT {_RUN_COLUMNS} FROM ms_runs WHERE id = ?", (run_id,))
+            row = cur.fetchone()
+            if row is None:
+                raise RunNotFound(f"cannot retry: no run {run_id!r}")
+            run = _run(row)
+            if run.status != "failed":
+                raise RunConflict(
+                    f"cannot retry run {run_id!r}: it is {run.status}, and only a failed run "
+                    "can be retried",
+                    run_id=run_id,
+                )
+            if from_seq is not None:
+                cur.execute(
+                    "DELETE FROM ms_steps WHERE run_id = ? AND session = ? AND seq >= ?",
+                    (run_id, run.session, from_seq),
+                )
+            cur.execute(
+                "UPDATE ms_runs SET status = 'queued', output = NULL, error = NULL,"
+                " finished_at = NULL, owner = NULL, lease_until = NULL, wake_at = NULL,"
+                " wait_reason = NULL, wait_signal = NULL, recoveries = 0,"
+                " cancel_requested = 0, updated_at = ? WHERE id = ? AND status = 'failed'",
+                (now, run_id),
+            )
+            if cur.rowcount != 1:  # retried concurrently: raising rolls the delete back
+                raise RunConflict(f"run {run_id!r} was retried concurrently", run_id=run_id)
+            self._notify(cur)
+            cur.execute(f"SELECT {_RUN_COLUMNS} FROM ms_runs WHERE id = ?", (run_id,))
+            return _run(cur.fetchone())
 
     def load_steps(self, run_id: str, session: int | None = None) -> list[StepRecord]:
         """A run's journal in order; one session's only when ``session`` is given."""

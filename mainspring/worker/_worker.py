@@ -113,6 +113,7 @@ class Worker:
             threads=threads,
             default_retry=app.default_retry,
             inline_wait_s=app.inline_wait_s,
+            redact=app.redactor.redact_json if app.redactor is not None else None,
         )
         heartbeat = asyncio.create_task(self._heartbeat_loop())
         loop = asyncio.get_running_loop()

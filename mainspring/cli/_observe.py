@@ -1,0 +1,201 @@
+"""``mainspring trace / tail / doctor / fork / retry``: seeing and steering one run."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Annotated, Any
+
+import typer
+from rich.text import Text
+from rich.tree import Tree
+
+from .._errors import ConfigError
+from ..observability import RunTrace, TraceEntry, progress
+from ._common import AppOption, DbOption, JsonOption, cli_errors, console, open_app, print_json
+
+__all__ = ["doctor", "fork", "retry", "tail", "trace"]
+
+RunArg = Annotated[str, typer.Argument(metavar="RUN", help="The run's id.")]
+_STATUS_STYLE = {"started": "blue", "retrying": "yellow", "completed": "green", "failed": "red"}
+
+
+def trace(
+    run_id: RunArg, db: DbOption = None, app_spec: AppOption = None, as_json: JsonOption = False
+) -> None:
+    """A run's timeline: each step with its duration, tokens, cost and errors."""
+    with cli_errors(), open_app(db, app_spec) as app:
+        t = app.trace(run_id)
+    if as_json:
+        print_json(t.to_json())
+        return
+    console().print(_tree(t))
+
+
+def tail(
+    run_id: RunArg,
+    db: DbOption = None,
+    app_spec: AppOption = None,
+    interval: Annotated[float, typer.Option(min=0.05, help="Seconds between looks.")] = 1.0,
+) -> None:
+    """Follow a run live (step, plan items done, tokens, cost, status) until it finishes."""
+    with cli_errors(), open_app(db, app_spec) as app:
+        out = console()
+        last = None
+        while True:
+            t = app.trace(run_id)
+            p = progress(t)
+            line = (
+                f"{p.status:<9} steps {p.steps:>4}  plan {p.plan_done}/{p.plan_total}  "
+                f"tokens {p.tokens_in:,} in / {p.tokens_out:,} out  ${p.cost_usd:.4f}  "
+                f"errors {p.errors}  at {p.current or '-'}"
+            )
+            if line != last:
+                out.print(line)
+                last = line
+            if t.run.finished:
+                break
+            time.sleep(interval)
+    if t.run.status != "succeeded":
+        raise typer.Exit(1)
+
+
+def doctor(
+    run_id: RunArg,
+    db: DbOption = None,
+    app_spec: AppOption = None,
+    stall_after: Annotated[
+        float, typer.Option(min=1, help="An unfinished run quiet this many seconds is stalled.")
+    ] = 600.0,
+    as_json: JsonOption = False,
+) -> None:
+    """Diagnose a stuck or failed run with the failure table, and say what to check next."""
+    with cli_errors(), open_app(db, app_spec) as app:
+        d = app.diagnose(run_id, stall_after_s=stall_after)
+    if as_json:
+        print_json(d.to_json())
+        return
+    out = console()
+    out.print(Text(f"run {d.run_id} ({d.status}): {d.summary}", style="bold"))
+    for f in d.findings:
+        out.print(Text(f"\n● {f.title} [{f.kind}]", style="bold red"))
+        for line in f.evidence:
+            out.print(f"  - {line}")
+        out.print("  check next:")
+        for line in f.next_steps:
+            out.print(f"  → {line}")
+    if not d.findings:
+        out.print("\ncheck next: `mainspring trace RUN` for each step's errors and timings")
+
+
+def fork(
+    run_id: RunArg,
+    from_step: Annotated[
+        str,
+        typer.Option("--from-step", metavar="N", help="Keep the journal up to step N (or S:N)."),
+    ],
+    edit_state: Annotated[
+        str | None,
+        typer.Option(
+            "--edit-state",
+            metavar="JSON",
+            help="Merge this JSON (RFC 7386) into step N's recorded output first.",
+        ),
+    ] = None,
+    db: DbOption = None,
+    app_spec: AppOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Start a new run that replays RUN's journal up to step N and runs live after it."""
+    with cli_errors():
+        edit: dict[str, Any] = {}
+        if edit_state is not None:
+            try:
+                edit = {"edit": json.loads(edit_state)}
+            except ValueError as exc:
+                raise ConfigError(
+                    f"--edit-state is not valid JSON ({exc}): {edit_state!r}"
+                ) from None
+        with open_app(db, app_spec) as app:
+            handle = app.fork(run_id, from_step=from_step, **edit)
+    if as_json:
+        print_json({"run_id": handle.run_id, "forked_from": run_id, "from_step": from_step})
+        return
+    console().print(
+        f"forked run {run_id} at step {from_step} into run {handle.run_id} (queued); "
+        "a worker executes it"
+    )
+
+
+def retry(run_id: RunArg, db: DbOption = None, app_spec: AppOption = None) -> None:
+    """Resume a failed run from its failing step (completed steps are not run again)."""
+    with cli_errors(), open_app(db, app_spec) as app:
+        app.retry(run_id)
+    console().print(f"run {run_id} queued again from its failing step; a worker resumes it")
+
+
+# -- rendering --------------------------------------------------------------------------
+
+
+def _tree(t: RunTrace) -> Tree:
+    r = t.run
+    took = f", {_secs(t.duration_s)}" if t.duration_s is not None else ""
+    head = Text(f"run {r.id} {r.workflow} ", style="bold")
+    head.append(
+        r.status,
+        style="green" if r.status == "succeeded" else "red" if r.status == "failed" else "blue",
+    )
+    head.append(
+        f"{took} · {len(t.entries)} steps · tokens {t.tokens_in:,} in / {t.tokens_out:,} out"
+        f" · ${t.cost_usd:.4f}"
+    )
+    root = Tree(head)
+    sessions = sorted({e.session for e in t.entries})
+    for session in sessions:
+        branch = root.add(f"session {session}") if len(sessions) > 1 else root
+        turn: Tree | None = None
+        for e in (e for e in t.entries if e.session == session):
+            label = _line(e)
+            if e.kind == "model":
+                turn = branch.add(label)
+            elif e.kind == "tool" and turn is not None:
+                turn.add(label)
+            else:
+                turn = None
+                branch.add(label)
+    if r.status == "failed" and r.error:
+        try:
+            err = json.loads(r.error)
+            root.add(Text(f"error {err.get('type', '')}: {err.get('message', '')}", style="red"))
+        except ValueError:
+            root.add(Text(f"error {r.error}", style="red"))
+    return root
+
+
+def _line(e: TraceEntry) -> Text:
+    out = Text(f"{e.position:>5} ")
+    out.append(e.name, style="bold" if e.kind == "model" else "")
+    out.append(f" {e.status}", style=_STATUS_STYLE.get(e.status, ""))
+    if e.latency_s is not None:
+        out.append(f" {_secs(e.latency_s)}")
+    if e.retries:
+        out.append(f" attempt {e.attempt}", style="yellow")
+    if e.tokens_in or e.tokens_out:
+        out.append(f" {e.tokens_in:,}→{e.tokens_out:,} tok ${e.cost_usd:.4f}", style="cyan")
+    if e.input_summary:
+        out.append(f" in {e.input_summary[:60]}", style="dim")
+    if e.output_summary:
+        out.append(f" out {e.output_summary[:60]}", style="dim")
+    if e.error_class:
+        out.append(f" {e.error_class}: {(e.error_message or '')[:80]}", style="red")
+    return out
+
+
+def _secs(s: float | None) -> str:
+    if s is None:
+        return "-"
+    if s < 1:
+        return f"{s * 1000:.0f}ms"
+    if s < 120:
+        return f"{s:.1f}s"
+    return f"{s / 60:.1f}m"

@@ -1,0 +1,34 @@
+"""Seeing runs: step traces, secret redaction, Prometheus metrics, OpenTelemetry
+export, and ``doctor``'s diagnosis by the failure table.
+
+``App.trace(run_id)`` returns a :class:`RunTrace`; :class:`MetricsCollector` (the
+``[metrics]`` extra) renders what ``/metrics`` serves; :func:`export_trace` (the
+``[otel]`` extra) emits a run as GenAI-convention spans.
+"""
+
+from ._doctor import Diagnosis, Finding, FindingKind, Progress, diagnose, progress
+from ._metrics import LATENCY_BUCKETS, MetricsCollector, metrics_text
+from ._otel import export_trace
+from ._redact import BUILTIN_PATTERNS, SECRET_KEYS, Redactor
+from ._trace import RunTrace, TraceEntry, TraceKind, build_trace, trace_entries
+
+__all__ = [
+    "BUILTIN_PATTERNS",
+    "LATENCY_BUCKETS",
+    "SECRET_KEYS",
+    "Diagnosis",
+    "Finding",
+    "FindingKind",
+    "MetricsCollector",
+    "Progress",
+    "Redactor",
+    "RunTrace",
+    "TraceEntry",
+    "TraceKind",
+    "build_trace",
+    "diagnose",
+    "export_trace",
+    "metrics_text",
+    "progress",
+    "trace_entries",
+]

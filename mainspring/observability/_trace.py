@@ -1,0 +1,261 @@
+"""A run's trace: one entry per journaled step, derived from the journal as stored.
+
+Nothing extra is written while a run executes (the step overhead stays what it
+is): latency comes from the row's timings, tokens from the usage a model step
+journaled with its reply, cost from the price table, the error class from the
+journaled error, and a tool call's input from the model reply that asked for it.
+Every payload was redacted before it was journaled, so the trace is too.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from ..limits import Price, cost_usd
+from ..models._types import Usage
+from ..storage import RunRecord, StepRecord
+
+__all__ = ["RunTrace", "TraceEntry", "TraceKind", "build_trace", "trace_entries"]
+
+TraceKind = Literal["model", "tool", "step", "sleep", "signal", "now", "uuid", "random"]
+
+_SUMMARY = 160
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TraceEntry:
+    """One step of a run, as the trace shows it.
+
+    Attributes:
+        kind: ``"model"`` (a model call), ``"tool"``, ``"step"`` (any other
+            ``ctx.step``), or the journal kind of a wait or a recorded value.
+        name: the journal name (``model:openai:gpt-4.1``, ``tool:send_email``, ...).
+        position: ``"session:seq"``, the step's place in the journal.
+        status: ``started``, ``retrying``, ``completed`` or ``failed``.
+        attempt: the attempt that ended (or is running); ``attempt - 1`` retries.
+        latency_s: seconds from the last attempt's start to its end (``None`` while
+            it runs).
+        input_summary / output_summary: short, redacted renderings.
+        tokens_in / tokens_out / cost_usd: a model call's usage and its price.
+        model / tool: what was called.
+        calls: a model step's requested tool calls, ``(name, arguments JSON)``.
+        error_class / error_message: the step's journaled error: why it failed, or
+            why its previous attempt did (for a step that then succeeded).
+    """
+
+    session: int
+    seq: int
+    kind: TraceKind
+    name: str
+    status: str
+    attempt: int
+    started_at: float
+    finished_at: float | None
+    latency_s: float | None
+    input_summary: str | None = None
+    output_summary: str | None = None
+    tokens_in: int = 0
+    tokens_out: int = 0
+    cost_usd: float = 0.0
+    model: str | None = None
+    tool: str | None = None
+    error_class: str | None = None
+    error_message: str | None = None
+    calls: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def position(self) -> str:
+        return f"{self.session}:{self.seq}"
+
+    @property
+    def retries(self) -> int:
+        return max(0, self.attempt - 1)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunTrace:
+    """A run and the trace of its steps, in journal order."""
+
+    run: RunRecord
+    entries: tuple[TraceEntry, ...]
+
+    @property
+    def tokens_in(self) -> int:
+        return sum(e.tokens_in for e in self.entries)
+
+    @property
+    def tokens_out(self) -> int:
+        return sum(e.tokens_out for e in self.entries)
+
+    @property
+    def cost_usd(self) -> float:
+        return sum(e.cost_usd for e in self.entries)
+
+    @property
+    def duration_s(self) -> float | None:
+        """From creation to the end (``None`` while the run is unfinished)."""
+        if self.run.finished_at is None:
+            return None
+        return self.run.finished_at - self.run.created_at
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain JSON values (what ``mainspring trace --json`` prints)."""
+        r = self.run
+        return {
+            "run": {
+                "id": r.id,
+                "workflow": r.workflow,
+                "status": r.status,
+                "session": r.session,
+                "created_at": r.created_at,
+                "finished_at": r.finished_at,
+                "error": _loads(r.error),
+            },
+            "totals": {
+                "steps": len(self.entries),
+                "tokens_in": self.tokens_in,
+                "tokens_out": self.tokens_out,
+                "cost_usd": round(self.cost_usd, 6),
+                "retries": sum(e.retries for e in self.entries),
+                "errors": sum(1 for e in self.entries if e.error_class),
+                "duration_s": self.duration_s,
+            },
+            "steps": [
+                {
+                    "position": e.position,
+                    "session": e.session,
+                    "seq": e.seq,
+                    "kind": e.kind,
+                    "name": e.name,
+                    "status": e.status,
+                    "attempt": e.attempt,
+                    "started_at": e.started_at,
+                    "finished_at": e.finished_at,
+                    "latency_s": e.latency_s,
+                    "input": e.input_summary,
+                    "output": e.output_summary,
+                    "tokens_in": e.tokens_in,
+                    "tokens_out": e.tokens_out,
+                    "cost_usd": round(e.cost_usd, 8),
+                    "model": e.model,
+                    "tool": e.tool,
+                    "error_class": e.error_class,
+                    "error_message": e.error_message,
+                    "tool_calls": [{"name": n, "arguments": a} for n, a in e.calls],
+                }
+                for e in self.entries
+            ],
+        }
+
+
+def build_trace(
+    run: RunRecord, steps: list[StepRecord], prices: dict[str, Price] | None = None
+) -> RunTrace:
+    """The trace of ``run`` from its journal rows (``Store.load_steps``)."""
+    return RunTrace(run=run, entries=tuple(trace_entries(steps, prices)))
+
+
+def trace_entries(
+    steps: list[StepRecord], prices: dict[str, Price] | None = None
+) -> list[TraceEntry]:
+    """Trace entries of journal rows in journal order (several runs may be mixed:
+    each row's tool inputs are looked up in the model reply of its own run)."""
+    out: list[TraceEntry] = []
+    # Tool calls a model reply asked for and no tool step has taken yet, by run and name.
+    waiting: dict[tuple[str, str], deque[str]] = {}
+    for s in steps:
+        kind: TraceKind = s.kind if s.kind != "step" else "step"
+        latency = None if s.finished_at is None else max(0.0, s.finished_at - s.started_at)
+        err = _loads(s.error)
+        error_class = error_message = None
+        if isinstance(err, dict):
+            error_class = str(err.get("type", "Error")).rsplit(".", 1)[-1]
+            error_message = _clip(str(err.get("message", "")))
+        fields: dict[str, Any] = {}
+        if s.kind == "step" and s.name.startswith("model:"):
+            kind = "model"
+            fields = _model_fields(s, prices, waiting)
+        elif s.kind == "step" and s.name.startswith("tool:"):
+            kind = "tool"
+            tool = s.name[5:]
+            queue = waiting.get((s.run_id, tool))
+            fields = {
+                "tool": tool,
+                "input_summary": queue.popleft() if queue else None,
+                "output_summary": _clip(s.output) if s.output is not None else None,
+            }
+        elif s.kind == "sleep":
+            fields = {"input_summary": None if s.wake_at is None else f"until {s.wake_at:.3f}"}
+        elif s.kind == "signal":
+            fields = {"input_summary": f"wait for {s.name!r}", "output_summary": _clip(s.output)}
+        else:
+            fields = {"output_summary": _clip(s.output) if s.output is not None else None}
+        out.append(
+            TraceEntry(
+                session=s.session,
+                seq=s.seq,
+                kind=kind,
+                name=s.name,
+                status=s.status,
+                attempt=s.attempt,
+                started_at=s.started_at,
+                finished_at=s.finished_at,
+                latency_s=latency,
+                error_class=error_class,
+                error_message=error_message,
+                **fields,
+            )
+        )
+    return out
+
+
+def _model_fields(
+    s: StepRecord, prices: dict[str, Price] | None, waiting: dict[tuple[str, str], deque[str]]
+) -> dict[str, Any]:
+    # "model:openai:gpt-4.1" -> "gpt-4.1": the id the price table knows.
+    model_id = s.name.split(":", 2)[-1]
+    reply = _loads(s.output) if s.status == "completed" else None
+    if not isinstance(reply, dict):
+        return {"model": model_id}
+    raw_usage = reply.get("usage") or {}
+    usage = Usage(
+        input_tokens=int(raw_usage.get("input_tokens", 0)),
+        output_tokens=int(raw_usage.get("output_tokens", 0)),
+        cache_read_tokens=int(raw_usage.get("cache_read_tokens", 0)),
+        cache_write_tokens=int(raw_usage.get("cache_write_tokens", 0)),
+    )
+    calls = reply.get("tool_calls") or []
+    parts: list[str] = []
+    for c in calls:
+        name, args = str(c.get("name", "")), str(c.get("arguments", ""))
+        waiting.setdefault((s.run_id, name), deque()).append(_clip(args))
+        parts.append(f"{name}({args})")
+    text = reply.get("text")
+    summary = " ".join(p for p in [text.strip() if isinstance(text, str) else "", *parts] if p)
+    return {
+        "model": model_id,
+        "tokens_in": usage.input_tokens,
+        "tokens_out": usage.output_tokens,
+        "cost_usd": cost_usd(model_id, usage, prices),
+        "output_summary": _clip(summary) if summary else None,
+        "calls": tuple((str(c.get("name", "")), str(c.get("arguments", ""))) for c in calls),
+    }
+
+
+def _loads(text: str | None) -> Any:
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def _clip(text: str | None, width: int = _SUMMARY) -> str:
+    if text is None:
+        return ""
+    one = " ".join(text.split())
+    return one if len(one) <= width else one[: width - 1] + "…"

@@ -1,0 +1,330 @@
+"""Traces, redaction, metrics, OpenTelemetry export, fork and retry (both backends)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _helpers import drain
+from prometheus_client.parser import text_string_to_metric_families
+
+import mainspring as ms
+from mainspring.limits import Price
+from mainspring.models import ModelResponse, Usage
+from mainspring.observability import Redactor
+from mainspring.testing import EffectLedger, FakeClock, ScriptedModel
+
+call = ScriptedModel.call
+SECRET = "sk-proj-" + "A1b2C3d4E5f6G7h8I9j0KLMN"
+PRICES = {"scripted": Price(input=1.0, output=2.0)}
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock(start=1_700_000_000.0)
+
+
+@pytest.fixture
+def fapp(db_url: str, clock: FakeClock) -> ms.App:
+    return ms.App(db_url, clock=clock, poll_interval_s=0.01, inline_wait_s=0.0)
+
+
+def _reply(turn: ModelResponse, tokens_in: int, tokens_out: int) -> ModelResponse:
+    return ModelResponse(
+        text=turn.text,
+        tool_calls=turn.tool_calls,
+        finish_reason=turn.finish_reason,
+        usage=Usage(input_tokens=tokens_in, output_tokens=tokens_out),
+    )
+
+
+async def _support_run(app: ms.App, clock: FakeClock) -> tuple[str, list[str]]:
+    sent: list[str] = []
+
+    @app.tool
+    def lookup_ticket(ticket: int) -> dict[str, Any]:
+        """Read a ticket."""
+        clock.advance(0.25)
+        return {"ticket": ticket, "text": "printer on fire"}
+
+    @app.tool(effect="write")
+    def login(user: str, password: str) -> str:
+        """Log in to the help desk."""
+        sent.append(password)
+        clock.advance(0.5)
+        return f"logged in as {user}"
+
+    model = ScriptedModel(
+        [
+            _reply(call("update_state", {"plan": [{"text": "read"}, {"text": "reply"}]}), 100, 10),
+            _reply(call("lookup_ticket", {"ticket": 7}), 120, 12),
+            _reply(call("login", {"user": "ana", "password": SECRET}), 140, 14),
+            _reply(call("finish", {"answer": "done"}), 160, 16),
+        ]
+    )
+    agent = app.agent(
+        "support", model=model, instructions="x", tools=[lookup_ticket, login], prices=PRICES
+    )
+    await app.run(agent, "Answer ticket 7")
+    return app.list_runs()[0].id, sent
+
+
+async def test_trace_of_a_scripted_agent_run(fapp: ms.App, clock: FakeClock) -> None:
+    run_id, sent = await _support_run(fapp, clock)
+    trace = fapp.trace(run_id)
+    assert isinstance(trace, ms.RunTrace)
+    kinds = [(e.kind, e.name) for e in trace.entries]
+    assert kinds == [
+        ("model", "model:scripted:scripted"),
+        ("model", "model:scripted:scripted"),
+        ("tool", "tool:lookup_ticket"),
+        ("model", "model:scripted:scripted"),
+        ("tool", "tool:login"),
+        ("model", "model:scripted:scripted"),
+    ]
+    models = [e for e in trace.entries if e.kind == "model"]
+    assert [(e.tokens_in, e.tokens_out) for e in models] == [
+        (100, 10),
+        (120, 12),
+        (140, 14),
+        (160, 16),
+    ]
+    assert models[0].cost_usd == pytest.approx((100 * 1.0 + 10 * 2.0) / 1e6)
+    assert trace.tokens_in == 520 and trace.tokens_out == 52
+    assert trace.cost_usd == pytest.approx((520 + 52 * 2) / 1e6)
+    lookup = trace.entries[2]
+    assert lookup.tool == "lookup_ticket"
+    assert lookup.input_summary == '{"ticket": 7}'
+    assert lookup.output_summary is not None and "printer on fire" in lookup.output_summary
+    assert lookup.latency_s == pytest.approx(0.25)
+    assert (lookup.attempt, lookup.status, lookup.error_class) == (1, "completed", None)
+    # The secret was redacted before it was journaled: neither the journal, nor the
+    # trace, nor the JSON export holds it; the tool saw what a replay would see.
+    login = trace.entries[4]
+    assert login.input_summary is not None and "[REDACTED]" in login.input_summary
+    everything = json.dumps(trace.to_json()) + "".join(
+        (s.output or "") + (s.error or "") for s in fapp.steps(run_id)
+    )
+    assert SECRET not in everything
+    assert "[REDACTED]" in everything
+    assert sent == ["[REDACTED]"]
+
+
+def test_redactor_shapes_and_configured_patterns() -> None:
+    r = Redactor(patterns=[r"(card=)\d{12,19}"], keys=["pin"])
+    text = json.dumps(
+        {
+            "a": "key sk-ant-api03-abcdefghijklmnop and AKIAABCDEFGHIJKLMNOP",
+            "b": "ghp_" + "x" * 36 + " xoxb-1234567890-abc",
+            "c": "Authorization: Bearer eyJhbGciOi.payload.sig",
+            "d": "login?user=ana&password=hunter2&x=1",
+            "e": "card=4111111111111111",
+            "pin": "1234",
+            "nested": json.dumps({"password": "hunter2", "user": "ana"}),
+            "clean": "nothing to see",
+        }
+    )
+    out = json.loads(r.redact_json(text))
+    blob = json.dumps(out)
+    for secret in ("sk-ant-api03", "AKIAABCD", "ghp_xxx", "xoxb-123", "eyJhbG", "hunter2", "4111"):
+        assert secret not in blob, secret
+    assert out["c"] == "Authorization: Bearer [REDACTED]"
+    assert out["d"] == "login?user=ana&password=[REDACTED]&x=1"
+    assert out["e"] == "card=[REDACTED]"
+    assert out["pin"] == "[REDACTED]"
+    assert json.loads(out["nested"]) == {"password": "[REDACTED]", "user": "ana"}
+    assert out["clean"] == "nothing to see"
+    clean = '{"a":"nothing"}'
+    assert r.redact_json(clean) is clean
+    with pytest.raises(ms.ConfigError, match="not a regex"):
+        Redactor(patterns=["("])
+
+
+async def test_redaction_can_be_turned_off(db_url: str) -> None:
+    app = ms.App(db_url, redact=None)
+
+    @app.workflow
+    async def leak(ctx: ms.RunContext) -> str:
+        return await ctx.step(lambda: SECRET, name="read")
+
+    try:
+        assert await app.run(leak) == SECRET
+        assert SECRET in (app.steps(app.list_runs()[0].id)[0].output or "")
+    finally:
+        app.close()
+
+
+async def test_metrics_parse_back(fapp: ms.App, clock: FakeClock) -> None:
+    await _support_run(fapp, clock)
+
+    @fapp.workflow
+    async def broken(ctx: ms.RunContext) -> None:
+        async def limited() -> None:
+            raise ms.RateLimited("429 slow down", retry_after=0)
+
+        await ctx.step(limited, retry=ms.RetryPolicy(max_attempts=2, initial_s=0.0, jitter=False))
+
+    fapp.submit(broken)
+    await drain(fapp)
+    body, content_type = fapp.metrics().render()
+    assert content_type.startswith("text/plain")
+    families = {f.name: f for f in text_string_to_metric_families(body.decode())}
+    runs = {s.labels["status"]: s.value for s in families["mainspring_runs"].samples}
+    assert runs == {"succeeded": 1.0, "failed": 1.0}
+    tokens = {
+        (s.labels["workflow"], s.labels["direction"]): s.value
+        for s in families["mainspring_tokens"].samples
+        if s.name == "mainspring_tokens_total"
+    }
+    assert tokens == {
+        ("support", "input"): 520.0,
+        ("support", "output"): 52.0,
+        ("broken", "input"): 0.0,
+        ("broken", "output"): 0.0,
+    }
+    cost = {
+        s.labels["workflow"]: s.value
+        for s in families["mainspring_cost_usd"].samples
+        if s.name.endswith("_total")
+    }
+    assert cost["support"] == pytest.approx((520 + 104) / 1e6)
+    hist = {
+        (s.name, s.labels.get("kind"), s.labels.get("le")): s.value
+        for s in families["mainspring_step_latency_seconds"].samples
+    }
+    assert hist[("mainspring_step_latency_seconds_count", "tool", None)] == 2
+    assert hist[("mainspring_step_latency_seconds_bucket", "tool", "0.25")] == 1
+    assert hist[("mainspring_step_latency_seconds_bucket", "tool", "0.5")] == 2
+    assert hist[("mainspring_step_latency_seconds_sum", "tool", None)] == pytest.approx(0.75)
+    retries = {s.labels["kind"]: s.value for s in families["mainspring_step_retries"].samples}
+    limited = {s.labels["kind"]: s.value for s in families["mainspring_rate_limited"].samples}
+    assert retries["step"] == 1 and limited["step"] == 1
+    # A second scrape serves finished runs from the cache and agrees.
+    again = fapp.metrics().render()[0]
+    assert again == body
+
+
+async def test_otel_spans_follow_genai_conventions(fapp: ms.App, clock: FakeClock) -> None:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from mainspring.observability import export_trace
+
+    run_id, _ = await _support_run(fapp, clock)
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    export_trace(fapp.trace(run_id), tracer_provider=provider)
+    spans = exporter.get_finished_spans()
+    assert len({s.context.trace_id for s in spans}) == 1  # one trace per run
+    root = next(s for s in spans if s.parent is None)
+    assert root.name == "invoke_agent support"
+    assert root.attributes["gen_ai.operation.name"] == "invoke_agent"
+    assert root.attributes["mainspring.run.id"] == run_id
+    chats = [s for s in spans if s.attributes.get("gen_ai.operation.name") == "chat"]
+    assert len(chats) == 4
+    assert chats[0].attributes["gen_ai.request.model"] == "scripted"
+    assert chats[0].attributes["gen_ai.usage.input_tokens"] == 100
+    assert chats[0].attributes["gen_ai.usage.output_tokens"] == 10
+    tools = [s for s in spans if s.attributes.get("gen_ai.operation.name") == "execute_tool"]
+    assert [s.attributes["gen_ai.tool.name"] for s in tools] == ["lookup_ticket", "login"]
+    assert all(s.parent is not None and s.parent.span_id == root.context.span_id for s in tools)
+    assert abs(tools[0].end_time - tools[0].start_time - 250_000_000) < 1_000
+    assert SECRET not in str(tools[1].attributes)
+
+
+# -- fork and retry --------------------------------------------------------------------
+
+
+def _ledger_app(app: ms.App, ledger: EffectLedger, fail: dict[str, bool]) -> Any:
+    async def charge(n: int) -> int:
+        ledger.apply(ms.current_step().idempotency_key, "charge", {"n": n})
+        if fail.get(f"charge{n}"):
+            raise ValueError(f"card {n} declined")
+        return n * 10
+
+    @app.workflow
+    async def billing(ctx: ms.RunContext, count: int) -> list[int]:
+        return [
+            await ctx.step(charge, i, name=f"charge{i}", retry=ms.RetryPolicy.never())
+            for i in range(count)
+        ]
+
+    return billing
+
+
+async def test_retry_resumes_from_the_failing_step(fapp: ms.App, tmp_path: Path) -> None:
+    ledger = EffectLedger(tmp_path / "ledger.db")
+    fail = {"charge2": True}
+    billing = _ledger_app(fapp, ledger, fail)
+    run_id = fapp.submit(billing, 4).run_id
+    await drain(fapp)
+    assert fapp.get_run(run_id).status == "failed"
+    assert ledger.report().calls == 3
+    fail.clear()
+    handle = fapp.retry(run_id)
+    assert handle.run_id == run_id and fapp.get_run(run_id).status == "queued"
+    await drain(fapp)
+    assert await fapp.result(run_id) == [0, 10, 20, 30]
+    report = ledger.report()
+    # charge0 and charge1 never ran again; charge2 ran again under the same key.
+    assert report.calls == 5
+    assert report.duplicate_calls == {f"{run_id}:0:2": 2}
+    with pytest.raises(ms.RunConflict, match="only a failed run"):
+        fapp.retry(run_id)
+    with pytest.raises(ms.RunNotFound):
+        fapp.retry("nope")
+
+
+async def test_fork_replays_up_to_the_step_and_runs_live_after(
+    fapp: ms.App, tmp_path: Path
+) -> None:
+    ledger = EffectLedger(tmp_path / "ledger.db")
+    billing = _ledger_app(fapp, ledger, {})
+    source = fapp.submit(billing, 4).run_id
+    await drain(fapp)
+    assert ledger.report().calls == 4
+    fork = fapp.fork(source, from_step=1, edit=99)
+    assert fork.run_id != source
+    await drain(fapp)
+    assert await fapp.result(fork.run_id) == [0, 99, 20, 30]
+    report = ledger.report()
+    assert report.calls == 6  # only charge2 and charge3 ran live in the fork
+    assert {k for k in report.duplicate_calls} == set()
+    assert [s.name for s in fapp.steps(fork.run_id)] == ["charge0", "charge1", "charge2", "charge3"]
+
+
+async def test_fork_and_retry_refuse_bad_input(fapp: ms.App, tmp_path: Path) -> None:
+    billing = _ledger_app(fapp, EffectLedger(tmp_path / "l.db"), {})
+    source = fapp.submit(billing, 2).run_id
+    await drain(fapp)
+    before = len(fapp.list_runs())
+    with pytest.raises(ms.ConfigError, match=r"has no step 0:7 .*steps 0\.\.1"):
+        fapp.fork(source, from_step=7)
+    with pytest.raises(ms.ConfigError, match="session:seq"):
+        fapp.fork(source, from_step="x")
+    with pytest.raises(ms.ConfigError, match="only session 0"):
+        fapp.fork(source, from_step="3:0")
+    with pytest.raises(ms.RunNotFound):
+        fapp.fork("nope", from_step=0)
+    with pytest.raises(ms.RunConflict, match="succeeded"):
+        fapp.retry(source)
+    assert len(fapp.list_runs()) == before
+
+
+async def test_list_runs_filters(fapp: ms.App, clock: FakeClock) -> None:
+    @fapp.workflow
+    async def echo(ctx: ms.RunContext, text: str) -> str:
+        return text
+
+    fapp.submit(echo, "Printer_on fire", key="k-1")
+    clock.advance(100)
+    late = fapp.submit(echo, "all 100% fine").run_id
+    assert [r.id for r in fapp.list_runs(since=clock.now() - 1)] == [late]
+    assert len(fapp.list_runs(search="printer_ON")) == 1
+    assert [r.id for r in fapp.list_runs(search="100%")] == [late]
+    assert fapp.list_runs(search="_x%") == []
+    assert len(fapp.list_runs(search="K-1")) == 1
