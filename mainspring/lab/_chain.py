@@ -309,7 +309,9 @@ class _Journaled:
         out = self.current = TrialOutcome(task=task, repeat=rep)
         start = self.clock.now()
         try:
-            result = await self.app.run("lab_chain", task, rep, steps, key=f"{task}:{rep}")
+            result: dict[str, Any] = await self.app.run(
+                "lab_chain", task, rep, steps, key=f"{task}:{rep}"
+            )
         except RunFailed as exc:
             error = exc.error if isinstance(exc.error, dict) else {}
             dead = "without progress" in str(error.get("message", ""))
@@ -372,8 +374,6 @@ async def _journaled(
     with tempfile.TemporaryDirectory(prefix="mainspring-lab-") as tmp, _quiet():
         runner = _Journaled(policy, d, p, ledger, Path(tmp))
         try:
-            return [
-                await runner.trial(steps, t, r) for t in range(tasks) for r in range(repeats)
-            ]
+            return [await runner.trial(steps, t, r) for t in range(tasks) for r in range(repeats)]
         finally:
             runner.close()

@@ -94,9 +94,7 @@ class LabProfile:
         return 1.0 - ok
 
     def call_cost(self) -> float:
-        return (
-            self.input_tokens * self.price_in + self.output_tokens * self.price_out
-        ) / 1_000_000
+        return (self.input_tokens * self.price_in + self.output_tokens * self.price_out) / 1_000_000
 
 
 def parse_policies(text: str) -> list[Policy]:
@@ -110,5 +108,5 @@ def parse_policies(text: str) -> list[Policy]:
                 f"unknown policy {part!r}: choose from {', '.join(POLICIES)} (or 'all')"
             )
         if part not in chosen:
-            chosen.append(part)  # type: ignore[arg-type]
+            chosen.append(part)
     return chosen
