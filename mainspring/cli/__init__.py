@@ -9,6 +9,7 @@ import typer
 from .._errors import MainspringError
 from ._db import db_commands, prune
 from ._demo import demo
+from ._lab import lab_commands, preflight
 from ._runs import cancel, runs, show, signal, submit
 from ._worker import worker
 
@@ -37,6 +38,8 @@ cli.command()(cancel)
 cli.command()(demo)
 cli.command()(prune)
 cli.add_typer(db_commands)
+cli.add_typer(lab_commands)
+cli.command()(preflight)
 
 
 def main() -> None:

@@ -11,27 +11,32 @@ kill real worker processes at random and audit the journal and the effect ledger
 
 from ._chaos import ChaosResult, run_chaos
 from ._plots import plot_results
+from ._preflight import CHECKS, Finding, PreflightReport, preflight
 from ._profile import POLICIES, POLICY_TITLES, FailureCause, LabProfile, Policy, parse_policies
 from ._report import html_report, markdown_report, rich_table
 from ._run import PASS_K, Cell, LabResult, parse_steps, run_lab
 from ._stats import pass_hat_k, theory_success, wilson
 
 __all__ = [
+    "CHECKS",
     "PASS_K",
     "POLICIES",
     "POLICY_TITLES",
     "Cell",
     "ChaosResult",
     "FailureCause",
+    "Finding",
     "LabProfile",
     "LabResult",
     "Policy",
+    "PreflightReport",
     "html_report",
     "markdown_report",
     "parse_policies",
     "parse_steps",
     "pass_hat_k",
     "plot_results",
+    "preflight",
     "rich_table",
     "run_chaos",
     "run_lab",
