@@ -334,10 +334,12 @@ def _schema_gaps(t: Tool[Any, Any]) -> list[str]:
 
 def _calls(fn: Callable[..., Any]) -> list[ast.Call]:
     try:
-        source = textwrap.dedent(inspect.getsource(fn))
+        lines, first = inspect.getsourcelines(fn)
     except (OSError, TypeError):
         return []
-    return [n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Call)]
+    tree = ast.parse(textwrap.dedent("".join(lines)))
+    ast.increment_lineno(tree, first - 1)  # line numbers of the file, for messages
+    return [n for n in ast.walk(tree) if isinstance(n, ast.Call)]
 
 
 def _dotted(node: ast.AST) -> tuple[str, ...]:
