@@ -204,17 +204,23 @@ def _chaos(
     try:
         for _ in range(workers):
             pool.start()
+        ready = time.monotonic() + 60
+        while not _running_owners(store, ids) and time.monotonic() < ready:
+            time.sleep(0.05)  # the first workers are importing; a kill now tests nothing
         for done in range(1, kills + 1):
             time.sleep(rng.uniform(*kill_every_s))
             alive = pool.alive()
             if not alive:
                 pool.start()
                 continue
-            victim = rng.choice(alive)
-            holding = _holds_a_run(store, ids, victim.pid)
+            # A random moment, and a worker holding runs when there is one: killing a
+            # worker still importing would test nothing.
+            owners = _running_owners(store, ids)
+            holders = [p for p in alive if any(f":{p.pid}:" in o for o in owners)]
+            victim = rng.choice(holders or alive)
             victim.send_signal(signal.SIGKILL)
             victim.wait(30)
-            mid_run += holding
+            mid_run += bool(holders)
             pool.start()  # a replacement, as a supervisor would
             if progress is not None:
                 progress(done, kills)
@@ -237,12 +243,13 @@ def _chaos(
         store.close()
 
 
-def _holds_a_run(store: Store, ids: list[str], pid: int | None) -> bool:
+def _running_owners(store: Store, ids: list[str]) -> list[str]:
     wanted = set(ids)
-    return any(
-        r.id in wanted and r.owner is not None and f":{pid}:" in r.owner
+    return [
+        r.owner
         for r in store.list_runs(statuses=["running"], limit=len(ids) * 4)
-    )
+        if r.id in wanted and r.owner is not None
+    ]
 
 
 def _all_finished(store: Store, ids: list[str]) -> bool:
