@@ -11,6 +11,7 @@ from ._db import db_commands, prune
 from ._demo import demo
 from ._human import answer, approve, pending
 from ._keys import keys_commands, webhooks_commands
+from ._lab import lab_commands, preflight
 from ._observe import doctor, fork, retry, tail, trace
 from ._runs import cancel, runs, show, signal, submit
 from ._serve import serve
@@ -52,6 +53,8 @@ cli.command()(prune)
 cli.add_typer(db_commands)
 cli.add_typer(keys_commands)
 cli.add_typer(webhooks_commands)
+cli.add_typer(lab_commands)
+cli.command()(preflight)
 
 
 def main() -> None:

@@ -1,0 +1,206 @@
+"""``mainspring lab`` (the reliability lab), ``lab chaos`` and ``mainspring preflight``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from .._errors import ConfigError
+from ._common import JsonOption, cli_errors, console, print_json
+
+__all__ = ["lab_commands", "preflight"]
+
+lab_commands = typer.Typer(
+    name="lab",
+    help="The reliability lab: policies under seeded faults; `lab chaos` kills real workers.",
+    invoke_without_command=True,
+    no_args_is_help=False,
+)
+
+
+@lab_commands.callback()
+def lab(
+    ctx: typer.Context,
+    steps: Annotated[str, typer.Option(help="Task lengths, comma-separated.")] = "3,5,8,12,20",
+    error_rate: Annotated[float, typer.Option(help="Model error rate per step attempt.")] = 0.1,
+    tool_failure_rate: Annotated[float, typer.Option(help="Tool failure rate.")] = 0.0,
+    timeout_rate: Annotated[float, typer.Option(help="Model call timeout rate.")] = 0.0,
+    malformed_rate: Annotated[float, typer.Option(help="Malformed model output rate.")] = 0.0,
+    crash_rate: Annotated[float, typer.Option(help="Worker crash rate per step.")] = 0.0,
+    correlated_rate: Annotated[
+        float, typer.Option(help="Per task and step: broken for every trial and attempt.")
+    ] = 0.0,
+    retries: Annotated[int, typer.Option(help="Retries per step for retrying policies.")] = 2,
+    policy: Annotated[
+        str,
+        typer.Option(
+            help="naive, retries, checkpoint, validate, mainspring (comma-separated) or all."
+        ),
+    ] = "all",
+    trials: Annotated[int, typer.Option(help="Trials per policy and task length.")] = 1000,
+    repeats: Annotated[int, typer.Option(help="Trials per task (for pass^k).")] = 10,
+    seed: Annotated[int, typer.Option(help="The seed of every fault.")] = 42,
+    out: Annotated[
+        Path | None,
+        typer.Option(metavar="DIR", help="Write report.md, report.html and PNG plots here."),
+    ] = None,
+    json_out: JsonOption = False,
+) -> None:
+    """Run seed 000's sandbox task under faults for each policy and compare them."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from ..lab import (
+        LabProfile,
+        html_report,
+        markdown_report,
+        parse_policies,
+        parse_steps,
+        plot_results,
+        rich_table,
+        run_lab,
+    )
+
+    with cli_errors():
+        profile = LabProfile(
+            model_error_rate=error_rate,
+            tool_failure_rate=tool_failure_rate,
+            timeout_rate=timeout_rate,
+            malformed_rate=malformed_rate,
+            crash_rate=crash_rate,
+            correlated_rate=correlated_rate,
+            retries=retries,
+        )
+        chosen = parse_policies(policy)
+        lengths = parse_steps(steps)
+        err = console()
+        err.stderr = True
+        with err.status("running trials...") as status:
+
+            def progress(p: str, n: int) -> None:
+                status.update(f"done: {p} at {n} steps")
+
+            result = run_lab(
+                profile,
+                steps=lengths,
+                policies=chosen,
+                trials=trials,
+                repeats=repeats,
+                seed=seed,
+                progress=progress,
+            )
+        plots: list[str] = []
+        if out is not None:
+            try:
+                plots = plot_results(result, out)
+            except ImportError as exc:
+                raise ConfigError(str(exc)) from None
+            (out / "report.md").write_text(markdown_report(result, plots))
+            (out / "report.html").write_text(html_report(result, plots))
+        if json_out:
+            print_json(result.to_dict())
+            return
+        console().print(rich_table(result))
+        if out is not None:
+            console().print(
+                f"report: {out / 'report.md'}, {out / 'report.html'}; plots: {', '.join(plots)}"
+            )
+
+
+@lab_commands.command()
+def chaos(
+    db: Annotated[
+        str | None,
+        typer.Option(
+            "--db",
+            metavar="URL",
+            help="sqlite:///... or postgresql://... (default: a temp SQLite file).",
+        ),
+    ] = None,
+    runs: Annotated[int, typer.Option(help="Runs to execute.")] = 20,
+    steps: Annotated[int, typer.Option(help="Steps per run (every 10th is at_most_once).")] = 40,
+    kills: Annotated[int, typer.Option(help="SIGKILLs to send.")] = 20,
+    workers: Annotated[int, typer.Option(help="Worker processes alive at once.")] = 2,
+    seed: Annotated[int, typer.Option(help="Seed of the kill schedule.")] = 0,
+    lease_s: Annotated[float, typer.Option(help="Lease of a claimed run, seconds.")] = 1.0,
+    json_out: JsonOption = False,
+) -> None:
+    """Run real workers, SIGKILL them at random, and audit the journal and effect ledger.
+
+    Exits 1 when a run was lost, an effect duplicated or a journal inconsistent.
+    """
+    from rich.table import Table
+
+    from ..lab import run_chaos
+
+    with cli_errors():
+        err = console()
+        err.stderr = True
+        with err.status("chaos: starting workers...") as status:
+            result = run_chaos(
+                url=db,
+                runs=runs,
+                steps=steps,
+                kills=kills,
+                workers=workers,
+                seed=seed,
+                lease_s=lease_s,
+                progress=lambda done, total: status.update(f"chaos: {done}/{total} kills"),
+            )
+    if json_out:
+        print_json(result.to_dict())
+    else:
+        table = Table(title=f"mainspring lab chaos ({result.store})")
+        table.add_column("check")
+        table.add_column("value", justify="right")
+        for name, value in (
+            ("SIGKILLs (mid-run)", f"{result.kills} ({result.kills_mid_run})"),
+            ("runs", str(result.runs)),
+            ("runs lost", str(result.lost)),
+            ("steps audited", str(result.steps)),
+            ("steps re-executed after a kill", str(result.reexecuted_steps)),
+            ("effects duplicated", str(result.duplicate_effects)),
+            ("re-executions deduplicated by key", str(result.duplicate_calls)),
+            ("at_most_once steps interrupted (not re-run)", str(result.interrupted_at_most_once)),
+            ("journal problems", str(len(result.journal_problems))),
+            ("wall time", f"{result.wall_s:.1f} s"),
+        ):
+            table.add_row(name, value)
+        out = console()
+        out.print(table)
+        for problem in result.journal_problems[:20]:
+            out.print(f"  problem: {problem}")
+        out.print("OK: nothing lost, nothing duplicated" if result.ok else "FAILED")
+    if not result.ok:
+        raise typer.Exit(1)
+
+
+def preflight(
+    target: Annotated[str, typer.Argument(metavar="MODULE:OBJECT", help="An agent or workflow.")],
+    json_out: JsonOption = False,
+) -> None:
+    """Check an agent or workflow against the pre-release checklist.
+
+    Exits 1 when an item is missing (each with how to fix it), 2 on bad input.
+    """
+    from ..lab import preflight as check
+
+    with cli_errors():
+        report = check(target)
+    if json_out:
+        print_json(report.to_dict())
+    else:
+        out = console()
+        out.print(f"preflight {report.target} ({report.kind})")
+        for f in report.findings:
+            mark = {"pass": "ok  ", "fail": "MISS", "n/a": "n/a "}[f.status]
+            out.print(f"  [{mark}] {f.title}")
+            if f.status == "fail":
+                for problem in f.problems:
+                    out.print(f"         - {problem}")
+                out.print(f"         fix: {f.fix}")
+        missing = sum(f.status == "fail" for f in report.findings)
+        out.print("ready" if report.ok else f"{missing} item(s) missing")
+    if not report.ok:
+        raise typer.Exit(1)

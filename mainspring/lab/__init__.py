@@ -1,0 +1,45 @@
+"""The reliability lab: seed 000's sandbox made a product feature.
+
+Run a task under a fault profile for many seeded trials and compare policies —
+the naive loop, step retries, checkpoint and resume, validators and repair, and
+full mainspring — by success rate (Wilson intervals), pass^k, steps to failure,
+recoveries, duplicate effects, tokens and cost per success (:func:`run_lab`);
+kill real worker processes at random and audit the journal and the effect ledger
+(:func:`run_chaos`); check a workflow or agent against the pre-release checklist
+(:func:`preflight`).
+"""
+
+from ._chaos import ChaosResult, run_chaos
+from ._plots import plot_results
+from ._preflight import CHECKS, Finding, PreflightReport, preflight
+from ._profile import POLICIES, POLICY_TITLES, FailureCause, LabProfile, Policy, parse_policies
+from ._report import html_report, markdown_report, rich_table
+from ._run import PASS_K, Cell, LabResult, parse_steps, run_lab
+from ._stats import pass_hat_k, theory_success, wilson
+
+__all__ = [
+    "CHECKS",
+    "PASS_K",
+    "POLICIES",
+    "POLICY_TITLES",
+    "Cell",
+    "ChaosResult",
+    "FailureCause",
+    "Finding",
+    "LabProfile",
+    "LabResult",
+    "Policy",
+    "PreflightReport",
+    "html_report",
+    "markdown_report",
+    "parse_policies",
+    "parse_steps",
+    "pass_hat_k",
+    "plot_results",
+    "preflight",
+    "rich_table",
+    "run_chaos",
+    "run_lab",
+    "theory_success",
+    "wilson",
+]
