@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -18,9 +19,8 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 from .._app import App
 from .._errors import RunNotFound
 from .._serde import loads
-from ..limits import cost_usd
-from ..models._types import Usage
-from ..storage import RunRecord, StepRecord
+from ..observability import TraceEntry
+from ..storage import RunRecord
 from ..storage._api import ApiKey
 
 __all__ = ["dashboard_router"]
@@ -39,10 +39,6 @@ def _when(ts: float | None) -> str:
     return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 
-def _took(s: StepRecord) -> float | None:
-    return None if s.finished_at is None else max(0.0, s.finished_at - s.started_at)
-
-
 def _pretty(text: str | None, limit: int = 4000) -> str:
     if text is None:
         return ""
@@ -57,26 +53,17 @@ _env.filters["when"] = _when
 _env.filters["pretty"] = _pretty
 
 
-def _usage(steps: list[StepRecord]) -> list[dict[str, Any]]:
+def _usage(entries: Sequence[TraceEntry]) -> list[dict[str, Any]]:
     """Tokens and cost after each model call, cumulative (for the chart)."""
     points: list[dict[str, Any]] = []
     tokens = 0
     cost = 0.0
-    for s in steps:
-        if not s.name.startswith("model:") or s.status != "completed" or not s.output:
+    for e in entries:
+        if e.kind != "model" or e.status != "completed":
             continue
-        try:
-            usage = loads(s.output).get("usage") or {}
-        except Exception:
-            continue
-        used = Usage(
-            input_tokens=int(usage.get("input_tokens", 0)),
-            output_tokens=int(usage.get("output_tokens", 0)),
-            cache_read_tokens=int(usage.get("cache_read_tokens", 0)),
-        )
-        tokens += used.input_tokens + used.output_tokens
-        cost += cost_usd(s.name.rsplit(":", 1)[-1], used)
-        points.append({"seq": s.seq, "tokens": tokens, "cost": cost})
+        tokens += e.tokens_in + e.tokens_out
+        cost += e.cost_usd
+        points.append({"seq": e.seq, "tokens": tokens, "cost": cost})
     return points
 
 
@@ -166,19 +153,20 @@ def dashboard_router(app: App) -> APIRouter:
             record = app.get_run(run_id)
         except RunNotFound:
             return page("missing.html", key=key, run_id=run_id)
-        steps = app.steps(run_id)
-        points = _usage(steps)
-        durations = [t for t in map(_took, steps) if t is not None]
+        trace = app.trace(run_id)
+        points = _usage(trace.entries)
+        durations = [e.latency_s for e in trace.entries if e.latency_s is not None]
+        diagnosis = app.diagnose(run_id) if record.status in ("failed", "running") else None
         return page(
             "run.html",
             key=key,
             run=record,
-            steps=steps,
-            took=_took,
+            entries=trace.entries,
+            findings=diagnosis.findings if diagnosis else (),
             longest=max(durations, default=0.0) or 0.001,
             requests=[] if record.finished else app.requests(run_id),
-            tokens=points[-1]["tokens"] if points else 0,
-            cost=points[-1]["cost"] if points else 0.0,
+            tokens=trace.tokens_in + trace.tokens_out,
+            cost=trace.cost_usd,
             chart=_chart(points),
             can_approve=key.allows("approve"),
             can_submit=key.allows("submit"),
