@@ -1,0 +1,312 @@
+"""The HTTP API under an OpenAPI fuzzer (Schemathesis): no input, however malformed,
+gets a 5xx; every 4xx is the documented JSON error; every response matches the
+OpenAPI document. Then a few hand-written auth cases: nothing is created without a
+valid key with the right scope.
+
+Bounded for CI: 30 examples per operation, derandomized. The event streams end only
+when their run does, so ``GET /events`` (it never ends) is not fuzzed, and
+``GET /runs/{run_id}/events`` only ever sees finished runs' ids or ids of no run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("fastapi")
+schemathesis = pytest.importorskip("schemathesis")
+
+import hypothesis.strategies as st  # noqa: E402
+from fastapi.testclient import TestClient  # noqa: E402
+
+import mainspring as ms  # noqa: E402
+from mainspring.server import create_app  # noqa: E402
+
+MAX_EXAMPLES = 30
+
+
+@dataclass
+class Seeded:
+    """The fuzzed App and the real ids that path parameters are sometimes swapped for."""
+
+    app: ms.App
+    admin: str
+    reviewer: str
+    revoked: str
+    runs: list[str] = field(default_factory=list)
+    finished: list[str] = field(default_factory=list)
+    requests: list[tuple[str, str]] = field(default_factory=list)
+    webhooks: list[str] = field(default_factory=list)
+
+
+def _make_app(path: Path) -> ms.App:
+    app = ms.App(f"sqlite:///{path}", poll_interval_s=0.02, inline_wait_s=0.0)
+
+    @app.workflow
+    async def deploy(ctx: ms.RunContext, env: str) -> str:
+        built = await ctx.step(lambda: f"build of {env}", name="build")
+        decision = await ctx.approval("deploy", preview={"env": env, "built": built})
+        return "deployed" if decision.approved else f"not deployed: {decision.reason}"
+
+    @app.workflow
+    async def choose(ctx: ms.RunContext) -> str:
+        return await ctx.ask("which colour?", choices=["red", "blue"], name="colour")
+
+    @app.workflow
+    async def plain(ctx: ms.RunContext, n: int = 1) -> int:
+        return await ctx.step(lambda: n * 2, name="double")
+
+    return app
+
+
+def _seed(app: ms.App) -> Seeded:
+    now = time.time()
+    _, admin = app.store.create_api_key("fuzz", ["admin"], now)
+    _, reviewer = app.store.create_api_key("ana", ["read", "approve"], now)
+    old, revoked = app.store.create_api_key("gone", ["admin"], now)
+    app.store.revoke_api_key(old.id, now)
+    seeded = Seeded(app=app, admin=admin, reviewer=reviewer, revoked=revoked)
+    waiting = [app.submit("deploy", env).run_id for env in ("prod", "staging", "dev")]
+    asked = app.submit("choose").run_id
+    done = [app.submit("plain", n).run_id for n in (1, 2)]
+    asyncio.run(app.worker().run(until_idle=True))
+    # One run cancelled while it waits (its wait row stays 'started'), one while queued.
+    app.cancel(waiting[2], "fuzz")
+    queued = app.submit("plain", 3).run_id
+    app.cancel(queued)
+    seeded.runs = [*waiting, asked, *done, queued, app.submit("plain", 4).run_id]
+    seeded.finished = [*done, waiting[2], queued]
+    seeded.requests = [(r.run_id, r.id) for r in app.requests()]
+    assert len(seeded.requests) == 3, seeded.requests
+    hook, _ = app.store.add_webhook("http://127.0.0.1:9/hook", now)
+    seeded.webhooks = [hook.id]
+    return seeded
+
+
+@pytest.fixture(scope="module")
+def seeded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Seeded]:
+    app = _make_app(tmp_path_factory.mktemp("fuzz") / "fuzz.db")
+    try:
+        yield _seed(app)
+    finally:
+        app.close()
+
+
+@pytest.fixture(scope="module")
+def api_schema(seeded: Seeded) -> Any:
+    api = create_app(seeded.app, webhooks=False, events_poll_s=0.01)
+    schema = schemathesis.openapi.from_asgi("/openapi.json", api)
+    schema.config.generation.update(
+        max_examples=MAX_EXAMPLES,
+        deterministic=True,
+        database="none",
+        # The key is the admin's (below): no made-up X-API-Key or cookie beside it.
+        with_security_parameters=False,
+    )
+
+    @schema.auth()
+    class AdminKey:
+        """The admin key on every case (explicit auth: the checks also probe without)."""
+
+        def get(self, case: Any, ctx: Any) -> str:
+            return seeded.admin
+
+        def set(self, case: Any, token: str, ctx: Any) -> None:
+            case.headers = {**(case.headers or {}), "Authorization": f"Bearer {token}"}
+
+    @schema.hook
+    def flatmap_path_parameters(context: Any, path_parameters: dict[str, Any]) -> Any:
+        """Sometimes a real run, request or webhook id instead of a generated one."""
+        generated = st.just(path_parameters)
+        if not isinstance(path_parameters, dict):  # none, or malformed on purpose
+            return generated
+        path = context.operation.path if context.operation is not None else ""
+        if path == "/runs/{run_id}/events":
+            # A stream ends with its run: only finished runs (or no run at all: 404).
+            real = st.sampled_from(seeded.finished).map(
+                lambda rid: {**path_parameters, "run_id": rid}
+            )
+            return st.one_of(generated, real)
+        if "request_id" in path_parameters:
+            pairs = st.sampled_from(seeded.requests)
+            real = pairs.map(lambda p: {**path_parameters, "run_id": p[0], "request_id": p[1]})
+            same_run = pairs.map(lambda p: {**path_parameters, "run_id": p[0]})
+            return st.one_of(generated, real, real, same_run)
+        if "run_id" in path_parameters:
+            real = st.sampled_from(seeded.runs).map(lambda rid: {**path_parameters, "run_id": rid})
+            return st.one_of(generated, real, real)
+        if "webhook_id" in path_parameters:
+            real = st.sampled_from(seeded.webhooks).map(
+                lambda wid: {**path_parameters, "webhook_id": wid}
+            )
+            return st.one_of(generated, real)
+        return generated
+
+    @schema.hook
+    def map_case(context: Any, case: Any) -> Any:
+        """Most valid submissions name a registered workflow, so that they get past
+        the name to the arguments; half of the valid answers fit their request.
+        (Invalid cases stay as they are: they must fail.)"""
+        body = case.body
+        if (
+            case.operation.label == "POST /runs"
+            and case.meta is not None
+            and case.meta.generation.mode.is_positive
+            and isinstance(body, dict)
+        ):
+            names = [body.get("workflow"), "deploy", "choose", "plain"]
+            case.body = {**body, "workflow": names[len(repr(body)) % len(names)]}
+        if (
+            case.operation.label == "POST /runs/{run_id}/requests/{request_id}"
+            and case.meta is not None
+            and case.meta.generation.mode.is_positive
+            and len(repr(body)) % 2 == 0
+        ):
+            question = str(case.path_parameters.get("request_id")).startswith("question:")
+            case.body = {"answer": "red"} if question else {"decision": "approve"}
+        return case
+
+    return schema
+
+
+# GET /events follows every run forever: it is not fuzzed (its auth is tested below).
+schema = schemathesis.pytest.from_fixture("api_schema").exclude(method="GET", path="/events")
+
+
+def _assert_error_body(response: Any) -> None:
+    assert "application/json" in str(response.headers.get("content-type")), response.headers
+    body = response.json()
+    assert isinstance(body, dict) and set(body) == {"error"}, body
+    error = body["error"]
+    assert isinstance(error.get("type"), str) and error["type"], body
+    assert isinstance(error.get("message"), str) and error["message"].strip(), body
+
+
+# Input the schema cannot describe: which workflows exist and what arguments they take,
+# which answers fit a request. Schema-valid bodies may get a 422 there, but only one
+# that names such a problem, never a validation error (schema and validator disagree).
+SEMANTIC = {
+    "POST /runs": {"invalid_input", "unknown_workflow"},
+    "POST /runs/{run_id}/requests/{request_id}": {"invalid_answer"},
+}
+
+
+SEEN: Counter[tuple[str, int]] = Counter()
+
+
+@schema.parametrize()
+def test_fuzz(case: Any) -> None:
+    semantic = SEMANTIC.get(case.operation.label)
+    excluded = [schemathesis.checks.positive_data_acceptance] if semantic else []
+    response = case.call_and_validate(excluded_checks=excluded)
+    SEEN[case.operation.label, response.status_code] += 1
+    assert response.status_code < 500, (response.status_code, response.text)
+    if 400 <= response.status_code < 500:
+        _assert_error_body(response)
+    if semantic and response.status_code == 422 and case.meta.generation.mode.is_positive:
+        assert response.json()["error"]["type"] in semantic, response.text
+
+
+def test_fuzz_reached_real_ids() -> None:
+    """The fuzzer got past the 404s to real runs, requests and webhooks."""
+    if not SEEN:
+        pytest.skip("run with test_fuzz")
+    print(sorted(SEEN.items()))
+    for label, ok in [
+        ("GET /runs/{run_id}", 200),
+        ("GET /runs/{run_id}/steps", 200),
+        ("GET /runs/{run_id}/events", 200),
+        ("POST /runs/{run_id}/signals", 202),
+        ("POST /runs/{run_id}/requests/{request_id}", 200),
+        ("POST /runs/{run_id}/cancel", 202),
+        ("POST /runs", 202),
+        ("DELETE /webhooks/{webhook_id}", 204),
+    ]:
+        assert SEEN[label, ok], (label, ok, sorted(SEEN.items()))
+
+
+# -- by hand: keys and scopes ------------------------------------------------------------
+
+
+@pytest.fixture
+def client(seeded: Seeded) -> Iterator[TestClient]:
+    with TestClient(create_app(seeded.app, webhooks=False)) as c:
+        yield c
+
+
+def _run_count(app: ms.App) -> int:
+    return sum(app.store.count_runs().values())
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {},
+        {"Authorization": "Bearer msk_nope_nope"},
+        {"Authorization": "Bearer not-a-key"},
+        {"X-API-Key": "msk_123456789abc_forged"},
+        {"Authorization": "Basic dXNlcjpwYXNz"},
+        "revoked",
+        "tampered",
+    ],
+    ids=["missing", "wrong", "malformed", "forged-header", "basic", "revoked", "tampered"],
+)
+def test_bad_key_is_401_and_creates_nothing(
+    client: TestClient, seeded: Seeded, headers: dict[str, str] | str
+) -> None:
+    if headers == "revoked":
+        headers = {"Authorization": f"Bearer {seeded.revoked}"}
+    elif headers == "tampered":  # a real key's id with another secret
+        headers = {"Authorization": f"Bearer {seeded.admin[:-4]}AAAA"}
+    assert isinstance(headers, dict)
+    before = _run_count(seeded.app)
+    hooks = len(seeded.app.store.list_webhooks())
+    for method, url, body in [
+        ("POST", "/runs", {"workflow": "plain", "args": [1]}),
+        ("POST", f"/runs/{seeded.runs[0]}/signals", {"name": "go"}),
+        ("POST", "/webhooks", {"url": "http://127.0.0.1:9/x"}),
+        ("GET", "/runs", None),
+        ("GET", "/events", None),
+    ]:
+        response = client.request(method, url, json=body, headers=headers)
+        assert response.status_code == 401, (method, url, response.text)
+        assert response.headers["www-authenticate"] == "Bearer"
+        _assert_error_body(response)
+        assert response.json()["error"]["type"] == "unauthorized"
+    assert _run_count(seeded.app) == before
+    assert len(seeded.app.store.list_webhooks()) == hooks
+
+
+def test_reviewer_cannot_submit(client: TestClient, seeded: Seeded) -> None:
+    headers = {"Authorization": f"Bearer {seeded.reviewer}"}
+    before = _run_count(seeded.app)
+    for method, url, body in [
+        ("POST", "/runs", {"workflow": "plain", "args": [1]}),
+        ("POST", "/runs", {"workflow": "plain", "key": "k-1"}),
+        ("POST", "/webhooks", {"url": "http://127.0.0.1:9/x"}),
+        ("POST", f"/runs/{seeded.runs[0]}/cancel", None),
+    ]:
+        response = client.request(method, url, json=body, headers=headers)
+        assert response.status_code == 403, (method, url, response.text)
+        _assert_error_body(response)
+        assert response.json()["error"]["type"] == "forbidden"
+    assert _run_count(seeded.app) == before
+    # The same key reads.
+    assert client.get("/runs", headers=headers).status_code == 200
+
+
+def test_stream_of_run_cancelled_while_waiting_ends(client: TestClient, seeded: Seeded) -> None:
+    """A run cancelled in a wait keeps its wait row 'started': its stream still ends."""
+    run_id = seeded.finished[2]
+    headers = {"Authorization": f"Bearer {seeded.admin}"}
+    with client.stream("GET", f"/runs/{run_id}/events", headers=headers) as response:
+        text = "".join(response.iter_text())
+    assert "event: end" in text
+    assert '"status":"cancelled"' in text
