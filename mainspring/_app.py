@@ -16,7 +16,7 @@ from ._serde import dumps, loads
 from .agent import Agent, AgentResult, CompletionValidator
 from .context import ContextPolicy
 from .journal import RetryPolicy, RunContext, Workflow
-from .limits import Limits, Price, price_of
+from .limits import Limits, Price, RateLimit, RateLimits, load_rate_limits, price_of
 from .models import Model, resolve_model
 from .models._types import ModelSettings
 from .storage import RunRecord, StepRecord, Store, open_store, redact_url
@@ -65,6 +65,11 @@ class App:
             longer ones release it and the run sleeps in the store.
         default_retry: the retry policy of ``at_least_once`` steps.
         poll_interval_s: how often idle workers look for runnable runs.
+        rate_limits: turn on rate limiting shared by every worker of the store: a
+            list of :class:`~mainspring.limits.RateLimit`, a
+            :class:`~mainspring.limits.RateLimits`, or the path of a TOML/JSON file
+            (see ``docs/rate-limits.md``). Models without a declared limit learn theirs
+            from the provider's headers. ``None`` (default): no rate limiting.
     """
 
     def __init__(
@@ -79,6 +84,7 @@ class App:
         inline_wait_s: float = 1.0,
         default_retry: RetryPolicy | None = None,
         poll_interval_s: float = 0.1,
+        rate_limits: Sequence[RateLimit] | RateLimits | str | os.PathLike[str] | None = None,
     ) -> None:
         if lease_s <= 0:
             raise ConfigError(f"lease_s must be > 0, got {lease_s!r}")
@@ -101,6 +107,7 @@ class App:
         self.workflows: dict[str, Workflow[Any, Any]] = {}
         self.tools = ToolRegistry()
         self.agents: dict[str, Agent] = {}
+        self.rate_limits: RateLimits | None = _rate_limits(rate_limits)
 
     @property
     def url(self) -> str:
@@ -201,6 +208,7 @@ class App:
         session_wall_s: float | None = None,
         prices: dict[str, Price] | None = None,
         model_retry: RetryPolicy | None = None,
+        rate_account: str = "default",
     ) -> Workflow[[str], AgentResult]:
         """Define an agent and register the workflow that runs it, under ``name``.
 
@@ -224,6 +232,8 @@ class App:
                 and start the next from a hand-off of the state and a summary.
             prices: USD per million tokens per model id (defaults: ``limits.PRICES``).
             model_retry: back-off for transient model errors (4 attempts, 1 s doubling).
+            rate_account: which account's rate limits the model calls count against
+                (with the App's ``rate_limits``); ``"default"`` unless you use several.
         """
         for t in tools:
             if t.name not in self.tools:
@@ -255,6 +265,8 @@ class App:
             session_bytes=session_bytes,
             session_wall_s=session_wall_s,
             prices=prices,
+            rate_limits=self.rate_limits,
+            rate_account=rate_account,
             **({"model_retry": model_retry} if model_retry is not None else {}),
         )
 
@@ -391,6 +403,16 @@ class App:
             error=error,
             run_id=run_id,
         )
+
+
+def _rate_limits(
+    given: Sequence[RateLimit] | RateLimits | str | os.PathLike[str] | None,
+) -> RateLimits | None:
+    if given is None or isinstance(given, RateLimits):
+        return given
+    if isinstance(given, str | os.PathLike):
+        return RateLimits(load_rate_limits(given))
+    return RateLimits(given)
 
 
 def _new_id() -> str:

@@ -46,4 +46,7 @@ def reset(dsn: str) -> None:
     import psycopg
 
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("DROP TABLE IF EXISTS ms_steps, ms_signals, ms_runs, ms_meta CASCADE")
+        conn.execute(
+            "DROP TABLE IF EXISTS ms_steps, ms_signals, ms_runs, ms_meta, ms_api_keys,"
+            " ms_webhooks, ms_outbox, ms_rate_limits, ms_rate_outputs CASCADE"
+        )

@@ -22,13 +22,14 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from .._errors import (
     LoopDetected,
     ModelOutputError,
+    RateLimited,
     StepFailed,
     StepInterrupted,
     ToolInputError,
 )
 from ..context import ContextPolicy, History, TokenCounter, Turn, counter_for
 from ..journal import RetryPolicy, RunContext
-from ..limits import Limits, Price, cost_usd
+from ..limits import Booking, Cost, Limits, Price, RateLimits, StoreRateLimiter, cost_usd
 from ..models._base import Model
 from ..models._types import (
     AssistantMessage,
@@ -138,6 +139,8 @@ class Agent:
         default_factory=lambda: RetryPolicy(max_attempts=4, initial_s=1.0, max_s=30.0)
     )
     prices: dict[str, Price] | None = None
+    rate_limits: RateLimits | None = None
+    rate_account: str = "default"
 
     @functools.cached_property
     def _counter(self) -> TokenCounter:
@@ -194,10 +197,32 @@ class Agent:
         )
         settings = self.planning_settings if planning and self.planning_settings else self.settings
         model = self.model
-        estimated = self._counter.messages(messages, specs) if self.context.max_input_tokens else 0
+        limiter = self._limiter(ctx)
+        counted = self.context.max_input_tokens or limiter is not None
+        estimated = self._counter.messages(messages, specs) if counted else 0
+        booking = await self._book(ctx, limiter, estimated, settings) if limiter else None
 
         async def call_model() -> ModelResponse:
-            return await model.request(messages, tools=specs, settings=settings)
+            try:
+                reply = await model.request(messages, tools=specs, settings=settings)
+            except RateLimited as exc:
+                if limiter is not None and booking is not None:
+                    await asyncio.to_thread(
+                        limiter.settle_quietly,
+                        booking,
+                        None,
+                        exc.headers,
+                        retry_after=exc.retry_after,
+                    )
+                raise
+            if limiter is not None and booking is not None:
+                used = Cost(
+                    input_tokens=reply.usage.input_tokens,
+                    cached_tokens=reply.usage.cache_read_tokens,
+                    output_tokens=reply.usage.output_tokens,
+                )
+                await asyncio.to_thread(limiter.settle_quietly, booking, used, reply.rate_limit)
+            return reply
 
         try:
             response: ModelResponse = await ctx.step(
@@ -229,6 +254,36 @@ class Agent:
         run.state.output_tokens += usage.output_tokens
         run.state.cost_usd += cost_usd(model.model_id, usage, self.prices)
         return response
+
+    def _limiter(self, ctx: RunContext) -> StoreRateLimiter | None:
+        if self.rate_limits is None:
+            return None
+        engine = ctx._engine  # the run's store and clock: the limiter shares them
+        model = self.model
+        return self.rate_limits.limiter(
+            engine.store, engine.clock, model.provider, model.model_id, self.rate_account
+        )
+
+    async def _book(
+        self,
+        ctx: RunContext,
+        limiter: StoreRateLimiter,
+        prompt_tokens: int,
+        settings: ModelSettings | None,
+    ) -> Booking:
+        """Book a slot for the next model call (a journaled step: a replay does not
+        book again) and sleep durably until it starts."""
+        max_tokens = settings.max_tokens if settings is not None else None
+        if max_tokens is None:
+            max_tokens = getattr(self.model, "max_tokens", None)  # Anthropic's default cap
+
+        def book_slot() -> Booking:
+            return limiter.reserve(prompt_tokens=prompt_tokens, max_tokens=max_tokens)
+
+        booking: Booking = await ctx.step(book_slot, name=f"rate:{limiter.key}")
+        # The run leaves its worker (status sleeping, reason rate_limit) for a long wait.
+        await ctx._wait_until(booking.wake_at, reason="rate_limit")
+        return booking
 
     async def _act(
         self, ctx: RunContext, run: _Run, turn: Turn, response: ModelResponse
