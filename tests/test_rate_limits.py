@@ -259,7 +259,8 @@ def test_the_limiter_learns_limits_and_output_sizes(db_url: str) -> None:
         limits = RateLimits(period_s=60, headroom=0.0)
         limiter = limits.limiter(store, clock, "openai", "m")
         first = limiter.reserve(prompt_tokens=100, max_tokens=500)
-        assert first.estimate == Cost(input_tokens=100, output_tokens=500)  # max_tokens: no data
+        # No data yet: the prompt at twice the tokenizer's count, the output at max_tokens.
+        assert first.estimate == Cost(input_tokens=200, output_tokens=500)
         assert first.waited_s == 0  # nothing known yet
         headers = {"x-ratelimit-limit-tokens": "1200", "x-ratelimit-remaining-tokens": "1100"}
         limiter.settle(first, Cost(input_tokens=130, output_tokens=20), headers)

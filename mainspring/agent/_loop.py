@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, NoReturn
 
@@ -28,7 +28,7 @@ from .._errors import (
     ToolInputError,
 )
 from ..context import ContextPolicy, History, TokenCounter, Turn, counter_for
-from ..journal import RetryPolicy, RunContext
+from ..journal import RetryPolicy, RunContext, current_step
 from ..limits import Booking, Cost, Limits, Price, RateLimits, StoreRateLimiter, cost_usd
 from ..models._base import Model
 from ..models._types import (
@@ -203,26 +203,11 @@ class Agent:
         booking = await self._book(ctx, limiter, estimated, settings) if limiter else None
 
         async def call_model() -> ModelResponse:
-            try:
-                reply = await model.request(messages, tools=specs, settings=settings)
-            except RateLimited as exc:
-                if limiter is not None and booking is not None:
-                    await asyncio.to_thread(
-                        limiter.settle_quietly,
-                        booking,
-                        None,
-                        exc.headers,
-                        retry_after=exc.retry_after,
-                    )
-                raise
-            if limiter is not None and booking is not None:
-                used = Cost(
-                    input_tokens=reply.usage.input_tokens,
-                    cached_tokens=reply.usage.cache_read_tokens,
-                    output_tokens=reply.usage.output_tokens,
-                )
-                await asyncio.to_thread(limiter.settle_quietly, booking, used, reply.rate_limit)
-            return reply
+            if limiter is None or booking is None:
+                return await model.request(messages, tools=specs, settings=settings)
+            return await _limited_request(
+                limiter, booking, lambda: model.request(messages, tools=specs, settings=settings)
+            )
 
         try:
             response: ModelResponse = await ctx.step(
@@ -544,6 +529,57 @@ class Agent:
             cost_usd=round(s.cost_usd, 6),
             sessions=run.sessions,
         )
+
+
+# Rebookings of one request, after refusals or a late start, before it goes anyway.
+_REBOOKINGS = 4
+
+
+async def _limited_request(
+    limiter: StoreRateLimiter,
+    booking: Booking,
+    send: Callable[[], Awaitable[ModelResponse]],
+) -> ModelResponse:
+    """Send a booked request and settle its booking.
+
+    A request that starts late (a slow worker, a retry of the step) would overtake
+    the bookings made after its own, and a refused one charged nothing: either way its
+    booking is refunded and a new one taken, behind the others, before it is sent.
+    """
+    clock = limiter.clock
+    # Lateness spends headroom (the capacity a late request's slot refilled is
+    # booked again by others): allow a quarter of it, then book anew.
+    rate = limiter.rate
+    late_s = max(0.25 * rate.headroom, 0.005) * rate.period_s
+    current = booking
+    if current_step().attempt > 1 or clock.now() - current.wake_at > late_s:
+        await asyncio.to_thread(limiter.settle_quietly, current, None)
+        current = await asyncio.to_thread(
+            limiter.acquire, current.estimate, input_ratio=current.input_ratio
+        )
+        await clock.sleep(current.wake_at - clock.now())
+    for rebooked in range(_REBOOKINGS + 1):
+        try:
+            reply = await send()
+        except RateLimited as exc:
+            await asyncio.to_thread(
+                limiter.settle_quietly, current, None, exc.headers, retry_after=exc.retry_after
+            )
+            if rebooked == _REBOOKINGS:
+                raise
+            current = await asyncio.to_thread(
+                limiter.acquire, current.estimate, input_ratio=current.input_ratio
+            )
+            await clock.sleep(current.wake_at - clock.now())
+            continue
+        used = Cost(
+            input_tokens=reply.usage.input_tokens,
+            cached_tokens=reply.usage.cache_read_tokens,
+            output_tokens=reply.usage.output_tokens,
+        )
+        await asyncio.to_thread(limiter.settle_quietly, current, used, reply.rate_limit)
+        return reply
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 def _result(call: ToolCall, outcome: tuple[str, bool] | None) -> ToolResultMessage:

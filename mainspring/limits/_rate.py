@@ -201,8 +201,8 @@ class RateLimiter(ABC):
         retry_after: float | None = None,
     ) -> None:
         """Correct ``booking`` by the ``actual`` usage (``None``: the provider refused
-        it and charged nothing) and tighten from the response's rate-limit headers
-        and ``retry_after``."""
+        it and charged nothing, so the reservation is refunded) and tighten from the
+        response's rate-limit headers and ``retry_after``."""
 
 
 @dataclass(slots=True, kw_only=True)

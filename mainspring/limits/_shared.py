@@ -34,6 +34,10 @@ log = logging.getLogger("mainspring.limits")
 
 #: Observations of output size needed before the quantile replaces ``max_tokens``.
 MIN_SAMPLES = 5
+#: Until a first reply reports how the provider counts, prompts are booked at this
+#: multiple of the tokenizer's count: providers count with tokenizers of their own,
+#: and the first bookings of a cold start go out together, before any correction.
+COLD_INPUT_RATIO = 2.0
 
 _OPENAI = {"requests": "rpm", "tokens": "tpm"}
 _ANTHROPIC = {
@@ -126,6 +130,8 @@ class StoreRateLimiter(RateLimiter):
         if prompt_tokens < 0:
             raise ValueError(f"prompt_tokens must be >= 0, got {prompt_tokens!r}")
         ratio, outputs = self.table.snapshot(self.key)
+        if not outputs:
+            ratio = max(ratio, COLD_INPUT_RATIO)
         cap = max_tokens if max_tokens is not None else self.rate.max_output_tokens
         if len(outputs) >= MIN_SAMPLES:
             output = min(cap, quantile(outputs, self.rate.output_quantile))
@@ -142,7 +148,8 @@ class StoreRateLimiter(RateLimiter):
         """Book the earliest start that fits ``estimate``; see :class:`RateLimiter`.
         ``input_ratio``: the ratio the estimate's prompt was scaled by."""
         charges = charges_of(estimate, self.rate.provider)
-        start, now = self.table.book(self.rate, charges, self._now())
+        sqlite = self.table.store.dialect != "postgresql"
+        start, now = self.table.book(self.rate, charges, self.clock.now if sqlite else None)
         waited = max(0.0, start - now)
         return Booking(
             key=self.key,
@@ -162,13 +169,19 @@ class StoreRateLimiter(RateLimiter):
         *,
         retry_after: float | None = None,
     ) -> None:
-        """Correct ``booking``; see :class:`RateLimiter`. ``actual=None`` (a 429) keeps
-        the reservation for the retry and only tightens."""
+        """Correct ``booking``; see :class:`RateLimiter`. ``actual=None`` (a 429)
+        refunds the reservation and tightens from the refusal's headers."""
         learned, remaining = observed_limits(headers or {})
-        delta: dict[Dimension, float] = {}
+        # A refused request charged nothing: refund its whole reservation (a retry
+        # books anew, behind the others).
+        delta: dict[Dimension, float] = {d: -booking.charges.get(d, 0.0) for d in DIMENSIONS}
         ratio: float | None = None
         output: int | None = None
         if actual is not None:
+            # A success's "remaining" already counts the actual usage of replies whose
+            # refunds this limiter may not have applied yet: tightening from it would
+            # count those refunds twice. Only a refusal's headers tighten.
+            remaining = {}
             used = charges_of(actual, self.rate.provider)
             delta = {d: used[d] - booking.charges.get(d, 0.0) for d in DIMENSIONS}
             counted = booking.estimate.input_tokens / booking.input_ratio

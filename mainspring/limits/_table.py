@@ -10,7 +10,7 @@ one timeline. ``now`` may be given explicitly (tests); ``None`` means the store'
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from .._errors import ConfigError
@@ -146,9 +146,14 @@ class RateTable:
         return (float(row[0]) if row else 1.0), outputs
 
     def book(
-        self, rate: RateLimit, charges: Mapping[Dimension, float], now: float | None
+        self,
+        rate: RateLimit,
+        charges: Mapping[Dimension, float],
+        now: float | Callable[[], float] | None,
     ) -> tuple[float, float]:
-        """Book ``charges``; ``(start, now)`` on the clock the booking used.
+        """Book ``charges``; ``(start, now)`` on the clock the booking used. A callable
+        ``now`` is read once the write lock is held: time spent waiting for the lock
+        must not count as refill that was never there.
 
         Raises:
             ConfigError: the request can never fit one of the limits.
@@ -157,12 +162,14 @@ class RateTable:
         if not self._pg:
             assert now is not None, "SQLite books on the caller's clock"
             with self.store._write() as cur:
+                at = now() if callable(now) else now
                 state = _load(cur, rate.key) or BucketState()
-                start = book(state, rate, charges, now)
+                start = book(state, rate, charges, at)
                 _save(cur, rate.key, state, last_start=start)
-            return start, now
+            return start, at
         declared = rate.limits()
-        params: list[Any] = [now, *(declared[d] for d in DIMENSIONS)]
+        given = now() if callable(now) else now
+        params: list[Any] = [given, *(declared[d] for d in DIMENSIONS)]
         params += [charges.get(d, 0.0) for d in DIMENSIONS]
         params += [rate.period_s, 1.0 - rate.headroom, rate.burst, rate.key]
         with self.store._autocommit() as cur:
