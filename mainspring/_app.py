@@ -19,7 +19,7 @@ from .agent import Agent, AgentResult, CompletionValidator
 from .context import ContextPolicy
 from .hitl import Decision, Request, answer_payload
 from .journal import RetryPolicy, RunContext, Workflow
-from .limits import PRICES, Limits, Price, price_of
+from .limits import PRICES, Limits, Price, RateLimit, RateLimits, load_rate_limits, price_of
 from .models import Model, resolve_model
 from .models._types import ModelSettings
 from .observability import Diagnosis, MetricsCollector, Redactor, RunTrace, build_trace, diagnose
@@ -74,6 +74,11 @@ class App:
         redact: what to hide from the journal (and so from traces and exports):
             common API-key shapes, bearer tokens and ``password=...`` by default;
             ``Redactor(patterns=[...])`` adds patterns, ``None`` turns it off.
+        rate_limits: turn on rate limiting shared by every worker of the store: a
+            list of :class:`~mainspring.limits.RateLimit`, a
+            :class:`~mainspring.limits.RateLimits`, or the path of a TOML/JSON file
+            (see ``docs/rate-limits.md``). Models without a declared limit learn theirs
+            from the provider's headers. ``None`` (default): no rate limiting.
     """
 
     def __init__(
@@ -89,6 +94,7 @@ class App:
         default_retry: RetryPolicy | None = None,
         poll_interval_s: float = 0.1,
         redact: Redactor | None = _DEFAULT_REDACTOR,
+        rate_limits: Sequence[RateLimit] | RateLimits | str | os.PathLike[str] | None = None,
     ) -> None:
         if lease_s <= 0:
             raise ConfigError(f"lease_s must be > 0, got {lease_s!r}")
@@ -113,6 +119,7 @@ class App:
         self.workflows: dict[str, Workflow[Any, Any]] = {}
         self.tools = ToolRegistry()
         self.agents: dict[str, Agent] = {}
+        self.rate_limits: RateLimits | None = _rate_limits(rate_limits)
 
     @property
     def url(self) -> str:
@@ -214,6 +221,7 @@ class App:
         prices: dict[str, Price] | None = None,
         model_retry: RetryPolicy | None = None,
         ask_human: bool = False,
+        rate_account: str = "default",
     ) -> Workflow[[str], AgentResult]:
         """Define an agent and register the workflow that runs it, under ``name``.
 
@@ -239,6 +247,8 @@ class App:
             model_retry: back-off for transient model errors (4 attempts, 1 s doubling).
             ask_human: give the model an ``ask_human(question, choices?)`` tool; the
                 run waits durably for the answer (a request, like an approval).
+            rate_account: which account's rate limits the model calls count against
+                (with the App's ``rate_limits``); ``"default"`` unless you use several.
         """
         for t in tools:
             if t.name not in self.tools:
@@ -273,6 +283,8 @@ class App:
             session_wall_s=session_wall_s,
             prices=prices,
             ask_human=ask_human,
+            rate_limits=self.rate_limits,
+            rate_account=rate_account,
             **({"model_retry": model_retry} if model_retry is not None else {}),
         )
 
@@ -557,6 +569,16 @@ class App:
             error=error,
             run_id=run_id,
         )
+
+
+def _rate_limits(
+    given: Sequence[RateLimit] | RateLimits | str | os.PathLike[str] | None,
+) -> RateLimits | None:
+    if given is None or isinstance(given, RateLimits):
+        return given
+    if isinstance(given, str | os.PathLike):
+        return RateLimits(load_rate_limits(given))
+    return RateLimits(given)
 
 
 def _new_id() -> str:

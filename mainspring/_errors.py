@@ -135,7 +135,25 @@ class TransientError(MainspringError):
 
 
 class RateLimited(TransientError):
-    """The provider refused for rate. Wait at least ``retry_after`` seconds."""
+    """The provider refused for rate. Wait at least ``retry_after`` seconds.
+
+    Attributes:
+        headers: the refusal's rate-limit headers (``retry-after``, ``x-ratelimit-*``,
+            ``anthropic-ratelimit-*``), names lower-cased; the rate limiter tightens
+            from them.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        retry_after: float | None = None,
+        headers: dict[str, str] | None = None,
+        run_id: str | None = None,
+        step: str | None = None,
+    ) -> None:
+        super().__init__(message, retry_after=retry_after, run_id=run_id, step=step)
+        self.headers: dict[str, str] = dict(headers or {})
 
 
 class StepTimeout(TransientError):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, NoReturn
 
@@ -22,14 +22,15 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from .._errors import (
     LoopDetected,
     ModelOutputError,
+    RateLimited,
     StepFailed,
     StepInterrupted,
     ToolInputError,
 )
 from ..context import ContextPolicy, History, TokenCounter, Turn, counter_for
 from ..hitl._wait import approval, ask
-from ..journal import RetryPolicy, RunContext
-from ..limits import Limits, Price, cost_usd
+from ..journal import RetryPolicy, RunContext, current_step
+from ..limits import Booking, Cost, Limits, Price, RateLimits, StoreRateLimiter, cost_usd
 from ..models._base import Model
 from ..models._types import (
     AssistantMessage,
@@ -157,6 +158,8 @@ class Agent:
     )
     prices: dict[str, Price] | None = None
     ask_human: bool = False
+    rate_limits: RateLimits | None = None
+    rate_account: str = "default"
 
     @functools.cached_property
     def _counter(self) -> TokenCounter:
@@ -214,10 +217,17 @@ class Agent:
         )
         settings = self.planning_settings if planning and self.planning_settings else self.settings
         model = self.model
-        estimated = self._counter.messages(messages, specs) if self.context.max_input_tokens else 0
+        limiter = self._limiter(ctx)
+        counted = self.context.max_input_tokens or limiter is not None
+        estimated = self._counter.messages(messages, specs) if counted else 0
+        booking = await self._book(ctx, limiter, estimated, settings) if limiter else None
 
         async def call_model() -> ModelResponse:
-            return await model.request(messages, tools=specs, settings=settings)
+            if limiter is None or booking is None:
+                return await model.request(messages, tools=specs, settings=settings)
+            return await _limited_request(
+                limiter, booking, lambda: model.request(messages, tools=specs, settings=settings)
+            )
 
         try:
             response: ModelResponse = await ctx.step(
@@ -254,6 +264,36 @@ class Agent:
         run.state.output_tokens += usage.output_tokens
         run.state.cost_usd += cost_usd(model.model_id, usage, self.prices)
         return response
+
+    def _limiter(self, ctx: RunContext) -> StoreRateLimiter | None:
+        if self.rate_limits is None:
+            return None
+        engine = ctx._engine  # the run's store and clock: the limiter shares them
+        model = self.model
+        return self.rate_limits.limiter(
+            engine.store, engine.clock, model.provider, model.model_id, self.rate_account
+        )
+
+    async def _book(
+        self,
+        ctx: RunContext,
+        limiter: StoreRateLimiter,
+        prompt_tokens: int,
+        settings: ModelSettings | None,
+    ) -> Booking:
+        """Book a slot for the next model call (a journaled step: a replay does not
+        book again) and sleep durably until it starts."""
+        max_tokens = settings.max_tokens if settings is not None else None
+        if max_tokens is None:
+            max_tokens = getattr(self.model, "max_tokens", None)  # Anthropic's default cap
+
+        def book_slot() -> Booking:
+            return limiter.reserve(prompt_tokens=prompt_tokens, max_tokens=max_tokens)
+
+        booking: Booking = await ctx.step(book_slot, name=f"rate:{limiter.key}")
+        # The run leaves its worker (status sleeping, reason rate_limit) for a long wait.
+        await ctx._wait_until(booking.wake_at, reason="rate_limit")
+        return booking
 
     async def _act(
         self, ctx: RunContext, run: _Run, turn: Turn, response: ModelResponse
@@ -572,6 +612,57 @@ class Agent:
             cost_usd=round(s.cost_usd, 6),
             sessions=run.sessions,
         )
+
+
+# Rebookings of one request, after refusals or a late start, before it goes anyway.
+_REBOOKINGS = 4
+
+
+async def _limited_request(
+    limiter: StoreRateLimiter,
+    booking: Booking,
+    send: Callable[[], Awaitable[ModelResponse]],
+) -> ModelResponse:
+    """Send a booked request and settle its booking.
+
+    A request that starts late (a slow worker, a retry of the step) would overtake
+    the bookings made after its own, and a refused one charged nothing: either way its
+    booking is refunded and a new one taken, behind the others, before it is sent.
+    """
+    clock = limiter.clock
+    # Lateness spends headroom (the capacity a late request's slot refilled is
+    # booked again by others): allow a quarter of it, then book anew.
+    rate = limiter.rate
+    late_s = max(0.25 * rate.headroom, 0.005) * rate.period_s
+    current = booking
+    if current_step().attempt > 1 or clock.now() - current.wake_at > late_s:
+        await asyncio.to_thread(limiter.settle_quietly, current, None)
+        current = await asyncio.to_thread(
+            limiter.acquire, current.estimate, input_ratio=current.input_ratio
+        )
+        await clock.sleep(current.wake_at - clock.now())
+    for rebooked in range(_REBOOKINGS + 1):
+        try:
+            reply = await send()
+        except RateLimited as exc:
+            await asyncio.to_thread(
+                limiter.settle_quietly, current, None, exc.headers, retry_after=exc.retry_after
+            )
+            if rebooked == _REBOOKINGS:
+                raise
+            current = await asyncio.to_thread(
+                limiter.acquire, current.estimate, input_ratio=current.input_ratio
+            )
+            await clock.sleep(current.wake_at - clock.now())
+            continue
+        used = Cost(
+            input_tokens=reply.usage.input_tokens,
+            cached_tokens=reply.usage.cache_read_tokens,
+            output_tokens=reply.usage.output_tokens,
+        )
+        await asyncio.to_thread(limiter.settle_quietly, current, used, reply.rate_limit)
+        return reply
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 def _result(call: ToolCall, outcome: tuple[str, bool] | None) -> ToolResultMessage:

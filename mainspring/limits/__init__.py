@@ -1,5 +1,21 @@
-"""Limits of agent runs: budgets and prices (the shared rate limiter comes next)."""
+"""Limits of agent runs: budgets, prices, and rate limits shared by every worker."""
 
 from ._budget import PRICES, Limits, Price, cost_usd, price_of
+from ._rate import Booking, Cost, RateLimit, RateLimiter
+from ._shared import RateLimits, StoreRateLimiter, load_rate_limits, observed_limits
 
-__all__ = ["PRICES", "Limits", "Price", "cost_usd", "price_of"]
+__all__ = [
+    "PRICES",
+    "Booking",
+    "Cost",
+    "Limits",
+    "Price",
+    "RateLimit",
+    "RateLimiter",
+    "RateLimits",
+    "StoreRateLimiter",
+    "cost_usd",
+    "load_rate_limits",
+    "observed_limits",
+    "price_of",
+]

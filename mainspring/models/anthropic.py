@@ -341,7 +341,11 @@ def map_status_error(
     label = code or err_type
     detail = f"{model}: HTTP {status}" + (f" {label}" if label else "") + f": {message or body!r}"
     if status == 429:
-        return RateLimited(detail, retry_after=retry_after_from_headers(headers))
+        return RateLimited(
+            detail,
+            retry_after=retry_after_from_headers(headers),
+            headers=rate_limit_headers(headers),
+        )
     if status in (408, 409) or status >= 500:
         # Only an explicit retry-after counts: rate-limit resets say nothing about when
         # an overloaded server recovers.

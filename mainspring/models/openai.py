@@ -331,7 +331,11 @@ def map_status_error(
     if status == 402 or code in _QUOTA_CODES or err_type in _QUOTA_CODES:
         return QuotaExhausted(detail)
     if status == 429:
-        return RateLimited(detail, retry_after=retry_after_from_headers(headers))
+        return RateLimited(
+            detail,
+            retry_after=retry_after_from_headers(headers),
+            headers=rate_limit_headers(headers),
+        )
     if status in (408, 409) or status >= 500:
         # Only an explicit retry-after counts here: the rate-limit resets say nothing
         # about when an overloaded server recovers.

@@ -174,6 +174,11 @@ class Store(ApiTables, ABC):
     def close(self) -> None:
         """Release connections."""
 
+    def _autocommit(self) -> AbstractContextManager[Cursor]:
+        """A cursor whose every statement commits on its own (PostgreSQL); a write
+        transaction where the database has no such thing (SQLite)."""
+        return self._write()
+
     def _ddl(self, sql: str) -> str:
         """Fill a migration's dialect tokens."""
         return sql

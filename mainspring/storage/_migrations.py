@@ -107,6 +107,32 @@ CREATE UNIQUE INDEX ms_outbox_event ON ms_outbox (event_id, webhook_id);
 CREATE INDEX ms_outbox_run ON ms_outbox (run_id);
 CREATE INDEX ms_runs_updated ON ms_runs (updated_at);
 """,
+    # Rate limits shared by every worker: one row per (provider, model, account) with
+    # the GCRA's theoretical arrival time per dimension, the limits learned from the
+    # provider's headers, and the recent output sizes that output reservations use.
+    4: """
+CREATE TABLE ms_rate_limits (
+    key TEXT PRIMARY KEY,
+    lim_rpm {float},
+    lim_tpm {float},
+    lim_itpm {float},
+    lim_otpm {float},
+    tat_rpm {float} NOT NULL DEFAULT 0,
+    tat_tpm {float} NOT NULL DEFAULT 0,
+    tat_itpm {float} NOT NULL DEFAULT 0,
+    tat_otpm {float} NOT NULL DEFAULT 0,
+    blocked_until {float} NOT NULL DEFAULT 0,
+    input_ratio {float} NOT NULL DEFAULT 1,
+    last_start {float},
+    bookings INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE ms_rate_outputs (
+    id {autoid},
+    key TEXT NOT NULL,
+    tokens INTEGER NOT NULL
+);
+CREATE INDEX ms_rate_outputs_key ON ms_rate_outputs (key, id);
+""",
 }
 
 LATEST = max(MIGRATIONS)

@@ -142,6 +142,16 @@ class PostgresStore(Store):
         except psycopg.Error as exc:
             raise self._error(exc, "reading") from exc
 
+    @contextmanager
+    def _autocommit(self) -> Iterator[Cursor]:
+        # The pool's connections are in autocommit mode: outside a transaction block
+        # each statement commits alone, with no BEGIN/COMMIT round trips.
+        try:
+            with self._pool.connection() as conn, conn.cursor() as cur:
+                yield _Cursor(cur)
+        except psycopg.Error as exc:
+            raise self._error(exc, "writing") from exc
+
     def _error(self, exc: psycopg.Error, doing: str) -> Exception:
         where = f"PostgreSQL at {redact_url(self._dsn)!r}"
         if isinstance(exc, PoolTimeout):  # before OperationalError, which it is too

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from ._fake_common import FakeProviderServer, FakeReply, FakeToolCall, RecordedRequest, call_id
+from ._fake_limits import Dim, Refusal
 
 __all__ = ["FakeAnthropicServer"]
 
@@ -53,6 +55,14 @@ class FakeAnthropicServer(FakeProviderServer):
     """
 
     endpoint = "/v1/messages"
+    RATE_LIMIT_WORDS: Mapping[Dim, str] = {
+        "rpm": "requests",
+        "tpm": "tokens",
+        "itpm": "input-tokens",
+        "otpm": "output-tokens",
+    }
+    # Anthropic: cache reads count toward no input-token limit.
+    CACHE_READS_COUNT = False
     DEFAULT_RATE_LIMIT_HEADERS: Mapping[str, str] = {
         "anthropic-ratelimit-requests-limit": "4000",
         "anthropic-ratelimit-requests-remaining": "3999",
@@ -150,10 +160,51 @@ class FakeAnthropicServer(FakeProviderServer):
     def _unauthorized(self) -> FakeReply:
         return self.error(401, "invalid x-api-key")
 
+    def _bucket_headers(self) -> dict[str, str]:
+        if self.buckets is None:
+            return {}
+        now = datetime.now(UTC)
+        out: dict[str, str] = {}
+        for dim, (limit, left, full_in) in self.buckets.state().items():
+            prefix = f"anthropic-ratelimit-{self.RATE_LIMIT_WORDS[dim]}"
+            out[f"{prefix}-limit"] = f"{limit:.0f}"
+            out[f"{prefix}-remaining"] = f"{math.floor(left)}"
+            out[f"{prefix}-reset"] = _rfc3339(now + timedelta(seconds=full_in))
+        return out
+
+    def _refused(self, refusal: Refusal, request: RecordedRequest) -> FakeReply:
+        what = {
+            "rpm": "requests",
+            "tpm": "tokens",
+            "itpm": "input tokens",
+            "otpm": "output tokens",
+        }[refusal.dim]
+        if refusal.too_large:
+            message = (
+                f"This request would exceed the rate limit for your organization (org-fake) "
+                f"of {refusal.limit:,.0f} {what} per minute: it asks for "
+                f"{refusal.requested:,.0f} at once. Please reduce the prompt length or the "
+                "maximum tokens requested."
+            )
+        else:
+            message = (
+                f"This request would exceed the rate limit for your organization (org-fake) "
+                f"of {refusal.limit:,.0f} {what} per minute. For details, refer to: "
+                "https://docs.claude.com/en/api/rate-limits. You can see the response headers "
+                "for current usage. Please reduce the prompt length or the maximum tokens "
+                "requested, or try again later. You may also contact sales at "
+                "https://www.anthropic.com/contact-sales to discuss your options for a rate "
+                "limit increase."
+            )
+        headers = self._bucket_headers()
+        if not refusal.too_large:
+            headers["retry-after"] = f"{max(1, math.ceil(refusal.retry_after))}"
+        return self.error(429, message, headers=headers)
+
     def _rate_limit_headers(self, request: RecordedRequest) -> dict[str, str]:
         headers = super()._rate_limit_headers(request)
         # Full buckets reset "now"; the stamp is RFC 3339, as Anthropic sends it.
-        now = datetime.now(UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+        now = _rfc3339(datetime.now(UTC))
         for dim in _DIMENSIONS:
             prefix = f"anthropic-ratelimit-{dim}"
             if f"{prefix}-limit" in headers:
@@ -200,3 +251,8 @@ class FakeAnthropicServer(FakeProviderServer):
                 "service_tier": "standard",
             },
         }
+
+
+def _rfc3339(when: datetime) -> str:
+    """A time as Anthropic's reset headers write it: ``2026-01-01T00:00:07Z``."""
+    return when.replace(microsecond=0).isoformat().replace("+00:00", "Z")

@@ -12,13 +12,13 @@ Handling one request (:meth:`FakeProviderServer._respond`) runs in this order::
     record it → check the API key → take the next scripted reply → wait its delay
     → render its body and headers (usage and rate-limit headers included)
 
-Rate-limit enforcement (RPM, TPM, ITPM, OTPM token buckets) belongs between "check the
-API key" and "take the next scripted reply": an enforcer charges the request (its
-estimated input tokens are :meth:`FakeProviderServer.estimate_input_tokens`) and,
-when a bucket is empty, answers with the provider's 429 (``rate_limited()``) instead
-of consuming the script; after rendering, it charges the output tokens and reports its
-buckets through :meth:`FakeProviderServer._rate_limit_headers`, which today returns
-the fixed ``rate_limit_headers`` given to the constructor.
+Rate-limit enforcement (``rpm=``, ``tpm=``, ``itpm=``, ``otpm=`` and ``period_s=``, see
+:mod:`~mainspring.testing._fake_limits`) sits between "check the API key" and
+rendering: the request's input tokens (its reply's usage) are charged to continuously
+refilled token buckets; when one cannot pay, the server answers the provider's real
+429 (body and headers) and puts the scripted reply back for the retry. Output tokens
+are charged once the reply is rendered, and every reply reports the buckets in the
+provider's rate-limit headers. ``too_many_requests`` counts every 429 the server sent.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from typing import Any, Self
 
 from ..models._common import estimate_tokens
 from ..models._types import Usage
+from ._fake_limits import Dim, Refusal, TokenBuckets
 
 __all__ = [
     "FakeProviderServer",
@@ -212,7 +213,21 @@ class FakeProviderServer(ABC):
             scripted too few replies fails with a clear, non-retryable error.
         rate_limit_headers: headers sent with every successful reply; ``None`` sends
             the provider's typical ones (``DEFAULT_RATE_LIMIT_HEADERS``).
+        rpm / tpm / itpm / otpm: enforce these limits per ``period_s`` with token
+            buckets (``None``: not enforced); refusals are the provider's 429s.
+        period_s: the length of the enforced "minute" (shorter in tests and benches).
+        clock: monotonic seconds for the buckets (``time.monotonic``).
+
+    Attributes:
+        requests: every request received, in order.
+        too_many_requests: how many 429s the server has sent (scripted or enforced).
+        served_usage: ``(clock time, input tokens, output tokens)`` of each reply served.
     """
+
+    #: The rate-limit header word of each dimension the provider reports.
+    RATE_LIMIT_WORDS: Mapping[Dim, str] = {}
+    #: Whether cache reads count toward the input-token limits (not on Anthropic).
+    CACHE_READS_COUNT: bool = True
 
     #: The path the provider serves.
     endpoint: str
@@ -225,8 +240,23 @@ class FakeProviderServer(ABC):
         api_key: str | None = None,
         fallback: ScriptItem | None = None,
         rate_limit_headers: Mapping[str, str] | None = None,
+        rpm: float | None = None,
+        tpm: float | None = None,
+        itpm: float | None = None,
+        otpm: float | None = None,
+        period_s: float = 60.0,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         self.api_key = api_key
+        given: dict[Dim, float | None] = {"rpm": rpm, "tpm": tpm, "itpm": itpm, "otpm": otpm}
+        enforced = {d: v for d, v in given.items() if v is not None}
+        self.buckets: TokenBuckets | None = (
+            TokenBuckets(enforced, period_s=period_s, **({"clock": clock} if clock else {}))
+            if enforced
+            else None
+        )
+        self.too_many_requests = 0
+        self.served_usage: list[tuple[float, int, int]] = []
         self.fallback = fallback
         self.rate_limit_headers = dict(
             self.DEFAULT_RATE_LIMIT_HEADERS if rate_limit_headers is None else rate_limit_headers
@@ -315,6 +345,8 @@ class FakeProviderServer(ABC):
             self._script.clear()
             self.requests.clear()
             self._served = 0
+            self.too_many_requests = 0
+            self.served_usage.clear()
         return self
 
     @property
@@ -387,6 +419,13 @@ class FakeProviderServer(ABC):
     # -- request pipeline ----------------------------------------------------------------
 
     def _respond(self, request: RecordedRequest) -> _Wire:
+        wire = self._answer(request)
+        if wire.status == 429:
+            with self._lock:
+                self.too_many_requests += 1
+        return wire
+
+    def _answer(self, request: RecordedRequest) -> _Wire:
         with self._lock:
             self.requests.append(request)
             index = len(self.requests)
@@ -395,7 +434,19 @@ class FakeProviderServer(ABC):
             return self._render_error(self._error(404, f"no route {request.method} {path}"))
         if self.api_key is not None and self._api_key_of(request) != self.api_key:
             return self._render_error(self._unauthorized())
-        reply = self._next_reply(request, index)
+        reply, scripted = self._next_reply(request, index)
+        usage: Usage | None = None
+        if self.buckets is not None and reply.status < 400 and reply.body is None:
+            usage = self._usage(reply, request)
+            counted = usage.input_tokens - (
+                0 if self.CACHE_READS_COUNT else usage.cache_read_tokens
+            )
+            refusal = self.buckets.admit({"rpm": 1, "tpm": counted, "itpm": counted})
+            if refusal is not None:
+                if scripted:  # the retry gets the same reply
+                    with self._lock:
+                        self._script.appendleft(reply)
+                return self._render_error(self._refused(refusal, request))
         if reply.delay_s > 0 and self._stopping.wait(reply.delay_s):
             return self._render_error(self._error(503, "the fake server is stopping"))
         if reply.body is not None:
@@ -406,19 +457,35 @@ class FakeProviderServer(ABC):
             self._served += 1
             served = self._served
         body = self._render_reply(reply, request, served)
+        if self.buckets is not None and usage is not None:
+            self.buckets.charge({"tpm": usage.output_tokens, "otpm": usage.output_tokens})
+            with self._lock:
+                self.served_usage.append(
+                    (self.buckets.clock(), usage.input_tokens, usage.output_tokens)
+                )
         headers = {**self._rate_limit_headers(request), **reply.headers}
         return _Wire(reply.status, headers, body)
 
-    def _next_reply(self, request: RecordedRequest, index: int) -> FakeReply:
+    def _next_reply(self, request: RecordedRequest, index: int) -> tuple[FakeReply, bool]:
+        """The next reply, and whether it came from the script (not the fallback)."""
         with self._lock:
+            scripted = bool(self._script)
             item = self._script.popleft() if self._script else self.fallback
         if item is None:
             return self._error(
                 400,
                 f"{type(self).__name__}: nothing scripted for request #{index} "
                 f"(script more replies with server.script([...]))",
-            )
-        return item(request) if callable(item) else item
+            ), False
+        return (item(request) if callable(item) else item), scripted
+
+    def _bucket_headers(self) -> dict[str, str]:
+        """The buckets in the provider's rate-limit headers (none when not enforcing)."""
+        return {}
+
+    def _refused(self, refusal: Refusal, request: RecordedRequest) -> FakeReply:
+        """The provider's 429 for a request the buckets refused."""
+        return self._error(429, f"rate limit exceeded on {refusal.dim}")
 
     def _render_error(self, reply: FakeReply) -> _Wire:
         error = reply.error
@@ -427,8 +494,11 @@ class FakeProviderServer(ABC):
         return _Wire(reply.status, {**reply.headers}, error)
 
     def _rate_limit_headers(self, request: RecordedRequest) -> dict[str, str]:
-        """Rate-limit headers of a successful reply (where an enforcer reports its buckets)."""
-        return dict(self.rate_limit_headers)
+        """Rate-limit headers of a successful reply: the buckets' own where they are
+        enforced, the constructor's ``rate_limit_headers`` for the rest."""
+        headers = dict(self.rate_limit_headers)
+        headers.update(self._bucket_headers())  # the enforced dimensions' own
+        return headers
 
     def estimate_input_tokens(self, body: Any) -> int:
         """Estimated input tokens of a request body (JSON bytes / 4)."""

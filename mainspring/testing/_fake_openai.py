@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Mapping
 from typing import Any
 
 from ._fake_common import FakeProviderServer, FakeReply, RecordedRequest, call_id
+from ._fake_limits import Dim, Refusal, format_duration
 
 __all__ = ["FakeOpenAIServer"]
 
@@ -44,6 +46,7 @@ class FakeOpenAIServer(FakeProviderServer):
     """
 
     endpoint = "/v1/chat/completions"
+    RATE_LIMIT_WORDS: Mapping[Dim, str] = {"rpm": "requests", "tpm": "tokens"}
     DEFAULT_RATE_LIMIT_HEADERS: Mapping[str, str] = {
         "x-ratelimit-limit-requests": "10000",
         "x-ratelimit-limit-tokens": "2000000",
@@ -133,6 +136,44 @@ class FakeOpenAIServer(FakeProviderServer):
 
     def _error(self, status: int, message: str) -> FakeReply:
         return self.error(status, message)
+
+    def _bucket_headers(self) -> dict[str, str]:
+        if self.buckets is None:
+            return {}
+        out: dict[str, str] = {}
+        for dim, (limit, left, full_in) in self.buckets.state().items():
+            word = self.RATE_LIMIT_WORDS.get(dim)
+            if word is not None:
+                out[f"x-ratelimit-limit-{word}"] = f"{limit:.0f}"
+                out[f"x-ratelimit-remaining-{word}"] = f"{math.floor(left)}"
+                out[f"x-ratelimit-reset-{word}"] = format_duration(full_in)
+        return out
+
+    def _refused(self, refusal: Refusal, request: RecordedRequest) -> FakeReply:
+        body = request.body if isinstance(request.body, Mapping) else {}
+        model = str(body.get("model") or "gpt-4.1-mini")
+        word = self.RATE_LIMIT_WORDS.get(refusal.dim, "tokens")
+        what = "requests per min (RPM)" if word == "requests" else "tokens per min (TPM)"
+        if refusal.too_large:
+            message = (
+                f"Request too large for {model} in organization org-fake on {what}: "
+                f"Limit {refusal.limit:.0f}, Requested {refusal.requested:.0f}. The input or "
+                "output tokens must be reduced in order to run successfully. Visit "
+                "https://platform.openai.com/account/rate-limits to learn more."
+            )
+        else:
+            message = (
+                f"Rate limit reached for {model} in organization org-fake on {what}: "
+                f"Limit {refusal.limit:.0f}, Used {refusal.used:.0f}, Requested "
+                f"{refusal.requested:.0f}. Please try again in "
+                f"{format_duration(refusal.retry_after)}. Visit "
+                "https://platform.openai.com/account/rate-limits to learn more."
+            )
+        headers = self._bucket_headers()
+        if not refusal.too_large:
+            headers["retry-after-ms"] = f"{math.ceil(refusal.retry_after * 1000)}"
+            headers["retry-after"] = f"{math.ceil(refusal.retry_after)}"
+        return self.error(429, message, type=word, code="rate_limit_exceeded", headers=headers)
 
     def _api_key_of(self, request: RecordedRequest) -> str | None:
         auth = request.headers.get("authorization", "")

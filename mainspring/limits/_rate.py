@@ -1,0 +1,329 @@
+"""Rate limits of a provider account: the declared values and the GCRA that books them.
+
+One limiter per ``(provider, model, account)`` keeps, for each limited dimension (RPM,
+TPM, ITPM, OTPM), a *theoretical arrival time* (TAT): the moment its bucket would be
+empty again if nothing more were booked. A dimension of limit ``L`` per period ``P``
+frees one unit every ``T = P / L`` seconds and tolerates a burst of ``burst * P``
+seconds' worth of units, which is the token bucket the providers document (capacity
+``L``, refilled continuously). Booking a request of cost ``c``:
+
+    start  = max(now, blocked_until, max_d(TAT_d + c_d * T_d - burst * P))
+    TAT_d  = max(TAT_d, start) + c_d * T_d
+
+so every caller gets the earliest start that fits every dimension, in the order it
+booked, and sleeps until then instead of trying and backing off. Settlement moves each
+TAT by the difference between the booked and the reported usage; a provider's headers
+(remaining units, ``retry-after``) can only push TATs and ``blocked_until`` later.
+
+The functions here are pure (time is a parameter). SQLite runs them in one short
+transaction; PostgreSQL runs the same arithmetic as one ``UPDATE`` (``_table.py``).
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from .._errors import ConfigError
+
+__all__ = [
+    "DIMENSIONS",
+    "Booking",
+    "BucketState",
+    "Cost",
+    "Dimension",
+    "RateLimit",
+    "RateLimiter",
+    "book",
+    "charges_of",
+    "settle",
+    "tighten",
+]
+
+Dimension = Literal["rpm", "tpm", "itpm", "otpm"]
+DIMENSIONS: tuple[Dimension, ...] = ("rpm", "tpm", "itpm", "otpm")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RateLimit:
+    """The rate limits of one provider account for one model.
+
+    Args:
+        provider: ``"openai"``, ``"anthropic"``, ... (a model's ``provider``).
+        model: the provider's model id (``"gpt-4.1-mini"``).
+        account: which account or key the limits belong to (an agent's
+            ``rate_account``); ``"default"`` unless you use several.
+        rpm / tpm / itpm / otpm: requests, tokens, input tokens and output tokens per
+            period; ``None`` leaves the dimension unlimited (or learned from headers).
+        period_s: the length of the provider's "minute" (60 s; shorter for fakes).
+        headroom: the share of each limit left unused, against other clients of the
+            account and estimates that fall short (0.02 = 2 %).
+        burst: the share of a period's capacity that may go at once (1.0: a full
+            bucket, as the providers allow).
+        output_quantile: output tokens are reserved at this quantile of the model's
+            recent outputs (0.9 = p90).
+        max_output_tokens: what a request reserves for its output while there are too
+            few observations and the request sets no ``max_tokens``.
+
+    Raises:
+        ConfigError: a value is out of range (the message names it).
+    """
+
+    provider: str
+    model: str
+    account: str = "default"
+    rpm: float | None = None
+    tpm: float | None = None
+    itpm: float | None = None
+    otpm: float | None = None
+    period_s: float = 60.0
+    headroom: float = 0.02
+    burst: float = 1.0
+    output_quantile: float = 0.9
+    max_output_tokens: int = 4096
+
+    def __post_init__(self) -> None:
+        where = f"RateLimit({self.provider!r}, {self.model!r}, account={self.account!r})"
+        for name in ("provider", "model", "account"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value.strip():
+                raise ConfigError(f"{where}: {name} must be a non-empty string, got {value!r}")
+        for dim in DIMENSIONS:
+            value = getattr(self, dim)
+            if value is not None and (not isinstance(value, int | float) or value <= 0):
+                raise ConfigError(f"{where}: {dim} must be a positive number, got {value!r}")
+        if not self.period_s > 0:
+            raise ConfigError(f"{where}: period_s must be > 0, got {self.period_s!r}")
+        if not 0 <= self.headroom < 1:
+            raise ConfigError(f"{where}: headroom must be in [0, 1), got {self.headroom!r}")
+        if not 0 < self.burst <= 1:
+            raise ConfigError(
+                f"{where}: burst must be in (0, 1] (a provider's bucket holds one period's "
+                f"limit), got {self.burst!r}"
+            )
+        if not 0 < self.output_quantile <= 1:
+            raise ConfigError(
+                f"{where}: output_quantile must be in (0, 1], got {self.output_quantile!r}"
+            )
+        if self.max_output_tokens < 1:
+            raise ConfigError(
+                f"{where}: max_output_tokens must be >= 1, got {self.max_output_tokens!r}"
+            )
+
+    @property
+    def key(self) -> str:
+        """``"provider:model:account"``, the limiter's name in the store."""
+        return f"{self.provider}:{self.model}:{self.account}"
+
+    def limits(self) -> dict[Dimension, float | None]:
+        values = {d: getattr(self, d) for d in DIMENSIONS}
+        return {d: (None if v is None else float(v)) for d, v in values.items()}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Cost:
+    """What one request uses (estimated before, reported after).
+
+    ``input_tokens`` is the whole prompt, cached tokens included; ``cached_tokens`` of
+    them were read from the provider's cache (Anthropic does not count those toward
+    its input-token limits).
+    """
+
+    requests: int = 1
+    input_tokens: int = 0
+    cached_tokens: int = 0
+    output_tokens: int = 0
+
+
+def charges_of(cost: Cost, provider: str) -> dict[Dimension, float]:
+    """What ``cost`` takes from each dimension of ``provider``'s limits."""
+    uncached = max(0, cost.input_tokens - cost.cached_tokens)
+    # Anthropic's cache reads count toward no input limit; OpenAI counts every prompt token.
+    counted = uncached if provider == "anthropic" else cost.input_tokens
+    return {
+        "rpm": float(cost.requests),
+        "tpm": float(counted + cost.output_tokens),
+        "itpm": float(counted),
+        "otpm": float(cost.output_tokens),
+    }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Booking:
+    """A booked slot: when the request may start, and what it reserved.
+
+    Attributes:
+        key: the limiter (``"provider:model:account"``).
+        start: the booked start, on the limiter's clock (the database's on PostgreSQL).
+        waited_s: how long after booking the start is (0: at once).
+        wake_at: the start on the caller's clock (what a run sleeps until).
+        charges: units reserved per dimension, corrected by settlement.
+        estimate: the request's estimated cost.
+        input_ratio: reported over counted prompt tokens, as learned so far (the
+            estimate's prompt is the tokenizer's count times this).
+    """
+
+    key: str
+    start: float
+    waited_s: float
+    wake_at: float
+    charges: dict[str, float] = field(default_factory=dict)
+    estimate: Cost = field(default_factory=Cost)
+    input_ratio: float = 1.0
+
+
+class RateLimiter(ABC):
+    """One rate limit shared by every worker: book a slot, then settle it.
+
+    ``acquire`` books the earliest start at which the estimated request fits every
+    limited dimension; ``settle`` corrects the booking once the provider reported the
+    usage (and tightens the limiter from its headers).
+    """
+
+    @abstractmethod
+    def acquire(self, estimate: Cost, *, input_ratio: float = 1.0) -> Booking:
+        """Book the earliest start that fits ``estimate``.
+
+        Raises:
+            ConfigError: the request can never fit (larger than a limit's bucket).
+        """
+
+    @abstractmethod
+    def settle(
+        self,
+        booking: Booking,
+        actual: Cost | None,
+        headers: Mapping[str, str] | None = None,
+        *,
+        retry_after: float | None = None,
+    ) -> None:
+        """Correct ``booking`` by the ``actual`` usage (``None``: the provider refused
+        it and charged nothing, so the reservation is refunded) and tighten from the
+        response's rate-limit headers and ``retry_after``."""
+
+
+@dataclass(slots=True, kw_only=True)
+class BucketState:
+    """The shared state of one limiter (a row of ``ms_rate_limits``).
+
+    Attributes:
+        learned: limits read from the provider's headers.
+        tat: theoretical arrival time per dimension (seconds since the epoch).
+        blocked_until: no start before this (a 429's ``retry-after``).
+    """
+
+    learned: dict[Dimension, float | None] = field(
+        default_factory=lambda: dict.fromkeys(DIMENSIONS)
+    )
+    tat: dict[Dimension, float] = field(default_factory=lambda: dict.fromkeys(DIMENSIONS, 0.0))
+    blocked_until: float = 0.0
+
+
+def effective_limits(
+    declared: Mapping[Dimension, float | None], learned: Mapping[Dimension, float | None]
+) -> dict[Dimension, float | None]:
+    """The limit of each dimension: the lower of the declared and the learned one."""
+    out: dict[Dimension, float | None] = {}
+    for d in DIMENSIONS:
+        known = [v for v in (declared.get(d), learned.get(d)) if v is not None]
+        out[d] = min(known) if known else None
+    return out
+
+
+def _interval(limit: float, rate: RateLimit) -> float:
+    """Seconds per unit: the period over the limit less its headroom."""
+    return rate.period_s / (limit * (1.0 - rate.headroom))
+
+
+def book(
+    state: BucketState, rate: RateLimit, charges: Mapping[Dimension, float], now: float
+) -> float:
+    """Book a request of ``charges`` in ``state`` and return its start.
+
+    Raises:
+        ConfigError: a charge exceeds what that dimension's bucket can ever hold.
+    """
+    limits = effective_limits(rate.limits(), state.learned)
+    start = max(now, state.blocked_until)
+    for d in DIMENSIONS:
+        limit = limits[d]
+        if limit is None:
+            continue
+        capacity = rate.burst * limit * (1.0 - rate.headroom)
+        if charges.get(d, 0.0) > capacity:
+            raise ConfigError(
+                f"a request of {charges[d]:g} {_UNITS[d]} can never fit the {d.upper()} limit "
+                f"of {rate.key!r}: {limit:g} per {rate.period_s:g}s leaves room for "
+                f"{math.floor(capacity):g} at once (burst={rate.burst:g}, "
+                f"headroom={rate.headroom:g}); shorten the prompt or lower max_tokens"
+            )
+        t = _interval(limit, rate)
+        start = max(start, state.tat[d] + charges.get(d, 0.0) * t - rate.burst * rate.period_s)
+    for d in DIMENSIONS:
+        limit = limits[d]
+        if limit is not None:
+            state.tat[d] = max(state.tat[d], start) + charges.get(d, 0.0) * _interval(limit, rate)
+    return start
+
+
+def settle(
+    state: BucketState, rate: RateLimit, delta: Mapping[Dimension, float], now: float
+) -> None:
+    """Move each TAT by ``delta`` units (actual minus booked): a refund frees capacity
+    for later bookings, an overrun pushes them back."""
+    limits = effective_limits(rate.limits(), state.learned)
+    for d in DIMENSIONS:
+        limit, change = limits[d], delta.get(d, 0.0)
+        if limit is None or change == 0:
+            continue
+        base = max(state.tat[d], now) if change > 0 else state.tat[d]
+        state.tat[d] = base + change * _interval(limit, rate)
+
+
+def tighten(
+    state: BucketState,
+    rate: RateLimit,
+    *,
+    learned: Mapping[Dimension, float],
+    remaining: Mapping[Dimension, float],
+    retry_after: float | None,
+    now: float,
+) -> None:
+    """Apply what the provider said: its limits, what remains, when to come back.
+
+    A remaining count below what the limiter believes moves the TAT so that the
+    bucket holds no more than that; more remaining than believed changes nothing
+    (other bookings may be in flight that the provider has not seen yet).
+    """
+    for d, value in learned.items():
+        state.learned[d] = value
+    limits = effective_limits(rate.limits(), state.learned)
+    for d, left in remaining.items():
+        limit = limits[d]
+        if limit is None:
+            continue
+        provider_limit = learned.get(d, limit)
+        used = max(0.0, provider_limit - left)
+        state.tat[d] = max(state.tat[d], now + used * _interval(limit, rate))
+    if retry_after is not None and retry_after > 0:
+        state.blocked_until = max(state.blocked_until, now + retry_after)
+
+
+def quantile(values: Sequence[int], q: float) -> int:
+    """The ``q`` quantile of ``values`` (nearest rank), 0 for none."""
+    if not values:
+        return 0
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q * len(ordered)))
+    return ordered[rank - 1]
+
+
+_UNITS: dict[Dimension, str] = {
+    "rpm": "requests",
+    "tpm": "tokens",
+    "itpm": "input tokens",
+    "otpm": "output tokens",
+}

@@ -1,0 +1,339 @@
+"""Rate limiters shared through the store, the registry that makes them, and the
+configuration file that declares them."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import tomllib
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+from .._clock import Clock, SystemClock
+from .._errors import ConfigError, StoreError, StoreUnavailable
+from ..storage import Store
+from ._rate import (
+    DIMENSIONS,
+    Booking,
+    Cost,
+    Dimension,
+    RateLimit,
+    RateLimiter,
+    charges_of,
+    quantile,
+)
+from ._table import RateTable
+
+__all__ = ["RateLimits", "StoreRateLimiter", "load_rate_limits", "observed_limits"]
+
+log = logging.getLogger("mainspring.limits")
+
+#: Observations of output size needed before the quantile replaces ``max_tokens``.
+MIN_SAMPLES = 5
+#: Until a first reply reports how the provider counts, prompts are booked at this
+#: multiple of the tokenizer's count: providers count with tokenizers of their own,
+#: and the first bookings of a cold start go out together, before any correction.
+COLD_INPUT_RATIO = 2.0
+
+_OPENAI = {"requests": "rpm", "tokens": "tpm"}
+_ANTHROPIC = {
+    "requests": "rpm",
+    "tokens": "tpm",
+    "input-tokens": "itpm",
+    "output-tokens": "otpm",
+}
+
+
+def observed_limits(
+    headers: Mapping[str, str],
+) -> tuple[dict[Dimension, float], dict[Dimension, float]]:
+    """``(limits, remaining)`` per dimension in a response's rate-limit headers:
+    ``x-ratelimit-{limit,remaining}-{requests,tokens}`` (OpenAI) and
+    ``anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-{limit,remaining}``.
+    Values that are not numbers are ignored."""
+    low = {k.lower(): v for k, v in headers.items()}
+    limits: dict[Dimension, float] = {}
+    remaining: dict[Dimension, float] = {}
+
+    def number(name: str) -> float | None:
+        try:
+            value = float(low[name])
+        except (KeyError, ValueError):
+            return None
+        return value if math.isfinite(value) and value >= 0 else None
+
+    def put(dim: str, limit_name: str, remaining_name: str) -> None:
+        d: Dimension = dim  # type: ignore[assignment]
+        limit = number(limit_name)
+        left = number(remaining_name)
+        if limit is not None and limit > 0:
+            limits[d] = limit
+        if left is not None:
+            remaining[d] = left
+
+    for word, dim in _OPENAI.items():
+        put(dim, f"x-ratelimit-limit-{word}", f"x-ratelimit-remaining-{word}")
+    for word, dim in _ANTHROPIC.items():
+        put(dim, f"anthropic-ratelimit-{word}-limit", f"anthropic-ratelimit-{word}-remaining")
+    return limits, remaining
+
+
+class StoreRateLimiter(RateLimiter):
+    """A :class:`RateLimiter` whose state lives in the store, shared by every worker
+    process on every machine that uses that database.
+
+    Args:
+        rate: the declared limits (dimensions left ``None`` are learned from headers).
+        store: the store, or a function that returns it (opened on first use).
+        clock: the time SQLite books on; PostgreSQL books on the database's clock.
+    """
+
+    def __init__(
+        self,
+        rate: RateLimit,
+        store: Store | Callable[[], Store],
+        *,
+        clock: Clock | None = None,
+    ) -> None:
+        self.rate = rate
+        self.clock: Clock = clock or SystemClock()
+        self._store = store
+        self._table: RateTable | None = None
+
+    @property
+    def key(self) -> str:
+        return self.rate.key
+
+    @property
+    def table(self) -> RateTable:
+        if self._table is None:
+            store = self._store if isinstance(self._store, Store) else self._store()
+            self._table = RateTable(store)
+        return self._table
+
+    def _now(self) -> float | None:
+        # PostgreSQL: the database's clock, one timeline for every machine.
+        return None if self.table.store.dialect == "postgresql" else self.clock.now()
+
+    def estimate(self, *, prompt_tokens: int, max_tokens: int | None = None) -> Cost:
+        """The cost to book for a request of ``prompt_tokens`` (the tokenizer's count,
+        tool schemas included): the prompt scaled by the reported/counted ratio learned
+        so far, and the output at the configured quantile of recent outputs, or
+        ``max_tokens`` until there are enough of them."""
+        return self._estimate(prompt_tokens, max_tokens)[0]
+
+    def _estimate(self, prompt_tokens: int, max_tokens: int | None) -> tuple[Cost, float]:
+        if prompt_tokens < 0:
+            raise ValueError(f"prompt_tokens must be >= 0, got {prompt_tokens!r}")
+        ratio, outputs = self.table.snapshot(self.key)
+        if not outputs:
+            ratio = max(ratio, COLD_INPUT_RATIO)
+        cap = max_tokens if max_tokens is not None else self.rate.max_output_tokens
+        if len(outputs) >= MIN_SAMPLES:
+            output = min(cap, quantile(outputs, self.rate.output_quantile))
+        else:
+            output = cap
+        return Cost(input_tokens=math.ceil(prompt_tokens * ratio), output_tokens=output), ratio
+
+    def reserve(self, *, prompt_tokens: int, max_tokens: int | None = None) -> Booking:
+        """Estimate a request (see :meth:`estimate`) and book it (see :meth:`acquire`)."""
+        cost, ratio = self._estimate(prompt_tokens, max_tokens)
+        return self.acquire(cost, input_ratio=ratio)
+
+    def acquire(self, estimate: Cost, *, input_ratio: float = 1.0) -> Booking:
+        """Book the earliest start that fits ``estimate``; see :class:`RateLimiter`.
+        ``input_ratio``: the ratio the estimate's prompt was scaled by."""
+        charges = charges_of(estimate, self.rate.provider)
+        sqlite = self.table.store.dialect != "postgresql"
+        start, now = self.table.book(self.rate, charges, self.clock.now if sqlite else None)
+        waited = max(0.0, start - now)
+        return Booking(
+            key=self.key,
+            start=start,
+            waited_s=waited,
+            wake_at=self.clock.now() + waited,
+            charges={d: charges[d] for d in DIMENSIONS},
+            estimate=estimate,
+            input_ratio=input_ratio,
+        )
+
+    def settle(
+        self,
+        booking: Booking,
+        actual: Cost | None,
+        headers: Mapping[str, str] | None = None,
+        *,
+        retry_after: float | None = None,
+    ) -> None:
+        """Correct ``booking``; see :class:`RateLimiter`. ``actual=None`` (a 429)
+        refunds the reservation and tightens from the refusal's headers."""
+        learned, remaining = observed_limits(headers or {})
+        # A refused request charged nothing: refund its whole reservation (a retry
+        # books anew, behind the others).
+        delta: dict[Dimension, float] = {d: -booking.charges.get(d, 0.0) for d in DIMENSIONS}
+        ratio: float | None = None
+        output: int | None = None
+        if actual is not None:
+            # A success's "remaining" already counts the actual usage of replies whose
+            # refunds this limiter may not have applied yet: tightening from it would
+            # count those refunds twice. Only a refusal's headers tighten.
+            remaining = {}
+            used = charges_of(actual, self.rate.provider)
+            delta = {d: used[d] - booking.charges.get(d, 0.0) for d in DIMENSIONS}
+            counted = booking.estimate.input_tokens / booking.input_ratio
+            if counted > 0 and actual.input_tokens > 0:
+                ratio = actual.input_tokens / counted
+            output = actual.output_tokens
+        self.table.settle(
+            self.rate,
+            delta=delta,
+            learned=learned,
+            remaining=remaining,
+            retry_after=retry_after,
+            input_ratio=ratio,
+            output_tokens=output,
+            now=self._now(),
+        )
+
+    def settle_quietly(
+        self,
+        booking: Booking,
+        actual: Cost | None,
+        headers: Mapping[str, str] | None = None,
+        *,
+        retry_after: float | None = None,
+    ) -> None:
+        """:meth:`settle`, but a store that is down only costs the correction (the
+        booking stays as estimated), never the model's reply."""
+        try:
+            self.settle(booking, actual, headers, retry_after=retry_after)
+        except (StoreError, StoreUnavailable) as exc:
+            log.warning("rate limiter %s: settlement lost: %s", self.key, exc)
+
+
+class RateLimits:
+    """The rate limits an App knows: declared ones, and defaults for the rest.
+
+    Every ``(provider, model, account)`` gets a limiter: the declared
+    :class:`RateLimit` if there is one, else one with no declared limit that learns
+    them from the provider's headers at first contact.
+
+    Args:
+        limits: declared limits (at most one per provider, model and account).
+        period_s / headroom / burst: settings of the limiters that are learned.
+
+    Raises:
+        ConfigError: two limits name the same provider, model and account.
+    """
+
+    def __init__(
+        self,
+        limits: Iterable[RateLimit] = (),
+        *,
+        period_s: float = 60.0,
+        headroom: float = 0.02,
+        burst: float = 1.0,
+    ) -> None:
+        self.declared: dict[str, RateLimit] = {}
+        for rate in limits:
+            if not isinstance(rate, RateLimit):
+                raise ConfigError(f"rate limits are RateLimit(...) values, got {rate!r:.100}")
+            if rate.key in self.declared:
+                raise ConfigError(f"two rate limits for {rate.key!r}: declare each one once")
+            self.declared[rate.key] = rate
+        self._defaults = {"period_s": period_s, "headroom": headroom, "burst": burst}
+        RateLimit(provider="x", model="x", **self._defaults)  # type: ignore[arg-type]  # validates
+        self._limiters: dict[tuple[int, str], StoreRateLimiter] = {}
+
+    def rate_for(self, provider: str, model: str, account: str = "default") -> RateLimit:
+        """The declared limit of this model and account, or a learning one."""
+        found = self.declared.get(f"{provider}:{model}:{account}")
+        if found is not None:
+            return found
+        return RateLimit(provider=provider, model=model, account=account, **self._defaults)  # type: ignore[arg-type]
+
+    def limiter(
+        self,
+        store: Store,
+        clock: Clock,
+        provider: str,
+        model: str,
+        account: str = "default",
+    ) -> StoreRateLimiter:
+        """The shared limiter of a model and account, in ``store``."""
+        rate = self.rate_for(provider, model, account)
+        cache = (id(store), rate.key)
+        found = self._limiters.get(cache)
+        if found is None or found.table.store is not store:
+            found = self._limiters[cache] = StoreRateLimiter(rate, store, clock=clock)
+        return found
+
+    def __repr__(self) -> str:
+        return f"RateLimits({list(self.declared.values())!r})"
+
+
+_FIELDS = {f.name for f in fields(RateLimit)}
+
+
+def load_rate_limits(path: str | os.PathLike[str]) -> list[RateLimit]:
+    """Read rate limits from a TOML or JSON file.
+
+    TOML::
+
+        [[rate_limit]]
+        provider = "openai"
+        model = "gpt-4.1-mini"
+        rpm = 500
+        tpm = 200000
+
+    JSON: ``{"rate_limit": [{"provider": "openai", "model": "gpt-4.1-mini", ...}]}``.
+    Each entry takes the arguments of :class:`RateLimit`.
+
+    Raises:
+        ConfigError: the file is missing, unreadable, or an entry is wrong (the
+            message names the file, the entry and the field).
+    """
+    file = Path(path)
+    try:
+        text = file.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"rate limits file {str(file)!r}: cannot read it: {exc}") from None
+    try:
+        data: Any = json.loads(text) if file.suffix == ".json" else tomllib.loads(text)
+    except (ValueError, tomllib.TOMLDecodeError) as exc:
+        kind = "JSON" if file.suffix == ".json" else "TOML"
+        raise ConfigError(f"rate limits file {str(file)!r} is not valid {kind}: {exc}") from None
+    if not isinstance(data, dict) or set(data) - {"rate_limit"}:
+        found = sorted(data) if isinstance(data, dict) else data
+        raise ConfigError(
+            f"rate limits file {str(file)!r}: expected only a list named 'rate_limit' "
+            f"([[rate_limit]] tables in TOML), found {found!r:.200}"
+        )
+    entries = data.get("rate_limit", [])
+    if not isinstance(entries, list):
+        raise ConfigError(f"rate limits file {str(file)!r}: 'rate_limit' must be a list")
+    out: list[RateLimit] = []
+    for i, entry in enumerate(entries, 1):
+        where = f"rate limits file {str(file)!r}, entry {i}"
+        if not isinstance(entry, dict):
+            raise ConfigError(f"{where}: expected a table of fields, got {entry!r:.100}")
+        unknown = set(entry) - _FIELDS
+        if unknown:
+            raise ConfigError(
+                f"{where}: unknown field(s) {sorted(unknown)!r}; known: {sorted(_FIELDS)!r}"
+            )
+        missing = {"provider", "model"} - set(entry)
+        if missing:
+            raise ConfigError(f"{where}: missing field(s) {sorted(missing)!r}")
+        try:
+            out.append(RateLimit(**entry))
+        except ConfigError as exc:
+            raise ConfigError(f"{where}: {exc.message}") from None
+        except TypeError as exc:
+            raise ConfigError(f"{where}: {exc}") from None
+    RateLimits(out)  # duplicates are an error here too
+    return out

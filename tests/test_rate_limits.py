@@ -1,0 +1,346 @@
+"""The shared rate limiter: GCRA booking, settlement, header tightening, oversize
+rejection and ordering (pure, and through each store), configuration, and the agent
+loop sleeping durably until its booked slot."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from pathlib import Path
+
+import pytest
+from _helpers import drain
+
+import mainspring as ms
+from mainspring.limits import (
+    Booking,
+    Cost,
+    RateLimit,
+    RateLimits,
+    StoreRateLimiter,
+    load_rate_limits,
+    observed_limits,
+)
+from mainspring.limits._rate import BucketState, book, charges_of, quantile, settle, tighten
+from mainspring.limits._table import RateTable
+from mainspring.models import ModelResponse, Usage
+from mainspring.storage import open_store
+from mainspring.testing import FakeClock, ScriptedModel
+
+NOW = 1_767_225_600.0
+
+
+def _rate(**kw: float) -> RateLimit:
+    return RateLimit(provider="openai", model="m", headroom=0.0, **kw)  # type: ignore[arg-type]
+
+
+def _tokens(n: float, requests: float = 1) -> dict[str, float]:
+    return {"rpm": requests, "tpm": n, "itpm": n, "otpm": 0.0}
+
+
+# -- the algorithm --------------------------------------------------------------------
+
+
+def test_bookings_start_at_the_earliest_time_that_fits() -> None:
+    rate, state = _rate(tpm=6000), BucketState()
+    # A full bucket lets 6000 tokens go at once; then 100 tokens a second.
+    starts = [book(state, rate, _tokens(2000), NOW) - NOW for _ in range(5)]  # type: ignore[arg-type]
+    assert starts == [0, 0, 0, 20, 40]
+
+
+def test_every_dimension_must_fit() -> None:
+    rate, state = _rate(rpm=2, tpm=60_000), BucketState()
+    starts = [book(state, rate, _tokens(10), NOW) - NOW for _ in range(4)]  # type: ignore[arg-type]
+    assert starts == [0, 0, 30, 60]  # requests bind, tokens do not
+
+
+def test_burst_and_headroom_shrink_the_bucket() -> None:
+    rate = RateLimit(provider="openai", model="m", tpm=6000, burst=0.5, headroom=0.5)
+    state = BucketState()
+    # 3000 effective tokens per minute (50 a second), 1500 of them at once.
+    starts = [book(state, rate, _tokens(1500), NOW) - NOW for _ in range(3)]  # type: ignore[arg-type]
+    assert starts == [0, 30, 60]
+
+
+def test_settlement_refunds_and_charges_the_difference() -> None:
+    rate, state = _rate(tpm=6000), BucketState()
+    for _ in range(3):
+        book(state, rate, _tokens(2000), NOW)  # type: ignore[arg-type]
+    settle(state, rate, {"tpm": -1000}, NOW)  # the first used 1000, not 2000
+    assert book(state, rate, _tokens(1000), NOW) == NOW  # type: ignore[arg-type]
+    settle(state, rate, {"tpm": 3000}, NOW)  # an output far above its reservation
+    assert book(state, rate, _tokens(1000), NOW) - NOW == pytest.approx(40)  # type: ignore[arg-type]
+
+
+def test_headers_only_ever_tighten() -> None:
+    rate, state = _rate(tpm=6000), BucketState()
+    book(state, rate, _tokens(3000), NOW)  # type: ignore[arg-type]
+    before = dict(state.tat)
+    tighten(state, rate, learned={}, remaining={"tpm": 5000}, retry_after=None, now=NOW)
+    assert state.tat == before  # the provider has not seen our booking yet: keep it
+    tighten(state, rate, learned={}, remaining={"tpm": 1000}, retry_after=None, now=NOW)
+    assert state.tat["tpm"] == pytest.approx(NOW + 50)  # 5000 used: 50 s of refill
+    assert book(state, rate, _tokens(1000), NOW) == NOW  # type: ignore[arg-type]
+    assert book(state, rate, _tokens(1000), NOW) - NOW == pytest.approx(10)  # type: ignore[arg-type]
+    tighten(state, rate, learned={}, remaining={}, retry_after=30, now=NOW)
+    assert book(state, rate, _tokens(1), NOW) - NOW == pytest.approx(30)  # type: ignore[arg-type]
+    tighten(state, rate, learned={}, remaining={}, retry_after=5, now=NOW)
+    assert state.blocked_until == NOW + 30  # a shorter retry-after does not loosen
+
+
+def test_a_learned_limit_below_the_declared_one_wins() -> None:
+    rate, state = _rate(tpm=6000), BucketState()
+    tighten(state, rate, learned={"tpm": 3000}, remaining={}, retry_after=None, now=NOW)
+    with pytest.raises(ms.ConfigError, match="TPM limit"):
+        book(state, rate, _tokens(4000), NOW)  # type: ignore[arg-type]
+
+
+def test_a_request_that_can_never_fit_fails_at_once() -> None:
+    rate, state = _rate(tpm=6000, itpm=4000), BucketState()
+    with pytest.raises(ms.ConfigError) as err:
+        book(state, rate, _tokens(5000), NOW)  # type: ignore[arg-type]
+    assert "5000 input tokens can never fit the ITPM limit of 'openai:m:default'" in str(err.value)
+    assert state.tat["tpm"] == 0  # nothing was booked
+
+
+def test_bookings_are_served_in_order_and_a_huge_one_starves_nobody() -> None:
+    rate, state = _rate(tpm=6000), BucketState()
+    small = [book(state, rate, _tokens(1000), NOW) for _ in range(3)]  # type: ignore[arg-type]
+    huge = book(state, rate, _tokens(6000), NOW)  # type: ignore[arg-type]
+    after = [book(state, rate, _tokens(1000), NOW) for _ in range(3)]  # type: ignore[arg-type]
+    starts = [*small, huge, *after]
+    assert starts == sorted(starts)  # first booked, first served
+    assert huge - NOW == pytest.approx(30)  # the huge one waits for room, not forever
+    assert after[0] - huge == pytest.approx(10)  # and the rest queue right behind it
+
+
+def test_anthropic_cache_reads_do_not_count_toward_input_limits() -> None:
+    cost = Cost(input_tokens=1000, cached_tokens=800, output_tokens=50)
+    assert charges_of(cost, "anthropic") == {"rpm": 1, "tpm": 250, "itpm": 200, "otpm": 50}
+    assert charges_of(cost, "openai") == {"rpm": 1, "tpm": 1050, "itpm": 1000, "otpm": 50}
+
+
+def test_quantile_and_header_parsing() -> None:
+    assert quantile(list(range(1, 11)), 0.9) == 9
+    assert quantile([], 0.9) == 0
+    limits, remaining = observed_limits(
+        {
+            "x-ratelimit-limit-tokens": "30000",
+            "x-ratelimit-remaining-tokens": "29000",
+            "x-ratelimit-limit-requests": "500",
+            "anthropic-ratelimit-input-tokens-limit": "40000",
+            "anthropic-ratelimit-output-tokens-remaining": "7000",
+            "x-ratelimit-remaining-requests": "lots",
+        }
+    )
+    assert limits == {"tpm": 30000, "rpm": 500, "itpm": 40000}
+    assert remaining == {"tpm": 29000, "otpm": 7000}
+
+
+def test_bad_limits_are_named() -> None:
+    with pytest.raises(ms.ConfigError, match="tpm must be a positive number, got -5"):
+        RateLimit(provider="openai", model="m", tpm=-5)
+    with pytest.raises(ms.ConfigError, match=r"burst must be in \(0, 1\]"):
+        RateLimit(provider="openai", model="m", burst=2)
+    with pytest.raises(ms.ConfigError, match="two rate limits for 'openai:m:default'"):
+        RateLimits(
+            [RateLimit(provider="openai", model="m"), RateLimit(provider="openai", model="m")]
+        )
+
+
+# -- configuration files ----------------------------------------------------------------
+
+
+def test_limits_load_from_toml_and_json(tmp_path: Path) -> None:
+    toml = tmp_path / "limits.toml"
+    toml.write_text(
+        '[[rate_limit]]\nprovider = "openai"\nmodel = "gpt-4.1-mini"\nrpm = 500\ntpm = 200000\n'
+        '\n[[rate_limit]]\nprovider = "anthropic"\nmodel = "claude-sonnet-4-5"\n'
+        'itpm = 30000\notpm = 8000\naccount = "team-a"\n'
+    )
+    limits = load_rate_limits(toml)
+    assert [r.key for r in limits] == [
+        "openai:gpt-4.1-mini:default",
+        "anthropic:claude-sonnet-4-5:team-a",
+    ]
+    assert (limits[0].tpm, limits[1].otpm) == (200000, 8000)
+    js = tmp_path / "limits.json"
+    js.write_text('{"rate_limit": [{"provider": "openai", "model": "x", "rpm": 3}]}')
+    assert load_rate_limits(js)[0].rpm == 3
+
+
+@pytest.mark.parametrize(
+    ("text", "error"),
+    [
+        ('[[rate_limit]]\nprovider = "openai"\nmodel = "m"\ntpms = 5\n', r"entry 1: unknown.*tpms"),
+        ('[[rate_limit]]\nprovider = "openai"\nmodel = "m"\ntpm = "lots"\n', "tpm must be"),
+        ('[[rate_limit]]\nprovider = "openai"\n', r"entry 1: missing field\(s\) \['model'\]"),
+        ("[[rate_limit]\n", "is not valid TOML"),
+        ("[limits]\nx = 1\n", "expected only a list named 'rate_limit'"),
+    ],
+)
+def test_bad_config_files_say_what_is_wrong(tmp_path: Path, text: str, error: str) -> None:
+    path = tmp_path / "limits.toml"
+    path.write_text(text)
+    with pytest.raises(ms.ConfigError, match=error):
+        load_rate_limits(path)
+
+
+def test_a_missing_config_file_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ms.ConfigError, match="cannot read it"):
+        ms.App(f"sqlite:///{tmp_path / 'x.db'}", rate_limits=tmp_path / "nope.toml")
+
+
+# -- through the store ----------------------------------------------------------------
+
+
+def test_the_store_books_like_the_algorithm(db_url: str) -> None:
+    store = open_store(db_url)
+    try:
+        table = RateTable(store)
+        rate = _rate(rpm=2, tpm=6000)
+        state = BucketState()
+        for n in (2000, 2000, 2000, 500, 1):
+            expected = book(state, rate, _tokens(n), NOW)  # type: ignore[arg-type]
+            assert table.book(rate, _tokens(n), NOW)[0] == pytest.approx(expected)  # type: ignore[arg-type]
+        table.settle(
+            rate,
+            delta={"tpm": -1500},
+            learned={"tpm": 5000},
+            remaining={"tpm": 100},
+            retry_after=7,
+            input_ratio=1.25,
+            output_tokens=42,
+            now=NOW,
+        )
+        state.learned["tpm"] = 5000
+        settle(state, rate, {"tpm": -1500}, NOW)
+        tighten(state, rate, learned={"tpm": 5000}, remaining={"tpm": 100}, retry_after=7, now=NOW)
+        stored = table.state(rate.key)
+        assert stored.tat == pytest.approx(state.tat)
+        assert stored.blocked_until == pytest.approx(NOW + 7)
+        assert stored.learned["tpm"] == 5000
+        assert table.snapshot(rate.key) == (1.25, [42])
+        with pytest.raises(ms.ConfigError, match="can never fit the TPM limit"):
+            table.book(rate, _tokens(5500), NOW)  # type: ignore[arg-type]
+    finally:
+        store.close()
+
+
+def test_concurrent_bookings_never_share_a_slot(db_url: str) -> None:
+    store = open_store(db_url)
+    try:
+        limiter = StoreRateLimiter(_rate(rpm=60), store, clock=FakeClock(NOW))
+        table = limiter.table
+        table.book(limiter.rate, {"rpm": 60}, NOW if store.dialect == "sqlite" else None)
+        starts: list[float] = []
+
+        def worker() -> None:
+            for _ in range(5):
+                starts.append(limiter.acquire(Cost(input_tokens=1)).start)
+
+        threads = [threading.Thread(target=worker) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        starts.sort()
+        gaps = [b - a for a, b in itertools.pairwise(starts)]
+        assert len(starts) == 20
+        assert min(gaps) == pytest.approx(1.0, abs=0.05)  # one request a second, no two alike
+    finally:
+        store.close()
+
+
+def test_the_limiter_learns_limits_and_output_sizes(db_url: str) -> None:
+    store = open_store(db_url)
+    try:
+        clock = FakeClock(NOW)
+        limits = RateLimits(period_s=60, headroom=0.0)
+        limiter = limits.limiter(store, clock, "openai", "m")
+        first = limiter.reserve(prompt_tokens=100, max_tokens=500)
+        # No data yet: the prompt at twice the tokenizer's count, the output at max_tokens.
+        assert first.estimate == Cost(input_tokens=200, output_tokens=500)
+        assert first.waited_s == 0  # nothing known yet
+        headers = {"x-ratelimit-limit-tokens": "1200", "x-ratelimit-remaining-tokens": "1100"}
+        limiter.settle(first, Cost(input_tokens=130, output_tokens=20), headers)
+        for n in (10, 20, 30, 40):
+            limiter.settle(first, Cost(input_tokens=130, output_tokens=n), {})
+        estimate = limiter.estimate(prompt_tokens=100, max_tokens=500)
+        assert estimate.output_tokens == 40  # p90 of five observations
+        assert estimate.input_tokens == 130  # the prompt as the provider counts it
+        assert limiter.table.limits(limiter.rate)["tpm"] == 1200  # learned at first contact
+        with pytest.raises(ms.ConfigError, match="can never fit the TPM limit"):
+            limiter.reserve(prompt_tokens=2000)
+    finally:
+        store.close()
+
+
+# -- the agent loop -----------------------------------------------------------------------
+
+
+async def test_an_agent_sleeps_durably_until_its_slot(db_url: str) -> None:
+    clock = FakeClock(NOW)
+    app = ms.App(
+        db_url,
+        clock=clock,
+        poll_interval_s=0.01,
+        inline_wait_s=0.0,
+        rate_limits=[RateLimit(provider="scripted", model="scripted", rpm=1, headroom=0.0)],
+    )
+    done = ScriptedModel.call("finish", {"answer": "ok"})
+    usage = Usage(input_tokens=50, output_tokens=5)
+    model = ScriptedModel(
+        [
+            ModelResponse(
+                tool_calls=ScriptedModel.call("update_state", {"note": "a"}).tool_calls, usage=usage
+            ),
+            ModelResponse(tool_calls=done.tool_calls, usage=usage),
+        ]
+    )
+    agent = app.agent("limited", model=model, instructions="x")
+    try:
+        handle = app.submit(agent, "task")
+        await drain(app)
+        assert len(model.requests) == 1  # the second call waits for the next minute
+        run = app.get_run(handle.run_id)
+        assert (run.status, run.wait_reason) == ("sleeping", "rate_limit")
+        assert run.wake_at == pytest.approx(NOW + 60)
+        clock.advance(59)
+        await drain(app)
+        assert len(model.requests) == 1
+        clock.advance(1)
+        await drain(app)
+        assert (await handle.result()).answer == "ok"
+        names = [s.name for s in app.steps(handle.run_id)]
+        assert names.count("rate:scripted:scripted:default") == 2
+        # Waking up replayed the first booking from the journal: two calls, two bookings.
+        with app.store._read() as cur:
+            cur.execute("SELECT bookings FROM ms_rate_limits")
+            assert cur.fetchone()[0] == 2
+    finally:
+        app.close()
+
+
+async def test_an_oversized_request_fails_the_run_with_a_clear_error(db_url: str) -> None:
+    app = ms.App(
+        db_url,
+        poll_interval_s=0.01,
+        rate_limits=[RateLimit(provider="scripted", model="scripted", tpm=100)],
+    )
+    model = ScriptedModel(["never sent"])
+    agent = app.agent("big", model=model, instructions="x " * 400)
+    try:
+        with pytest.raises(ms.RunFailed) as err:
+            await app.run(agent, "task")
+        assert "can never fit the TPM limit of 'scripted:scripted:default'" in str(err.value.error)
+        assert model.requests == []
+    finally:
+        app.close()
+
+
+def test_booking_round_trips_through_the_journal() -> None:
+    from mainspring._serde import decode, dumps
+
+    booking = Booking(key="k", start=1.0, waited_s=0.5, wake_at=2.0, charges={"tpm": 3.0})
+    assert decode(dumps(booking), Booking, what="booking") == booking
