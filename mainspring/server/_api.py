@@ -193,6 +193,12 @@ def create_app(
         """Start a run; returns at once with its id (202) and its URL in Location.
         An idempotency key (body or header) makes retries of this request safe."""
         key = body.key or idempotency_key or None
+        clash = sorted({"self", "workflow", "key"} & body.kwargs.keys())
+        if clash:  # they would collide with App.submit's own parameters (a TypeError)
+            raise ConfigError(
+                f"kwargs {clash!r}: these names cannot be passed as keyword arguments;"
+                " pass them positionally in 'args'"
+            )
         handle = app.submit(body.workflow, *body.args, key=key, **body.kwargs)
         url = f"/runs/{handle.run_id}"
         response.headers["Location"] = url
@@ -447,13 +453,15 @@ def _errors(api: FastAPI) -> None:
 
     @api.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 400:  # FastAPI's answer to a body it cannot decode at all
+            return body(422, "invalid_request", f"body: not JSON ({exc.detail})")
         kinds = {404: "not_found", 405: "method_not_allowed", 413: "too_large"}
         response = body(exc.status_code, kinds.get(exc.status_code, "http_error"), str(exc.detail))
         response.headers.update(exc.headers or {})
         if exc.status_code == 405:
             # RFC 9110: a 405 lists every method of the path; Starlette's names only the
             # first route's (GET /runs, not POST /runs too).
-            methods = set()
+            methods: set[str] = set()
             for route in api.router.routes:
                 if route.matches(request.scope)[0] is Match.PARTIAL:
                     methods |= getattr(route, "methods", None) or set()
