@@ -311,6 +311,7 @@ class App:
     def submit(
         self,
         workflow: Workflow[P, R] | str,
+        /,
         *args: Any,
         key: str | None = None,
         **kwargs: Any,
@@ -319,8 +320,26 @@ class App:
 
         A ``key`` makes submission idempotent: the same key returns the same run.
         """
+        return self.enqueue(workflow, args, kwargs, key=key)
+
+    def enqueue(
+        self,
+        workflow: Workflow[Any, Any] | str,
+        args: Sequence[Any] = (),
+        kwargs: dict[str, Any] | None = None,
+        *,
+        key: str | None = None,
+    ) -> RunHandle:
+        """:meth:`submit` with the arguments as values (any keyword names, ``key``
+        included): what the HTTP API calls.
+
+        Raises:
+            UnknownWorkflow: no workflow of that name.
+            ConfigError: the arguments do not fit the workflow's signature or types.
+            RunConflict: ``key`` names a run of other input.
+        """
         wf = self.get_workflow(workflow)
-        encoded = wf.encode_input(args, kwargs)
+        encoded = wf.encode_input(tuple(args), dict(kwargs or {}))
         record, created = self.store.create_run(
             run_id=_new_id(), workflow=wf.name, input=encoded, key=key, now=self.clock.now()
         )

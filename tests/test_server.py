@@ -219,3 +219,45 @@ def test_run_listing_filters_and_pages(stack: Stack) -> None:
     assert stack.client().get("/healthz").json()["schema_version"] == ms.storage.SCHEMA_VERSION
     doc = stack.client().get("/openapi.json").json()
     assert "/runs/{run_id}/requests/{request_id}" in doc["paths"]
+
+
+def test_metrics_fork_and_retry_over_http(stack: Stack) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    stack.serve("--no-webhooks", "--worker")
+    ops, ana = stack.client(stack.admin), stack.client(stack.reviewer)
+    source = ops.post("/runs", json={"workflow": "steps_then_wait", "args": [3, 1]}).json()["id"]
+    broken = ops.post("/runs", json={"workflow": "fails"}).json()["id"]
+    until(lambda: _run(ops, broken)["status"] == "failed", "the failing run")
+    until(lambda: _run(ops, source)["status"] == "waiting", "the waiting run")
+
+    forked = ops.post(f"/runs/{source}/fork", json={"from_step": 1})
+    assert forked.status_code == 202, forked.text
+    fork_id = forked.json()["id"]
+    assert forked.headers["location"] == f"/runs/{fork_id}" and fork_id != source
+    until(lambda: _run(ops, fork_id)["status"] == "waiting", "the fork to reach the wait")
+    names = [s.name for s in stack.app.steps(fork_id)]
+    assert names == ["before-0", "before-1", "before-2", "go"]
+    bad = ops.post(f"/runs/{source}/fork", json={"from_step": 99})
+    assert bad.status_code == 422 and "has no step 0:99" in bad.json()["error"]["message"]
+
+    again = ops.post(f"/runs/{broken}/retry")
+    assert again.status_code == 202 and again.json()["id"] == broken
+    not_failed = ops.post(f"/runs/{source}/retry")
+    assert (
+        not_failed.status_code == 409 and "only a failed" in not_failed.json()["error"]["message"]
+    )
+    assert ana.post(f"/runs/{broken}/retry").status_code == 403  # a reviewer cannot
+    until(lambda: _run(ops, broken)["status"] == "failed", "the retried run to fail again")
+
+    assert stack.client().get("/metrics").status_code == 401
+    scraped = ana.get("/metrics")
+    assert scraped.status_code == 200 and scraped.headers["content-type"].startswith("text/plain")
+    families = {f.name: f for f in text_string_to_metric_families(scraped.text)}
+    runs = {
+        s.labels["status"]: s.value
+        for f in families.values()
+        for s in f.samples
+        if s.name.endswith("runs") and "status" in s.labels
+    }
+    assert runs.get("failed") == 1 and runs.get("waiting") == 2, runs

@@ -6,6 +6,7 @@ pool, so a slow database never blocks the event loop that streams events.
 
 import asyncio
 import contextlib
+import threading
 from collections.abc import AsyncIterator, Callable
 from typing import Annotated, Any
 
@@ -40,6 +41,7 @@ from ._schemas import (
     CancelOut,
     CurrentStep,
     ErrorOut,
+    ForkIn,
     Health,
     RequestOut,
     RunList,
@@ -167,6 +169,7 @@ def create_app(
 
         return check
 
+    metrics_lock = threading.Lock()
     Read = Annotated[ApiKey, Depends(key_with("read"))]
     Submit = Annotated[ApiKey, Depends(key_with("submit"))]
     Approve = Annotated[ApiKey, Depends(key_with("approve"))]
@@ -193,13 +196,7 @@ def create_app(
         """Start a run; returns at once with its id (202) and its URL in Location.
         An idempotency key (body or header) makes retries of this request safe."""
         key = body.key or idempotency_key or None
-        clash = sorted({"self", "workflow", "key"} & body.kwargs.keys())
-        if clash:  # they would collide with App.submit's own parameters (a TypeError)
-            raise ConfigError(
-                f"kwargs {clash!r}: these names cannot be passed as keyword arguments;"
-                " pass them positionally in 'args'"
-            )
-        handle = app.submit(body.workflow, *body.args, key=key, **body.kwargs)
+        handle = app.enqueue(body.workflow, body.args, body.kwargs, key=key)
         url = f"/runs/{handle.run_id}"
         response.headers["Location"] = url
         if not handle.created:
@@ -361,6 +358,62 @@ def create_app(
         if status in FINISHED and status != "cancelled":
             raise RunConflict(f"cannot cancel: run {run_id!r} is already {status}")
         return CancelOut(id=run_id, status=status)  # type: ignore[arg-type]
+
+    @api.post(
+        "/runs/{run_id}/fork",
+        status_code=202,
+        response_model=SubmitOut,
+        tags=["steering"],
+        responses=_responses(404, 413),
+    )
+    def fork(run_id: str, body: ForkIn, response: Response, _key: Submit) -> SubmitOut:
+        """Start a new run that replays this one's journal up to a step and executes
+        live after it (time-travel debugging), optionally from an edited result."""
+        if "edit" in body.model_fields_set:
+            handle = app.fork(run_id, from_step=body.from_step, edit=body.edit)
+        else:
+            handle = app.fork(run_id, from_step=body.from_step)
+        return _accepted(handle.run_id, response)
+
+    @api.post(
+        "/runs/{run_id}/retry",
+        status_code=202,
+        response_model=SubmitOut,
+        tags=["steering"],
+        responses=_responses(404, 409),
+    )
+    def retry(run_id: str, response: Response, _key: Submit) -> SubmitOut:
+        """Queue a failed run again from its failing step; completed steps are not
+        executed again."""
+        handle = app.retry(run_id)
+        return _accepted(handle.run_id, response)
+
+    def _accepted(run_id: str, response: Response) -> SubmitOut:
+        record = app.get_run(run_id)
+        response.headers["Location"] = f"/runs/{run_id}"
+        return SubmitOut(
+            id=record.id,
+            workflow=record.workflow,
+            status=record.status,
+            created=True,
+            url=f"/runs/{run_id}",
+        )
+
+    @api.get(
+        "/metrics",
+        tags=["service"],
+        response_class=Response,
+        responses={
+            200: {"content": {"text/plain": {}}, "description": "Prometheus text format."},
+            **_responses(),
+        },
+    )
+    def metrics(_key: Read) -> Response:
+        """Runs by status, step latency, tokens, cost, retries and 429s, for Prometheus
+        (scrape with the key as a bearer token)."""
+        with metrics_lock:  # the collector caches finished runs: one scrape at a time
+            text, content_type = app.metrics().render()
+        return Response(content=text, media_type=content_type)
 
     @api.get("/webhooks", response_model=list[WebhookOut], tags=["admin"], responses=_responses())
     def list_webhooks(_key: Admin) -> list[WebhookOut]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -144,6 +144,20 @@ class AnswerIn(_In):
     reason: str | None = Field(default=None, max_length=10_000)
     arguments: dict[str, Any] | None = Field(default=None, description="With decision 'edit'.")
     answer: str | None = Field(default=None, max_length=100_000, description="For a question.")
+
+
+class ForkIn(_In):
+    from_step: (
+        Annotated[int, Field(ge=0)] | Annotated[str, Field(pattern=r"^[0-9]+(:[0-9]+)?$")]
+    ) = Field(
+        description="Keep the journal up to this step, inclusive: its seq in the run's "
+        "current session, or 'session:seq'.",
+    )
+    edit: Any = Field(
+        default=None,
+        description="A JSON merge patch (RFC 7386) applied to that step's recorded "
+        "output, so the new run continues from an edited result. Omit it to keep it.",
+    )
 
 
 class CancelIn(_In):
