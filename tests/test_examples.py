@@ -2,15 +2,25 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
+import os
+import signal
+import sqlite3
 import subprocess
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
+import mainspring as ms
+from examples import mailer
+from examples.mailer import customers, tier_of
 from examples.migration import TargetStore, legacy_rows
 from examples.migration.local import run_local
+from mainspring.testing import EffectLedger, ScriptedModel
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -76,3 +86,121 @@ def test_migration_module_runs_from_the_shell(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert ": succeeded" in done.stdout and "0 duplicate effects" in done.stdout
+
+
+# -- the customer mailer ------------------------------------------------------------
+
+
+def test_mailer_runs_in_process() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "examples.mailer", "--count", "40"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "succeeded" in done.stdout
+    assert "40 calls, 40 emails, 0 duplicates" in done.stdout
+    assert '"bounced":1,"delivered":39' in done.stdout
+
+
+def test_mailer_tiers_by_rule() -> None:
+    people = customers(200)
+    tiers = Counter(tier_of(c) for c in people)
+    assert sum(tiers.values()) == 200 and set(tiers) == {"vip", "active", "lapsed"}
+    assert all(tier_of(c) == "vip" for c in people if c.lifetime_value >= 8000)
+    with pytest.raises(ValueError, match="count must be between"):
+        customers(0)
+
+
+async def test_mailer_rejected_sends_nothing(tmp_path: Path) -> None:
+    app = ms.App(f"sqlite:///{tmp_path / 'm.db'}", clock=ms.FakeClock())
+    ledger = EffectLedger(tmp_path / "mail.db")
+    flow = mailer.build(app, ledger, ScriptedModel(mailer.pipeline.writer_turn))
+    run = app.submit(flow, 30)
+    worker = app.worker()
+    await worker.run(until_idle=True)
+    [request] = app.requests(run.run_id)
+    assert request.preview["emails"] == 30 and request.preview["sample"]["to"] == "c1@example.com"
+    app.answer(run.run_id, request.id, decision="reject", reason="wrong tone", by="qa")
+    await worker.run(until_idle=True)
+    result = await run.result()
+    assert result.approved is False and result.reason == "wrong tone"
+    assert ledger.report().calls == 0
+    app.close()
+    ledger.close()
+
+
+MAILER_SPEC = "examples.mailer.worker_app:app"
+
+
+def _worker(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    with open(log, "wb") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "mainspring", "worker", MAILER_SPEC, "--lease-s", "2"],
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+
+
+async def test_mailer_sends_each_email_once_across_a_sigkill(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'mailer.db'}"
+    ledger_path = tmp_path / "mail-api.db"
+    app = ms.App(url)
+    ledger = EffectLedger(ledger_path)
+    flow = mailer.build(app, ledger, ScriptedModel(mailer.pipeline.writer_turn))
+    run = app.submit(flow, 200)
+    await app.worker().run(until_idle=True)  # segment and write here; then it waits
+    [request] = app.requests(run.run_id)
+    app.answer(run.run_id, request.id, decision="approve", by="test")
+
+    env = {
+        **os.environ,
+        "MAINSPRING_DATABASE_URL": url,
+        "MAILER_LEDGER": str(ledger_path),
+        "MAILER_SEND_S": "0.01",
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    procs = [_worker(env, tmp_path / "worker-1.log")]
+    try:
+        deadline = time.monotonic() + 60
+        while ledger.report().calls < 60:  # kill it a good way into the sends
+            assert procs[0].poll() is None, (tmp_path / "worker-1.log").read_text()
+            assert time.monotonic() < deadline, "the worker sent too little"
+            await asyncio.sleep(0.01)
+        procs[0].kill()  # SIGKILL, mid-send
+        procs[0].wait()
+        sent_at_kill = ledger.report().keys
+        assert 60 <= sent_at_kill < 200
+        procs.append(_worker(env, tmp_path / "worker-2.log"))
+        while not app.get_run(run.run_id).finished:
+            assert procs[1].poll() is None, (tmp_path / "worker-2.log").read_text()
+            assert time.monotonic() < deadline + 60, "the run did not finish"
+            await asyncio.sleep(0.05)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+                p.wait(30)
+    result = await run.result()
+    assert result.approved and sum(result.statuses.values()) == 200
+    assert result.statuses == {"bounced": 5, "delivered": 195}
+    report = ledger.report()
+    assert report.keys == 200 and report.duplicate_effects == {}
+    # Every customer mailed exactly once: the recipients of the applied effects.
+    conn = sqlite3.connect(ledger_path)
+    recipients = Counter(
+        json.loads(p)["to"]
+        for (p,) in conn.execute("SELECT payload FROM effects WHERE effect = 'send_email'")
+    )
+    conn.close()
+    assert recipients == Counter(c.email for c in customers(200))
+    assert set(recipients.values()) == {1}
+    # The second worker took over (a new epoch) and replayed the sends it found done.
+    record = app.get_run(run.run_id)
+    assert record.epoch >= 2
+    app.close()
+    ledger.close()
