@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import mainspring as ms
-from examples import mailer
+from examples import mailer, research_agent
 from examples.mailer import customers, tier_of
 from examples.migration import TargetStore, legacy_rows
 from examples.migration.local import run_local
@@ -204,3 +204,36 @@ async def test_mailer_sends_each_email_once_across_a_sigkill(tmp_path: Path) -> 
     assert record.epoch >= 2
     app.close()
     ledger.close()
+
+
+# -- the research agent -------------------------------------------------------------
+
+
+async def test_research_agent_carries_its_hand_off_across_sessions(tmp_path: Path) -> None:
+    app = ms.App(f"sqlite:///{tmp_path / 'r.db'}")
+    model = ScriptedModel(research_agent.script())
+    result = await app.run(research_agent.build(app, model), "How do runtimes avoid repeats?")
+    app.close()
+    assert result.status == "done" and result.sessions == 3
+    # The answer was written in session 3 from the facts of sessions 1 and 2, which
+    # reached it through the hand-off only: session 3's request holds no earlier turn.
+    assert result.answer == (
+        "finding: sources are doc-1 and doc-2; "
+        "finding: crashes replay the journal; keys stop repeated effects"
+    )
+    last = "\n".join(getattr(m, "content", None) or "" for m in model.requests[-1].messages)
+    assert "session 1: searched" in last  # the progress note of session 1
+    assert research_agent.CORPUS["doc-1"] not in last  # session 2's tool output is gone
+    assert len(model.requests[-1].messages) < len(model.requests[-2].messages)
+
+
+def test_research_agent_runs_from_the_shell() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "examples.research_agent"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "in 3 sessions" in done.stdout
