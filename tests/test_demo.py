@@ -1,4 +1,4 @@
-"""``mainspring demo``: real worker processes, a real SIGKILL, and the ledger's verdict."""
+"""``mainspring demo``: real workers, a stage gate, a real SIGKILL, the ledger's verdict."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ def _demo(*args: str) -> subprocess.CompletedProcess[str]:
         capture_output=True,
         text=True,
         timeout=120,
+        stdin=subprocess.DEVNULL,
     )
 
 
@@ -29,25 +30,22 @@ def _gone(pid: int) -> bool:
     return False
 
 
-def test_demo_json_survives_sigkill_with_every_effect_once(tmp_path: Path) -> None:
+def test_demo_json_survives_sigkill_with_every_import_once(tmp_path: Path) -> None:
     folder = tmp_path / "demo"
-    done = _demo("--steps", "12", "--json", "--yes", "--dir", str(folder))
+    done = _demo("--customers", "20", "--json", "--yes", "--no-lab", "--dir", str(folder))
     assert done.returncode == 0, done.stdout + done.stderr
     summary: dict[str, Any] = json.loads(done.stdout)  # JSON only on stdout
 
     assert summary["ok"] is True
     assert all(c["ok"] for c in summary["checks"]), summary["checks"]
     assert summary["status"] == "succeeded"
-    # The CRM recognised the re-run call when the kill landed after its write.
-    repeats = 1 if summary["effect_applied_before_kill"] else 0
-    assert summary["result"] == {
-        "migrated": 10,
-        "repeats_recognised_by_crm": repeats,
-        "email": "sent",
-    }
-    assert summary["steps"] == 12
-    assert summary["steps_completed"] == 12
-    assert 0 < summary["killed_at_step"] < summary["steps"]
+    result = summary["result"]
+    # 20 legacy rows: cus_0011 (email) and cus_0017 (phone) are refused by validate.
+    assert [r["id"] for r in result["rejected"]] == ["cus_0011", "cus_0017"]
+    assert result["imported"] == summary["imports"] == summary["target_rows"] == 18
+    assert result["reconciled"] is True
+    assert summary["gate"] == "approval:import" and summary["gate_preview"]["import"] == 18
+    assert summary["killed_step_name"] == "import_customer"
     assert summary["epoch"] >= 2  # a second worker took the run over
 
     # The step in flight ran again, under the same key, and took effect once.
@@ -57,20 +55,17 @@ def test_demo_json_survives_sigkill_with_every_effect_once(tmp_path: Path) -> No
     assert rerun["attempt_final"] > rerun["attempt_killed"]
     assert rerun["applied"] == 1
 
-    # The ledger: every upsert exactly once per key, the email at most once.
-    assert summary["duplicates"] == 0
-    upserts = summary["effects"][:-1]
-    assert [e["step"] for e in upserts] == list(range(1, 11))
-    assert all(e["applied"] == 1 for e in upserts), upserts
-    assert summary["crm_calls"] == sum(e["calls"] for e in summary["effects"])
-    assert summary["at_most_once"]["step"] == 11
-    assert summary["at_most_once"]["calls"] <= 1
+    # The target's ledger: one effect per import key, faults or not.
+    assert summary["duplicates"] == 0 and summary["target_keys"] == 18
+    assert summary["target_calls"] > 18  # injected faults and the kill repeated calls
+    # cus_0007 and cus_0014's first writes fail (every 7th): retried steps.
+    assert any("import_customer" in s for s in summary["retried_steps"])
+    assert summary["lab"] == [] and summary["lab_plot"] is None
 
-    # No worker is left behind, and the files are where it says.
     assert summary["worker_exit_code"] == 0
     assert _gone(summary["killed_pid"]) and _gone(summary["takeover_pid"])
     assert summary["dir"] == str(folder.resolve())
-    assert (folder / "mainspring.db").is_file() and (folder / "crm-ledger.db").is_file()
+    assert (folder / "mainspring.db").is_file() and (folder / "target.db").is_file()
 
     # The printed inspection command works and shows the re-run step.
     command = ["show", summary["run_id"], "--json", "--db", summary["database_url"]]
@@ -80,29 +75,37 @@ def test_demo_json_survives_sigkill_with_every_effect_once(tmp_path: Path) -> No
     assert show.returncode == 0, show.stderr
     journal = json.loads(show.stdout)
     assert journal["run"]["status"] == "succeeded"
-    assert [s["attempts"] for s in journal["steps"]] == [
-        2 if s["seq"] == summary["killed_at_step"] else 1 for s in journal["steps"]
-    ]
+    killed = next(s for s in journal["steps"] if s["seq"] == summary["killed_at_step"])
+    assert killed["attempts"] >= 2
 
 
-def test_demo_text_tells_the_story(tmp_path: Path) -> None:
-    done = _demo("--steps", "8", "--dir", str(tmp_path / "demo"))
+def test_demo_text_without_yes_approves_when_stdin_is_not_a_terminal(tmp_path: Path) -> None:
+    done = _demo("--customers", "12", "--dir", str(tmp_path / "demo"))
     assert done.returncode == 0, done.stdout + done.stderr
     out = done.stdout
+    assert "stdin is not a terminal: the stage gate will be approved automatically" in out
+    assert "stage gate: import" in out and "approved automatically" in out
     assert "killed worker pid " in out and " with SIGKILL at step " in out
     assert "took over the run" in out
-    for label in ("summary", "journal", "crash", "recovery", "CRM ledger", "email"):
+    for label in ("summary", "journal", "retries", "gate", "crash", "recovery", "target"):
         assert f"\n  {label}" in out or f"\n{label}" in out, label
     assert "0 duplicate effects" in out
     assert "all 9 checks passed" in out
     assert "mainspring show " in out and "--db sqlite:///" in out
+    # The lab comparison, and its plot when matplotlib is there (the lab extra).
+    assert "lab: success rate by task length" in out
+    assert "naive" in out and "mainspring " in out
+    if (tmp_path / "demo" / "lab" / "success_vs_steps.png").is_file():
+        assert "plot written: " in out
+    else:
+        assert "matplotlib is missing" in out
 
 
 @pytest.mark.parametrize(
     ("args", "message"),
     [
         (["--kill-at", "1.0"], "between 0 and 1"),
-        (["--steps", "2"], "--steps"),
+        (["--customers", "2"], "--customers"),
     ],
 )
 def test_demo_rejects_bad_options(args: list[str], message: str, tmp_path: Path) -> None:

@@ -1,16 +1,19 @@
-"""``mainspring demo``: a run survives the SIGKILL of its worker, and no effect happens twice.
+"""``mainspring demo``: the migration example, crashed mid-import, finished exactly once.
 
-The demo is an operator of real processes: it submits one run of the workflow in
-``_demo_app.py``, starts ``mainspring worker`` as a subprocess, kills it with
-SIGKILL mid-run, starts a fresh worker that takes the run over when the dead
-worker's lease expires, and then checks the journal and the effect ledger (the
-"CRM") instead of trusting the workers. Every claim in its summary is one of
-those checks.
+The demo is an operator of real processes: it submits one run of the staged migration in
+``examples/migration`` (export, validate, transform with a scripted model, a stage gate,
+import, reconcile), starts ``mainspring worker`` as a subprocess, answers the stage gate
+(a prompt, or ``--yes``), kills the worker with SIGKILL mid-import, starts a fresh worker
+that takes the run over when the dead worker's lease expires, and then checks the journal,
+the target's rows and its effect ledger instead of trusting the workers. Every claim in
+its summary is one of those checks. It ends with a short lab comparison (naive loop
+against mainspring) from :mod:`mainspring.lab`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
 import json
 import os
@@ -38,11 +41,13 @@ from ..testing import EffectLedger
 
 __all__ = ["demo"]
 
-APP_SPEC = "mainspring.cli._demo_app:app"
-LEDGER_ENV = "MAINSPRING_DEMO_LEDGER"  # read by _demo_app
+APP_MODULE = "examples.migration.worker_app"
+APP_SPEC = f"{APP_MODULE}:app"
+TARGET_ENV = "MIGRATION_TARGET"  # read by the worker app
 LEASE_S = 2.0
 RUN_KEY = "demo-migrate-customers"
-_POLL_S = 0.005  # the window between a CRM call and the step's end is ~50 ms
+IMPORT = "import_customer"
+_POLL_S = 0.005  # the window between a target write and the step's end is ~50 ms
 _PHASE_TIMEOUT_S = 90.0
 _STOP_TIMEOUT_S = 30.0
 
@@ -56,16 +61,6 @@ class Check:
     name: str
     ok: bool
     detail: str
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Effect:
-    """What the CRM saw for one step's idempotency key."""
-
-    step: int
-    key: str
-    calls: int
-    applied: int
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -83,20 +78,35 @@ class Rerun:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class LabRow:
+    policy: str
+    steps: int
+    success_rate: float
+    ci_low: float
+    ci_high: float
+    duplicate_effects: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Summary:
     """The demo's findings; ``--json`` prints exactly this."""
 
     ok: bool
     dir: str
     database_url: str
-    ledger_path: str
+    target_path: str
     run_id: str
     key: str
     status: str
     result: Any
     error: Any
+    customers: int
     steps: int
     steps_completed: int
+    imports: int
+    gate: str
+    gate_preview: Any
+    retried_steps: list[str]
     killed_pid: int
     killed_at_step: int
     killed_step_name: str
@@ -107,14 +117,16 @@ class Summary:
     takeover_after_s: float
     epoch: int
     interrupted: list[Rerun]
-    crm_calls: int
-    crm_keys: int
+    target_calls: int
+    target_keys: int
+    target_rows: int
     repeated_calls: int
     duplicates: int
-    effects: list[Effect]
-    at_most_once: Effect
     worker_exit_code: int
     checks: list[Check]
+    lab: list[LabRow]
+    lab_plot: str | None
+    lab_note: str
     inspect: list[str]
     logs: list[str]
 
@@ -129,7 +141,7 @@ class _Kill:
     at: float  # time.monotonic()
     status: str  # the run's status when it was killed
     rows: dict[int, StepRecord]  # the journal as the dead worker left it
-    calls: dict[int, int]  # CRM calls per step so far
+    calls: dict[int, int]  # target calls per import step so far
 
 
 def demo(
@@ -139,31 +151,35 @@ def demo(
             "--dir",
             metavar="PATH",
             file_okay=False,
-            help="Directory for the database, ledger and worker logs (default: a new temp dir).",
+            help="Directory for the database, target, worker logs and lab plot "
+            "(default: a new temp dir).",
         ),
     ] = None,
-    steps: Annotated[
-        int, typer.Option(min=3, help="Steps of the workflow: an export, N-2 upserts, an email.")
-    ] = 30,
+    customers: Annotated[
+        int, typer.Option(min=5, max=500, help="Legacy customers to export and migrate.")
+    ] = 40,
     kill_at: Annotated[
         float,
         typer.Option(
-            metavar="FRACTION", help="Kill the first worker this far into the run (0 < f < 1)."
+            metavar="FRACTION", help="Kill the first worker this far into the import (0 < f < 1)."
         ),
     ] = 0.4,
     yes: Annotated[
-        bool, typer.Option("--yes", "-y", help="Approve without asking (nothing asks yet).")
+        bool, typer.Option("--yes", "-y", help="Approve the stage gate without asking.")
     ] = False,
+    lab: Annotated[
+        bool, typer.Option(help="End with the lab comparison (naive loop against mainspring).")
+    ] = True,
     as_json: Annotated[
-        bool, typer.Option("--json", help="Print only the summary, as JSON.")
+        bool, typer.Option("--json", help="Print only the summary, as JSON (implies --yes).")
     ] = False,
 ) -> None:
-    """Crash a worker mid-run with SIGKILL and watch the run finish with every effect once.
+    """Migrate customers through a stage gate, SIGKILL the worker mid-import, and check
+    that the run finished with every write once.
 
     Needs no API key and no network: SQLite in a directory of its own, real worker
-    processes, and a ledger that counts every call to the outside world.
+    processes, a scripted model with injected faults, and a target that counts every call.
     """
-    del yes  # the demo asks for no approval yet; the flag already works for scripts
     if not 0.0 < kill_at < 1.0:
         raise typer.BadParameter(
             f"must be between 0 and 1, got {kill_at!r}", param_hint="--kill-at"
@@ -177,9 +193,13 @@ def demo(
     except DemoError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
-    session = _Demo(folder, steps=steps, kill_at=kill_at, console=console)
+    ask = not (yes or as_json)
+    if ask and not sys.stdin.isatty():
+        console.print("stdin is not a terminal: the stage gate will be approved automatically")
+        ask = False
+    session = _Demo(folder, customers=customers, kill_at=kill_at, ask=ask, console=console)
     try:
-        summary = session.run()
+        summary = session.run(with_lab=lab)
     except KeyboardInterrupt:
         typer.echo(f"\ninterrupted; workers stopped. Files are in {folder}", err=True)
         raise typer.Exit(130) from None
@@ -206,7 +226,7 @@ def _prepare(directory: Path | None) -> Path:
         return Path(tempfile.mkdtemp(prefix="mainspring-demo-")).resolve()
     folder = directory.expanduser().resolve()
     folder.mkdir(parents=True, exist_ok=True)
-    leftovers = [n for n in ("mainspring.db", "crm-ledger.db") if (folder / n).exists()]
+    leftovers = [n for n in ("mainspring.db", "target.db") if (folder / n).exists()]
     if leftovers:
         raise DemoError(
             f"{folder} already holds {', '.join(leftovers)} from an earlier demo; the demo "
@@ -215,91 +235,119 @@ def _prepare(directory: Path | None) -> Path:
     return folder
 
 
+def _source_root() -> Path:
+    """The checkout that holds ``examples/`` next to the ``mainspring`` package."""
+    root = Path(mainspring.__file__).resolve().parent.parent
+    if not (root / "examples" / "migration" / "worker_app.py").is_file():
+        raise DemoError(
+            f"the demo runs examples/migration from a source checkout (pip install -e .), "
+            f"and {root} has none"
+        )
+    return root
+
+
 class _Demo:
     app: mainspring.App
-    crm: EffectLedger
+    ledger: EffectLedger
 
-    def __init__(self, folder: Path, *, steps: int, kill_at: float, console: Console) -> None:
+    def __init__(
+        self, folder: Path, *, customers: int, kill_at: float, ask: bool, console: Console
+    ) -> None:
         self.folder = folder
-        self.steps = steps
-        self.records = steps - 2
-        # The kill lands in an upsert (seq 1 .. steps-2): an effect with a key is in flight.
-        self.target = min(max(round(kill_at * steps), 1), steps - 2)
+        self.customers = customers
+        self.kill_at = kill_at
+        self.ask = ask
         self.console = console
         self.url = f"sqlite:///{folder / 'mainspring.db'}"
-        self.ledger_path = folder / "crm-ledger.db"
+        self.target_path = folder / "target.db"
         self.procs: list[subprocess.Popen[bytes]] = []
         self.run_id = ""
+        self.root = Path()
 
     def key(self, seq: int) -> str:
         return f"{self.run_id}:0:{seq}"
 
-    def run(self) -> Summary:
+    def run(self, *, with_lab: bool) -> Summary:
         previous = signal.signal(signal.SIGTERM, _interrupt)
         try:
             module = self._load_app()
-            self.app, self.crm = module.app, module.crm
+            self.app, self.ledger = module.app, module.target.ledger
             try:
-                return self._play(module)
+                summary = self._play(module)
             finally:
                 self._stop_all()
                 self.app.close()
-                self.crm.close()
+                self.ledger.close()
+            if with_lab:
+                summary = self._lab(summary)
+            return summary
         finally:
             signal.signal(signal.SIGTERM, previous)
 
     def _load_app(self) -> ModuleType:
-        # The workers read these; the App and ledger of this process must match theirs.
+        self.root = _source_root()
+        if str(self.root) not in sys.path:
+            sys.path.insert(0, str(self.root))
+        # The workers read these; the App and target of this process must match theirs.
         os.environ["MAINSPRING_DATABASE_URL"] = self.url
-        os.environ[LEDGER_ENV] = str(self.ledger_path)
-        module = importlib.import_module("mainspring.cli._demo_app")
+        os.environ[TARGET_ENV] = str(self.target_path)
+        module = importlib.import_module(APP_MODULE)
         if module.app.url != self.url:
             raise DemoError(f"{APP_SPEC} was already loaded with {module.app.url!r}")
         return module
 
     def _play(self, module: ModuleType) -> Summary:
         out = self.console
-        out.print(Text("mainspring demo: a durable run survives the SIGKILL of its worker", "bold"))
-        facts = [
-            (
-                "workflow",
-                f"{module.migrate_customers.name}, {self.steps} steps ({module.__file__})",
-            ),
-            (
-                "",
-                f"export {self.records} customer records → upsert each into a CRM that "
-                "deduplicates by idempotency key → send one email (at_most_once)",
-            ),
-            ("directory", str(self.folder)),
-            ("database", self.url),
-            ("CRM ledger", f"{self.ledger_path} (counts every call and every effect, by key)"),
-        ]
-        _facts(out, facts)
-        handle = self.app.submit(module.migrate_customers, self.records, key=RUN_KEY)
+        out.print(
+            Text("mainspring demo: a staged migration survives the SIGKILL of its worker", "bold")
+        )
+        _facts(
+            out,
+            [
+                (
+                    "workflow",
+                    f"{module.migrate_customers.name} ({self.root / 'examples/migration'})",
+                ),
+                (
+                    "",
+                    f"export {self.customers} legacy customers → validate → transform (a scripted "
+                    "model, with injected faults) → stage gate → import each into a target that "
+                    "deduplicates by idempotency key → reconcile (undo the import if it fails)",
+                ),
+                ("directory", str(self.folder)),
+                ("database", self.url),
+                ("target", f"{self.target_path} (rows, and a ledger of every call and effect)"),
+            ],
+        )
+        handle = self.app.submit(module.migrate_customers, self.customers, key=RUN_KEY)
         self.run_id = handle.run_id
         out.print(f"\nsubmitted run {self.run_id} (key {RUN_KEY!r})")
         first = self._start_worker(1)
-        kill = self._until_kill(first)
+        preview, gate = self._until_gate(first)
+        self._answer_gate(preview)
+        kill = self._until_kill(first, preview["import"])
         second = self._start_worker(2)
         takeover_s = self._until_finished(second, kill)
         out.print(f"stopping worker 2 (pid {second.pid}) with SIGTERM (graceful shutdown)")
         exit_code = self._terminate(second)
         out.print(f"worker 2 exited with code {exit_code}")
-        return self._summary(kill, takeover_s, second, exit_code)
+        return self._summary(kill, takeover_s, second, exit_code, preview, gate)
 
     # -- processes ---------------------------------------------------------------------
 
     def _start_worker(self, n: int) -> subprocess.Popen[bytes]:
         args = ["worker", APP_SPEC, "--lease-s", f"{LEASE_S:g}"]
-        root = str(Path(mainspring.__file__).resolve().parent.parent)
         env = {
             **os.environ,
-            "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p),
+            "PYTHONPATH": os.pathsep.join(
+                p for p in (str(self.root), os.environ.get("PYTHONPATH")) if p
+            ),
         }
         with open(self.folder / f"worker-{n}.log", "wb") as log:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "mainspring", *args],
                 env=env,
+                cwd=self.root,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -347,7 +395,7 @@ class _Demo:
         return record, {r.seq: r for r in self.app.store.load_steps(self.run_id, 0)}
 
     @contextlib.contextmanager
-    def _progress(self, label: str, done: int) -> Iterator[tuple[Progress, TaskID]]:
+    def _progress(self, label: str, total: int, done: int) -> Iterator[tuple[Progress, TaskID]]:
         progress = Progress(
             TextColumn("  {task.description}"),
             BarColumn(bar_width=20),
@@ -356,39 +404,106 @@ class _Demo:
             console=self.console,
         )
         with progress:
-            yield progress, progress.add_task(label, total=self.steps, completed=done, note="")
+            yield progress, progress.add_task(label, total=total, completed=done, note="")
 
-    def _until_kill(self, proc: subprocess.Popen[bytes]) -> _Kill:
+    def _note(self, record: RunRecord, rows: dict[int, StepRecord]) -> str:
+        live = next((r for r in rows.values() if r.status != "completed"), None)
+        if record.status == "queued":
+            return "queued: the worker is starting"
+        if live is None:
+            return record.status
+        retry = f" (attempt {live.attempt})" if live.attempt > 1 else ""
+        return f"{record.status} · step {live.seq} {live.name}{retry}"
+
+    def _until_gate(self, proc: subprocess.Popen[bytes]) -> tuple[dict[str, Any], str]:
         deadline = time.monotonic() + _PHASE_TIMEOUT_S
-        with self._progress("worker 1", 0) as (progress, task):
+        with self._progress("worker 1", 4, 0) as (progress, task):
             while True:
                 self._alive(proc, 1)
                 record, rows = self._state()
                 done = sum(r.status == "completed" for r in rows.values())
-                live = next((r for r in rows.values() if r.status != "completed"), None)
-                if record.status == "queued":
-                    note = "queued: worker 1 is starting"
-                elif live is None:
-                    note = record.status
-                else:
-                    note = f"{record.status} · step {live.seq} {live.name}"
-                progress.update(task, completed=done, note=note)
+                progress.update(
+                    task, total=max(4, len(rows)), completed=done, note=self._note(record, rows)
+                )
                 if record.finished:
-                    raise DemoError(
-                        f"the run ended {record.status} before the kill at step {self.target}"
-                    )
-                if live is not None and self._kill_now(live):
+                    raise DemoError(f"the run ended {record.status} before its stage gate")
+                requests = self.app.requests(self.run_id)
+                if record.status == "waiting" and requests:
+                    progress.update(task, note="waiting at the stage gate 'import'")
+                    break
+                if time.monotonic() > deadline:
+                    raise DemoError(f"no stage gate after {_PHASE_TIMEOUT_S:g}s: the run is stuck")
+                time.sleep(0.05)
+        [request] = requests
+        retried = [f"{r.seq}:{r.name}" for r in rows.values() if r.attempt > 1]
+        self.console.print(
+            f"export, validate and transform done ({_plural(len(retried), 'step')} retried "
+            f"after injected model faults); the run left its worker and waits at {request.id}"
+        )
+        return dict(request.preview), request.id
+
+    def _answer_gate(self, preview: dict[str, Any]) -> None:
+        out = self.console
+        out.print(Text("\nstage gate: import", "bold"))
+        _facts(
+            out,
+            [
+                ("import", f"{preview['import']} customers, tiers {json.dumps(preview['tiers'])}"),
+                (
+                    "rejected",
+                    f"{preview['rejected']} rows, e.g. "
+                    + "; ".join(f"{r['id']}: {r['reason']}" for r in preview["rejections"][:2]),
+                ),
+                ("sample", json.dumps(preview["sample"][0]) if preview["sample"] else "-"),
+            ],
+        )
+        approve, reason = True, ""
+        if self.ask:
+            approve = typer.confirm("Approve the import?", default=True)
+            if not approve:
+                reason = typer.prompt("Reason", default="rejected in the demo")
+        if approve:
+            self.app.answer(self.run_id, "approval:import", decision="approve", by="demo")
+            how = "you approved" if self.ask else "approved automatically (--yes)"
+            out.print(f"{how}: the run resumes on worker 1")
+        else:
+            self.app.answer(
+                self.run_id, "approval:import", decision="reject", reason=reason, by="demo"
+            )
+            raise DemoError(
+                f"you rejected the import ({reason}): the run failed at its gate; "
+                "nothing was written"
+            )
+
+    def _until_kill(self, proc: subprocess.Popen[bytes], imports: int) -> _Kill:
+        deadline = time.monotonic() + _PHASE_TIMEOUT_S
+        target: int | None = None
+        with self._progress("worker 1", imports, 0) as (progress, task):
+            while True:
+                self._alive(proc, 1)
+                record, rows = self._state()
+                seqs = sorted(s for s, r in rows.items() if r.name == IMPORT)
+                if seqs and target is None:
+                    target = seqs[0] + min(max(round(self.kill_at * imports), 0), imports - 2)
+                done = sum(rows[s].status == "completed" for s in seqs)
+                progress.update(task, completed=done, note=self._note(record, rows))
+                if record.finished:
+                    raise DemoError(f"the run ended {record.status} before the kill")
+                live = next((r for r in rows.values() if r.status != "completed"), None)
+                if target is not None and live is not None and self._kill_now(live, target):
                     proc.kill()  # SIGKILL: no handler, no flush, no goodbye
                     proc.wait()
                     at = time.monotonic()
                     break
                 if time.monotonic() > deadline:
                     raise DemoError(f"no kill after {_PHASE_TIMEOUT_S:g}s: the run is stuck")
-                time.sleep(_POLL_S if done >= self.target - 1 else 0.05)
-            # The worker is dead: this is exactly the journal it left.
-            record, rows = self._state()
-            done = sum(r.status == "completed" for r in rows.values())
-            progress.update(task, completed=done, note="killed")
+                time.sleep(_POLL_S if target is not None and done >= target - seqs[0] - 1 else 0.05)
+            record, rows = self._state()  # the journal exactly as the dead worker left it
+            progress.update(
+                task,
+                completed=sum(r.status == "completed" and r.name == IMPORT for r in rows.values()),
+                note="killed",
+            )
         unfinished = [r for r in rows.values() if r.status != "completed"]
         seq = unfinished[0].seq if unfinished else len(rows)
         kill = _Kill(
@@ -400,16 +515,16 @@ class _Demo:
             at=at,
             status=record.status,
             rows=rows,
-            calls={s: self.crm.calls(self.key(s)) for s in range(1, self.steps)},
+            calls={s: self.ledger.calls(self.key(s)) for s, r in rows.items() if r.name == IMPORT},
         )
-        if kill.calls.get(seq):
-            how = "the CRM had applied its write; the journal had not yet recorded the step's end"
-        else:
-            how = "before its CRM write"
+        how = (
+            "the target had applied its write; the journal had not yet recorded the step's end"
+            if kill.calls.get(seq)
+            else "before its target write"
+        )
         self.console.print(
             Text(
-                f"killed worker pid {kill.pid} with SIGKILL at step {seq} ({kill.name}, "
-                f"{done} of {self.steps} steps completed): {how}",
+                f"killed worker pid {kill.pid} with SIGKILL at step {seq} ({kill.name}): {how}",
                 "bold red",
             )
         )
@@ -420,18 +535,18 @@ class _Demo:
         )
         return kill
 
-    def _kill_now(self, live: StepRecord) -> bool:
-        if live.kind != "step" or not 1 <= live.seq <= self.steps - 2 or live.seq < self.target:
+    def _kill_now(self, live: StepRecord, target: int) -> bool:
+        if live.name != IMPORT or live.seq < target:
             return False
-        # Best: the CRM has applied this step's write and the journal does not know yet.
-        # If the poll missed that window, kill in the next upsert anyway.
-        return live.seq > self.target or self.crm.calls(self.key(live.seq)) > 0
+        # Best: the target has applied this step's write and the journal does not know yet.
+        # If the poll missed that window, kill in the next import anyway.
+        return live.seq > target or self.ledger.calls(self.key(live.seq)) > 0
 
     def _until_finished(self, proc: subprocess.Popen[bytes], kill: _Kill) -> float:
         deadline = time.monotonic() + _PHASE_TIMEOUT_S
         takeover_s: float | None = None
         done = sum(r.status == "completed" for r in kill.rows.values())
-        with self._progress("worker 2", done) as (progress, task):
+        with self._progress("worker 2", len(kill.rows) + 1, done) as (progress, task):
             while True:
                 self._alive(proc, 2)
                 record, rows = self._state()
@@ -441,7 +556,7 @@ class _Demo:
                     progress.console.print(
                         f"worker 2 (pid {proc.pid}) took over the run {takeover_s:.1f}s after "
                         f"the kill (epoch {kill.epoch} → {record.epoch}) and replays it: "
-                        f"{_span(0, kill.seq - 1)} return their journaled results, step "
+                        f"steps 0–{kill.seq - 1} return their journaled results, step "
                         f"{kill.seq} runs again under the same idempotency key"
                     )
                 if takeover_s is None:
@@ -452,13 +567,10 @@ class _Demo:
                         else "lease ended; worker 2 is claiming"
                     )
                 else:
-                    live = next((r for r in rows.values() if r.status != "completed"), None)
-                    note = (
-                        record.status
-                        if live is None
-                        else f"{record.status} · step {live.seq} {live.name}"
-                    )
-                progress.update(task, completed=done, note=note)
+                    note = self._note(record, rows)
+                progress.update(
+                    task, total=max(len(rows), len(kill.rows) + 1), completed=done, note=note
+                )
                 if record.finished:
                     break
                 if time.monotonic() > deadline:
@@ -470,27 +582,31 @@ class _Demo:
 
     # -- the verdict -------------------------------------------------------------------
 
-    def _effect(self, seq: int) -> Effect:
-        key = self.key(seq)
-        return Effect(step=seq, key=key, calls=self.crm.calls(key), applied=self.crm.applied(key))
-
     def _summary(
-        self, kill: _Kill, takeover_s: float, second: subprocess.Popen[bytes], exit_code: int
+        self,
+        kill: _Kill,
+        takeover_s: float,
+        second: subprocess.Popen[bytes],
+        exit_code: int,
+        preview: dict[str, Any],
+        gate: str,
     ) -> Summary:
-        """Check the journal and the ledger, not the workers' word."""
+        """Check the journal, the target's rows and its ledger, not the workers' word."""
         record, rows = self._state()
-        report = self.crm.report()
-        effects = [self._effect(s) for s in range(1, self.steps)]
-        upserts, email = effects[:-1], effects[-1]
+        report = self.ledger.report()
+        module = importlib.import_module(APP_MODULE)
+        stored = module.target.rows()
+        imports = sorted(s for s, r in rows.items() if r.name == IMPORT)
+        result = json.loads(record.output) if record.output else None
         before = [s for s, r in kill.rows.items() if r.status == "completed"]
         # Rows the dead worker left completed must be untouched by the new one (same epoch
-        # and attempt), and their CRM calls must not have grown: replayed, not re-executed.
+        # and attempt), and their target calls must not have grown: replayed, not re-run.
         untouched = [
             s
             for s in before
             if s in rows
             and (rows[s].epoch, rows[s].attempt) == (kill.rows[s].epoch, kill.rows[s].attempt)
-            and (s == 0 or self.crm.calls(self.key(s)) == kill.calls[s])
+            and (s not in kill.calls or self.ledger.calls(self.key(s)) == kill.calls[s])
         ]
         interrupted = [
             Rerun(
@@ -500,13 +616,15 @@ class _Demo:
                 attempt_killed=r.attempt,
                 attempt_final=rows[r.seq].attempt if r.seq in rows else 0,
                 status=rows[r.seq].status if r.seq in rows else "missing",
-                calls=self.crm.calls(self.key(r.seq)),
-                applied=self.crm.applied(self.key(r.seq)),
+                calls=self.ledger.calls(self.key(r.seq)),
+                applied=self.ledger.applied(self.key(r.seq)),
             )
             for r in kill.rows.values()
             if r.status != "completed"
         ]
         completed = sum(r.status == "completed" for r in rows.values())
+        import_keys = {self.key(s) for s in imports}
+        gate_seq = next((q for q, r in rows.items() if r.name == gate), None)
         checks = [
             Check(
                 name="the run succeeded",
@@ -514,9 +632,17 @@ class _Demo:
                 detail=f"status {record.status}",
             ),
             Check(
-                name="the kill landed mid-run",
-                ok=0 < kill.seq < self.steps - 1 and kill.status == "running",
-                detail=f"step {kill.seq} of {self.steps} was in flight, run status {kill.status}",
+                name="the stage gate held the import until it was approved",
+                ok=gate_seq is not None
+                and rows[gate_seq].status == "completed"
+                and bool(imports)
+                and min(imports) > gate_seq,
+                detail=f"{gate} (step {gate_seq}) answered before the first import step",
+            ),
+            Check(
+                name="the kill landed mid-import",
+                ok=kill.name == IMPORT and kill.status == "running" and kill.seq in imports,
+                detail=f"step {kill.seq} ({kill.name}) was in flight, run status {kill.status}",
             ),
             Check(
                 name="a fresh worker took the run over",
@@ -524,15 +650,10 @@ class _Demo:
                 detail=f"epoch {kill.epoch} → {record.epoch}",
             ),
             Check(
-                name="the journal is complete",
-                ok=sorted(rows) == list(range(self.steps)) and completed == self.steps,
-                detail=f"{completed} of {self.steps} steps completed",
-            ),
-            Check(
                 name="steps completed before the crash were not executed again",
                 ok=len(untouched) == len(before),
                 detail=f"{len(untouched)} of {len(before)} journal rows untouched, "
-                "no new CRM calls for them",
+                "no new target calls for them",
             ),
             Check(
                 name="the interrupted step ran again under the same idempotency key",
@@ -545,24 +666,25 @@ class _Demo:
                 ),
                 detail="; ".join(
                     f"step {e.step}: attempt {e.attempt_killed} → {e.attempt_final}, "
-                    f"{_plural(e.calls, 'CRM call')} with key {e.key}, "
-                    f"{_plural(e.applied, 'effect')}"
+                    f"{_plural(e.calls, 'target call')}, {_plural(e.applied, 'effect')}"
                     for e in interrupted
                 )
                 or "no step was in flight",
             ),
             Check(
-                name="every CRM effect happened exactly once per key",
+                name="every import took effect exactly once per key",
                 ok=not report.duplicate_effects
-                and report.keys == self.steps - 1
-                and all(e.applied == 1 for e in upserts),
-                detail=f"{report.keys} keys, {report.calls} calls, "
-                f"{len(report.duplicate_effects)} duplicate effects",
+                and self.ledger.keys() == import_keys
+                and all(self.ledger.applied(k) == 1 for k in import_keys),
+                detail=f"{report.keys} keys for {len(imports)} import steps, {report.calls} "
+                f"calls, {len(report.duplicate_effects)} duplicate effects",
             ),
             Check(
-                name="the at_most_once email ran at most once",
-                ok=email.calls <= 1 and email.applied <= 1,
-                detail=_plural(email.calls, "call"),
+                name="the target holds exactly the approved customers",
+                ok=len(stored) == preview["import"] == len(imports)
+                and bool(result and result.get("reconciled")),
+                detail=f"{len(stored)} rows, {preview['import']} approved, reconciled "
+                f"{bool(result and result.get('reconciled'))}",
             ),
             Check(
                 name="worker 2 stopped gracefully on SIGTERM",
@@ -575,14 +697,23 @@ class _Demo:
             ok=all(c.ok for c in checks),
             dir=str(self.folder),
             database_url=self.url,
-            ledger_path=str(self.ledger_path),
+            target_path=str(self.target_path),
             run_id=self.run_id,
             key=RUN_KEY,
             status=record.status,
-            result=json.loads(record.output) if record.output else None,
+            result=result,
             error=json.loads(record.error) if record.error else None,
-            steps=self.steps,
+            customers=self.customers,
+            steps=len(rows),
             steps_completed=completed,
+            imports=len(imports),
+            gate=gate,
+            gate_preview=preview,
+            retried_steps=[
+                f"{r.seq}:{r.name}"
+                for r in rows.values()
+                if r.attempt > 1 and all(r.seq != e.step for e in interrupted)
+            ],
             killed_pid=kill.pid,
             killed_at_step=kill.seq,
             killed_step_name=kill.name,
@@ -593,20 +724,54 @@ class _Demo:
             takeover_after_s=round(takeover_s, 3),
             epoch=record.epoch,
             interrupted=interrupted,
-            crm_calls=report.calls,
-            crm_keys=report.keys,
+            target_calls=report.calls,
+            target_keys=report.keys,
+            target_rows=len(stored),
             repeated_calls=len(report.duplicate_calls),
             duplicates=len(report.duplicate_effects),
-            effects=effects,
-            at_most_once=email,
             worker_exit_code=exit_code,
             checks=checks,
+            lab=[],
+            lab_plot=None,
+            lab_note="skipped (--no-lab)",
             inspect=[
                 f"mainspring show {self.run_id} --db {url}",
                 f"mainspring runs --db {url}",
             ],
             logs=[str(self.folder / f"worker-{n}.log") for n in (1, 2)],
         )
+
+    def _lab(self, summary: Summary) -> Summary:
+        """The same faults, many seeded trials: the naive loop against mainspring."""
+        from ..lab import LabProfile, plot_results, run_lab
+
+        profile = LabProfile(model_error_rate=0.05, tool_failure_rate=0.05, crash_rate=0.03)
+        self.console.print(
+            "\nlab: 40 trials per cell, 5% model errors, 5% tool failures, 3% worker crashes "
+            "per step (simulated time)"
+        )
+        result = run_lab(
+            profile, steps=(5, 10, 20), policies=["naive", "mainspring"], trials=40, repeats=4
+        )
+        rows = [
+            LabRow(
+                policy=c.policy,
+                steps=c.steps,
+                success_rate=c.success_rate,
+                ci_low=c.ci_low,
+                ci_high=c.ci_high,
+                duplicate_effects=c.duplicate_effects,
+            )
+            for c in result.cells
+        ]
+        plot: str | None = None
+        try:
+            names = plot_results(result, self.folder / "lab")
+            plot = str(self.folder / "lab" / names[0])
+            note = "plot written"
+        except ImportError:
+            note = "no plot: matplotlib is missing (pip install 'mainspring[lab]')"
+        return dataclasses.replace(summary, lab=rows, lab_plot=plot, lab_note=note)
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:
@@ -620,10 +785,6 @@ def _plural(n: int, noun: str) -> str:
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
-def _span(first: int, last: int) -> str:
-    return f"step {first}" if first == last else f"steps {first}–{last}"
-
-
 def _facts(out: Console, facts: list[tuple[str, str]]) -> None:
     for label, value in facts:
         out.print(Text.assemble("  ", (f"{label:<11}", "bold"), value))
@@ -634,27 +795,35 @@ def _print_json(value: Any) -> None:
 
 
 def _render(out: Console, s: Summary) -> None:
-    email = s.at_most_once
     if s.effect_applied_before_kill:
-        moment = "after the CRM applied its write, before the journal recorded the step's end"
+        moment = "after the target applied its write, before the journal recorded the step's end"
     else:
-        moment = "before its CRM write"
+        moment = "before its target write"
     reruns = "; ".join(
         f"step {e.step} ran again as attempt {e.attempt_final} with key {e.key}: "
-        f"{_plural(e.calls, 'CRM call')}, {_plural(e.applied, 'effect')}"
+        f"{_plural(e.calls, 'target call')}, {_plural(e.applied, 'effect')}"
         for e in s.interrupted
     )
+    result = s.result if s.status == "succeeded" else s.error
+    if isinstance(result, dict) and "rejected" in result:
+        result = {**result, "rejected": len(result["rejected"])}
     out.print(Text("\nsummary", "bold"))
     _facts(
         out,
         [
             ("run", f"{s.run_id} {s.status}"),
-            ("result", json.dumps(s.result if s.status == "succeeded" else s.error)),
+            ("result", json.dumps(result)),
             (
                 "journal",
-                f"{s.steps_completed} of {s.steps} steps completed, "
+                f"{s.steps_completed} of {s.steps} steps completed ({s.imports} imports), "
                 f"{s.steps_completed_before_kill} of them before the crash",
             ),
+            (
+                "retries",
+                f"{_plural(len(s.retried_steps), 'step')} retried after injected faults "
+                f"({', '.join(s.retried_steps) or 'none'})",
+            ),
+            ("gate", f"{s.gate}: {s.gate_preview['import']} customers approved before import"),
             (
                 "crash",
                 f"worker pid {s.killed_pid} SIGKILLed during step {s.killed_at_step} "
@@ -666,15 +835,10 @@ def _render(out: Console, s: Summary) -> None:
                 f"after the kill ({s.lease_s:g}s lease); {reruns or 'no step was in flight'}",
             ),
             (
-                "CRM ledger",
-                f"{_plural(s.crm_calls, 'call')} for {_plural(s.crm_keys, 'key')}: "
-                f"{_plural(s.repeated_calls, 'key')} called more than once, "
-                f"{_plural(s.duplicates, 'duplicate effect')}",
-            ),
-            (
-                "email",
-                f"at_most_once step {email.step}: {_plural(email.calls, 'call')}, "
-                f"{_plural(email.applied, 'email')} sent",
+                "target",
+                f"{s.target_rows} rows; {_plural(s.target_calls, 'call')} for "
+                f"{_plural(s.target_keys, 'key')}: {_plural(s.repeated_calls, 'key')} called "
+                f"more than once, {_plural(s.duplicates, 'duplicate effect')}",
             ),
         ],
     )
@@ -687,6 +851,14 @@ def _render(out: Console, s: Summary) -> None:
         out.print(Text(f"\n{failed} of {len(s.checks)} checks FAILED", "bold red"))
     else:
         out.print(Text(f"\nall {len(s.checks)} checks passed", "bold green"))
+    if s.lab:
+        out.print(Text("\nlab: success rate by task length (95% Wilson CI)", "bold"))
+        for row in s.lab:
+            out.print(
+                f"  {row.policy:<11} {row.steps:>3} steps  {row.success_rate:6.1%} "
+                f"[{row.ci_low:.0%}, {row.ci_high:.0%}]  duplicate effects {row.duplicate_effects}"
+            )
+        out.print(f"  {s.lab_note}" + (f": {s.lab_plot}" if s.lab_plot else ""))
     out.print(Text("\ninspect it", "bold"))
     for command in s.inspect:
         out.print(f"  {command}")

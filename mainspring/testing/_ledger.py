@@ -13,6 +13,7 @@ import os
 import sqlite3
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,11 +70,23 @@ class EffectLedger:
             self._local.conn = conn
         return conn
 
-    def apply(self, key: str, effect: str = "effect", payload: Any = None) -> bool:
+    def apply(
+        self,
+        key: str,
+        effect: str = "effect",
+        payload: Any = None,
+        *,
+        on_apply: Callable[[sqlite3.Connection], object] | None = None,
+    ) -> bool:
         """Perform an effect the way an idempotent API does: once per key.
 
         Every call is counted. Returns True when this call took effect, False when
         the key had been applied before (the caller is told, as Stripe does).
+
+        Args:
+            on_apply: called with the ledger's connection inside the transaction that
+                records a first application, so a fake system can keep its own rows
+                in the ledger's file and change them atomically with the effect.
         """
         text = json.dumps(payload)
         conn = self._conn()
@@ -89,6 +102,8 @@ class EffectLedger:
                 (key, effect, text),
             )
             applied = cur.rowcount == 1
+            if applied and on_apply is not None:
+                on_apply(conn)
             conn.execute("COMMIT")
         except BaseException:
             conn.execute("ROLLBACK")
