@@ -160,6 +160,9 @@ async def test_event_filter_and_giving_up(app: ms.App) -> None:
     [row] = app.store.outbox()
     assert row["attempts"] == 3 and row["delivered_at"] is None and row["next_at"] is None
     assert "ConnectError" in row["last_error"]
+    # Retention takes a pruned run's settled events with it.
+    app.store.prune(0, app.clock.now() + 1)
+    assert app.store.outbox() == []
 
 
 def test_signatures_are_checked() -> None:

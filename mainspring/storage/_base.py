@@ -865,6 +865,12 @@ class Store(ApiTables, ABC):
                     steps += cur.rowcount
                     cur.execute(f"DELETE FROM ms_signals WHERE run_id IN ({marks})", chunk)
                     signals += cur.rowcount
+                    # Delivered or given-up webhook events of those runs go with them.
+                    cur.execute(
+                        f"DELETE FROM ms_outbox WHERE run_id IN ({marks})"
+                        " AND (delivered_at IS NOT NULL OR next_at IS NULL)",
+                        chunk,
+                    )
                     cur.execute(f"DELETE FROM ms_runs WHERE id IN ({marks})", chunk)
                     runs += cur.rowcount
             if len(ids) < batch:
