@@ -66,7 +66,7 @@ def test_settlement_refunds_and_charges_the_difference() -> None:
     rate, state = _rate(tpm=6000), BucketState()
     for _ in range(3):
         book(state, rate, _tokens(2000), NOW)  # type: ignore[arg-type]
-    settle(state, rate, {"tpm": -1000}, NOW)  # the first used 1000, not 2000
+    settle(state, rate, {"tpm": -1000}, NOW, 1)  # the first used 1000, not 2000
     assert book(state, rate, _tokens(1000), NOW) == NOW  # type: ignore[arg-type]
     settle(state, rate, {"tpm": 3000}, NOW)  # an output far above its reservation
     assert book(state, rate, _tokens(1000), NOW) - NOW == pytest.approx(40)  # type: ignore[arg-type]
