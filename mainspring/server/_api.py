@@ -453,7 +453,7 @@ def _errors(api: FastAPI) -> None:
         if exc.status_code == 405:
             # RFC 9110: a 405 lists every method of the path; Starlette's names only the
             # first route's (GET /runs, not POST /runs too).
-            methods = set()
+            methods: set[str] = set()
             for route in api.router.routes:
                 if route.matches(request.scope)[0] is Match.PARTIAL:
                     methods |= getattr(route, "methods", None) or set()
