@@ -375,5 +375,6 @@ def test_refunds_never_give_back_capacity_that_lapsed() -> None:
                 live[seq] = (start, units - back)
             else:
                 units = rng.choice([500, 1000, 2000, 3000])
-                live[state.seq + 1] = (book(state, rate, {"tpm": units}, now), units)  # type: ignore[arg-type]
+                start = book(state, rate, {"tpm": units}, now)  # type: ignore[arg-type]
+                live[state.seq] = (start, units)
             assert max(state.tat["tpm"], now) >= max(chain(live), now) - 1e-6, trial
