@@ -13,8 +13,6 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from mainspring.storage import SQLiteStore
 from mainspring.testing import FakeOpenAIServer, FakeReply, RecordedRequest
 
@@ -58,11 +56,6 @@ def _worker(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
         )
 
 
-@pytest.mark.xfail(
-    reason="open: 2-6 of 60 requests still draw a 429 when two worker processes share "
-    "two loaded cores (0 in one process); the cause is not found yet",
-    strict=False,
-)
 def test_two_workers_twenty_runs_zero_429s(tmp_path: Path) -> None:
     period, tpm = 2.0, 40_000
     with FakeOpenAIServer(fallback=reply, tpm=tpm, rpm=600, period_s=period) as server:

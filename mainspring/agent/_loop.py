@@ -226,7 +226,10 @@ class Agent:
             if limiter is None or booking is None:
                 return await model.request(messages, tools=specs, settings=settings)
             return await _limited_request(
-                limiter, booking, lambda: model.request(messages, tools=specs, settings=settings)
+                limiter,
+                booking,
+                lambda: model.request(messages, tools=specs, settings=settings),
+                warm=model.warm,
             )
 
         try:
@@ -622,13 +625,20 @@ async def _limited_request(
     limiter: StoreRateLimiter,
     booking: Booking,
     send: Callable[[], Awaitable[ModelResponse]],
+    *,
+    warm: Callable[[], Awaitable[None]] | None = None,
 ) -> ModelResponse:
     """Send a booked request and settle its booking.
 
     A request that starts late (a slow worker, a retry of the step) would overtake
     the bookings made after its own, and a refused one charged nothing: either way its
     booking is refunded and a new one taken, behind the others, before it is sent.
+    ``warm`` runs first: a worker's first request builds its HTTP client, and a send
+    that leaves long after the lateness check lands on a provider bucket that was
+    full meanwhile and lost the refill the booking counted on.
     """
+    if warm is not None:
+        await warm()
     clock = limiter.clock
     # Lateness spends headroom (the capacity a late request's slot refilled is
     # booked again by others): allow a quarter of it, then book anew.

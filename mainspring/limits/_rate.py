@@ -15,6 +15,18 @@ booked, and sleeps until then instead of trying and backing off. Settlement move
 TAT by the difference between the booked and the reported usage; a provider's headers
 (remaining units, ``retry-after``) can only push TATs and ``blocked_until`` later.
 
+A refund cannot always move the TAT back by all it returns. The TAT is the end of a
+chain of bookings, each no earlier than its own start: taking one out lets the later
+ones close up only until one of them reaches its start, since the run holding that
+slot sleeps until then. So every booking is a *barrier* to the refunds of those booked
+before it: its *term*, its start plus the units booked from it on, is a TAT they cannot
+go below (the capacity before it was time that passed unused). Each dimension keeps
+the terms that can still bind: the highest from each booking number on, falling with
+the numbers, and none in the past (a short list; the oldest merge beyond 16, erring on
+the side of refunding less). Without this, refunds of requests that started late or
+were refused gave back capacity that had already lapsed, and the limiter booked more
+than the provider's bucket held (the two-worker test drew 429s).
+
 The functions here are pure (time is a parameter). SQLite runs them in one short
 transaction; PostgreSQL runs the same arithmetic as one ``UPDATE`` (``_table.py``).
 """
@@ -164,6 +176,8 @@ class Booking:
         estimate: the request's estimated cost.
         input_ratio: reported over counted prompt tokens, as learned so far (the
             estimate's prompt is the tokenizer's count times this).
+        seq: the booking's number in its limiter (0: unknown, as for bookings made
+            before it was recorded; their refunds stop at every barrier).
     """
 
     key: str
@@ -173,6 +187,7 @@ class Booking:
     charges: dict[str, float] = field(default_factory=dict)
     estimate: Cost = field(default_factory=Cost)
     input_ratio: float = 1.0
+    seq: int = 0
 
 
 class RateLimiter(ABC):
@@ -213,6 +228,10 @@ class BucketState:
         learned: limits read from the provider's headers.
         tat: theoretical arrival time per dimension (seconds since the epoch).
         blocked_until: no start before this (a 429's ``retry-after``).
+        seq: bookings made so far (each booking's number).
+        barriers: per dimension, ``[number, term]`` of barrier bookings, numbers
+            rising and terms falling: each term is the highest of the barriers from
+            that number on (see the module's docstring).
     """
 
     learned: dict[Dimension, float | None] = field(
@@ -220,6 +239,10 @@ class BucketState:
     )
     tat: dict[Dimension, float] = field(default_factory=lambda: dict.fromkeys(DIMENSIONS, 0.0))
     blocked_until: float = 0.0
+    seq: int = 0
+    barriers: dict[Dimension, list[list[float]]] = field(
+        default_factory=lambda: {d: [] for d in DIMENSIONS}
+    )
 
 
 def effective_limits(
@@ -262,25 +285,75 @@ def book(
             )
         t = _interval(limit, rate)
         start = max(start, state.tat[d] + charges.get(d, 0.0) * t - rate.burst * rate.period_s)
+    state.seq += 1
     for d in DIMENSIONS:
         limit = limits[d]
-        if limit is not None:
-            state.tat[d] = max(state.tat[d], start) + charges.get(d, 0.0) * _interval(limit, rate)
+        if limit is None:
+            continue
+        step = charges.get(d, 0.0) * _interval(limit, rate)
+        barriers = state.barriers[d]
+        for entry in barriers:  # every booking so far is before this one: its terms grow
+            entry[1] += step
+        _add_barrier(barriers, state.seq, start + step)
+        _forget_past(barriers, now)
+        state.tat[d] = max(state.tat[d], start) + step
     return start
 
 
+def _add_barrier(barriers: list[list[float]], number: float, term: float) -> None:
+    """Append a barrier after every booking listed, dropping those it dominates."""
+    while barriers and barriers[-1][1] <= term:
+        barriers.pop()
+    barriers.append([number, term])
+    if len(barriers) > _MAX_BARRIERS:
+        # Merge the two oldest into one with the higher term and the later number:
+        # refunds of bookings between them then stop a little early, never late.
+        first, second = barriers.pop(0), barriers[0]
+        second[1] = max(first[1], second[1])
+
+
+def _forget_past(barriers: list[list[float]], now: float) -> None:
+    """Drop barriers whose term has passed: a TAT below ``now`` books as ``now``."""
+    while barriers and barriers[-1][1] <= now:
+        barriers.pop()
+
+
 def settle(
-    state: BucketState, rate: RateLimit, delta: Mapping[Dimension, float], now: float
+    state: BucketState,
+    rate: RateLimit,
+    delta: Mapping[Dimension, float],
+    now: float,
+    seq: int = 0,
 ) -> None:
-    """Move each TAT by ``delta`` units (actual minus booked): a refund frees capacity
-    for later bookings, an overrun pushes them back."""
+    """Move each TAT by ``delta`` units (actual minus booked) of booking number
+    ``seq``: a refund frees capacity for later bookings, down to the term of the
+    barriers booked after it; an overrun pushes them back."""
     limits = effective_limits(rate.limits(), state.learned)
     for d in DIMENSIONS:
         limit, change = limits[d], delta.get(d, 0.0)
         if limit is None or change == 0:
             continue
-        base = max(state.tat[d], now) if change > 0 else state.tat[d]
-        state.tat[d] = base + change * _interval(limit, rate)
+        step = change * _interval(limit, rate)
+        barriers = state.barriers[d]
+        later = next((term for number, term in barriers if number > seq), None)
+        for entry in barriers:  # the terms of the booking and those before it move
+            if entry[0] <= seq:
+                entry[1] += step
+        if change > 0 and now > state.tat[d]:
+            # Charged on an idle chain: a barrier to every booking so far.
+            state.tat[d] = now + step
+            _add_barrier(barriers, state.seq + 0.5, state.tat[d])
+        elif change > 0:
+            state.tat[d] += step
+        else:
+            state.tat[d] = state.tat[d] + step if later is None else max(state.tat[d] + step, later)
+        # Keep the terms falling: a term that fell to the next one's is dominated.
+        kept: list[list[float]] = []
+        for entry in reversed(barriers):
+            if not kept or entry[1] > kept[-1][1]:
+                kept.append(entry)
+        barriers[:] = reversed(kept)
+        _forget_past(barriers, now)
 
 
 def tighten(
@@ -307,7 +380,10 @@ def tighten(
             continue
         provider_limit = learned.get(d, limit)
         used = max(0.0, provider_limit - left)
-        state.tat[d] = max(state.tat[d], now + used * _interval(limit, rate))
+        told = now + used * _interval(limit, rate)
+        if told > state.tat[d]:  # the provider's word is a barrier to every booking so far
+            state.tat[d] = told
+            _add_barrier(state.barriers[d], state.seq + 0.5, told)
     if retry_after is not None and retry_after > 0:
         state.blocked_until = max(state.blocked_until, now + retry_after)
 
@@ -320,6 +396,9 @@ def quantile(values: Sequence[int], q: float) -> int:
     rank = max(1, math.ceil(q * len(ordered)))
     return ordered[rank - 1]
 
+
+#: Barriers kept per dimension (older ones merge, erring on the side of refunding less).
+_MAX_BARRIERS = 16
 
 _UNITS: dict[Dimension, str] = {
     "rpm": "requests",

@@ -149,7 +149,7 @@ class StoreRateLimiter(RateLimiter):
         ``input_ratio``: the ratio the estimate's prompt was scaled by."""
         charges = charges_of(estimate, self.rate.provider)
         sqlite = self.table.store.dialect != "postgresql"
-        start, now = self.table.book(self.rate, charges, self.clock.now if sqlite else None)
+        start, now, seq = self.table.book(self.rate, charges, self.clock.now if sqlite else None)
         waited = max(0.0, start - now)
         return Booking(
             key=self.key,
@@ -159,6 +159,7 @@ class StoreRateLimiter(RateLimiter):
             charges={d: charges[d] for d in DIMENSIONS},
             estimate=estimate,
             input_ratio=input_ratio,
+            seq=seq,
         )
 
     def settle(
@@ -197,6 +198,7 @@ class StoreRateLimiter(RateLimiter):
             input_ratio=ratio,
             output_tokens=output,
             now=self._now(),
+            seq=booking.seq,
         )
 
     def settle_quietly(

@@ -60,6 +60,11 @@ class Model(ABC):
             ConfigError: the request itself is wrong (unknown model, bad parameter).
         """
 
+    async def warm(self) -> None:  # noqa: B027 - an optional hook, not abstract
+        """Do now the one-time work of a first request (an HTTP client, its lazy
+        imports), so that a rate-limited request leaves when its slot says. The
+        default has none."""
+
     async def aclose(self) -> None:  # noqa: B027 - an optional hook, not abstract
         """Release network resources (HTTP connections). The default has none."""
 

@@ -129,6 +129,11 @@ class AnthropicModel(Model):
     def _client(self) -> anthropic.AsyncAnthropic:
         return self._given if self._given is not None else self._clients.get()
 
+    async def warm(self) -> None:
+        """Make this event loop's client and its lazily built resources (see
+        :meth:`Model.warm`)."""
+        self._client().messages  # noqa: B018 - the attribute builds the resource
+
     async def aclose(self) -> None:
         """Close this event loop's HTTP client (a ``client=`` given by the caller is theirs)."""
         await self._clients.aclose()

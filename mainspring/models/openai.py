@@ -131,6 +131,11 @@ class OpenAIModel(Model):
     def _client(self) -> openai.AsyncOpenAI:
         return self._given if self._given is not None else self._clients.get()
 
+    async def warm(self) -> None:
+        """Make this event loop's client and its lazily built resources (see
+        :meth:`Model.warm`)."""
+        self._client().chat.completions  # noqa: B018 - the attribute builds the resource
+
     async def aclose(self) -> None:
         """Close this event loop's HTTP client (a ``client=`` given by the caller is theirs)."""
         await self._clients.aclose()

@@ -133,6 +133,11 @@ CREATE TABLE ms_rate_outputs (
 );
 CREATE INDEX ms_rate_outputs_key ON ms_rate_outputs (key, id);
 """,
+    # The barriers that keep refunds from giving back lapsed capacity (limits/_rate.py):
+    # per dimension, [booking number, term] pairs, as JSON.
+    5: """
+ALTER TABLE ms_rate_limits ADD COLUMN barriers TEXT;
+""",
 }
 
 LATEST = max(MIGRATIONS)
