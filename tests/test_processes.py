@@ -87,7 +87,16 @@ def _chaos(cluster: Cluster, runs: int, steps: int, kills: int, seed: int) -> No
     killed_mid_run = 0
     for _ in range(kills):
         proc = cluster.start("--concurrency", "16")
-        time.sleep(rng.uniform(0.3, 1.2))
+        # Aim at a worker that holds runs (on a loaded machine a fixed delay can miss
+        # them all): wait until one is running, then kill at a random moment after.
+        deadline = time.time() + 15
+        while time.time() < deadline and proc.poll() is None:
+            if any(r.status == "running" for r in store.list_runs(limit=runs)):
+                break
+            if all(r.status == "succeeded" for r in store.list_runs(limit=runs)):
+                break
+            time.sleep(0.01)
+        time.sleep(rng.uniform(0.0, 0.4))
         if proc.poll() is None:
             proc.kill()
             proc.wait()
