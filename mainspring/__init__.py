@@ -42,7 +42,16 @@ from ._errors import (
 from .agent import Agent, AgentResult, AgentState
 from .context import ContextPolicy
 from .hitl import Approval, Request
-from .journal import RetryPolicy, RunContext, StepInfo, StepMode, Workflow, current_step
+from .journal import (
+    RetryPolicy,
+    RunContext,
+    StepCall,
+    StepInfo,
+    StepInterceptor,
+    StepMode,
+    Workflow,
+    current_step,
+)
 from .limits import Limits
 from .observability import Redactor, RunTrace, TraceEntry
 from .storage import RunRecord, StepRecord, Store
@@ -89,8 +98,10 @@ __all__ = [
     "RunTrace",
     "SchemaVersionError",
     "SerializationError",
+    "StepCall",
     "StepFailed",
     "StepInfo",
+    "StepInterceptor",
     "StepInterrupted",
     "StepMode",
     "StepRecord",

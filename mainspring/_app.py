@@ -18,7 +18,7 @@ from ._serde import dumps, loads
 from .agent import Agent, AgentResult, CompletionValidator
 from .context import ContextPolicy
 from .hitl import Decision, Request, answer_payload
-from .journal import RetryPolicy, RunContext, Workflow
+from .journal import RetryPolicy, RunContext, StepInterceptor, Workflow
 from .limits import PRICES, Limits, Price, RateLimit, RateLimits, load_rate_limits, price_of
 from .models import Model, resolve_model
 from .models._types import ModelSettings
@@ -79,6 +79,9 @@ class App:
             :class:`~mainspring.limits.RateLimits`, or the path of a TOML/JSON file
             (see ``docs/rate-limits.md``). Models without a declared limit learn theirs
             from the provider's headers. ``None`` (default): no rate limiting.
+        interceptors: :class:`~mainspring.journal.StepInterceptor` s wrapped around
+            every executed step attempt, the first outermost (tracing, fault
+            injection: the reliability lab's ``mainspring lab run`` is one).
     """
 
     def __init__(
@@ -95,6 +98,7 @@ class App:
         poll_interval_s: float = 0.1,
         redact: Redactor | None = _DEFAULT_REDACTOR,
         rate_limits: Sequence[RateLimit] | RateLimits | str | os.PathLike[str] | None = None,
+        interceptors: Sequence[StepInterceptor] = (),
     ) -> None:
         if lease_s <= 0:
             raise ConfigError(f"lease_s must be > 0, got {lease_s!r}")
@@ -120,6 +124,7 @@ class App:
         self.tools = ToolRegistry()
         self.agents: dict[str, Agent] = {}
         self.rate_limits: RateLimits | None = _rate_limits(rate_limits)
+        self.interceptors: tuple[StepInterceptor, ...] = tuple(interceptors)
 
     @property
     def url(self) -> str:

@@ -18,6 +18,7 @@ EXPECTED = {
     "Effect", "Tool", "ToolContext", "tool", "Agent", "AgentResult", "AgentState",
     "ContextPolicy", "Limits", "Redactor", "RunTrace", "TraceEntry",
     "Approval", "ApprovalRejected", "InvalidAnswer", "Request", "RequestNotFound",
+    "StepCall", "StepInterceptor",
 }  # fmt: skip
 
 

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from .._errors import ConfigError
 from ._common import JsonOption, cli_errors, console, print_json
+
+if TYPE_CHECKING:
+    from ..lab import LabResult
 
 __all__ = ["lab_commands", "preflight"]
 
@@ -51,16 +54,7 @@ def lab(
     """Run seed 000's sandbox task under faults for each policy and compare them."""
     if ctx.invoked_subcommand is not None:
         return
-    from ..lab import (
-        LabProfile,
-        html_report,
-        markdown_report,
-        parse_policies,
-        parse_steps,
-        plot_results,
-        rich_table,
-        run_lab,
-    )
+    from ..lab import LabProfile, parse_policies, parse_steps, run_lab
 
     with cli_errors():
         profile = LabProfile(
@@ -90,22 +84,112 @@ def lab(
                 seed=seed,
                 progress=progress,
             )
-        plots: list[str] = []
-        if out is not None:
-            try:
-                plots = plot_results(result, out)
-            except ImportError as exc:
-                raise ConfigError(str(exc)) from None
-            (out / "report.md").write_text(markdown_report(result, plots))
-            (out / "report.html").write_text(html_report(result, plots))
-        if json_out:
-            print_json(result.to_dict())
-            return
-        console().print(rich_table(result))
-        if out is not None:
-            console().print(
-                f"report: {out / 'report.md'}, {out / 'report.html'}; plots: {', '.join(plots)}"
+        _show(result, out, json_out)
+
+
+@lab_commands.command("run")
+def run_target(
+    target: Annotated[
+        str,
+        typer.Argument(
+            metavar="MODULE:OBJECT",
+            help="A workflow (@app.workflow, app.agent) or an App (with --workflow).",
+        ),
+    ],
+    workflow: Annotated[
+        str | None, typer.Option(help="The workflow to run when OBJECT is an App.")
+    ] = None,
+    args: Annotated[
+        str | None, typer.Option("--args", help="Positional arguments, a JSON list.")
+    ] = None,
+    kwargs: Annotated[
+        str | None, typer.Option("--kwargs", help="Keyword arguments, a JSON object.")
+    ] = None,
+    error_rate: Annotated[
+        float, typer.Option(help="Error rate per step attempt (model steps: the model call).")
+    ] = 0.1,
+    tool_failure_rate: Annotated[
+        float, typer.Option(help="Failure rate of non-model steps (half after the effect).")
+    ] = 0.0,
+    timeout_rate: Annotated[float, typer.Option(help="Timeout rate per step attempt.")] = 0.0,
+    malformed_rate: Annotated[
+        float, typer.Option(help="Malformed model output rate (agents' model steps).")
+    ] = 0.0,
+    crash_rate: Annotated[float, typer.Option(help="Worker crash rate per step.")] = 0.0,
+    correlated_rate: Annotated[
+        float, typer.Option(help="Per task and step: broken for every trial and attempt.")
+    ] = 0.0,
+    retries: Annotated[int, typer.Option(help="Retries per step for retrying policies.")] = 2,
+    policy: Annotated[
+        str,
+        typer.Option(
+            help="naive, retries, checkpoint, validate, mainspring (comma-separated) or all."
+        ),
+    ] = "all",
+    trials: Annotated[int, typer.Option(help="Trials per policy.")] = 100,
+    repeats: Annotated[int, typer.Option(help="Trials per task (for pass^k).")] = 10,
+    seed: Annotated[int, typer.Option(help="The seed of every fault.")] = 42,
+    out: Annotated[
+        Path | None,
+        typer.Option(metavar="DIR", help="Write report.md, report.html and PNG plots here."),
+    ] = None,
+    json_out: JsonOption = False,
+) -> None:
+    """Run your own workflow or agent under faults for each policy and compare them.
+
+    Each trial runs on a fresh temporary SQLite store under simulated time.
+    """
+    from ..lab import LabProfile, parse_json_args, parse_policies, run_workflow_lab
+
+    with cli_errors():
+        profile = LabProfile(
+            model_error_rate=error_rate,
+            tool_failure_rate=tool_failure_rate,
+            timeout_rate=timeout_rate,
+            malformed_rate=malformed_rate,
+            crash_rate=crash_rate,
+            correlated_rate=correlated_rate,
+            retries=retries,
+        )
+        chosen = parse_policies(policy)
+        positional, named = parse_json_args(args, kwargs)
+        err = console()
+        err.stderr = True
+        with err.status("running trials...") as status:
+            result = run_workflow_lab(
+                target,
+                profile,
+                args=positional,
+                kwargs=named,
+                workflow=workflow,
+                policies=chosen,
+                trials=trials,
+                repeats=repeats,
+                seed=seed,
+                progress=lambda p, n: status.update(f"done: {p}"),
             )
+        _show(result, out, json_out)
+
+
+def _show(result: LabResult, out: Path | None, json_out: bool) -> None:
+    from ..lab import html_report, markdown_report, plot_results, rich_table
+
+    plots: list[str] = []
+    if out is not None:
+        try:
+            plots = plot_results(result, out)
+        except ImportError as exc:
+            raise ConfigError(str(exc)) from None
+        (out / "report.md").write_text(markdown_report(result, plots))
+        (out / "report.html").write_text(html_report(result, plots))
+    if json_out:
+        print_json(result.to_dict())
+        return
+    console().print(rich_table(result))
+    if out is not None:
+        console().print(
+            f"report: {out / 'report.md'}, {out / 'report.html'}; plots: {', '.join(plots)}"
+        )
 
 
 @lab_commands.command()

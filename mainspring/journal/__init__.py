@@ -4,6 +4,7 @@ from ._batch import BatchCommitter
 from ._context import RunContext, StepInfo, StepMode, current_step
 from ._engine import Committer, Engine, RunControl
 from ._executor import Outcome, execute
+from ._intercept import StepCall, StepInterceptor
 from ._retry import RetryPolicy
 from ._workflow import Workflow
 
@@ -15,7 +16,9 @@ __all__ = [
     "RetryPolicy",
     "RunContext",
     "RunControl",
+    "StepCall",
     "StepInfo",
+    "StepInterceptor",
     "StepMode",
     "Workflow",
     "current_step",

@@ -325,7 +325,10 @@ class RunContext:
             )
             self._running += 1
             try:
-                result = await self._invoke(fn, args, kwargs, info, timeout, is_coro)
+                if self._engine.interceptors:
+                    result = await self._intercepted(fn, args, kwargs, info, timeout, is_coro)
+                else:
+                    result = await self._invoke(fn, args, kwargs, info, timeout, is_coro)
                 output = dumps(result, what=f"output of step {step_name!r}")
             except Exception as exc:
                 self._running -= 1
@@ -659,6 +662,24 @@ class RunContext:
             attempts=rec.attempt,
             run_id=self.run_id,
             step=self._where(rec.seq, rec.name),
+        )
+
+    async def _intercepted(
+        self,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        info: StepInfo,
+        timeout: float | None,
+        is_coro: bool,
+    ) -> Any:
+        from ._intercept import StepCall, intercept
+
+        call = StepCall(info=info, fn=fn, args=args, kwargs=kwargs)
+        return await intercept(
+            self._engine.interceptors,
+            call,
+            lambda: self._invoke(fn, args, kwargs, info, timeout, is_coro),
         )
 
     async def _invoke(

@@ -6,11 +6,14 @@ import random
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from .._clock import Clock
 from ..storage import RunWrite, Store, WriteResult
 from ._retry import RetryPolicy
+
+if TYPE_CHECKING:
+    from ._intercept import StepInterceptor
 
 __all__ = ["Committer", "Engine", "RunControl"]
 
@@ -46,6 +49,8 @@ class Engine:
     # JSON text -> JSON text with secrets replaced, applied before anything is journaled
     # (returns its argument itself when there is nothing to hide).
     redact: Callable[[str], str] | None = None
+    # wrap every executed step attempt (the App's ``interceptors``), outermost first
+    interceptors: tuple[StepInterceptor, ...] = ()
 
 
 @dataclass(slots=True)

@@ -3,19 +3,22 @@
 Run a task under a fault profile for many seeded trials and compare policies —
 the naive loop, step retries, checkpoint and resume, validators and repair, and
 full mainspring — by success rate (Wilson intervals), pass^k, steps to failure,
-recoveries, duplicate effects, tokens and cost per success (:func:`run_lab`);
+recoveries, duplicate effects, tokens and cost per success (:func:`run_lab` on seed
+000's chain, :func:`run_workflow_lab` on your own workflow or agent);
 kill real worker processes at random and audit the journal and the effect ledger
 (:func:`run_chaos`); check a workflow or agent against the pre-release checklist
 (:func:`preflight`).
 """
 
 from ._chaos import ChaosResult, run_chaos
+from ._faults import FaultHook
 from ._plots import plot_results
 from ._preflight import CHECKS, Finding, PreflightReport, preflight
 from ._profile import POLICIES, POLICY_TITLES, FailureCause, LabProfile, Policy, parse_policies
 from ._report import html_report, markdown_report, rich_table
 from ._run import PASS_K, Cell, LabResult, parse_steps, run_lab
 from ._stats import pass_hat_k, theory_success, wilson
+from ._target import LabTarget, parse_json_args, resolve_target, run_workflow_lab
 
 __all__ = [
     "CHECKS",
@@ -25,21 +28,26 @@ __all__ = [
     "Cell",
     "ChaosResult",
     "FailureCause",
+    "FaultHook",
     "Finding",
     "LabProfile",
     "LabResult",
+    "LabTarget",
     "Policy",
     "PreflightReport",
     "html_report",
     "markdown_report",
+    "parse_json_args",
     "parse_policies",
     "parse_steps",
     "pass_hat_k",
     "plot_results",
     "preflight",
+    "resolve_target",
     "rich_table",
     "run_chaos",
     "run_lab",
+    "run_workflow_lab",
     "theory_success",
     "wilson",
 ]

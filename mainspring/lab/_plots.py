@@ -48,9 +48,9 @@ def plot_results(result: LabResult, directory: str | os.PathLike[str]) -> list[s
     for policy in result.policies:
         cells = [result.cell(policy, n) for n in steps]
         rates = [c.success_rate for c in cells]
-        err = [
-            [c.success_rate - c.ci_low for c in cells],
-            [c.ci_high - c.success_rate for c in cells],
+        err = [  # clamped: at 0 % or 100 % the interval's far end meets the rate
+            [max(0.0, c.success_rate - c.ci_low) for c in cells],
+            [max(0.0, c.ci_high - c.success_rate) for c in cells],
         ]
         ax.errorbar(
             steps, rates, yerr=err, marker="o", capsize=3, label=policy, color=colours[policy]

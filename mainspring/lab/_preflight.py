@@ -16,6 +16,7 @@ import textwrap
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any, Literal
 
 from .._app import App
@@ -127,6 +128,27 @@ def load_target(spec: str) -> tuple[Agent | Workflow[Any, Any], App | None]:
         ConfigError: a malformed spec, a module that does not import, a missing
             attribute, or an object that is neither an agent nor a workflow.
     """
+    obj, module = import_object(spec)
+    apps = [v for v in vars(module).values() if isinstance(v, App)]
+    if isinstance(obj, Agent):
+        return obj, next((a for a in apps if obj.name in a.agents), None)
+    if isinstance(obj, Workflow):
+        for a in apps:
+            if a.workflows.get(obj.name) is obj and obj.name in a.agents:
+                return a.agents[obj.name], a
+        return obj, next((a for a in apps if obj.name in a.workflows), None)
+    raise ConfigError(
+        f"{spec!r} is a {type(obj).__name__}: preflight checks an agent (what app.agent() "
+        "returns) or a workflow (@app.workflow)"
+    )
+
+
+def import_object(spec: str) -> tuple[Any, ModuleType]:
+    """Import ``MODULE:OBJECT`` (``OBJECT`` may be dotted): the object and its module.
+
+    Raises:
+        ConfigError: a malformed spec, a module that does not import, a missing attribute.
+    """
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise ConfigError(f"expected MODULE:OBJECT (like myproject.agents:triage), got {spec!r}")
@@ -145,18 +167,7 @@ def load_target(spec: str) -> tuple[Agent | Workflow[Any, Any], App | None]:
         if not hasattr(obj, part):
             raise ConfigError(f"module {module_name!r} has no attribute {attr!r} (from {spec!r})")
         obj = getattr(obj, part)
-    apps = [v for v in vars(module).values() if isinstance(v, App)]
-    if isinstance(obj, Agent):
-        return obj, next((a for a in apps if obj.name in a.agents), None)
-    if isinstance(obj, Workflow):
-        for a in apps:
-            if a.workflows.get(obj.name) is obj and obj.name in a.agents:
-                return a.agents[obj.name], a
-        return obj, next((a for a in apps if obj.name in a.workflows), None)
-    raise ConfigError(
-        f"{spec!r} is a {type(obj).__name__}: preflight checks an agent (what app.agent() "
-        "returns) or a workflow (@app.workflow)"
-    )
+    return obj, module
 
 
 def preflight(

@@ -27,6 +27,14 @@ FailureCause: TypeAlias = Literal[
     "worker_crash",
     "correlated",
     "dead_letter",
+    # `mainspring lab run` (a user's workflow): an injected error in a non-model step, a
+    # failure the lab did not inject, a wait for a human or signal the lab cannot give,
+    # an agent that stopped partial, a result the `check` rejected
+    "step_error",
+    "workflow_error",
+    "stalled",
+    "partial",
+    "wrong_result",
 ]
 
 

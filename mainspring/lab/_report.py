@@ -59,8 +59,9 @@ def _profile_line(result: LabResult) -> str:
         "correlated": p.correlated_rate,
     }
     faults = ", ".join(f"{k} {v:g}" for k, v in rates.items() if v) or "no faults"
+    target = f"{result.target}: " if result.target else ""
     return (
-        f"faults per step attempt: {faults}; retries {p.retries}; "
+        f"{target}faults per step attempt: {faults}; retries {p.retries}; "
         f"{result.tasks} tasks × {result.repeats} trials; seed {result.seed}"
     )
 

@@ -63,6 +63,7 @@ class LabResult:
     steps: tuple[int, ...]
     policies: tuple[Policy, ...]
     cells: tuple[Cell, ...] = field(default=())
+    target: str | None = None  # the workflow run (`mainspring lab run`); None: the chain
 
     def cell(self, policy: Policy, steps: int) -> Cell:
         for c in self.cells:
@@ -73,6 +74,7 @@ class LabResult:
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready values (what ``mainspring lab --json`` prints)."""
         return {
+            "target": self.target,
             "profile": asdict(self.profile),
             "seed": self.seed,
             "tasks": self.tasks,

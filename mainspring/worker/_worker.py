@@ -114,6 +114,7 @@ class Worker:
             default_retry=app.default_retry,
             inline_wait_s=app.inline_wait_s,
             redact=app.redactor.redact_json if app.redactor is not None else None,
+            interceptors=app.interceptors,
         )
         heartbeat = asyncio.create_task(self._heartbeat_loop())
         loop = asyncio.get_running_loop()
