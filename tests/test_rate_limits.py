@@ -4,6 +4,7 @@ loop sleeping durably until its booked slot."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import threading
 from pathlib import Path
@@ -316,6 +317,49 @@ async def test_an_agent_sleeps_durably_until_its_slot(db_url: str) -> None:
         assert names.count("rate:scripted:scripted:default") == 2
         # Waking up replayed the first booking from the journal: two calls, two bookings.
         with app.store._read() as cur:
+            cur.execute("SELECT bookings FROM ms_rate_limits")
+            assert cur.fetchone()[0] == 2
+    finally:
+        app.close()
+
+
+async def test_a_run_is_back_shortly_before_its_slot_and_sends_on_time(db_url: str) -> None:
+    """A long rate-limit wait leaves the worker only until half the inline wait
+    before the slot: the run is claimed and replayed meanwhile, sleeps the rest in
+    process, and sends at its slot, neither before nor booked anew after it."""
+    clock = FakeClock(NOW)
+    app = ms.App(
+        db_url,
+        clock=clock,
+        poll_interval_s=0.01,
+        inline_wait_s=0.4,
+        rate_limits=[RateLimit(provider="scripted", model="scripted", rpm=1, headroom=0.0)],
+    )
+    usage = Usage(input_tokens=50, output_tokens=5)
+    note = ScriptedModel.call("update_state", {"note": "a"}).tool_calls
+    done = ScriptedModel.call("finish", {"answer": "ok"}).tool_calls
+    model = ScriptedModel(
+        [ModelResponse(tool_calls=note, usage=usage), ModelResponse(tool_calls=done, usage=usage)]
+    )
+    agent = app.agent("limited", model=model, instructions="x")
+    try:
+        handle = app.submit(agent, "task")
+        await drain(app)
+        run = app.get_run(handle.run_id)
+        assert (run.status, run.wait_reason) == ("sleeping", "rate_limit")
+        assert run.wake_at == pytest.approx(NOW + 60 - 0.2, abs=1e-6)
+        clock.advance(59.8)
+        worker = asyncio.create_task(drain(app))
+        for _ in range(1000):  # replayed, now sleeping the last 0.2 s in process
+            if clock.sleepers or worker.done():
+                break
+            await asyncio.sleep(0.01)
+        assert clock.sleepers == 1
+        assert len(model.requests) == 1
+        clock.advance(0.2)
+        await worker
+        assert (await handle.result()).answer == "ok"
+        with app.store._read() as cur:  # on time: not booked anew
             cur.execute("SELECT bookings FROM ms_rate_limits")
             assert cur.fetchone()[0] == 2
     finally:
