@@ -294,8 +294,12 @@ class Agent:
             return limiter.reserve(prompt_tokens=prompt_tokens, max_tokens=max_tokens)
 
         booking: Booking = await ctx.step(book_slot, name=f"rate:{limiter.key}")
-        # The run leaves its worker (status sleeping, reason rate_limit) for a long wait.
-        await ctx._wait_until(booking.wake_at, reason="rate_limit")
+        # The run leaves its worker (status sleeping, reason rate_limit) for a long wait,
+        # but only until shortly before its slot: claiming and replaying it take a
+        # poll or more, and a send that leaves after its slot is booked anew behind
+        # the others. The last stretch is slept just before the send (_limited_request).
+        lead = min(0.5 * ctx._engine.inline_wait_s, _MAX_LEAD_S)
+        await ctx._wait_until(booking.wake_at - lead, reason="rate_limit")
         return booking
 
     async def _act(
@@ -619,6 +623,8 @@ class Agent:
 
 # Rebookings of one request, after refusals or a late start, before it goes anyway.
 _REBOOKINGS = 4
+# At most this long before its rate-limit slot a run is back on a worker.
+_MAX_LEAD_S = 1.0
 
 
 async def _limited_request(
@@ -640,6 +646,11 @@ async def _limited_request(
     if warm is not None:
         await warm()
     clock = limiter.clock
+    # The run woke a little before its slot (see Agent._book): sleep the rest here,
+    # after the step's own bookkeeping, so that the send leaves on time.
+    early = booking.wake_at - clock.now()
+    if early > 0 and current_step().attempt == 1:
+        await clock.sleep(early)
     # Lateness spends headroom (the capacity a late request's slot refilled is
     # booked again by others): allow a quarter of it, then book anew.
     rate = limiter.rate
