@@ -298,3 +298,16 @@ async def test_budget_pause_is_a_request_the_edit_sets_the_new_cap(fapp: ms.App)
     fapp.answer(handle.run_id, request.id, decision="edit", arguments={"limit": 10})
     await drain(fapp)
     assert (await fapp.result(handle.run_id)).answer == 4
+
+
+def test_a_raw_signal_without_a_decision_does_not_approve() -> None:
+    from mainspring.hitl import approval_from
+
+    assert not approval_from({}).approved
+    assert not approval_from({"reason": "looks fine"}).approved
+    assert approval_from({"approve": True}).approved
+    assert approval_from({"action": "retry"}).approved
+    assert not approval_from({"action": "stop"}).approved
+    assert approval_from({"limit": 80}).arguments == {"limit": 80}
+    assert approval_from({"decision": "edit", "arguments": {"x": 1}}).arguments == {"x": 1}
+    assert not approval_from({"decision": "reject", "reason": "no"}).approved

@@ -106,8 +106,10 @@ def approval_from(payload: Any) -> Approval:
         approved = payload["decision"] in ("approve", "edit")
     elif "approve" in payload:
         approved = bool(payload["approve"])
-    else:
-        approved = payload.get("action", "continue") not in ("stop", "reject", "cancel")
+    elif "action" in payload:
+        approved = payload["action"] not in ("stop", "reject", "cancel")
+    else:  # no decision at all: only a raised limit means "go on"; never approve by default
+        approved = "limit" in payload
     reason = payload.get("reason")
     by = payload.get("by")
     return Approval(
