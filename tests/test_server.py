@@ -166,6 +166,8 @@ def test_keys_scopes_and_bad_requests_change_nothing(stack: Stack, tmp_path: Pat
         response = client.post("/runs", json=body)
         assert response.status_code == status, response.text
         assert message in response.json()["error"]["message"]
+    both = stack.client(stack.admin).post("/runs", json=body, headers={"X-API-Key": "msk_a_b"})
+    assert both.status_code == 401 and "two different API keys" in both.json()["error"]["message"]
     assert stack.client().get("/runs").status_code == 401
     assert stack.client(reader).get("/runs").json()["runs"] == []
     assert stack.app.list_runs() == []  # nothing was created

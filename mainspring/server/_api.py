@@ -151,6 +151,9 @@ def create_app(
             header: Annotated[str | None, Depends(_header)],
             cookie: Annotated[str | None, Depends(_cookie)],
         ) -> ApiKey:
+            if bearer is not None and header and bearer.credentials != header:
+                # Two different keys: refuse rather than guess which one was meant.
+                raise _AuthError(401, "two different API keys (Authorization and X-API-Key)")
             token = bearer.credentials if bearer is not None else header or cookie
             if not token:
                 raise _AuthError(401, "an API key is required: 'Authorization: Bearer msk_…'")
