@@ -53,7 +53,9 @@ def _boom() -> None:
 
 @app.workflow
 async def release(ctx: ms.RunContext, before: int, pace_s: float) -> str:
-    """Steps at a human pace (to be watched live), a gate, then the rest."""
+    """Waits for "go" (so a test can open its page first), takes steps at a human pace
+    (to be watched live), passes a gate, then the rest."""
+    await ctx.wait_for("go")
     for i in range(before):
         await ctx.step(_pause, pace_s, name=f"check-{i}")
     decision = await ctx.approval(
