@@ -8,19 +8,16 @@ checked from their signature and source (steps, timeouts, names, determinism).
 from __future__ import annotations
 
 import ast
-import importlib
 import inspect
-import os
-import sys
 import textwrap
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass
-from types import ModuleType
 from typing import Any, Literal
 
 from .._app import App
 from .._errors import ConfigError
+from .._imports import import_object
 from ..agent import Agent
 from ..journal import Workflow
 from ..limits import price_of
@@ -141,33 +138,6 @@ def load_target(spec: str) -> tuple[Agent | Workflow[Any, Any], App | None]:
         f"{spec!r} is a {type(obj).__name__}: preflight checks an agent (what app.agent() "
         "returns) or a workflow (@app.workflow)"
     )
-
-
-def import_object(spec: str) -> tuple[Any, ModuleType]:
-    """Import ``MODULE:OBJECT`` (``OBJECT`` may be dotted): the object and its module.
-
-    Raises:
-        ConfigError: a malformed spec, a module that does not import, a missing attribute.
-    """
-    module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
-        raise ConfigError(f"expected MODULE:OBJECT (like myproject.agents:triage), got {spec!r}")
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ConfigError(f"cannot import module {module_name!r} from {spec!r}: {exc}") from exc
-    except Exception as exc:
-        raise ConfigError(
-            f"importing {module_name!r} (from {spec!r}) raised {type(exc).__name__}: {exc}"
-        ) from exc
-    obj: Any = module
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise ConfigError(f"module {module_name!r} has no attribute {attr!r} (from {spec!r})")
-        obj = getattr(obj, part)
-    return obj, module
 
 
 def preflight(

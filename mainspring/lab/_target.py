@@ -21,13 +21,13 @@ from typing import Any
 
 from .._app import App
 from .._errors import ConfigError
+from .._imports import import_object
 from ..agent import Agent, AgentResult
 from ..journal import RetryPolicy, RunContext, Workflow
 from ..storage import SQLiteStore
 from ..worker import Worker
 from ._chain import InstantClock, TrialOutcome, _quiet
 from ._faults import FaultHook
-from ._preflight import import_object
 from ._profile import POLICIES, FailureCause, LabProfile, Policy
 from ._run import Cell, LabResult, summarise
 
