@@ -522,3 +522,76 @@ def test_retry_keeps_completed_rows_and_moves_the_fence(store: Store) -> None:
         (2, "completed"),
     ]
     assert json.loads(store.get_run("r1").error or "null") is None  # type: ignore[union-attr]
+
+
+async def test_a_stalled_holder_cannot_revive_a_dead_lettered_run(db_url: str) -> None:
+    """The holder stalls inside a step past its lease, the run is dead-lettered, then
+    the holder wakes up: nothing it does lands, and its next step never runs."""
+    clock = ms.FakeClock()
+    app = ms.App(db_url, clock=clock, poll_interval_s=0.01, inline_wait_s=0.0)
+    app.store.add_webhook("http://127.0.0.1:9/hook", 0.0)
+    stalled = asyncio.Event()
+    wake = asyncio.Event()
+    ran: list[int] = []
+
+    async def work(i: int) -> int:
+        ran.append(i)
+        if i == 0:
+            stalled.set()
+            await wake.wait()
+        return i
+
+    @app.workflow
+    async def wf(ctx: ms.RunContext) -> int:
+        return sum([await ctx.step(work, i) for i in range(2)])
+
+    try:
+        handle = app.submit(wf)
+        holder = app.worker()
+        task = asyncio.create_task(holder.run(until_idle=True))
+        await asyncio.wait_for(stalled.wait(), 10)
+        clock.advance(app.lease_s + 1)
+        assert _claim(app.store, handle.run_id, clock.now(), max_recoveries=0) == []
+        wake.set()
+        await asyncio.wait_for(task, 10)
+        assert holder.stats.outcomes == {"lost": 1}
+        run = app.get_run(handle.run_id)
+        assert run.status == "failed" and "dead-lettered" in (run.error or "")
+        assert ran == [0]  # the step after the dead-letter never ran
+        assert [s.status for s in app.steps(handle.run_id)] == ["started"]
+        assert [e["event"] for e in app.store.outbox(handle.run_id)] == ["run.failed"]
+    finally:
+        app.close()
+
+
+def test_fork_copies_the_session_it_was_asked_for(store: Store) -> None:
+    epoch = _running(store)
+    store.commit(
+        [
+            RunWrite(
+                run_id="r1",
+                epoch=epoch,
+                steps=[_row("r1", 0, "completed", epoch=epoch)],
+                transition=RunTransition(kind="next_session", handoff='{"n":1}', session=0),
+            )
+        ],
+        T0,
+    )
+    stale = store.get_run("r1")
+    assert stale is not None and stale.session == 1
+    fork = store.fork_run(stale, run_id="f1", session=1, upto_seq=0, output=None, now=T0)
+    assert (fork.session, fork.handoff) == (1, '{"n":1}')
+    store.commit(
+        [
+            RunWrite(
+                run_id="r1",
+                epoch=epoch,
+                transition=RunTransition(kind="next_session", handoff='{"n":2}', session=1),
+            )
+        ],
+        T0 + 1,
+    )
+    # The caller's record is of session 1; the run has moved on: that record's
+    # hand-off is still session 1's.
+    again = store.fork_run(stale, run_id="f2", session=1, upto_seq=0, output=None, now=T0 + 2)
+    assert (again.session, again.handoff) == (1, '{"n":1}')

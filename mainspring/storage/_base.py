@@ -395,10 +395,16 @@ class Store(ApiTables, ABC):
             row = cur.fetchone()
             if row is None:
                 raise RunNotFound(f"cannot fork: no run {source.id!r}")
-            if session not in (0, row[0]):
+            if session == row[0]:
+                handoff = row[1]
+            elif session == source.session:
+                handoff = source.handoff  # the caller's record is of that session
+            elif session == 0:
+                handoff = None
+            else:
                 raise RunConflict(
-                    f"cannot fork run {source.id!r} from session {session}: it has moved on "
-                    f"to session {row[0]} (only session 0 and the current one can be forked)",
+                    f"cannot fork run {source.id!r} from session {session}: its hand-off is "
+                    f"not kept (the run is in session {row[0]})",
                     run_id=source.id,
                 )
             cur.execute(
@@ -409,7 +415,7 @@ class Store(ApiTables, ABC):
                     source.workflow,
                     source.input,
                     session,
-                    row[1] if session else None,
+                    handoff if session else None,
                     now,
                     now,
                 ),
