@@ -1,4 +1,5 @@
-"""PostgreSQL: outside actions racing a run's own transitions, in real threads.
+"""Outside actions racing a run's own transitions, in real threads, on
+PostgreSQL (where the races were) and SQLite.
 
 Issue 12, items 1 and 5. A worker executes the runs in this process's event loop
 while another thread, on its own connections, signals or cancels each run the
@@ -13,11 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import time
 from collections.abc import Callable, Iterator
 
-import pg
 import pytest
 
 import mainspring as ms
@@ -29,11 +28,10 @@ GIVE_UP_S = 60.0
 
 
 @pytest.fixture
-def dsn(pg_session_dsn: str) -> str:
-    if not os.environ.get(pg.DSN_VAR):
-        pytest.skip(f"{pg.DSN_VAR} is not set: PostgreSQL tests need a server")
-    pg.reset(pg_session_dsn)
-    return pg_session_dsn
+def dsn(db_url: str) -> str:
+    """Both stores: the races are PostgreSQL's (SQLite's writers queue on one lock),
+    and SQLite must hold the same promises."""
+    return db_url
 
 
 @pytest.fixture
@@ -109,12 +107,12 @@ async def _drain_once(app: ms.App) -> None:
     await asyncio.wait_for(worker.run(until_idle=True), 30)
 
 
-async def test_pg_every_stored_signal_wakes_its_waiting_run(dsn: str, outside: Store) -> None:
+async def test_every_stored_signal_wakes_its_waiting_run(dsn: str, outside: Store) -> None:
     await _signal_right_after_each_wait(dsn, outside, runs=12, waits=4)
 
 
 @pytest.mark.slow
-async def test_pg_every_stored_signal_wakes_its_waiting_run_many(dsn: str, outside: Store) -> None:
+async def test_every_stored_signal_wakes_its_waiting_run_many(dsn: str, outside: Store) -> None:
     await _signal_right_after_each_wait(dsn, outside, runs=60, waits=10)
 
 
@@ -174,11 +172,11 @@ async def _cancel_as_the_run_moves(dsn: str, outside: Store, runs: int, *, then_
         app.close()
 
 
-async def test_pg_cancel_racing_a_suspend_always_cancels(dsn: str, outside: Store) -> None:
+async def test_cancel_racing_a_suspend_always_cancels(dsn: str, outside: Store) -> None:
     await _cancel_as_the_run_moves(dsn, outside, 30, then_wait=True)
 
 
-async def test_pg_cancel_racing_completion_never_touches_a_succeeded_run(
+async def test_cancel_racing_completion_never_touches_a_succeeded_run(
     dsn: str, outside: Store
 ) -> None:
     await _cancel_as_the_run_moves(dsn, outside, 30, then_wait=False)
@@ -186,7 +184,6 @@ async def test_pg_cancel_racing_completion_never_touches_a_succeeded_run(
 
 @pytest.mark.slow
 @pytest.mark.parametrize("then_wait", [True, False])
-async def test_pg_cancel_races_many(dsn: str, outside: Store, then_wait: bool) -> None:
+async def test_cancel_races_many(dsn: str, outside: Store, then_wait: bool) -> None:
     for _ in range(5):
-        pg.reset(dsn)
         await _cancel_as_the_run_moves(dsn, outside, 60, then_wait=then_wait)
