@@ -384,13 +384,24 @@ async def test_a_busy_retry_never_reverts_a_parallel_completed_step(db_url: str)
     app = ms.App(db_url, poll_interval_s=0.01)
     commit = app.store.commit
     answered = 0
+    rank = {"started": 0, "retrying": 1, "completed": 2, "failed": 2}
+    stored: dict[int, tuple[int, int]] = {}  # seq -> (attempt, rank) committed
+    stale: list[tuple[int, str]] = []  # rows sent older than what was committed
 
     def busy_twice(batch: Any, now: float) -> list[WriteResult]:
         nonlocal answered
+        for w in batch:
+            for r in w.steps:
+                if (r.attempt, rank[r.status]) < stored.get(r.seq, (0, -1)):
+                    stale.append((r.seq, r.status))
         if answered < 2 and any(s.status == "started" for w in batch for s in w.steps):
             answered += 1  # nothing is written: what a row lock or busy timeout gives
             return [WriteResult(ok=False, busy=True) for _ in batch]
-        return commit(batch, now)
+        results = commit(batch, now)
+        for w, res in zip(batch, results, strict=True):
+            for r in w.steps if res.ok else ():
+                stored[r.seq] = max(stored.get(r.seq, (0, -1)), (r.attempt, rank[r.status]))
+        return results
 
     app.store.commit = busy_twice  # type: ignore[method-assign]
     charged: list[int] = []
@@ -421,6 +432,7 @@ async def test_a_busy_retry_never_reverts_a_parallel_completed_step(db_url: str)
             ("other", "completed"),
         ]
         assert charged == [1]
+        assert stale == []  # the retry sent what was buffered then, not its old snapshot
     finally:
         app.close()
 
