@@ -493,6 +493,10 @@ class App:
         replay from the journal and are not executed again; the failing step runs
         again with the same idempotency key.
 
+        A completed step is never run again, even where a ``NondeterminismError``
+        named it (the journal is right; the code changed): deploy code that matches
+        the journal and retry, or :meth:`fork` the run to go another way.
+
         Raises:
             RunNotFound: no such run.
             RunConflict: the run is not failed.

@@ -290,6 +290,8 @@ def cancel(
         return
     if before in ("succeeded", "failed", "cancelled"):
         message = f"run {run_id} is already {before}: nothing to cancel"
+    elif after in ("succeeded", "failed"):  # it finished while the cancel was on its way
+        message = f"run {run_id} finished {after} before the cancel reached it: nothing to cancel"
     elif after == "running":
         message = f"run {run_id}: cancelling (its worker will stop it at the next step)"
     else:

@@ -491,7 +491,9 @@ class RunContext:
             )
         meta = "" if rec.output is None else rec.output[1:-1] + ","  # '"request":{…},'
         deadline = rec.wake_at
-        found = self._engine.store.next_signal(self.run_id, signal)
+        # A signal another wait of this run took but has not committed is not ours.
+        taken = [sid for sid, _ in self._consume]
+        found = self._engine.store.next_signal(self.run_id, signal, skip=taken)
         if found is not None:
             done = self._put(
                 rec,
@@ -743,25 +745,28 @@ class RunContext:
                 error=None if transition.error is None else redact(transition.error),
                 handoff=None if transition.handoff is None else redact(transition.handoff),
             )
-        sent = dict(self._pending)
-        consumed = len(self._consume)
-        write = RunWrite(
-            run_id=self.run_id,
-            epoch=self._epoch,
-            steps=list(sent.values()),
-            consume=list(self._consume),
-            transition=transition,
-            # Only real progress (a step ended, or the run moved on) clears the count
-            # of recoveries: an intent row alone is what a poison step writes forever.
-            reset_recoveries=self._reset_recoveries
-            and (
-                transition is not None
-                or any(r.status in ("completed", "failed") for r in self._pending.values())
-            ),
-        )
         engine = self._engine
         delay = 0.05
         for attempt in range(1, engine.commit_attempts + 1):
+            # Built anew for each attempt: a retry sends the rows buffered now, never
+            # the snapshot of a failed attempt, which a parallel step's flush may
+            # have overtaken meanwhile.
+            sent = dict(self._pending)
+            consumed = list(self._consume)
+            write = RunWrite(
+                run_id=self.run_id,
+                epoch=self._epoch,
+                steps=list(sent.values()),
+                consume=consumed,
+                transition=transition,
+                # Only real progress (a step ended, or the run moved on) clears the count
+                # of recoveries: an intent row alone is what a poison step writes forever.
+                reset_recoveries=self._reset_recoveries
+                and (
+                    transition is not None
+                    or any(r.status in ("completed", "failed") for r in sent.values())
+                ),
+            )
             try:
                 result = await engine.committer.commit(write)
                 if result.busy:  # the run's row is locked elsewhere: back off and retry
@@ -777,7 +782,9 @@ class RunContext:
                 delay = min(delay * 2, 2.0)
         if not result.ok:
             raise LeaseLost(
-                f"epoch {self._epoch} is no longer current: another worker owns the run",
+                result.conflict
+                or f"epoch {self._epoch} is no longer current, or the run is no longer running:"
+                " another worker owns it, or it was finished, cancelled or retried",
                 run_id=self.run_id,
             )
         # Steps running in parallel (asyncio.gather) may have buffered rows while this
@@ -785,7 +792,8 @@ class RunContext:
         for seq, rec in sent.items():
             if self._pending.get(seq) is rec:
                 del self._pending[seq]
-        del self._consume[:consumed]
+        # Another flush may have committed some of these already: drop what was sent.
+        self._consume = [c for c in self._consume if c not in consumed]
         if write.reset_recoveries:
             self._reset_recoveries = False
         if result.cancel_requested:

@@ -52,7 +52,8 @@ async def execute(
         except _Suspend as s:
             transition, outcome = s.transition, "suspended"
         except _ContinueAsNew as c:
-            transition, outcome = RunTransition(kind="next_session", handoff=c.handoff), None
+            transition = RunTransition(kind="next_session", handoff=c.handoff, session=ctx.session)
+            outcome = None
         except _Release:
             return await _release(engine, ctx, run)
         except LeaseLost:

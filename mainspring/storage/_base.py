@@ -40,6 +40,11 @@ _STEP_COLUMNS = (
     "run_id, session, seq, kind, name, status, attempt, epoch, output, error, started_at,"
     " finished_at, wake_at"
 )
+# A journal row only moves forward: to a later attempt, or within an attempt from
+# started to retrying to an end; a completed or failed row is final. So a write
+# re-sent late (a retried flush, a commit that was ambiguous) never replaces a
+# newer row with its older snapshot.
+_STEP_RANK = "CASE {t}.status WHEN 'started' THEN 0 WHEN 'retrying' THEN 1 ELSE 2 END"
 _UPSERT_STEP = (
     f"INSERT INTO ms_steps ({_STEP_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)"
     " ON CONFLICT (run_id, session, seq) DO UPDATE SET kind = excluded.kind,"
@@ -47,6 +52,9 @@ _UPSERT_STEP = (
     " epoch = excluded.epoch, output = excluded.output, error = excluded.error,"
     " started_at = excluded.started_at, finished_at = excluded.finished_at,"
     " wake_at = excluded.wake_at"
+    " WHERE ms_steps.status NOT IN ('completed', 'failed')"
+    " AND (excluded.attempt > ms_steps.attempt OR (excluded.attempt = ms_steps.attempt"
+    f" AND {_STEP_RANK.format(t='excluded')} >= {_STEP_RANK.format(t='ms_steps')}))"
 )
 # Finished runs past retention: what ``prune`` deletes.
 _PRUNABLE = "status IN ('succeeded', 'failed', 'cancelled') AND finished_at < ?"
@@ -262,23 +270,34 @@ class Store(ApiTables, ABC):
         Returns ``(run, created)``.
         """
         with self._write() as cur:
-            if key is not None:
+            if key is None:
+                cur.execute(
+                    "INSERT INTO ms_runs (id, workflow, idem_key, status, input, created_at,"
+                    " updated_at) VALUES (?, ?, NULL, 'queued', ?, ?, ?)",
+                    (run_id, workflow, input, now, now),
+                )
+                created = True
+            else:
+                # One conditional statement, not a read then an insert: concurrent
+                # submits with one key (many API servers) all get the one run. On
+                # PostgreSQL the loser waits for the winner's commit, then selects it.
+                cur.execute(
+                    "INSERT INTO ms_runs (id, workflow, idem_key, status, input, created_at,"
+                    " updated_at) VALUES (?, ?, ?, 'queued', ?, ?, ?)"
+                    " ON CONFLICT (idem_key) DO NOTHING",
+                    (run_id, workflow, key, input, now, now),
+                )
+                created = cur.rowcount == 1
+            if not created:
                 cur.execute(f"SELECT {_RUN_COLUMNS} FROM ms_runs WHERE idem_key = ?", (key,))
-                row = cur.fetchone()
-                if row:
-                    existing = _run(row)
-                    if existing.workflow != workflow:
-                        raise RunConflict(
-                            f"key {key!r} already names a run of workflow "
-                            f"{existing.workflow!r}, not {workflow!r}",
-                            run_id=existing.id,
-                        )
-                    return existing, False
-            cur.execute(
-                "INSERT INTO ms_runs (id, workflow, idem_key, status, input, created_at,"
-                " updated_at) VALUES (?, ?, ?, 'queued', ?, ?, ?)",
-                (run_id, workflow, key, input, now, now),
-            )
+                existing = _run(cur.fetchone())
+                if existing.workflow != workflow:
+                    raise RunConflict(
+                        f"key {key!r} already names a run of workflow "
+                        f"{existing.workflow!r}, not {workflow!r}",
+                        run_id=existing.id,
+                    )
+                return existing, False
             self._notify(cur)
             cur.execute(f"SELECT {_RUN_COLUMNS} FROM ms_runs WHERE id = ?", (run_id,))
             return _run(cur.fetchone()), True
@@ -367,6 +386,27 @@ class Store(ApiTables, ABC):
         must have checked is the hand-off of that session.
         """
         with self._write() as cur:
+            # The source's row is held while its journal is copied, so the copy and
+            # the hand-off are of one moment (its worker may be committing).
+            cur.execute(
+                f"SELECT session, handoff FROM ms_runs WHERE id = ?{self._row_lock}",
+                (source.id,),
+            )
+            row = cur.fetchone()
+            if row is None:
+                raise RunNotFound(f"cannot fork: no run {source.id!r}")
+            if session == row[0]:
+                handoff = row[1]
+            elif session == source.session:
+                handoff = source.handoff  # the caller's record is of that session
+            elif session == 0:
+                handoff = None
+            else:
+                raise RunConflict(
+                    f"cannot fork run {source.id!r} from session {session}: its hand-off is "
+                    f"not kept (the run is in session {row[0]})",
+                    run_id=source.id,
+                )
             cur.execute(
                 "INSERT INTO ms_runs (id, workflow, status, input, session, handoff,"
                 " created_at, updated_at) VALUES (?, ?, 'queued', ?, ?, ?, ?, ?)",
@@ -375,7 +415,7 @@ class Store(ApiTables, ABC):
                     source.workflow,
                     source.input,
                     session,
-                    source.handoff if session else None,
+                    handoff if session else None,
                     now,
                     now,
                 ),
@@ -398,14 +438,21 @@ class Store(ApiTables, ABC):
 
     def retry_run(self, run_id: str, *, from_seq: int | None, now: float) -> RunRecord:
         """Queue a failed run again. Journal rows of its current session from
-        ``from_seq`` on are deleted, so that step runs again; earlier rows replay.
+        ``from_seq`` on that did not complete are deleted, so that step runs again;
+        completed rows are never deleted (a completed step never runs twice), so
+        they replay, wherever they are.
+
+        Re-opening the run bumps its epoch: a worker that still held it cannot
+        write into the retried run.
 
         Raises:
             RunNotFound: no such run.
             RunConflict: the run is not failed (a concurrent retry got there first).
         """
         with self._write() as cur:
-            cur.execute(f"SELECT {_RUN_COLUMNS} FROM ms_runs WHERE id = ?", (run_id,))
+            cur.execute(
+                f"SELECT {_RUN_COLUMNS} FROM ms_runs WHERE id = ?{self._row_lock}", (run_id,)
+            )
             row = cur.fetchone()
             if row is None:
                 raise RunNotFound(f"cannot retry: no run {run_id!r}")
@@ -418,13 +465,14 @@ class Store(ApiTables, ABC):
                 )
             if from_seq is not None:
                 cur.execute(
-                    "DELETE FROM ms_steps WHERE run_id = ? AND session = ? AND seq >= ?",
+                    "DELETE FROM ms_steps WHERE run_id = ? AND session = ? AND seq >= ?"
+                    " AND status <> 'completed'",
                     (run_id, run.session, from_seq),
                 )
             cur.execute(
-                "UPDATE ms_runs SET status = 'queued', output = NULL, error = NULL,"
-                " finished_at = NULL, owner = NULL, lease_until = NULL, wake_at = NULL,"
-                " wait_reason = NULL, wait_signal = NULL, recoveries = 0,"
+                "UPDATE ms_runs SET status = 'queued', epoch = epoch + 1, output = NULL,"
+                " error = NULL, finished_at = NULL, owner = NULL, lease_until = NULL,"
+                " wake_at = NULL, wait_reason = NULL, wait_signal = NULL, recoveries = 0,"
                 " cancel_requested = 0, updated_at = ? WHERE id = ? AND status = 'failed'",
                 (now, run_id),
             )
@@ -548,9 +596,11 @@ class Store(ApiTables, ABC):
                     count = recoveries + 1 if recovering else recoveries
                     if recovering and count > max_recoveries:
                         cur.execute(
-                            "UPDATE ms_runs SET status = 'failed', error = ?, owner = NULL,"
-                            " lease_until = NULL, recoveries = ?, finished_at = ?, updated_at = ?"
-                            " WHERE id = ?",
+                            # Ending the run moves the fence on: its last holder,
+                            # stalled but alive, must not write into a dead run.
+                            "UPDATE ms_runs SET status = 'failed', epoch = epoch + 1, error = ?,"
+                            " owner = NULL, lease_until = NULL, recoveries = ?, finished_at = ?,"
+                            " updated_at = ? WHERE id = ?",
                             (
                                 _dead_letter_error(max_recoveries),
                                 count,
@@ -629,41 +679,61 @@ class Store(ApiTables, ABC):
     # -- the journal -----------------------------------------------------------------
 
     def commit(self, batch: Sequence[RunWrite], now: float) -> list[WriteResult]:
-        """Commit the writes of many runs in one transaction, each fenced by its epoch.
+        """Commit the writes of many runs in one transaction, each fenced.
 
-        A run whose epoch moved on gets ``WriteResult(ok=False)`` and none of its
-        writes are applied; the others are. Writes are idempotent (upserts keyed by
-        ``(run_id, session, seq)``), so re-sending a batch after an ambiguous
-        failure is safe.
+        The fence is the epoch **and** the status: a run's writes apply only while
+        it is ``running`` at the epoch the writer holds. Every write that ends or
+        re-opens a run (finish, dead-letter, cancel, retry) bumps the epoch. A
+        refused run gets ``WriteResult(ok=False)`` and none of its writes are
+        applied; the others are.
+
+        Every write is idempotent when re-sent after an ambiguous failure: journal
+        rows only move forward (an older snapshot never replaces a newer row), a
+        signal is consumed by one wait only, ``next_session`` moves from the
+        session it names, and a finish or suspend that had already been applied
+        answers ``ok`` with ``already=True`` and writes (and emits) nothing again.
         """
         results: list[WriteResult] = []
         with self._write() as cur:
+            ids = sorted({w.run_id for w in batch})
             # One read of the fences and one upsert of all rows, however many runs.
-            fences = self._fences(cur, sorted({w.run_id for w in batch}))
+            fences = self._fences(cur, ids)
             # A row another transaction holds is skipped on PostgreSQL: its run waits
             # and retries (busy); it must not hold up the rest of the batch.
-            unlocked = self._epochs(cur, sorted({w.run_id for w in batch} - fences.keys()))
-            step_rows: list[tuple[Any, ...]] = []
+            unlocked = self._epochs(cur, sorted(set(ids) - fences.keys()))
+            taken: dict[int, str] = {}  # signal id -> the wait consuming it in this batch
             for w in batch:
                 fence = fences.get(w.run_id)
-                if fence is None and unlocked.get(w.run_id) == w.epoch:
-                    results.append(WriteResult(ok=False, busy=True))
+                if fence is None:
+                    held = unlocked.get(w.run_id)
+                    busy = held is not None and held in (w.epoch, w.epoch + 1)
+                    results.append(WriteResult(ok=False, busy=busy))
                     continue
-                if fence is None or fence[0] != w.epoch:
-                    results.append(WriteResult(ok=False))
+                epoch, cancel, status = fence
+                if epoch != w.epoch or status != "running":
+                    results.append(self._resent(cur, w, epoch, status))
                     continue
-                results.append(WriteResult(ok=True, cancel_requested=bool(fence[1])))
-                step_rows.extend(_step_params(s) for s in w.steps)
+                conflict = self._consume_conflict(cur, w, taken)
+                if conflict is not None:
+                    results.append(WriteResult(ok=False, conflict=conflict))
+                    continue
+                results.append(WriteResult(ok=True, cancel_requested=bool(cancel)))
+            step_rows = [
+                _step_params(s)
+                for w, r in zip(batch, results, strict=True)
+                if r.ok and not r.already
+                for s in w.steps
+            ]
             if step_rows:
                 cur.executemany(_UPSERT_STEP, step_rows)
             for w, result in zip(batch, results, strict=True):
-                if not result.ok:
+                if not result.ok or result.already:
                     continue
                 for signal_id, by in w.consume:
                     cur.execute(
                         "UPDATE ms_signals SET consumed_at = ?, consumed_by = ? WHERE id = ?"
-                        " AND (consumed_at IS NULL OR consumed_by = ?)",
-                        (now, by, signal_id, by),
+                        " AND consumed_at IS NULL",
+                        (now, by, signal_id),
                     )
                 if w.reset_recoveries:
                     cur.execute("UPDATE ms_runs SET recoveries = 0 WHERE id = ?", (w.run_id,))
@@ -671,18 +741,64 @@ class Store(ApiTables, ABC):
                     self._transition(cur, w, result.cancel_requested, now)
         return results
 
-    def _fences(self, cur: Cursor, run_ids: list[str]) -> dict[str, tuple[int, int]]:
-        fences: dict[str, tuple[int, int]] = {}
+    def _resent(self, cur: Cursor, w: RunWrite, epoch: int, status: str) -> WriteResult:
+        """A write the fence refuses: ``already`` when it is a finish or suspend whose
+        first send committed (the run is exactly where that write put it); else
+        refused."""
+        t = w.transition
+        if t is None or status != t.status:
+            return WriteResult(ok=False)
+        if t.kind == "suspend" and epoch == w.epoch:
+            # Only this epoch's holder moves the run from running to waiting or
+            # sleeping at this epoch, and only once.
+            return WriteResult(ok=True, already=True)
+        if t.kind == "finish" and epoch == w.epoch + 1:
+            cur.execute("SELECT output, error FROM ms_runs WHERE id = ?", (w.run_id,))
+            output, error = cur.fetchone()
+            # A dead-letter also ends a run at epoch + 1, with its own error; a
+            # cancel keeps the reason it was asked with.
+            if status == "cancelled" or (output, error) == (t.output, t.error):
+                return WriteResult(ok=True, already=True)
+        return WriteResult(ok=False)
+
+    def _consume_conflict(self, cur: Cursor, w: RunWrite, taken: dict[int, str]) -> str | None:
+        """Why ``w`` cannot consume its signals (another wait has one), or ``None``.
+
+        Only the run's current holder consumes its signals, and the fence holds the
+        run's row, so what this reads cannot change before the commit."""
+        if not w.consume:
+            return None
+        marks = ", ".join("?" * len(w.consume))
+        cur.execute(
+            f"SELECT id, consumed_by FROM ms_signals WHERE run_id = ? AND id IN ({marks})",
+            (w.run_id, *(sid for sid, _ in w.consume)),
+        )
+        stored = {sid: by for sid, by in cur.fetchall()}
+        for sid, by in w.consume:
+            if sid not in stored:
+                return f"signal {sid} of run {w.run_id!r} does not exist"
+            holder = stored[sid] if stored[sid] is not None else taken.get(sid)
+            if holder is not None and holder != by:
+                return (
+                    f"signal {sid} of run {w.run_id!r} was consumed by the wait at {holder},"
+                    f" not the one at {by}"
+                )
+        for sid, by in w.consume:
+            taken[sid] = by
+        return None
+
+    def _fences(self, cur: Cursor, run_ids: list[str]) -> dict[str, tuple[int, int, str]]:
+        fences: dict[str, tuple[int, int, str]] = {}
         for i in range(0, len(run_ids), 500):
             chunk = run_ids[i : i + 500]
             # Ordered, so that concurrent batches lock rows in one order (no deadlock).
             cur.execute(
-                "SELECT id, epoch, cancel_requested FROM ms_runs WHERE id IN"
+                "SELECT id, epoch, cancel_requested, status FROM ms_runs WHERE id IN"
                 f" ({', '.join('?' * len(chunk))}) ORDER BY id{self._fence_lock}",
                 chunk,
             )
-            for rid, epoch, cancel in cur.fetchall():
-                fences[rid] = (epoch, cancel)
+            for rid, epoch, cancel, status in cur.fetchall():
+                fences[rid] = (epoch, cancel, status)
         return fences
 
     def _epochs(self, cur: Cursor, run_ids: list[str]) -> dict[str, int]:
@@ -703,7 +819,7 @@ class Store(ApiTables, ABC):
         if t.kind == "finish":
             # A cancelled run keeps the reason ``cancel()`` stored with the request.
             cur.execute(
-                "UPDATE ms_runs SET status = ?, output = ?, error = CASE WHEN"
+                "UPDATE ms_runs SET status = ?, epoch = epoch + 1, output = ?, error = CASE WHEN"
                 " CAST(? AS TEXT) = 'cancelled' AND cancel_requested = 1 AND error IS NOT NULL"
                 " THEN error ELSE ? END,"
                 " finished_at = ?, updated_at = ?, owner = NULL, lease_until = NULL,"
@@ -735,10 +851,18 @@ class Store(ApiTables, ABC):
                 waiting = {"status": "waiting", "wait_reason": t.wait_reason}
                 self._emit(cur, w.run_id, "run.waiting", waiting, now)
         else:
+            # Set, not incremented: a re-sent continue-as-new leaves the run in the
+            # session the first send opened (same idempotency keys downstream).
+            ending = t.session
+            if ending is None and w.steps:
+                ending = w.steps[0].session
+            if ending is None:
+                cur.execute("SELECT session FROM ms_runs WHERE id = ?", (w.run_id,))
+                ending = int(cur.fetchone()[0])
             cur.execute(
-                "UPDATE ms_runs SET session = session + 1, handoff = ?, updated_at = ?"
-                " WHERE id = ?",
-                (t.handoff, now, w.run_id),
+                "UPDATE ms_runs SET session = ?, handoff = ?, updated_at = ?"
+                " WHERE id = ? AND session = ?",
+                (ending + 1, t.handoff, now, w.run_id, ending),
             )
 
     # -- signals and cancellation -----------------------------------------------------
@@ -751,7 +875,11 @@ class Store(ApiTables, ABC):
             RunConflict: the run has finished.
         """
         with self._write() as cur:
-            cur.execute("SELECT status, wait_signal FROM ms_runs WHERE id = ?", (run_id,))
+            # Locked: a suspend committing now either sees this signal or is seen
+            # waiting by it, so a stored signal always wakes the run waiting for it.
+            cur.execute(
+                f"SELECT status, wait_signal FROM ms_runs WHERE id = ?{self._row_lock}", (run_id,)
+            )
             row = cur.fetchone()
             if row is None:
                 raise RunNotFound(f"cannot signal {name!r}: no run {run_id!r}")
@@ -761,14 +889,18 @@ class Store(ApiTables, ABC):
                 )
             return self._insert_signal(cur, run_id, name, payload, row[0], row[1], now)
 
-    def next_signal(self, run_id: str, name: str) -> SignalRecord | None:
-        """The oldest unconsumed signal of that name."""
+    def next_signal(
+        self, run_id: str, name: str, *, skip: Sequence[int] = ()
+    ) -> SignalRecord | None:
+        """The oldest unconsumed signal of that name, other than the ids in ``skip``
+        (those another wait of the run has taken but not committed yet)."""
+        also = f" AND id NOT IN ({', '.join('?' * len(skip))})" if skip else ""
         with self._read() as cur:
             cur.execute(
                 "SELECT id, run_id, name, payload, created_at, consumed_at, consumed_by"
                 " FROM ms_signals WHERE run_id = ? AND name = ? AND consumed_at IS NULL"
-                " ORDER BY id LIMIT 1",
-                (run_id, name),
+                f"{also} ORDER BY id LIMIT 1",
+                (run_id, name, *skip),
             )
             row = cur.fetchone()
         if row is None:
@@ -786,13 +918,17 @@ class Store(ApiTables, ABC):
     def cancel(self, run_id: str, now: float, reason: str | None = None) -> str:
         """Cancel a run; returns its status afterwards.
 
-        A run that no worker holds is cancelled at once. A running run is marked
-        and its worker cancels it at the next step boundary (status stays
-        ``running`` until then). A finished run is left as it is.
+        A run that no worker holds is cancelled at once (its epoch moves on, so
+        nothing written by an earlier holder can land after). A running run is
+        marked and its worker cancels it at the next step boundary (status stays
+        ``running`` until then). A finished run is left exactly as it is and its
+        final status returned.
         """
         error = _cancel_error(reason)
         with self._write() as cur:
-            cur.execute("SELECT status FROM ms_runs WHERE id = ?", (run_id,))
+            # Locked: a worker's commit (a suspend, a finish) cannot slip between
+            # this read and the write below.
+            cur.execute(f"SELECT status FROM ms_runs WHERE id = ?{self._row_lock}", (run_id,))
             row = cur.fetchone()
             if row is None:
                 raise RunNotFound(f"cannot cancel: no run {run_id!r}")
@@ -802,16 +938,16 @@ class Store(ApiTables, ABC):
             if status == "running":
                 cur.execute(
                     "UPDATE ms_runs SET cancel_requested = 1, error = ?, updated_at = ?"
-                    " WHERE id = ?",
+                    " WHERE id = ? AND status = 'running'",
                     (error, now, run_id),
                 )
                 return status
             cur.execute(
-                "UPDATE ms_runs SET status = 'cancelled', cancel_requested = 1, error = ?,"
-                " finished_at = ?, updated_at = ?, wake_at = NULL, wait_signal = NULL,"
-                " wait_reason = NULL"
-                " WHERE id = ?",
-                (error, now, now, run_id),
+                "UPDATE ms_runs SET status = 'cancelled', epoch = epoch + 1,"
+                " cancel_requested = 1, error = ?, finished_at = ?, updated_at = ?,"
+                " owner = NULL, lease_until = NULL, wake_at = NULL, wait_signal = NULL,"
+                " wait_reason = NULL WHERE id = ? AND status = ?",
+                (error, now, now, run_id, status),
             )
             self._emit(
                 cur, run_id, "run.cancelled", {"status": "cancelled", "error": loads(error)}, now

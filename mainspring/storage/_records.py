@@ -106,6 +106,9 @@ class RunTransition:
     wait_reason: str | None = None
     wait_signal: str | None = None
     handoff: str | None = None
+    # ``next_session``: the session this write ends. The store sets ``session + 1``
+    # only where the run is still in it, so a re-sent commit cannot skip a session.
+    session: int | None = None
 
 
 @dataclass(slots=True, kw_only=True)
@@ -122,9 +125,16 @@ class RunWrite:
 
 @dataclass(frozen=True, slots=True)
 class WriteResult:
-    """``ok`` is False when the fence refused the write (the epoch moved on)."""
+    """``ok`` is False when the fence refused the write: the run is no longer
+    ``running`` at the writer's epoch (another worker claimed it, or it was
+    finished, dead-lettered, cancelled or retried), or ``conflict`` says why."""
 
     ok: bool
     cancel_requested: bool = False
     # The run's row is locked by another transaction: nothing was written; retry.
     busy: bool = False
+    # A re-sent finish or suspend that had already been applied (the first send
+    # committed but its caller saw an error): ``ok``, and nothing was written again.
+    already: bool = False
+    # Why an otherwise current write was refused (a signal another wait consumed).
+    conflict: str | None = None
