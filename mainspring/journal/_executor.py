@@ -77,7 +77,7 @@ async def _execute(
         except BaseException as exc:  # all of it is decided below, nothing escapes
             raised = exc
         if isinstance(raised, SimulatedCrash):
-            log.warning("run %s: simulated crash; nothing more is written", run.id)
+            log.info("run %s: simulated crash; nothing more is written", run.id)
             return "abandoned"  # as if the process died here: the lease will expire
         task = asyncio.current_task()
         if ctx._cancelled_main and task is not None:
@@ -108,6 +108,8 @@ async def _execute(
                     "run %s: store failing (%s); leaving it to recovery", run.id, safe_str(error)
                 )
                 return "abandoned"
+            if error.__traceback__ is None:  # never raised itself: its carrier was
+                error.__traceback__ = stop.__traceback__
             transition = RunTransition(kind="finish", status="failed", error=_error_json(error))
             outcome = "failed"
         elif (
