@@ -17,23 +17,17 @@ __all__ = ["safe_repr", "safe_str", "safe_traceback"]
 def safe_str(value: object) -> str:
     """``str(value)``, or a description of the value when ``str`` fails."""
     try:
-        text = str(value)
-        if isinstance(text, str):
-            return text
+        return str(value)  # a __str__ that returns no str raises TypeError here
     except BaseException as exc:  # any failure of user code
         return f"<{_type_name(value)} whose str() raised {_type_name(exc)}>"
-    return f"<{_type_name(value)} whose str() returned a {_type_name(text)}>"
 
 
 def safe_repr(value: object) -> str:
     """``repr(value)``, or a description of the value when ``repr`` fails."""
     try:
-        text = repr(value)
-        if isinstance(text, str):
-            return text
+        return repr(value)
     except BaseException as exc:  # any failure of user code
         return f"<{_type_name(value)} whose repr() raised {_type_name(exc)}>"
-    return f"<{_type_name(value)} whose repr() returned a {_type_name(text)}>"
 
 
 def safe_traceback(exc: BaseException, *, limit: int | None = None) -> str:

@@ -460,3 +460,22 @@ async def test_a_workflow_error_whose_str_raises_fails_the_run_with_it(app: ms.A
     assert info.value.status == "failed"
     assert info.value.error["type"] == f"{__name__}.Hostile"
     assert "str() raised builtins.RuntimeError" in info.value.error["message"]
+
+
+def test_rendering_a_hostile_error_never_fails() -> None:
+    from mainspring._describe import safe_repr, safe_str, safe_traceback
+    from mainspring.tools._render import render_error
+
+    class NotText(Exception):
+        def __str__(self) -> Any:
+            return 42
+
+        def __repr__(self) -> str:
+            raise ValueError("repr fails")
+
+    hostile = f"<{__name__}.Hostile whose str() raised builtins.RuntimeError>"
+    assert safe_str(Hostile()) == hostile
+    assert safe_str(NotText()).endswith("NotText whose str() raised builtins.TypeError>")
+    assert safe_repr(NotText()).endswith("NotText whose repr() raised builtins.ValueError>")
+    assert "Hostile" in safe_traceback(Hostile())
+    assert render_error(Hostile()) == f"Hostile: {hostile}"  # what the model is told
