@@ -855,6 +855,8 @@ class RunContext:
             # asyncio.timeout, not wait_for: user code runs in this task, never in a task
             # of its own, whose SystemExit or KeyboardInterrupt would stop the event loop.
             if is_coro:
+                if timeout is None:
+                    return await fn(*args, **kwargs)
                 async with asyncio.timeout(timeout):
                     return await fn(*args, **kwargs)
             loop = asyncio.get_running_loop()
