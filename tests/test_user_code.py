@@ -25,7 +25,8 @@ import pytest
 from _helpers import drain
 
 import mainspring as ms
-from mainspring.storage import RunWrite, SQLiteStore, WriteResult, open_store
+from mainspring.storage import RunTransition, RunWrite, SQLiteStore, WriteResult, open_store
+from mainspring.storage._records import join_wait_signals
 
 TESTS = Path(__file__).resolve().parent
 
@@ -378,6 +379,40 @@ async def test_gathered_waits_wake_on_the_second_name(fapp: ms.App):
     fapp.signal(handle.run_id, "a", 1)
     await drain(fapp)
     assert await handle.result() == [1, 2]
+
+
+def test_a_store_wakes_a_run_waiting_for_several_names_on_any_of_them(db_url: str) -> None:
+    store = open_store(db_url)
+    t0 = 1_000.0
+    waits = RunTransition(
+        kind="suspend", status="waiting", wait_signal=join_wait_signals(["a", "b"])
+    )
+
+    def claim(now: float) -> list[str]:
+        runs = store.claim(
+            worker="w", now=now, lease_s=10, limit=5, workflows=["wf"], max_recoveries=3
+        )
+        return [r.id for r in runs]
+
+    for run_id in ("r1", "r2"):
+        store.create_run(
+            run_id=run_id, workflow="wf", input='{"args":[],"kwargs":{}}', key=None, now=t0
+        )
+    runs = {
+        r.id: r
+        for r in store.claim(
+            worker="w", now=t0, lease_s=10, limit=5, workflows=["wf"], max_recoveries=3
+        )
+    }
+    store.send_signal("r2", "b", "1", t0)  # before its suspend: the suspend sees it
+    for run_id in ("r1", "r2"):
+        store.commit([RunWrite(run_id=run_id, epoch=runs[run_id].epoch, transition=waits)], t0)
+    assert claim(t0 + 1) == ["r2"]
+    store.send_signal("r1", "c", "1", t0)  # not one of its names
+    assert claim(t0 + 1) == []
+    store.send_signal("r1", "b", "1", t0)  # the second name wakes it
+    assert claim(t0 + 1) == ["r1"]
+    store.close()
 
 
 # -- item 15: a finished run's leftover steps ------------------------------------------------
