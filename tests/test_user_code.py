@@ -316,7 +316,7 @@ async def test_first_completed_of_two_waits_wakes_on_either(fapp: ms.App, clock:
         for task in pending:
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
-        first = "approve" if approve in done else "reject"
+        first = "approve" if approve in done else f"reject {reject.result()}"
         return [first, str(await ctx.wait_for("next"))]
 
     handle = fapp.submit(wf)
@@ -324,7 +324,7 @@ async def test_first_completed_of_two_waits_wakes_on_either(fapp: ms.App, clock:
     record = fapp.get_run(handle.run_id)
     assert record.status == "waiting"
     assert record.wait_reason == "signal:approve | signal:reject"
-    fapp.signal(handle.run_id, "reject")
+    fapp.signal(handle.run_id, "reject", {"cancelled": True})  # any payload at all
     await drain(fapp)
     record = fapp.get_run(handle.run_id)
     assert (record.status, record.wait_reason) == ("waiting", "signal:next")
@@ -332,7 +332,7 @@ async def test_first_completed_of_two_waits_wakes_on_either(fapp: ms.App, clock:
     fapp.signal(handle.run_id, "approve")
     fapp.signal(handle.run_id, "next", "n")
     await drain(fapp)
-    assert await handle.result() == ["reject", "n"]
+    assert await handle.result() == ["reject {'cancelled': True}", "n"]
 
 
 async def test_gathered_waits_wake_at_the_earliest_deadline(fapp: ms.App, clock: ms.FakeClock):

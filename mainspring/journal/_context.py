@@ -593,8 +593,8 @@ class RunContext:
         seq = self._take("signal", signal)
         rec = self._journal.get(seq)
         if rec is not None and rec.status == "completed":
-            if '"cancelled":true' in (rec.output or ""):
-                await self._forever()  # the workflow cancelled this wait: it does again
+            if (loads(rec.output) or {}).get("cancelled") is True:
+                await self._forever()  # the workflow cancelled this wait: it will again
             return self._wait_result(rec, signal, default)
         if rec is None:
             deadline = None if timeout is None else self._now() + max(0.0, timeout)
