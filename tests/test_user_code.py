@@ -458,6 +458,36 @@ async def test_sibling_steps_are_stopped_before_the_outcome_is_committed(app: ms
     assert app.get_run(run_id).status == "succeeded"
 
 
+@pytest.mark.parametrize("mode", ["at_least_once", "at_most_once"])
+async def test_a_run_suspends_only_after_its_running_steps_end(app: ms.App, mode: ms.StepMode):
+    calls: list[int] = []
+
+    async def launch() -> str:
+        calls.append(ms.current_step().attempt)
+        for _ in range(20):  # still running when the wait parks
+            await asyncio.sleep(0)
+        return "launched"
+
+    @app.workflow
+    async def wf(ctx: ms.RunContext) -> list[Any]:
+        return list(
+            await asyncio.gather(ctx.step(launch, name="launch", mode=mode), ctx.wait_for("go"))
+        )
+
+    handle = app.submit(wf)
+    await drain(app)
+    record = app.get_run(handle.run_id)
+    assert (record.status, record.wait_reason) == ("waiting", "signal:go")
+    assert [(r.name, r.status) for r in app.steps(handle.run_id)] == [
+        ("launch", "completed"),
+        ("go", "started"),
+    ]
+    app.signal(handle.run_id, "go", 1)
+    await drain(app)
+    assert await handle.result() == ["launched", 1]  # not StepInterrupted
+    assert calls == [1]  # not run again either
+
+
 # -- item 17: an exception whose str() raises -------------------------------------------------
 
 

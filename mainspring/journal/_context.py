@@ -993,11 +993,13 @@ class RunContext:
         patient = isinstance(self._stop, _Release | _ContinueAsNew)
         self._set_stop(_Closed())
         me = asyncio.current_task()
-        if patient and self._running:
-            await self._no_steps.wait()
-        others = [t for t in self._tasks if t is not me and not t.done()]
-        for task in others:
-            task.cancel()
+        try:
+            if patient and self._running:
+                await self._no_steps.wait()
+        finally:  # even if the worker stops waiting (shutdown grace over): cancel them
+            others = [t for t in self._tasks if t is not me and not t.done()]
+            for task in others:
+                task.cancel()
         if others:
             _, pending = await asyncio.wait(others, timeout=_SETTLE_S)
             if pending:
