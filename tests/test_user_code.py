@@ -91,14 +91,27 @@ async def test_a_step_that_exits_for_good_fails_the_step_not_the_worker(app: ms.
     assert "usage: tool [-h]" in result
 
 
+@pytest.mark.parametrize("where", ["workflow", "its own task"])
 @pytest.mark.parametrize("kind", ["SystemExit", "KeyboardInterrupt"])
-async def test_workflow_code_raising_a_base_exception_fails_the_run(app: ms.App, kind: str):
-    @app.workflow
-    async def wf(ctx: ms.RunContext) -> None:
-        await ctx.step(lambda: 1, name="first")
+async def test_workflow_code_raising_a_base_exception_fails_the_run(
+    app: ms.App, kind: str, where: str
+):
+    async def hostile() -> None:
+        await pause()
         if kind == "SystemExit":
             sys.exit(3)
         raise KeyboardInterrupt
+
+    async def pause() -> None:
+        await asyncio.sleep(0)
+
+    @app.workflow
+    async def wf(ctx: ms.RunContext) -> None:
+        await ctx.step(lambda: 1, name="first")
+        if where == "workflow":
+            await hostile()
+        else:  # asyncio re-raises these out of the event loop when they end a task
+            await asyncio.gather(hostile(), ctx.step(lambda: 2, name="second"))
 
     with pytest.raises(ms.RunFailed) as info:
         await app.run(wf)

@@ -22,6 +22,7 @@ from ._context import (
     _Suspend,
 )
 from ._engine import Engine, RunControl
+from ._tasks import TaskExit, guard_workflow_tasks, in_workflow
 from ._workflow import Workflow
 
 __all__ = ["Outcome", "execute"]
@@ -44,6 +45,8 @@ async def execute(
     Nothing user code raises escapes: a worker's other runs must never pay for one
     run's ``SystemExit`` (which would stop the event loop they share).
     """
+    guard_workflow_tasks()
+    in_workflow.set(True)  # in this task's own context: the tasks it creates inherit it
     try:
         return await _execute(engine, run, workflow, control)
     except asyncio.CancelledError:
@@ -145,6 +148,8 @@ async def _execute(
         elif raised is not None:
             # Any other exception from workflow code, SystemExit and KeyboardInterrupt
             # included, fails the run; it never stops the worker.
+            if isinstance(raised, TaskExit):  # from a task of its own: the original
+                raised = raised.error
             transition = RunTransition(kind="finish", status="failed", error=_error_json(raised))
             outcome = "failed"
         else:
