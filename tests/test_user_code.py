@@ -163,7 +163,8 @@ def test_sys_exit_in_one_run_leaves_the_worker_and_its_other_runs_alone(
     patient = [app.submit("patient", i).run_id for i in range(4)]
     quitter = app.submit("quitter", len(patient)).run_id
     app.close()
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ["PYTHONPATH"]])}
+    path = os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])
+    env = {**os.environ, "PYTHONPATH": path}
     log = tmp_path / "worker.log"
     with open(log, "wb") as out:
         worker = subprocess.Popen(
