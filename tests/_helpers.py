@@ -5,10 +5,10 @@ from __future__ import annotations
 import asyncio
 
 import mainspring as ms
+from mainspring.testing import SimulatedCrash
 
-
-class Crash(BaseException):
-    """Stands for the process dying: nothing after it is written."""
+# Stands for the process dying: nothing after it is written.
+Crash = SimulatedCrash
 
 
 async def drain(app: ms.App, *, rounds: int = 1, **options: object) -> ms.Worker:

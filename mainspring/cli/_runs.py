@@ -267,7 +267,8 @@ def signal(
             {"run_id": run_id, "signal": name, "signal_id": signal_id, "status": record.status}
         )
         return
-    if record.wait_reason == f"signal:{name}" and record.status == "waiting":
+    waits_for = (record.wait_reason or "").split(" | ")  # several waits at once: " | "
+    if f"signal:{name}" in waits_for and record.status == "waiting":
         then = "the run was waiting for it and is runnable again"
     else:
         then = f"the run is {record.status}; it takes the signal when it waits for {name!r}"

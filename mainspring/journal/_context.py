@@ -14,13 +14,14 @@ import contextvars
 import dataclasses
 import functools
 import inspect
-import traceback
+import logging
 import uuid as uuid_mod
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Literal, NoReturn, TypeVar, get_type_hints, overload
 
+from .._describe import safe_str, safe_traceback
 from .._errors import (
     Cancelled,
     LeaseLost,
@@ -35,13 +36,16 @@ from .._errors import (
 )
 from .._serde import decode, dumps, loads
 from ..storage import RunRecord, RunTransition, RunWrite, StepKind, StepRecord, StepStatus
+from ..storage._records import WAIT_SIGNAL_SEP, join_wait_signals
 from ._engine import Engine, RunControl
 from ._retry import RetryPolicy
 
 if TYPE_CHECKING:
     from ..hitl import Approval
 
-__all__ = ["RunContext", "StepInfo", "StepMode", "current_step"]
+__all__ = ["RunContext", "SimulatedCrash", "StepInfo", "StepMode", "current_step"]
+
+log = logging.getLogger("mainspring.worker")
 
 T = TypeVar("T")
 StepMode = Literal["at_least_once", "at_most_once"]
@@ -108,6 +112,60 @@ class _Release(BaseException):
     """Control flow: the worker is shutting down; give the run back."""
 
 
+class _EngineFailure(BaseException):
+    """Control flow: the engine failed under the workflow (the store stayed down, the
+    lease was lost, replay met a different step).
+
+    A ``BaseException`` carrying the public error, so that ``except Exception`` in
+    workflow code cannot take it for a failed step and go on: the run waits for the
+    store (it is abandoned to recovery), stops (lease lost) or fails with the error
+    (nondeterminism), whatever the workflow does with it.
+    """
+
+    def __init__(self, error: MainspringError) -> None:
+        super().__init__(error)
+        self.error = error
+
+    def __str__(self) -> str:
+        return safe_str(self.error)
+
+
+class _Closed(BaseException):
+    """Control flow: the run's outcome is decided; a task still using the context
+    (a sibling of ``gather``) must stop, and nothing more is journaled."""
+
+
+class SimulatedCrash(BaseException):
+    """Raise it in a test, from a step or a workflow, to stand for the process dying
+    at that point: nothing after it is journaled, the run keeps its lease until it
+    expires, and then a worker recovers it as after a real crash.
+
+    Every other exception from user code, ``SystemExit`` included, is a failed step
+    or a failed run; this one is the test's way of pulling the plug.
+    """
+
+
+# Mainspring's own control flow: passes through a step untouched, never a step failure.
+_CONTROL = (
+    _Suspend,
+    _ContinueAsNew,
+    _Release,
+    _EngineFailure,
+    _Closed,
+    Cancelled,
+    SimulatedCrash,
+    GeneratorExit,
+)
+
+# Loop iterations with no activity in the context, while some wait is parked and no
+# step runs, before the run is suspended. Enough for the callbacks that carry one
+# task's end to the tasks awaiting it (``gather``, ``asyncio.wait``, nested a few
+# deep) to run, so that a wait that just completed is seen before the run leaves.
+_QUIET_ROUNDS = 16
+# How long a finished run's leftover tasks may take to obey their cancellation.
+_SETTLE_S = 10.0
+
+
 def _fn_info(fn: Callable[..., Any]) -> tuple[bool, Any]:
     """``(is a coroutine function, return annotation)``, cached per code object.
 
@@ -144,11 +202,11 @@ _fn_info_by_code: dict[Any, tuple[bool, Any]] = {}
 
 
 def _error_json(exc: BaseException, **extra: Any) -> str:
-    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__, limit=8))
+    tb = safe_traceback(exc, limit=8)  # user exceptions may fail to render: never raise
     payload = {
         "type": f"{type(exc).__module__}.{type(exc).__qualname__}",
         # A mainspring error's bare message: the run and step have fields of their own.
-        "message": exc.message if isinstance(exc, MainspringError) else str(exc),
+        "message": safe_str(exc.message) if isinstance(exc, MainspringError) else safe_str(exc),
         **({"step": exc.step} if isinstance(exc, MainspringError) and exc.step else {}),
         "retryable": bool(getattr(exc, "retryable", True)),
         "traceback": tb[-4000:],
@@ -190,6 +248,27 @@ class RunContext:
         self._cancel = run.cancel_requested
         self._reset_recoveries = run.recoveries > 0
         self._running = 0  # step functions executing now (more than one under gather)
+        # How this execution ends, once the engine has decided (a suspension, a lost
+        # lease, a store outage, a cancel, the run's outcome): every later use of the
+        # context raises it again, whatever the workflow did with the first one.
+        self._stop: BaseException | None = None
+        try:
+            self._main: asyncio.Task[Any] | None = asyncio.current_task()
+        except RuntimeError:  # made outside an event loop
+            self._main = None
+        self._tasks: set[asyncio.Task[Any]] = set()  # other tasks that used the context
+        self._no_steps = asyncio.Event()  # set while no step function runs
+        self._no_steps.set()
+        self._busy = 0  # commits in flight from workflow code
+        # Waits that cannot complete in this execution: seq -> (signal, wake_at, reason).
+        # The run suspends once nothing else can happen, waking on any of them.
+        self._parked: dict[int, tuple[str | None, float | None, str]] = {}
+        self._activity = 0  # bumped by every use of the context
+        self._sleeps = 0
+        self._quiet_seen = -1
+        self._quiet_rounds = 0
+        self._quiet_polling = False
+        self._cancelled_main = False  # the context cancelled the main task to suspend
 
     # -- public API -------------------------------------------------------------------
 
@@ -249,11 +328,17 @@ class RunContext:
                 for ``at_least_once``, no retries for ``at_most_once``.
             timeout: seconds per attempt; a timed-out attempt raises
                 :class:`StepTimeout` (retryable). A sync function's thread cannot be
-                killed: it is abandoned and the run goes on.
+                killed: it is abandoned and the run goes on. For an ``at_most_once``
+                step a timeout is an unknown outcome: :class:`StepInterrupted`, and
+                the step is never attempted again.
+
+        Any exception the function raises is a failed attempt, ``SystemExit``,
+        ``KeyboardInterrupt`` and a ``CancelledError`` nobody asked for included.
 
         Raises:
             StepFailed: the step failed for good (same on replay).
-            StepInterrupted: an ``at_most_once`` step was interrupted by a crash.
+            StepInterrupted: an ``at_most_once`` step was interrupted by a crash or
+                ran past its timeout.
         """
         if mode not in ("at_least_once", "at_most_once"):
             raise ValueError(f"mode must be 'at_least_once' or 'at_most_once', got {mode!r}")
@@ -299,7 +384,7 @@ class RunContext:
                     error=_error_json(err, failures=failures),
                     finished_at=self._now(),
                 )
-                await self._flush()
+                await self._commit()
                 raise err
             if rec.status == "retrying" and rec.wake_at is not None:
                 await self._wait_until(rec.wake_at, reason=f"retry:{step_name}")
@@ -319,55 +404,85 @@ class RunContext:
                     started_at=self._now(),
                 )
             )
-            await self._flush()  # the intent row (and the previous completion) is durable
+            await self._commit()  # the intent row (and the previous completion) is durable
             info = StepInfo(
                 run_id=self.run_id, session=self.session, seq=seq, name=step_name, attempt=attempt
             )
+            error: BaseException | None = None
             self._running += 1
+            self._no_steps.clear()
             try:
                 if self._engine.interceptors:
                     result = await self._intercepted(fn, args, kwargs, info, timeout, is_coro)
                 else:
                     result = await self._invoke(fn, args, kwargs, info, timeout, is_coro)
                 output = dumps(result, what=f"output of step {step_name!r}")
-            except Exception as exc:
+            except BaseException as exc:
+                # User code can raise anything (SystemExit from argparse, a stray
+                # CancelledError): all of it is a failed attempt, but for mainspring's
+                # own control flow and a cancellation someone really asked for.
+                if self._passes_through(exc):
+                    raise
+                error = exc
+            finally:
                 self._running -= 1
+                if not self._running:
+                    self._no_steps.set()
+                self._touch()
+            if error is not None:
                 failures += 1
-                delay = retry.next_delay(failures, exc, self._engine.rng)
+                if mode == "at_most_once" and isinstance(error, StepTimeout):
+                    # The attempt may still be running (a thread cannot be killed): its
+                    # outcome is unknown, so it is never attempted again.
+                    err = StepInterrupted(
+                        f"at_most_once step {step_name!r} attempt {attempt} ran past its "
+                        f"timeout of {timeout}s and may still be running; it may or may "
+                        "not take effect, so it is not attempted again",
+                        run_id=self.run_id,
+                        step=self._where(seq, step_name),
+                    )
+                    self._put(
+                        started,
+                        status="failed",
+                        error=_error_json(err, failures=failures),
+                        finished_at=self._now(),
+                    )
+                    await self._commit()
+                    raise err from error
+                delay = retry.next_delay(failures, error, self._engine.rng)
                 if delay is None:
                     self._put(
                         started,
                         status="failed",
-                        error=_error_json(exc, failures=failures),
+                        error=_error_json(error, failures=failures),
                         finished_at=self._now(),
                     )
                     if mode == "at_most_once":
-                        await self._flush()
+                        await self._commit()
                     raise StepFailed(
                         f"step {step_name!r} failed after {attempt} attempt(s): "
-                        f"{type(exc).__name__}: {exc}",
-                        error_type=f"{type(exc).__module__}.{type(exc).__qualname__}",
+                        f"{type(error).__name__}: {safe_str(error)}",
+                        error_type=f"{type(error).__module__}.{type(error).__qualname__}",
                         attempts=attempt,
                         run_id=self.run_id,
                         step=self._where(seq, step_name),
-                    ) from exc
+                    ) from error
                 wake_at = self._now() + delay
                 retrying = self._put(
                     started,
                     status="retrying",
-                    error=_error_json(exc, failures=failures),
+                    error=_error_json(error, failures=failures),
                     wake_at=wake_at,
                 )
                 last_error = retrying.error  # as journaled (redacted)
                 await self._wait_until(wake_at, reason=f"retry:{step_name}")
                 attempt += 1
                 continue
-            self._running -= 1
             done = self._put(started, status="completed", output=output, finished_at=self._now())
             if mode == "at_most_once" or self._running:
                 # at_most_once: its end must never be in doubt. Other steps still running
                 # in parallel: don't let a crash in one of them cost this one's result.
-                await self._flush()
+                await self._commit()
             if done.output is not output:
                 # Secrets were redacted: the live run sees what a replay will see.
                 return decode(done.output, ret_type, what=f"output of step {step_name!r}")
@@ -472,10 +587,14 @@ class RunContext:
     ) -> Any:
         """``wait_for``; ``request`` (JSON) marks the wait as a request to a human and
         stays in the journal row, listed while pending and kept once answered."""
+        if WAIT_SIGNAL_SEP in signal:
+            raise ValueError(f"a signal name cannot contain {WAIT_SIGNAL_SEP!r}: {signal!r}")
         self._boundary()
         seq = self._take("signal", signal)
         rec = self._journal.get(seq)
         if rec is not None and rec.status == "completed":
+            if (loads(rec.output) or {}).get("cancelled") is True:
+                await self._forever()  # the workflow cancelled this wait: it will again
             return self._wait_result(rec, signal, default)
         if rec is None:
             deadline = None if timeout is None else self._now() + max(0.0, timeout)
@@ -493,7 +612,10 @@ class RunContext:
         deadline = rec.wake_at
         # A signal another wait of this run took but has not committed is not ours.
         taken = [sid for sid, _ in self._consume]
-        found = self._engine.store.next_signal(self.run_id, signal, skip=taken)
+        try:
+            found = self._engine.store.next_signal(self.run_id, signal, skip=taken)
+        except (StoreUnavailable, StoreError) as exc:
+            raise self._fail(exc) from exc
         if found is not None:
             done = self._put(
                 rec,
@@ -502,7 +624,7 @@ class RunContext:
                 finished_at=self._now(),
             )
             self._consume.append((found.id, f"{self.session}:{seq}"))
-            await self._flush()
+            await self._commit()
             return self._wait_result(done, signal, default)
         if deadline is not None and self._now() >= deadline:
             done = self._put(
@@ -512,15 +634,17 @@ class RunContext:
                 finished_at=self._now(),
             )
             return self._wait_result(done, signal, default)
-        raise _Suspend(
-            RunTransition(
-                kind="suspend",
-                status="waiting",
-                wake_at=deadline,
-                wait_reason=f"signal:{signal}",
-                wait_signal=signal,
-            )
-        )
+        try:
+            await self._park(seq, signal, deadline, f"signal:{signal}")
+        except asyncio.CancelledError:
+            if self._stop is None:  # the workflow cancelled it (the loser of a race)
+                self._put(
+                    rec,
+                    status="completed",
+                    output="{" + meta + '"cancelled":true}',
+                    finished_at=self._now(),
+                )
+            raise
 
     def now(self) -> datetime:
         """The current time, journaled: a replay sees the same value."""
@@ -545,7 +669,7 @@ class RunContext:
         older session's journal, so a run of any length stays cheap to recover.
         """
         self._boundary()
-        raise _ContinueAsNew(dumps(handoff, what="hand-off"))
+        raise self._set_stop(_ContinueAsNew(dumps(handoff, what="hand-off")))
 
     # -- machinery ----------------------------------------------------------------------
 
@@ -556,22 +680,57 @@ class RunContext:
         return f"{self.session}:{seq} {name!r}"
 
     def _boundary(self) -> None:
+        if self._stop is not None:
+            raise self._stop
+        task = asyncio.current_task()
+        if task is not self._main and task is not None:
+            if len(self._tasks) > 256:  # a long run of many gathers: forget the done ones
+                self._tasks = {t for t in self._tasks if not t.done()}
+            self._tasks.add(task)
+        self._activity += 1
         if self._cancel:
-            raise Cancelled(self.run_id)
+            raise self._set_stop(Cancelled(self.run_id))
         if self._control.draining:
-            raise _Release()
+            raise self._set_stop(_Release())
+
+    def _set_stop(self, stop: BaseException) -> BaseException:
+        """Decide how this execution ends (the first decision stands) and return it."""
+        if self._stop is None:
+            self._stop = stop
+        return self._stop
+
+    def _fail(self, error: MainspringError) -> _EngineFailure:
+        """An engine failure, as workflow code must see it (see :class:`_EngineFailure`)."""
+        failure = _EngineFailure(error)
+        self._set_stop(failure)
+        return failure
+
+    def _passes_through(self, exc: BaseException) -> bool:
+        """Whether an exception out of a step function is not the attempt's failure:
+        mainspring's control flow, or a cancellation of this task that was asked for
+        (by the worker, by the engine settling the run, by the workflow's own
+        ``asyncio.wait_for`` or ``task.cancel()``). A ``CancelledError`` that the
+        function raised by itself is an ordinary failure."""
+        if isinstance(exc, _CONTROL):
+            return True
+        if isinstance(exc, asyncio.CancelledError):
+            task = asyncio.current_task()
+            return self._stop is not None or (task is not None and task.cancelling() > 0)
+        return False
 
     def _take(self, kind: StepKind, name: str) -> int:
         self._seq += 1
         seq = self._seq
         rec = self._journal.get(seq)
         if rec is not None and (rec.kind != kind or rec.name != name):
-            raise NondeterminismError(
-                f"replay expected {rec.kind} {rec.name!r} at position {seq} of session "
-                f"{self.session} but the workflow asked for {kind} {name!r}: the "
-                "workflow's code changed while the run was in flight",
-                run_id=self.run_id,
-                step=self._where(seq, name),
+            raise self._fail(
+                NondeterminismError(
+                    f"replay expected {rec.kind} {rec.name!r} at position {seq} of session "
+                    f"{self.session} but the workflow asked for {kind} {name!r}: the "
+                    "workflow's code changed while the run was in flight",
+                    run_id=self.run_id,
+                    step=self._where(seq, name),
+                )
             )
         return seq
 
@@ -695,16 +854,20 @@ class RunContext:
     ) -> Any:
         token = _current.set(info)
         try:
+            # asyncio.timeout, not wait_for: user code runs in this task, never in a task
+            # of its own, whose SystemExit or KeyboardInterrupt would stop the event loop.
             if is_coro:
                 if timeout is None:
                     return await fn(*args, **kwargs)
-                return await asyncio.wait_for(fn(*args, **kwargs), timeout)
+                async with asyncio.timeout(timeout):
+                    return await fn(*args, **kwargs)
             loop = asyncio.get_running_loop()
             call = functools.partial(contextvars.copy_context().run, fn, *args, **kwargs)
             fut = loop.run_in_executor(self._engine.threads, call)
             result = await asyncio.wait_for(fut, timeout)
             if inspect.isawaitable(result):
-                result = await asyncio.wait_for(result, timeout)
+                async with asyncio.timeout(timeout):
+                    result = await result
             return result
         except TimeoutError:
             raise StepTimeout(
@@ -720,13 +883,134 @@ class RunContext:
         if delay <= 0:
             return
         if delay <= self._engine.inline_wait_s:
-            await self._flush()
-            await self._engine.clock.sleep(delay)
+            await self._commit()
+            self._busy += 1  # a short sleep is activity: the run does not suspend under it
+            try:
+                await self._engine.clock.sleep(delay)
+            finally:
+                self._busy -= 1
+                self._touch()
             self._boundary()
             return
-        raise _Suspend(
-            RunTransition(kind="suspend", status="sleeping", wake_at=wake_at, wait_reason=reason)
+        self._sleeps += 1  # parked sleeps take negative keys: seqs are for waits
+        await self._park(-self._sleeps, None, wake_at, reason)
+
+    # -- ending an execution -------------------------------------------------------------
+
+    async def _commit(self) -> None:
+        """Flush on behalf of workflow code. A store that stays down or a lost lease
+        becomes an :class:`_EngineFailure`, which ``except Exception`` cannot catch."""
+        if self._stop is not None:
+            raise self._stop
+        self._busy += 1
+        try:
+            await self._flush()
+        except (StoreUnavailable, StoreError, LeaseLost) as exc:
+            raise self._fail(exc) from exc
+        finally:
+            self._busy -= 1
+            self._touch()
+
+    async def _forever(self) -> NoReturn:
+        await asyncio.get_running_loop().create_future()
+        raise AssertionError("unreachable: the future is never resolved")
+
+    async def _park(
+        self, key: int, signal: str | None, wake_at: float | None, reason: str
+    ) -> NoReturn:
+        """Wait here until the run suspends: it wakes on any parked wait's signal and at
+        the earliest parked deadline, and replays; each wait then checks again.
+
+        A wait in the workflow's own task with no other task using the context
+        suspends at once (the common case). Otherwise the run suspends when the
+        context has been quiet (no step running, no commit, no call) for
+        :data:`_QUIET_ROUNDS` loop iterations, so that all of ``gather(wait_for("a"),
+        wait_for("b"))`` is parked, and an ``asyncio.wait`` whose other wait just
+        completed gets to see it first.
+        """
+        self._parked[key] = (signal, wake_at, reason)
+        try:
+            if (
+                asyncio.current_task() is self._main
+                and not self._running
+                and not self._busy
+                and all(t.done() for t in self._tasks)
+            ):
+                raise self._set_stop(_Suspend(self._suspension()))
+            self._touch()
+            await self._forever()
+        finally:
+            del self._parked[key]
+
+    def _touch(self) -> None:
+        """Note activity; start watching for quiet if some wait is parked."""
+        self._activity += 1
+        if self._parked and not self._quiet_polling and self._stop is None:
+            self._quiet_polling = True
+            self._quiet_rounds = 0
+            asyncio.get_running_loop().call_soon(self._check_quiet)
+
+    def _check_quiet(self) -> None:
+        if self._stop is not None or not self._parked or self._running or self._busy:
+            self._quiet_polling = False  # a step or commit ends with _touch(): watch again
+            return
+        if self._activity != self._quiet_seen:
+            self._quiet_seen = self._activity
+            self._quiet_rounds = 0
+        else:
+            self._quiet_rounds += 1
+            if self._quiet_rounds >= _QUIET_ROUNDS:
+                self._quiet_polling = False
+                self._set_stop(_Suspend(self._suspension()))
+                if self._main is not None and not self._main.done():
+                    self._cancelled_main = True
+                    self._main.cancel()
+                for task in self._tasks:
+                    task.cancel()
+                return
+        asyncio.get_running_loop().call_soon(self._check_quiet)
+
+    def _suspension(self) -> RunTransition:
+        """One suspension for every parked wait: any of their signals wakes the run, and
+        so does the earliest of their deadlines."""
+        waits = [self._parked[key] for key in sorted(self._parked)]
+        signals = list(dict.fromkeys(s for s, _, _ in waits if s is not None))
+        deadlines = [w for _, w, _ in waits if w is not None]
+        return RunTransition(
+            kind="suspend",
+            status="waiting" if signals else "sleeping",
+            wake_at=min(deadlines) if deadlines else None,
+            wait_reason=" | ".join(dict.fromkeys(r for _, _, r in waits)),
+            wait_signal=join_wait_signals(signals) if signals else None,
         )
+
+    async def _settle(self) -> None:
+        """Before the run's outcome is committed: no task may act for it any more.
+
+        On a release or a new session, step functions already running finish first
+        (their ends are journaled with the transition); then every other task that
+        used the context is cancelled and awaited, so none can write into the
+        finished (or suspended) run.
+        """
+        patient = isinstance(self._stop, _Release | _ContinueAsNew)
+        self._set_stop(_Closed())
+        me = asyncio.current_task()
+        try:
+            if patient and self._running:
+                await self._no_steps.wait()
+        finally:  # even if the worker stops waiting (shutdown grace over): cancel them
+            others = [t for t in self._tasks if t is not me and not t.done()]
+            for task in others:
+                task.cancel()
+        if others:
+            _, pending = await asyncio.wait(others, timeout=_SETTLE_S)
+            if pending:
+                log.warning(
+                    "run %s: %d task(s) ignored their cancellation; they can no longer "
+                    "write to the run",
+                    self.run_id,
+                    len(pending),
+                )
 
     async def _flush(self, transition: RunTransition | None = None) -> None:
         """Commit buffered rows (and a status change) in one fenced transaction.

@@ -3,15 +3,26 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from dataclasses import replace
 from typing import Any, Literal
 
+from .._describe import safe_str, safe_traceback
 from .._errors import Cancelled, LeaseLost, StoreError, StoreUnavailable
 from .._serde import dumps
 from ..storage import RunRecord, RunTransition
-from ._context import RunContext, _ContinueAsNew, _error_json, _Release, _Suspend
+from ._context import (
+    RunContext,
+    SimulatedCrash,
+    _ContinueAsNew,
+    _EngineFailure,
+    _error_json,
+    _Release,
+    _Suspend,
+)
 from ._engine import Engine, RunControl
+from ._tasks import TaskExit, guard_workflow_tasks, in_workflow
 from ._workflow import Workflow
 
 __all__ = ["Outcome", "execute"]
@@ -30,60 +41,135 @@ async def execute(
     session, or a release on shutdown. If the epoch moved on (``lost``) nothing is
     written; if the store keeps failing (``abandoned``) the lease simply expires
     and another worker replays the run.
+
+    Nothing user code raises escapes: a worker's other runs must never pay for one
+    run's ``SystemExit`` (which would stop the event loop they share).
     """
+    guard_workflow_tasks()
+    in_workflow.set(True)  # in this task's own context: the tasks it creates inherit it
+    try:
+        return await _execute(engine, run, workflow, control)
+    except asyncio.CancelledError:
+        raise  # the worker stopped this task; it counts the run as lost
+    except BaseException as exc:
+        log.error(
+            "run %s: executor crashed; leaving it to recovery\n%s", run.id, safe_traceback(exc)
+        )
+        return "abandoned"
+
+
+async def _execute(
+    engine: Engine, run: RunRecord, workflow: Workflow[Any, Any], control: RunControl
+) -> Outcome:
     while True:
         try:
             journal = engine.store.load_steps(run.id, run.session)
         except (StoreUnavailable, StoreError) as exc:
-            log.warning("run %s: cannot load its journal (%s); leaving it to recovery", run.id, exc)
+            log.warning(
+                "run %s: cannot load its journal (%s); leaving it to recovery",
+                run.id,
+                safe_str(exc),
+            )
             return "abandoned"
         ctx = RunContext(run=run, journal=journal, engine=engine, control=control)
-        transition: RunTransition
-        outcome: Outcome | None  # None: the session ended; the run goes on in the next
+        raised: BaseException | None = None
+        result: Any = None
         try:
             args, kwargs = workflow.decode_input(run.input)
             result = await workflow.fn(ctx, *args, **kwargs)
-            transition = RunTransition(
-                kind="finish",
-                status="succeeded",
-                output=dumps(result, what=f"result of workflow {workflow.name!r}"),
-            )
-            outcome = "succeeded"
-        except _Suspend as s:
-            transition, outcome = s.transition, "suspended"
-        except _ContinueAsNew as c:
-            transition = RunTransition(kind="next_session", handoff=c.handoff, session=ctx.session)
-            outcome = None
-        except _Release:
-            return await _release(engine, ctx, run)
-        except LeaseLost:
+        except BaseException as exc:  # all of it is decided below, nothing escapes
+            raised = exc
+        if isinstance(raised, SimulatedCrash):
+            log.info("run %s: simulated crash; nothing more is written", run.id)
+            return "abandoned"  # as if the process died here: the lease will expire
+        task = asyncio.current_task()
+        if ctx._cancelled_main and task is not None:
+            task.uncancel()  # the context cancelled this task itself, to suspend the run
+        # What the engine decided stands, whatever the workflow did with it (swallowed
+        # by `except BaseException`, or returned a value after it).
+        stop = ctx._stop
+        with contextlib.suppress(asyncio.CancelledError):  # control.reason says why
+            await ctx._settle()
+        transition: RunTransition
+        outcome: Outcome | None  # None: the session ended; the run goes on in the next
+        if control.reason == "lost":
             log.warning(
                 "run %s: lease lost (epoch %s); stopping without writing", run.id, run.epoch
             )
             return "lost"
-        except (Cancelled, asyncio.CancelledError):
-            if control.reason == "lost":
+        if control.reason == "shutdown" or isinstance(stop, _Release):
+            return await _release(engine, ctx, run)
+        if isinstance(stop, _EngineFailure):
+            error = stop.error
+            if isinstance(error, LeaseLost):
+                log.warning(
+                    "run %s: lease lost (epoch %s); stopping without writing", run.id, run.epoch
+                )
                 return "lost"
-            if control.reason == "shutdown":
-                return await _release(engine, ctx, run)
+            if isinstance(error, StoreUnavailable | StoreError):
+                log.warning(
+                    "run %s: store failing (%s); leaving it to recovery", run.id, safe_str(error)
+                )
+                return "abandoned"
+            if error.__traceback__ is None:  # never raised itself: its carrier was
+                error.__traceback__ = stop.__traceback__
+            transition = RunTransition(kind="finish", status="failed", error=_error_json(error))
+            outcome = "failed"
+        elif (
+            control.reason == "cancel"
+            or isinstance(stop, Cancelled)
+            or (stop is None and isinstance(raised, Cancelled))
+        ):
             transition = RunTransition(
                 kind="finish",
                 status="cancelled",
                 error=dumps({"type": "Cancelled", "message": "cancelled"}),
             )
             outcome = "cancelled"
-        except (StoreUnavailable, StoreError) as exc:
-            log.warning("run %s: store failing (%s); leaving it to recovery", run.id, exc)
+        elif isinstance(stop, _Suspend):
+            transition, outcome = stop.transition, "suspended"
+        elif isinstance(stop, _ContinueAsNew):
+            transition = RunTransition(
+                kind="next_session", handoff=stop.handoff, session=ctx.session
+            )
+            outcome = None
+        elif isinstance(raised, asyncio.CancelledError):
+            # Nobody in mainspring asked for it (the worker sets control.reason first):
+            # never committed as a cancel. Another execution will replay the run.
+            log.warning(
+                "run %s: cancelled by something other than its worker; leaving it to recovery",
+                run.id,
+            )
             return "abandoned"
-        except Exception as exc:
-            transition = RunTransition(kind="finish", status="failed", error=_error_json(exc))
+        elif isinstance(raised, LeaseLost):
+            return "lost"
+        elif isinstance(raised, StoreUnavailable | StoreError):
+            log.warning(
+                "run %s: store failing (%s); leaving it to recovery", run.id, safe_str(raised)
+            )
+            return "abandoned"
+        elif raised is not None:
+            # Any other exception from workflow code, SystemExit and KeyboardInterrupt
+            # included, fails the run; it never stops the worker.
+            if isinstance(raised, TaskExit):  # from a task of its own: the original
+                raised = raised.error
+            transition = RunTransition(kind="finish", status="failed", error=_error_json(raised))
             outcome = "failed"
+        else:
+            try:
+                output = dumps(result, what=f"result of workflow {workflow.name!r}")
+            except Exception as exc:
+                transition = RunTransition(kind="finish", status="failed", error=_error_json(exc))
+                outcome = "failed"
+            else:
+                transition = RunTransition(kind="finish", status="succeeded", output=output)
+                outcome = "succeeded"
         try:
             await ctx._flush(transition)
         except LeaseLost:
             return "lost"
         except (StoreUnavailable, StoreError) as exc:
-            log.warning("run %s: cannot commit its %s (%s)", run.id, transition.kind, exc)
+            log.warning("run %s: cannot commit its %s (%s)", run.id, transition.kind, safe_str(exc))
             return "abandoned"
         if outcome is not None:
             return outcome

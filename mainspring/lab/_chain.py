@@ -30,6 +30,7 @@ from typing import Any
 from .._app import App
 from .._errors import RunFailed, StepTimeout, TransientError
 from ..journal import RetryPolicy, RunContext, current_step
+from ..journal._context import SimulatedCrash
 from ..storage import SQLiteStore
 from ._profile import FailureCause, LabProfile, Policy
 
@@ -119,8 +120,8 @@ class _Ledger:
         )
 
 
-class _SimulatedCrash(BaseException):
-    """The worker process dies here (nothing below the executor catches it)."""
+class _SimulatedCrash(SimulatedCrash):
+    """The worker process dies here: the engine lets it through, writes nothing more."""
 
 
 class _ModelError(TransientError):

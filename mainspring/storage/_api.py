@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from .._errors import ConfigError, RequestNotFound, RunConflict, RunNotFound
-from ._records import FINISHED, WAKE_NOW
+from ._records import FINISHED, WAKE_NOW, split_wait_signals
 
 if TYPE_CHECKING:
     from ..hitl._requests import Request
@@ -221,7 +221,7 @@ class ApiTables(ABC):
             (run_id, name, payload, now),
         )
         signal_id = int(cur.fetchone()[0])
-        if status == "waiting" and wait_signal == name:
+        if status == "waiting" and name in split_wait_signals(wait_signal):
             cur.execute(
                 "UPDATE ms_runs SET wake_at = ?, updated_at = ? WHERE id = ?",
                 (WAKE_NOW, now, run_id),

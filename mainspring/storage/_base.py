@@ -27,6 +27,7 @@ from ._records import (
     SignalRecord,
     StepRecord,
     WriteResult,
+    split_wait_signals,
 )
 
 __all__ = ["WAKE_NOW", "Cursor", "Heartbeat", "PruneResult", "Store"]
@@ -833,10 +834,11 @@ class Store(ApiTables, ABC):
             if cancel_requested:
                 wake_at = WAKE_NOW  # let a worker pick it up at once and cancel it
             elif t.wait_signal is not None:
+                names = split_wait_signals(t.wait_signal)  # any of them wakes the run
                 cur.execute(
-                    "SELECT 1 FROM ms_signals WHERE run_id = ? AND name = ?"
-                    " AND consumed_at IS NULL LIMIT 1",
-                    (w.run_id, t.wait_signal),
+                    "SELECT 1 FROM ms_signals WHERE run_id = ? AND name IN"
+                    f" ({', '.join('?' * len(names))}) AND consumed_at IS NULL LIMIT 1",
+                    (w.run_id, *names),
                 )
                 if cur.fetchone():  # the signal beat the wait: wake at once
                     wake_at = WAKE_NOW

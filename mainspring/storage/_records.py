@@ -16,6 +16,8 @@ __all__ = [
     "StepRecord",
     "StepStatus",
     "WriteResult",
+    "join_wait_signals",
+    "split_wait_signals",
 ]
 
 RunStatus = Literal["queued", "running", "sleeping", "waiting", "succeeded", "failed", "cancelled"]
@@ -24,6 +26,22 @@ RunStatus = Literal["queued", "running", "sleeping", "waiting", "succeeded", "fa
 WAKE_NOW = 0.0
 
 FINISHED: frozenset[str] = frozenset({"succeeded", "failed", "cancelled"})
+
+# ``wait_signal`` of a run waiting for several signals at once (``asyncio.wait`` or
+# ``gather`` of ``wait_for``): the names joined by this separator, which signal names
+# may not contain. A single name is stored as it is, as it always was.
+WAIT_SIGNAL_SEP = "\x1f"
+
+
+def join_wait_signals(names: list[str]) -> str:
+    """The ``wait_signal`` column for a run that waits for any of ``names``."""
+    return WAIT_SIGNAL_SEP.join(names)
+
+
+def split_wait_signals(wait_signal: str | None) -> list[str]:
+    """The signal names a ``wait_signal`` column holds (none for ``None``)."""
+    return [] if wait_signal is None else wait_signal.split(WAIT_SIGNAL_SEP)
+
 
 StepKind = Literal["step", "sleep", "signal", "now", "uuid", "random"]
 StepStatus = Literal["started", "retrying", "completed", "failed"]
@@ -93,9 +111,10 @@ class RunTransition:
     """A change of a run's status committed with its last journal writes.
 
     ``suspend``: the run leaves its worker (``sleeping`` until ``wake_at``, or
-    ``waiting`` for ``wait_signal`` and/or ``wake_at``). ``finish``: a final status with
-    output or error. ``next_session``: continue-as-new with ``handoff``; the worker keeps
-    the lease.
+    ``waiting`` for ``wait_signal`` and/or ``wake_at``; ``wait_signal`` may name several
+    signals, see :func:`join_wait_signals`: any of them wakes the run). ``finish``: a
+    final status with output or error. ``next_session``: continue-as-new with
+    ``handoff``; the worker keeps the lease.
     """
 
     kind: Literal["suspend", "finish", "next_session"]

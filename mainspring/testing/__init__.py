@@ -4,6 +4,7 @@ wire protocols on 127.0.0.1, and the Store conformance suite
 (``mainspring.testing.conformance``)."""
 
 from .._clock import FakeClock
+from ..journal._context import SimulatedCrash
 from ..models.faulty import FaultProfile, FaultyModel
 from ..models.scripted import ScriptedModel
 from ._fake_anthropic import FakeAnthropicServer
@@ -23,4 +24,5 @@ __all__ = [
     "LedgerReport",
     "RecordedRequest",
     "ScriptedModel",
+    "SimulatedCrash",
 ]

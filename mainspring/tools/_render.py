@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from .._describe import safe_str
 from .._errors import MainspringError, SerializationError, StepFailed
 from .._serde import dumps
 
@@ -58,6 +59,6 @@ def render_error(exc: BaseException) -> str:
             message = f"the tool ran past its time limit ({message})"
     else:
         kind = type(exc).__name__
-        message = exc.message if isinstance(exc, MainspringError) else str(exc)
+        message = exc.message if isinstance(exc, MainspringError) else safe_str(exc)
     text = f"{kind}: {message}" if message else kind
     return truncate(text, _MAX_ERROR_CHARS)

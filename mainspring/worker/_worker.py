@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from .._describe import safe_traceback
 from .._errors import StoreError, StoreUnavailable
 from ..journal import BatchCommitter, Committer, Engine, Outcome, RunControl, execute
 from ..storage import RunRecord
@@ -195,8 +196,8 @@ class Worker:
             self._set_solo(engine)
             if t.cancelled():
                 outcome = "lost"
-            elif t.exception() is not None:
-                log.error("run %s: executor crashed", run_id, exc_info=t.exception())
+            elif (exc := t.exception()) is not None:  # execute() catches all; just in case
+                log.error("run %s: executor crashed\n%s", run_id, safe_traceback(exc))
                 outcome = "abandoned"
             else:
                 outcome = t.result()

@@ -7,12 +7,13 @@ wrote it. To cover new journal features, add new workflows and a new golden file
 from __future__ import annotations
 
 import mainspring as ms
+from mainspring.testing import SimulatedCrash
 
 CALLS: list[str] = []  # every step execution, as "name:arg"
 CRASH_AT: set[str] = set()  # "name:arg" of steps that die (only while making the file)
 
 
-class Crash(BaseException):
+class Crash(SimulatedCrash):
     """The process dies here: nothing after it is written."""
 
 
