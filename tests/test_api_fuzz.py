@@ -173,6 +173,14 @@ def api_schema(seeded: Seeded) -> Any:
         ):
             question = str(case.path_parameters.get("request_id")).startswith("question:")
             case.body = {"answer": "red"} if question else {"decision": "approve"}
+        if (
+            case.operation.label == "POST /runs/{run_id}/signals"
+            and case.meta is not None
+            and case.meta.generation.mode.is_positive
+            and len(repr(body)) % 2 == 0
+        ):
+            # Half the valid signals go to a run still waiting, so they get past the 404.
+            case.path_parameters = {**(case.path_parameters or {}), "run_id": seeded.runs[0]}
         return case
 
     return schema

@@ -23,6 +23,7 @@ from .._errors import (
     InvalidAnswer,
     MainspringError,
     RequestNotFound,
+    ReservedSignal,
     RunConflict,
     RunNotFound,
     StoreUnavailable,
@@ -314,7 +315,10 @@ def create_app(
         responses=_responses(404, 409, 413),
     )
     def send_signal(run_id: str, body: SignalIn, _key: Submit) -> SignalOut:
-        """Send a signal; a ``ctx.wait_for(name)`` takes it, even one not reached yet."""
+        """Send a signal; a ``ctx.wait_for(name)`` takes it, even one not reached yet.
+        Names reserved for requests to humans (``approval:…``, ``question:…``,
+        ``budget:…``, ``checkpoint:…``, ``resume``) are refused with 403 whatever the
+        key: answer those at ``/runs/{run_id}/requests/{request_id}``."""
         signal_id = app.signal(run_id, body.name, body.payload)
         return SignalOut(run_id=run_id, name=body.name, signal_id=signal_id)
 
@@ -369,13 +373,22 @@ def create_app(
         tags=["steering"],
         responses=_responses(404, 413),
     )
-    def fork(run_id: str, body: ForkIn, response: Response, _key: Submit) -> SubmitOut:
+    def fork(run_id: str, body: ForkIn, response: Response, key: Submit) -> SubmitOut:
         """Start a new run that replays this one's journal up to a step and executes
-        live after it (time-travel debugging), optionally from an edited result."""
-        if "edit" in body.model_fields_set:
-            handle = app.fork(run_id, from_step=body.from_step, edit=body.edit)
-        else:
-            handle = app.fork(run_id, from_step=body.from_step)
+        live after it (time-travel debugging), optionally from an edited result.
+        By default the fork asks again every request to a human at or before that
+        step; ``decisions: "keep"`` copies the answers as this key's decisions and
+        needs the ``approve`` scope."""
+        if body.decisions == "keep" and not key.allows("approve"):
+            raise _AuthError(
+                403,
+                f"the API key {key.name!r} has scopes {list(key.scopes)!r}; keeping the "
+                "decisions of a fork needs 'approve'",
+            )
+        edit = {"edit": body.edit} if "edit" in body.model_fields_set else {}
+        handle = app.fork(
+            run_id, from_step=body.from_step, decisions=body.decisions, by=key.name, **edit
+        )
         return _accepted(handle.run_id, response)
 
     @api.post(
@@ -472,6 +485,7 @@ def _errors(api: FastAPI) -> None:
         (RunNotFound, 404, "not_found"),
         (RequestNotFound, 404, "request_not_found"),
         (RunConflict, 409, "conflict"),
+        (ReservedSignal, 403, "forbidden"),
         (InvalidAnswer, 422, "invalid_answer"),
         (ConfigError, 422, "invalid_input"),
         (StoreUnavailable, 503, "store_unavailable"),

@@ -9,7 +9,7 @@ thread when many runs step at once.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
@@ -358,11 +358,13 @@ class Store(ApiTables, ABC):
         upto_seq: int,
         output: str | None,
         now: float,
+        outputs: Mapping[int, str] | None = None,
     ) -> RunRecord:
         """A new queued run of ``source``'s workflow and input whose journal is a copy
         of ``source``'s session ``session`` up to and including ``upto_seq``.
 
-        ``output`` replaces the journaled output of that last step (``None``: kept).
+        ``output`` replaces the journaled output of that last step (``None``: kept);
+        ``outputs`` replaces the outputs of the steps it names by seq.
         The new run starts in ``session`` with ``source``'s hand-off, which the caller
         must have checked is the hand-off of that session.
         """
@@ -390,6 +392,8 @@ class Store(ApiTables, ABC):
                 r.run_id, r.epoch = run_id, 0
                 if r.seq == upto_seq and output is not None:
                     r.output = output
+                if outputs and r.seq in outputs:
+                    r.output = outputs[r.seq]
             if rows:
                 cur.executemany(_UPSERT_STEP, [_step_params(r) for r in rows])
             self._notify(cur)
