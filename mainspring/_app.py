@@ -353,14 +353,15 @@ class App:
             RunConflict: ``key`` names a run of other input.
         """
         wf = self.get_workflow(workflow)
-        encoded = wf.encode_input(tuple(args), dict(kwargs or {}))
+        encoded = self._redact(wf.encode_input(tuple(args), dict(kwargs or {})))
         record, created = self.store.create_run(
             run_id=_new_id(), workflow=wf.name, input=encoded, key=key, now=self.clock.now()
         )
         if not created and loads(record.input) != loads(encoded):
+            # Not the other run's input: the caller may not be allowed to read it.
             raise RunConflict(
-                f"key {key!r} already names a run of {wf.name!r} with other input "
-                f"({record.input:.200}); use a new key for new input",
+                f"key {key!r} already names a run of {wf.name!r} with other input; "
+                "use a new key for new input",
                 run_id=record.id,
             )
         return RunHandle(self, record.id, created)
@@ -592,9 +593,8 @@ class App:
                 f"{name} with the 'approve' scope; CLI: mainspring approve)",
                 run_id=run_id,
             )
-        return self.store.send_signal(
-            run_id, name, dumps(payload, what=f"payload of signal {name!r}"), self.clock.now()
-        )
+        encoded = self._redact(dumps(payload, what=f"payload of signal {name!r}"))
+        return self.store.send_signal(run_id, name, encoded, self.clock.now())
 
     def requests(self, run_id: str | None = None) -> list[Request]:
         """Requests waiting for a human (of one run, or of all runs), oldest first."""
@@ -626,13 +626,15 @@ class App:
         who = by if by is not None else local_user()
 
         def payload(request: Request) -> str:
-            return answer_payload(
-                request,
-                decision=decision,
-                reason=reason,
-                arguments=arguments,
-                answer=answer,
-                by=who,
+            return self._redact(
+                answer_payload(
+                    request,
+                    decision=decision,
+                    reason=reason,
+                    arguments=arguments,
+                    answer=answer,
+                    by=who,
+                )
             )
 
         request, _ = self.store.answer_request(run_id, request_id, payload, self.clock.now())
@@ -641,7 +643,13 @@ class App:
     def cancel(self, run_id: str, reason: str | None = None) -> str:
         """Cancel a run; returns its status afterwards (``running`` while its
         worker is stopping it)."""
+        if reason is not None and self.redactor is not None:
+            reason = self.redactor.redact_text(reason)
         return self.store.cancel(run_id, self.clock.now(), reason)
+
+    def _redact(self, text: str) -> str:
+        """JSON text as it may be stored (and so served): secrets redacted."""
+        return text if self.redactor is None else self.redactor.redact_json(text)
 
     async def result(self, run_id: str, *, timeout: float | None = None) -> Any:
         """Wait until the run finishes; return its result or raise :class:`RunFailed`."""

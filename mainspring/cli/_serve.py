@@ -26,8 +26,19 @@ def serve(
     ] = True,
     max_body_bytes: Annotated[int, typer.Option(help="Larger request bodies get 413.")] = 1 << 20,
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")] = "INFO",
+    docs: Annotated[
+        bool,
+        typer.Option(
+            "--docs/--no-docs",
+            help="Serve Swagger UI at /docs (it loads its scripts from a CDN).",
+        ),
+    ] = False,
+    ssl_certfile: Annotated[
+        str | None, typer.Option(help="Serve HTTPS with this certificate (PEM).")
+    ] = None,
+    ssl_keyfile: Annotated[str | None, typer.Option(help="The certificate's key (PEM).")] = None,
 ) -> None:
-    """Serve the HTTP API (docs at /docs, OpenAPI at /openapi.json)."""
+    """Serve the HTTP API (OpenAPI at /openapi.json; Swagger UI at /docs with --docs)."""
     try:
         import uvicorn
 
@@ -45,6 +56,7 @@ def serve(
         webhooks=webhooks,
         max_body_bytes=max_body_bytes,
         worker_options={"concurrency": concurrency},
+        docs=docs,
     )
     logging.getLogger("mainspring.server").info(
         "serving %s on http://%s:%d (store %s, worker %s)",
@@ -54,4 +66,14 @@ def serve(
         redact_url(app.url),
         "on" if worker else "off",
     )
-    uvicorn.run(api, host=host, port=port, log_level=log_level.lower(), access_log=False)
+    uvicorn.run(
+        api,
+        host=host,
+        port=port,
+        log_level=log_level.lower(),
+        access_log=False,
+        ssl_certfile=ssl_certfile,
+        ssl_keyfile=ssl_keyfile,
+        timeout_keep_alive=5,  # idle connections are closed, not held
+        limit_concurrency=1000,  # past this, 503 rather than exhausting descriptors
+    )

@@ -35,6 +35,7 @@ from ..storage import RunRecord, StepRecord
 from ..storage._api import ApiKey, Scope
 from ..storage._records import FINISHED
 from ._events import event_stream, runs_stream
+from ._guard import BrowserGuard
 from ._limits import BodySizeLimit
 from ._schemas import (
     AnswerIn,
@@ -69,6 +70,7 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
         (404, "No such run or request."),
         (409, "The run's state does not allow it (finished, already answered)."),
         (413, "The body is larger than the server accepts."),
+        (415, "The body is not application/json."),
         (422, "The body or a parameter is malformed; the message names it."),
         (503, "The database is unavailable; retry after the Retry-After seconds."),
     )
@@ -76,8 +78,10 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 
 
 def _responses(*codes: int) -> dict[int | str, dict[str, Any]]:
-    """The error responses an endpoint documents (auth and store errors always)."""
-    return {c: _ERRORS[c] for c in sorted({401, 403, 503, *codes})}
+    """The error responses an endpoint documents (auth and store errors always; a
+    body that is not JSON wherever a body is taken)."""
+    body = {415} if 413 in codes else set()
+    return {c: _ERRORS[c] for c in sorted({401, 403, 503, *codes, *body})}
 
 
 _bearer = HTTPBearer(auto_error=False, description="An API key: `Authorization: Bearer msk_…`")
@@ -101,6 +105,7 @@ def create_app(
     max_body_bytes: int = 1 << 20,
     events_poll_s: float = 0.2,
     worker_options: dict[str, Any] | None = None,
+    docs: bool = False,
 ) -> FastAPI:
     """The HTTP API of ``app`` as an ASGI application.
 
@@ -110,6 +115,9 @@ def create_app(
         max_body_bytes: larger request bodies get 413.
         events_poll_s: how often an event stream looks for new steps.
         worker_options: keyword arguments of the embedded worker.
+        docs: serve Swagger UI at ``/docs`` and ReDoc at ``/redoc`` (off by default:
+            they load scripts from a CDN on the dashboard's origin). ``/openapi.json``
+            is always served.
     """
 
     @contextlib.asynccontextmanager
@@ -137,8 +145,11 @@ def create_app(
         "signals, answers to approvals and questions, cancellation. Every endpoint but "
         "/healthz needs an API key (`mainspring keys create`).",
         lifespan=lifespan,
+        docs_url="/docs" if docs else None,
+        redoc_url="/redoc" if docs else None,
     )
     api.add_middleware(BodySizeLimit, max_bytes=max_body_bytes)
+    api.add_middleware(BrowserGuard, cookie=COOKIE)
     _errors(api)
     api.include_router(dashboard_router(app))
 
@@ -354,7 +365,7 @@ def create_app(
         status_code=202,
         response_model=CancelOut,
         tags=["steering"],
-        responses=_responses(404, 409),
+        responses=_responses(404, 409, 413),
     )
     def cancel(run_id: str, _key: Submit, body: CancelIn | None = None) -> CancelOut:
         """Cancel a run: at once if no worker holds it, else at its next step."""

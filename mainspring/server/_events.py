@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -23,6 +24,7 @@ from ..storage import StepRecord
 __all__ = ["event_stream", "parse_event_id", "runs_stream"]
 
 _KEEPALIVE_S = 15.0
+_MAX_POSITION = 1 << 53
 
 
 def parse_event_id(value: str | None) -> tuple[int, int]:
@@ -30,10 +32,12 @@ def parse_event_id(value: str | None) -> tuple[int, int]:
     if value:
         head = value.split("~", 1)[0]
         try:
-            session, seq = head.split(".", 1)
-            return int(session), int(seq)
+            session, seq = (int(part) for part in head.split(".", 1))
         except ValueError:
-            pass
+            return -1, -1
+        # Past any real position (and past what the database's integers hold): foreign.
+        if 0 <= session < _MAX_POSITION and -1 <= seq < _MAX_POSITION:
+            return session, seq
     return -1, -1
 
 
@@ -145,6 +149,8 @@ async def runs_stream(
     try:
         after = float(last_event_id) if last_event_id else app.clock.now()
     except ValueError:
+        after = app.clock.now()
+    if not math.isfinite(after) or after < 0:  # "inf" or "nan" would never match a row
         after = app.clock.now()
     quiet = 0.0
     yield b"retry: 2000\n\n"

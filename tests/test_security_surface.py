@@ -1,0 +1,175 @@
+"""The API surface a browser or a stranger sees: cross-site requests riding the
+dashboard's cookie, non-JSON bodies, security headers, what a 409 reveals, the
+database file's permissions, out-of-range numbers."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("fastapi")
+
+from fastapi.testclient import TestClient
+
+import mainspring as ms
+from mainspring.server import create_app
+
+ORIGIN = "http://testserver"  # the TestClient's own origin
+
+
+@pytest.fixture
+def app(tmp_path: Path) -> Iterator[ms.App]:
+    app = ms.App(f"sqlite:///{tmp_path / 'surface.db'}", poll_interval_s=0.01, inline_wait_s=0.0)
+
+    @app.workflow
+    async def idle(ctx: ms.RunContext, note: str = "") -> Any:
+        return await ctx.wait_for("go")
+
+    yield app
+    app.close()
+
+
+@pytest.fixture
+def admin(app: ms.App) -> str:
+    return app.store.create_api_key("ops", ["admin"], app.clock.now())[1]
+
+
+@pytest.fixture
+def client(app: ms.App) -> Iterator[TestClient]:
+    with TestClient(create_app(app, webhooks=False)) as c:
+        yield c
+
+
+def test_cookie_authenticated_unsafe_requests_must_be_same_origin(
+    app: ms.App, admin: str, client: TestClient
+) -> None:
+    run_id = app.submit("idle").run_id
+    client.cookies.set("mainspring_key", admin)
+    cancel = f"/runs/{run_id}/cancel"
+    for headers in (
+        {},  # no Origin at all (an old browser, or a form that hides it)
+        {"Origin": "http://testserver:8001"},  # another port of the same host
+        {"Origin": "http://evil.example"},
+        {"Origin": "null"},  # a sandboxed frame
+        {"Sec-Fetch-Site": "same-site", "Origin": ORIGIN},  # the browser says: not us
+        {"Sec-Fetch-Site": "cross-site"},
+    ):
+        for body in ({"json": {}}, {"content": b""}):
+            r = client.post(cancel, headers=headers, **body)  # type: ignore[arg-type]
+            assert r.status_code == 403, (headers, r.text)
+            assert "cross-site request refused" in r.json()["error"]["message"]
+    assert client.post(f"/runs/{run_id}/retry").status_code == 403
+    assert app.get_run(run_id).status == "queued"  # nothing happened
+    # Login and logout are cross-site refused too (login CSRF would log a victim in).
+    assert client.post("/ui/logout", headers={"Origin": "http://evil.example"}).status_code == 403
+    r = client.post("/ui/login", content=f"key={admin}", headers={"Origin": "http://evil.example"})
+    assert r.status_code == 403
+    # From the dashboard's own origin the same cookie works.
+    ok = client.post(cancel, json={}, headers={"Origin": ORIGIN})
+    assert ok.status_code == 202, ok.text
+    same = client.post(
+        f"/runs/{app.submit('idle').run_id}/cancel",
+        json={},
+        headers={"Sec-Fetch-Site": "same-origin"},
+    )
+    assert same.status_code == 202, same.text
+
+
+def test_api_bodies_must_be_json(app: ms.App, admin: str, client: TestClient) -> None:
+    run_id = app.submit("idle").run_id
+    key = {"Authorization": f"Bearer {admin}"}
+    for content_type in ("application/x-www-form-urlencoded", "text/plain", "multipart/form-data"):
+        r = client.post(
+            f"/runs/{run_id}/cancel", content=b"", headers={**key, "Content-Type": content_type}
+        )
+        assert r.status_code == 415, (content_type, r.text)
+        assert r.json()["error"]["type"] == "unsupported_media_type"
+    assert app.get_run(run_id).status == "queued"
+    r = client.post("/runs", json={"workflow": "idle"}, headers=key)
+    assert r.status_code == 202  # JSON (and curl's bodiless POST) still work
+    assert client.post(f"/runs/{run_id}/cancel", headers=key).status_code == 202
+
+
+def test_security_headers_and_no_cdn_docs(app: ms.App, admin: str, client: TestClient) -> None:
+    for r in (client.get("/healthz"), client.get("/runs", headers={"X-API-Key": admin})):
+        assert r.headers["x-frame-options"] == "DENY"
+        assert r.headers["x-content-type-options"] == "nosniff"
+        assert r.headers["referrer-policy"] == "no-referrer"
+        assert "frame-ancestors 'none'" in r.headers["content-security-policy"]
+    assert client.get("/runs", headers={"X-API-Key": admin}).headers["cache-control"] == "no-store"
+    client.cookies.set("mainspring_key", admin)
+    page = client.get("/ui/")
+    assert page.status_code == 200
+    csp = page.headers["content-security-policy"]
+    assert "frame-ancestors 'none'" in csp and "script-src 'nonce-" in csp
+    nonce = csp.split("'nonce-", 1)[1].split("'", 1)[0]
+    assert f'<script nonce="{nonce}">' in page.text
+    assert page.headers["cache-control"] == "no-store"
+    assert client.get("/docs").status_code == 404  # off by default: Swagger UI needs a CDN
+    assert client.get("/openapi.json").status_code == 200
+    with TestClient(create_app(app, webhooks=False, docs=True)) as with_docs:
+        assert with_docs.get("/docs").status_code == 200
+
+
+def test_a_reused_key_conflict_reveals_nothing_of_the_other_run(
+    app: ms.App, admin: str, client: TestClient
+) -> None:
+    key = {"Authorization": f"Bearer {admin}"}
+    first = client.post(
+        "/runs", json={"workflow": "idle", "kwargs": {"note": "PRIVATE-NOTE-1"}, "key": "k1"}
+    )
+    assert first.status_code == 401  # (no key: nothing is created)
+    first = client.post(
+        "/runs",
+        json={"workflow": "idle", "kwargs": {"note": "PRIVATE-NOTE-1"}, "key": "k1"},
+        headers=key,
+    )
+    assert first.status_code == 202
+    again = client.post(
+        "/runs", json={"workflow": "idle", "kwargs": {"note": "other"}, "key": "k1"}, headers=key
+    )
+    assert again.status_code == 409
+    assert "PRIVATE-NOTE" not in again.text
+    assert "already names a run of 'idle' with other input" in again.json()["error"]["message"]
+
+
+def test_database_files_are_created_owner_only(tmp_path: Path) -> None:
+    old = os.umask(0o022)  # the common umask, which would give 0644
+    try:
+        path = tmp_path / "private.db"
+        app = ms.App(f"sqlite:///{path}")
+
+        @app.workflow
+        async def one(ctx: ms.RunContext) -> int:
+            return 1
+
+        assert asyncio.run(app.run(one)) == 1
+        files = [path, Path(f"{path}-wal"), Path(f"{path}-shm")]
+        modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in files if p.exists()}
+        app.close()
+    finally:
+        os.umask(old)
+    assert f"{path.name}-wal" in modes, modes  # checked while the WAL was open
+    assert set(modes.values()) == {0o600}, {k: oct(v) for k, v in modes.items()}
+
+
+def test_out_of_range_numbers_are_4xx_or_ignored(
+    app: ms.App, admin: str, client: TestClient
+) -> None:
+    client.cookies.set("mainspring_key", admin)
+    r = client.get("/ui/?offset=9223372036854775808")
+    assert r.status_code == 422, r.text
+    run_id = app.submit("idle").run_id
+    app.cancel(run_id)  # finished: its stream ends
+    for last in ("999999999999999999999.1", "1.99999999999999999999999", "-5.-5", "x"):
+        headers = {"Authorization": f"Bearer {admin}", "Last-Event-ID": last}
+        with client.stream("GET", f"/runs/{run_id}/events", headers=headers) as stream:
+            assert stream.status_code == 200
+            text = "".join(stream.iter_text())
+        assert "event: end" in text, (last, text)
