@@ -173,3 +173,107 @@ def test_out_of_range_numbers_are_4xx_or_ignored(
             assert stream.status_code == 200
             text = "".join(stream.iter_text())
         assert "event: end" in text, (last, text)
+
+
+def test_tracebacks_and_store_location_stay_with_admins(
+    app: ms.App, admin: str, client: TestClient, tmp_path: Path
+) -> None:
+    @app.workflow
+    async def broken(ctx: ms.RunContext) -> None:
+        def fail() -> None:
+            raise ValueError("bad row 7")
+
+        await ctx.step(fail, name="load", retry=ms.RetryPolicy.never())
+
+    reader = app.store.create_api_key("viewer", ["read"], app.clock.now())[1]
+    app.store.add_webhook("http://127.0.0.1:9/hook", app.clock.now())
+    run_id = app.submit("broken").run_id
+    asyncio.run(app.worker().run(until_idle=True))
+    assert "Traceback" in (app.get_run(run_id).error or "")  # kept for operators (CLI)
+    as_reader = {"Authorization": f"Bearer {reader}"}
+    as_admin = {"Authorization": f"Bearer {admin}"}
+    seen = {
+        "run": client.get(f"/runs/{run_id}", headers=as_reader).text,
+        "steps": client.get(f"/runs/{run_id}/steps", headers=as_reader).text,
+        "list": client.get("/runs", headers=as_reader).text,
+    }
+    with client.stream("GET", f"/runs/{run_id}/events", headers=as_reader) as events:
+        seen["sse"] = "".join(events.iter_text())
+    [delivery] = app.store.claim_deliveries(app.clock.now() + 1)
+    seen["webhook"] = delivery.body().decode()
+    client.cookies.set("mainspring_key", reader)
+    seen["dashboard"] = client.get(f"/ui/runs/{run_id}").text
+    for where, text in seen.items():
+        assert "bad row 7" in text or where == "list", where  # the one-line error is there
+        assert "Traceback" not in text and 'File "' not in text, where
+    assert "Traceback" in client.get(f"/runs/{run_id}", headers=as_admin).text
+    missing = client.get("/runs/nope", headers=as_reader)
+    assert missing.status_code == 404
+    assert "surface.db" not in missing.text and str(tmp_path) not in missing.text
+    assert missing.json()["error"]["message"] == "no run 'nope'"
+
+
+def test_lists_are_summaries(app: ms.App, admin: str, client: TestClient) -> None:
+    @app.workflow
+    async def big(ctx: ms.RunContext) -> str:
+        return "x" * 100_000
+
+    run_id = app.submit("big").run_id
+    asyncio.run(app.worker().run(until_idle=True))
+    key = {"Authorization": f"Bearer {admin}"}
+    listed = client.get("/runs", headers=key)
+    [row] = [r for r in listed.json()["runs"] if r["id"] == run_id]
+    assert row["status"] == "succeeded" and row["output"] is None
+    assert len(listed.content) < 10_000
+    assert client.get(f"/runs/{run_id}", headers=key).json()["output"] == "x" * 100_000
+
+
+def test_a_revoked_key_loses_its_open_streams(app: ms.App, tmp_path: Path) -> None:
+    import socket
+    import threading
+
+    import httpx
+    import uvicorn
+
+    record, token = app.store.create_api_key("watcher", ["read"], app.clock.now())
+    waiting = app.submit("idle").run_id
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(
+        uvicorn.Config(
+            create_app(app, webhooks=False, events_poll_s=0.05),
+            log_level="warning",
+            timeout_graceful_shutdown=1,
+        )
+    )
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    base = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    try:
+        for _ in range(1000):
+            if server.started:
+                break
+            threading.Event().wait(0.02)
+        headers = {"Authorization": f"Bearer {token}"}
+        with httpx.Client(base_url=base, headers=headers, timeout=20) as c:
+            for path in (f"/runs/{waiting}/events", "/events"):
+                with c.stream("GET", path) as stream:
+                    assert stream.status_code == 200
+                    chunks = stream.iter_raw()
+                    assert next(chunks).startswith(b"retry:")
+                    if path == "/events":
+                        app.store.revoke_api_key(record.id, app.clock.now())
+                    else:
+                        app.store.revoke_api_key("nobody", app.clock.now())  # no effect
+                        assert next(chunks)  # the stream goes on (a status event)
+                        app.store.revoke_api_key(record.id, app.clock.now())
+                    rest = b"".join(chunks)  # ends: the server closed it
+                assert b"event: end" not in rest  # closed, not finished: the run still waits
+                assert c.get(path).status_code == 401
+                # Reinstate for the next stream (a new key with the same scope).
+                record, token = app.store.create_api_key("watcher", ["read"], app.clock.now())
+                c.headers["Authorization"] = f"Bearer {token}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        sock.close()

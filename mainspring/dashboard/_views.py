@@ -19,6 +19,7 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 
 from .._app import App
 from .._errors import RunNotFound
+from .._public import public_error
 from .._serde import loads
 from ..observability import TraceEntry
 from ..storage import RunRecord
@@ -60,7 +61,19 @@ def _pretty(text: str | None, limit: int = 4000) -> str:
     return value if len(value) <= limit else value[:limit] + "\n…"
 
 
+def _error_text(text: str | None, admin: bool = False) -> str:
+    """A run's error as shown: the traceback for admins only."""
+    if text is None or admin:
+        return _pretty(text)
+    try:
+        value = public_error(loads(text))
+    except Exception:
+        return _pretty(text)
+    return _pretty(json.dumps(value, ensure_ascii=False, default=str))
+
+
 _env.filters["when"] = _when
+_env.filters["error_text"] = _error_text
 _env.filters["pretty"] = _pretty
 
 
@@ -188,6 +201,7 @@ def dashboard_router(app: App) -> APIRouter:
             chart=_chart(points),
             can_approve=key.allows("approve"),
             can_submit=key.allows("submit"),
+            can_admin=key.allows("admin"),
         )
 
     @router.get("/runs/{run_id}/panel")
@@ -203,6 +217,7 @@ def dashboard_router(app: App) -> APIRouter:
             requests=[] if record.finished else app.requests(run_id),
             can_approve=key.allows("approve"),
             can_submit=key.allows("submit"),
+            can_admin=key.allows("admin"),
         )
 
     return router

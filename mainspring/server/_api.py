@@ -28,10 +28,11 @@ from .._errors import (
     RunNotFound,
     StoreUnavailable,
 )
+from .._public import public_error
 from .._serde import loads
 from ..dashboard import dashboard_router
 from ..hitl import Request as HumanRequest
-from ..storage import RunRecord, StepRecord
+from ..storage import RunRecord, StepRecord, redact_url
 from ..storage._api import ApiKey, Scope
 from ..storage._records import FINISHED
 from ._events import event_stream, runs_stream
@@ -150,7 +151,7 @@ def create_app(
     )
     api.add_middleware(BodySizeLimit, max_bytes=max_body_bytes)
     api.add_middleware(BrowserGuard, cookie=COOKIE)
-    _errors(api)
+    _errors(api, app)
     api.include_router(dashboard_router(app))
 
     @api.get("/", include_in_schema=False)
@@ -240,7 +241,9 @@ def create_app(
         nxt = None
         if len(records) == limit:
             nxt = str(request.url.include_query_params(offset=offset + limit))
-        return RunList(runs=[_run_out(r, current.get(r.id), []) for r in records], next=nxt)
+        return RunList(
+            runs=[_run_out(r, current.get(r.id), [], summary=True) for r in records], next=nxt
+        )
 
     @api.get(
         "/runs/{run_id}",
@@ -248,12 +251,13 @@ def create_app(
         tags=["runs"],
         responses=_responses(404),
     )
-    def get_run(run_id: str, _key: Read) -> RunOut:
-        """A run: status, current step, pending requests, and its result or error."""
+    def get_run(run_id: str, key: Read) -> RunOut:
+        """A run: status, current step, pending requests, and its result or error
+        (with the traceback of a failure for admin keys only)."""
         record = app.get_run(run_id)
         current = app.store.last_steps([run_id]).get(run_id)
         pending = [] if record.finished else app.requests(run_id)
-        return _run_out(record, current, pending, full=True)
+        return _run_out(record, current, pending, full=True, admin=key.allows("admin"))
 
     @api.get(
         "/runs/{run_id}/steps",
@@ -263,7 +267,7 @@ def create_app(
     )
     def get_steps(
         run_id: str,
-        _key: Read,
+        key: Read,
         after_session: Annotated[int, Query(ge=-1, le=1_000_000)] = -1,
         after_seq: Annotated[int, Query(ge=-1, le=1_000_000_000)] = -1,
         limit: Annotated[int, Query(ge=1, le=5000)] = 1000,
@@ -271,7 +275,7 @@ def create_app(
         """The run's journal in order, after a position if given (for paging)."""
         app.get_run(run_id)
         steps = app.store.steps_after(run_id, after_session, after_seq, limit=limit)
-        return StepList(steps=[_step_out(s) for s in steps])
+        return StepList(steps=[_step_out(s, admin=key.allows("admin")) for s in steps])
 
     @api.get(
         "/runs/{run_id}/events",
@@ -284,7 +288,7 @@ def create_app(
     )
     def run_events(
         run_id: str,
-        _key: Read,
+        key: Read,
         last_event_id: Annotated[str | None, Header(max_length=200)] = None,
     ) -> StreamingResponse:
         """Follow a run as Server-Sent Events: ``status`` when it changes, ``step``
@@ -292,7 +296,14 @@ def create_app(
         with ``Last-Event-ID`` to resume where the stream broke off."""
         app.get_run(run_id)
         return StreamingResponse(
-            event_stream(app, run_id, last_event_id, poll_s=events_poll_s),
+            event_stream(
+                app,
+                run_id,
+                last_event_id,
+                poll_s=events_poll_s,
+                full=key.allows("admin"),
+                still_allowed=lambda: app.store.api_key_active(key.id),
+            ),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
@@ -307,13 +318,13 @@ def create_app(
         },
     )
     def all_events(
-        _key: Read,
+        key: Read,
         last_event_id: Annotated[str | None, Header(max_length=200)] = None,
     ) -> StreamingResponse:
         """Follow every run: a ``run`` event each time one is submitted, claimed,
         suspended or finished (for live lists)."""
         return StreamingResponse(
-            runs_stream(app, last_event_id),
+            runs_stream(app, last_event_id, still_allowed=lambda: app.store.api_key_active(key.id)),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
@@ -483,7 +494,7 @@ def create_app(
     return api
 
 
-def _errors(api: FastAPI) -> None:
+def _errors(api: FastAPI, app: App) -> None:
     """Every error is JSON ``{"error": {"type", "message"}}`` with the right status."""
 
     def body(status: int, kind: str, message: str, **extra: Any) -> JSONResponse:
@@ -502,12 +513,16 @@ def _errors(api: FastAPI) -> None:
         (StoreUnavailable, 503, "store_unavailable"),
     ]
 
+    # App.get_run names the database for the CLI; over HTTP its location stays private.
+    where = f" in {redact_url(app.url)!r}"
+
     @api.exception_handler(MainspringError)
     async def mainspring_error(_: Request, exc: MainspringError) -> JSONResponse:
+        message = exc.message.replace(where, "")
         for cls, status, kind in statuses:
             if isinstance(exc, cls):
-                return body(status, kind, exc.message)
-        return body(400, type(exc).__name__, exc.message)
+                return body(status, kind, message)
+        return body(400, type(exc).__name__, message)
 
     @api.exception_handler(_AuthError)
     async def auth_error(_: Request, exc: _AuthError) -> JSONResponse:
@@ -560,7 +575,7 @@ def _decode(text: str | None) -> Any:
         return text
 
 
-def _step_out(s: StepRecord) -> StepOut:
+def _step_out(s: StepRecord, *, admin: bool) -> StepOut:
     return StepOut(
         session=s.session,
         seq=s.seq,
@@ -571,7 +586,7 @@ def _step_out(s: StepRecord) -> StepOut:
         started_at=s.started_at,
         finished_at=s.finished_at,
         output=_decode(s.output),
-        error=_decode(s.error),
+        error=_decode(s.error) if admin else public_error(_decode(s.error)),
     )
 
 
@@ -580,8 +595,17 @@ def _request_out(r: HumanRequest) -> RequestOut:
 
 
 def _run_out(
-    r: RunRecord, current: StepRecord | None, pending: list[HumanRequest], *, full: bool = False
+    r: RunRecord,
+    current: StepRecord | None,
+    pending: list[HumanRequest],
+    *,
+    full: bool = False,
+    admin: bool = False,
+    summary: bool = False,
 ) -> RunOut:
+    """A run for the API: ``full`` adds its input; ``admin`` keeps a failure's
+    traceback; ``summary`` (lists) leaves out the output, which the run's URL serves."""
+    error = _decode(r.error)
     suspended = r.status in ("sleeping", "waiting")
     return RunOut(
         id=r.id,
@@ -596,8 +620,8 @@ def _run_out(
         wait_reason=r.wait_reason if suspended else None,
         wake_at=r.wake_at if suspended and r.wake_at else None,
         input=_decode(r.input) if full else None,
-        output=_decode(r.output),
-        error=_decode(r.error),
+        output=None if summary else _decode(r.output),
+        error=error if admin else public_error(error),
         current_step=(
             CurrentStep(
                 session=current.session,

@@ -118,7 +118,9 @@ class RunOut(BaseModel):
 
 
 class RunList(BaseModel):
-    runs: list[RunOut]
+    runs: list[RunOut] = Field(
+        description="Summaries: no input or output (GET the run's URL for those)."
+    )
     next: str | None = Field(description="The next page, if there may be one.")
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from .._errors import ConfigError, RequestNotFound, RunConflict, RunNotFound
+from .._public import public_error
 from ._records import FINISHED, WAKE_NOW
 
 if TYPE_CHECKING:
@@ -86,6 +87,8 @@ class Delivery:
     def body(self) -> bytes:
         run = json.loads(self.payload)
         run = {"id": self.run_id, "workflow": self.workflow, **run}
+        if "error" in run:  # a receiver gets the one-line error, never a traceback
+            run["error"] = public_error(run["error"])
         doc = {"id": self.event_id, "type": self.event, "created_at": self.created_at, "run": run}
         return json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode()
 
@@ -284,6 +287,12 @@ class ApiTables(ABC):
             with self._write() as cur:
                 cur.execute("UPDATE ms_api_keys SET last_used_at = ? WHERE id = ?", (now, key.id))
         return key
+
+    def api_key_active(self, key_id: str) -> bool:
+        """Does the key exist, unrevoked (for long requests to re-check theirs)?"""
+        with self._read() as cur:
+            cur.execute("SELECT 1 FROM ms_api_keys WHERE id = ? AND revoked_at IS NULL", (key_id,))
+            return cur.fetchone() is not None
 
     def list_api_keys(self) -> list[ApiKey]:
         with self._read() as cur:
