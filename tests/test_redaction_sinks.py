@@ -93,7 +93,7 @@ def test_no_secret_reaches_any_sink(tmp_path: Path) -> None:
             with client.stream("GET", f"/runs/{rid}/events", headers=headers) as events:
                 sinks[f"SSE {rid}"] = "".join(events.iter_text())
         sinks["GET /runs"] = client.get("/runs", headers=headers).text
-        client.cookies.set("mainspring_key", admin)
+        _login(client, admin)
         for rid in (run, failed, cancelled):
             sinks[f"dashboard {rid}"] = client.get(f"/ui/runs/{rid}").text
         sinks["dashboard list"] = client.get("/ui/").text
@@ -120,3 +120,18 @@ def _plain(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [_plain(v) for v in value]
     return value
+
+
+def _login(client: TestClient, key: str) -> None:
+    """Log in to the dashboard as a browser would (same origin): the session cookie."""
+    r = client.post(
+        "/ui/login",
+        content=f"key={key}",
+        headers={
+            "Origin": "http://testserver",
+            "Content-Type": "application/x-www-form-urlencoded",
+        },
+        follow_redirects=False,
+    )
+    assert r.status_code == 303, r.text
+    assert client.cookies.get("mainspring_key", "").startswith("mss_")

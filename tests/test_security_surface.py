@@ -50,7 +50,7 @@ def test_cookie_authenticated_unsafe_requests_must_be_same_origin(
     app: ms.App, admin: str, client: TestClient
 ) -> None:
     run_id = app.submit("idle").run_id
-    client.cookies.set("mainspring_key", admin)
+    _login(client, admin)
     cancel = f"/runs/{run_id}/cancel"
     for headers in (
         {},  # no Origin at all (an old browser, or a form that hides it)
@@ -103,7 +103,7 @@ def test_security_headers_and_no_cdn_docs(app: ms.App, admin: str, client: TestC
         assert r.headers["referrer-policy"] == "no-referrer"
         assert "frame-ancestors 'none'" in r.headers["content-security-policy"]
     assert client.get("/runs", headers={"X-API-Key": admin}).headers["cache-control"] == "no-store"
-    client.cookies.set("mainspring_key", admin)
+    _login(client, admin)
     page = client.get("/ui/")
     assert page.status_code == 200
     csp = page.headers["content-security-policy"]
@@ -162,7 +162,7 @@ def test_database_files_are_created_owner_only(tmp_path: Path) -> None:
 def test_out_of_range_numbers_are_4xx_or_ignored(
     app: ms.App, admin: str, client: TestClient
 ) -> None:
-    client.cookies.set("mainspring_key", admin)
+    _login(client, admin)
     r = client.get("/ui/?offset=9223372036854775808")
     assert r.status_code == 422, r.text
     run_id = app.submit("idle").run_id
@@ -201,7 +201,7 @@ def test_tracebacks_and_store_location_stay_with_admins(
         seen["sse"] = "".join(events.iter_text())
     [delivery] = app.store.claim_deliveries(app.clock.now() + 1)
     seen["webhook"] = delivery.body().decode()
-    client.cookies.set("mainspring_key", reader)
+    _login(client, reader)
     seen["dashboard"] = client.get(f"/ui/runs/{run_id}").text
     for where, text in seen.items():
         assert "bad row 7" in text or where == "list", where  # the one-line error is there
@@ -277,3 +277,74 @@ def test_a_revoked_key_loses_its_open_streams(app: ms.App, tmp_path: Path) -> No
         server.should_exit = True
         thread.join(10)
         sock.close()
+
+
+def test_dashboard_sessions_are_opaque_and_end_with_logout_or_revocation(
+    app: ms.App, client: TestClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    record, key = app.store.create_api_key("ana", ["read", "submit"], app.clock.now())
+    run_id = app.submit("idle").run_id
+    _login(client, key)
+    session = client.cookies["mainspring_key"]
+    assert key not in session and record.id not in session  # the cookie holds no key
+    same = {"Origin": ORIGIN}
+    assert client.get("/runs").status_code == 200
+    assert client.get("/ui/").status_code == 200
+    # Logout ends the session on the server: the old cookie, replayed, is worth nothing.
+    assert client.post("/ui/logout", headers=same, follow_redirects=False).status_code == 303
+    client.cookies.clear()
+    client.cookies.set("mainspring_key", session)
+    assert client.get("/runs").status_code == 401
+    assert client.post(f"/runs/{run_id}/cancel", json={}, headers=same).status_code == 401
+    assert client.get("/ui/", follow_redirects=False).status_code == 303  # to the login page
+    # Revoking the key ends its sessions.
+    client.cookies.clear()
+    _login(client, key)
+    assert client.get("/runs").status_code == 200
+    app.store.revoke_api_key(record.id, app.clock.now())
+    assert client.get("/runs").status_code == 401
+    assert client.get("/ui/", follow_redirects=False).status_code == 303
+    assert app.get_run(run_id).status == "queued"
+    # Failed logins are logged and bounded per address.
+    client.cookies.clear()
+    form = {"Origin": ORIGIN, "Content-Type": "application/x-www-form-urlencoded"}
+    with caplog.at_level("WARNING", logger="mainspring.auth"):
+        codes = [
+            client.post("/ui/login", content="key=msk_0123456789ab_guess", headers=form).status_code
+            for _ in range(12)
+        ]
+    assert codes[:10] == [200] * 10 and codes[10:] == [429, 429]  # the form again, then 429
+    assert "dashboard login failed from testclient (key id '0123456789ab')" in caplog.text
+    assert "guess" not in caplog.text  # never the secret part
+
+
+def test_secure_cookie_and_stream_cap(app: ms.App, admin: str) -> None:
+    with TestClient(create_app(app, webhooks=False, secure_cookies=True)) as c:
+        r = c.post(
+            "/ui/login",
+            content=f"key={admin}",
+            headers={"Origin": ORIGIN, "Content-Type": "application/x-www-form-urlencoded"},
+            follow_redirects=False,
+        )
+        cookie = r.headers["set-cookie"]
+        assert "Secure" in cookie and "HttpOnly" in cookie and "SameSite=strict" in cookie
+    run_id = app.submit("idle").run_id
+    app.cancel(run_id)
+    with TestClient(create_app(app, webhooks=False, max_streams_per_key=0)) as c:
+        r = c.get(f"/runs/{run_id}/events", headers={"Authorization": f"Bearer {admin}"})
+        assert r.status_code == 429 and r.json()["error"]["type"] == "too_many_streams"
+
+
+def _login(client: TestClient, key: str) -> None:
+    """Log in to the dashboard as a browser would (same origin): the session cookie."""
+    r = client.post(
+        "/ui/login",
+        content=f"key={key}",
+        headers={
+            "Origin": "http://testserver",
+            "Content-Type": "application/x-www-form-urlencoded",
+        },
+        follow_redirects=False,
+    )
+    assert r.status_code == 303, r.text
+    assert client.cookies.get("mainspring_key", "").startswith("mss_")

@@ -37,6 +37,14 @@ def serve(
         str | None, typer.Option(help="Serve HTTPS with this certificate (PEM).")
     ] = None,
     ssl_keyfile: Annotated[str | None, typer.Option(help="The certificate's key (PEM).")] = None,
+    secure_cookies: Annotated[
+        bool,
+        typer.Option(
+            "--secure-cookies",
+            help="Mark the dashboard's session cookie Secure (behind a TLS proxy; "
+            "automatic with --ssl-certfile).",
+        ),
+    ] = False,
 ) -> None:
     """Serve the HTTP API (OpenAPI at /openapi.json; Swagger UI at /docs with --docs)."""
     try:
@@ -57,6 +65,7 @@ def serve(
         max_body_bytes=max_body_bytes,
         worker_options={"concurrency": concurrency},
         docs=docs,
+        secure_cookies=True if secure_cookies or ssl_certfile else None,
     )
     logging.getLogger("mainspring.server").info(
         "serving %s on http://%s:%d (store %s, worker %s)",

@@ -6,6 +6,7 @@ pool, so a slow database never blocks the event loop that streams events.
 
 import asyncio
 import contextlib
+import logging
 import threading
 from collections.abc import AsyncIterator, Callable
 from typing import Annotated, Any
@@ -30,7 +31,7 @@ from .._errors import (
 )
 from .._public import public_error
 from .._serde import loads
-from ..dashboard import dashboard_router
+from ..dashboard import Sessions, dashboard_router
 from ..hitl import Request as HumanRequest
 from ..storage import RunRecord, StepRecord, redact_url
 from ..storage._api import ApiKey, Scope
@@ -63,6 +64,8 @@ from ._webhooks import WebhookDispatcher
 
 __all__ = ["create_app"]
 
+audit = logging.getLogger("mainspring.auth")
+
 _ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorOut, "description": text}
     for code, text in (
@@ -73,6 +76,7 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
         (413, "The body is larger than the server accepts."),
         (415, "The body is not application/json."),
         (422, "The body or a parameter is malformed; the message names it."),
+        (429, "The key already holds its limit of open event streams."),
         (503, "The database is unavailable; retry after the Retry-After seconds."),
     )
 }
@@ -107,6 +111,8 @@ def create_app(
     events_poll_s: float = 0.2,
     worker_options: dict[str, Any] | None = None,
     docs: bool = False,
+    secure_cookies: bool | None = None,
+    max_streams_per_key: int = 16,
 ) -> FastAPI:
     """The HTTP API of ``app`` as an ASGI application.
 
@@ -119,6 +125,9 @@ def create_app(
         docs: serve Swagger UI at ``/docs`` and ReDoc at ``/redoc`` (off by default:
             they load scripts from a CDN on the dashboard's origin). ``/openapi.json``
             is always served.
+        secure_cookies: mark the dashboard's session cookie ``Secure`` (``None``: when
+            the login request came over HTTPS; set ``True`` behind a TLS proxy).
+        max_streams_per_key: open event streams one key may hold; more get 429.
     """
 
     @contextlib.asynccontextmanager
@@ -152,7 +161,8 @@ def create_app(
     api.add_middleware(BodySizeLimit, max_bytes=max_body_bytes)
     api.add_middleware(BrowserGuard, cookie=COOKIE)
     _errors(api, app)
-    api.include_router(dashboard_router(app))
+    sessions = Sessions()
+    api.include_router(dashboard_router(app, sessions, secure_cookies=secure_cookies))
 
     @api.get("/", include_in_schema=False)
     def home() -> RedirectResponse:
@@ -167,13 +177,19 @@ def create_app(
             if bearer is not None and header and bearer.credentials != header:
                 # Two different keys: refuse rather than guess which one was meant.
                 raise _AuthError(401, "two different API keys (Authorization and X-API-Key)")
-            token = bearer.credentials if bearer is not None else header or cookie
-            if not token:
+            token = bearer.credentials if bearer is not None else header
+            if not token and not cookie:
                 raise _AuthError(401, "an API key is required: 'Authorization: Bearer msk_…'")
-            key = app.store.verify_api_key(token, app.clock.now())
+            if token:
+                key = app.store.verify_api_key(token, app.clock.now())
+            else:  # the dashboard's session: the cookie stands for a key, never holds one
+                key_id = sessions.key_id(cookie or "", app.clock.now())
+                key = app.store.get_api_key(key_id) if key_id is not None else None
             if key is None:
+                audit.warning("API request with an invalid key or session refused")
                 raise _AuthError(401, "the API key is not valid")
             if key.revoked_at is not None:
+                audit.warning("API request with the revoked key %r refused", key.id)
                 raise _AuthError(401, f"the API key {key.id!r} was revoked")
             if not key.allows(scope):
                 raise _AuthError(
@@ -186,6 +202,7 @@ def create_app(
         return check
 
     metrics_lock = threading.Lock()
+    streams = _StreamCap(max_streams_per_key)
     Read = Annotated[ApiKey, Depends(key_with("read"))]
     Submit = Annotated[ApiKey, Depends(key_with("submit"))]
     Approve = Annotated[ApiKey, Depends(key_with("approve"))]
@@ -283,7 +300,7 @@ def create_app(
         response_class=StreamingResponse,
         responses={
             200: {"content": {"text/event-stream": {}}, "description": "Server-Sent Events."},
-            **_responses(404),
+            **_responses(404, 429),
         },
     )
     def run_events(
@@ -296,13 +313,16 @@ def create_app(
         with ``Last-Event-ID`` to resume where the stream broke off."""
         app.get_run(run_id)
         return StreamingResponse(
-            event_stream(
-                app,
-                run_id,
-                last_event_id,
-                poll_s=events_poll_s,
-                full=key.allows("admin"),
-                still_allowed=lambda: app.store.api_key_active(key.id),
+            streams.hold(
+                key,
+                event_stream(
+                    app,
+                    run_id,
+                    last_event_id,
+                    poll_s=events_poll_s,
+                    full=key.allows("admin"),
+                    still_allowed=lambda: app.store.api_key_active(key.id),
+                ),
             ),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
@@ -314,7 +334,7 @@ def create_app(
         response_class=StreamingResponse,
         responses={
             200: {"content": {"text/event-stream": {}}, "description": "Server-Sent Events."},
-            **_responses(),
+            **_responses(429),
         },
     )
     def all_events(
@@ -324,7 +344,12 @@ def create_app(
         """Follow every run: a ``run`` event each time one is submitted, claimed,
         suspended or finished (for live lists)."""
         return StreamingResponse(
-            runs_stream(app, last_event_id, still_allowed=lambda: app.store.api_key_active(key.id)),
+            streams.hold(
+                key,
+                runs_stream(
+                    app, last_event_id, still_allowed=lambda: app.store.api_key_active(key.id)
+                ),
+            ),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
@@ -494,6 +519,37 @@ def create_app(
     return api
 
 
+class _StreamCap:
+    """Open event streams per key, at most ``limit``: a key cannot hold the server's
+    connections (or database polls) without bound."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._open: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def hold(self, key: ApiKey, stream: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+        with self._lock:
+            if self._open.get(key.id, 0) >= self.limit:
+                raise _AuthError(
+                    429, f"the API key {key.name!r} already has {self.limit} open event streams"
+                )
+            self._open[key.id] = self._open.get(key.id, 0) + 1
+        return self._counted(key.id, stream)
+
+    async def _counted(self, key_id: str, stream: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in stream:
+                yield chunk
+        finally:
+            with self._lock:
+                left = self._open.get(key_id, 1) - 1
+                if left:
+                    self._open[key_id] = left
+                else:
+                    self._open.pop(key_id, None)
+
+
 def _errors(api: FastAPI, app: App) -> None:
     """Every error is JSON ``{"error": {"type", "message"}}`` with the right status."""
 
@@ -526,9 +582,8 @@ def _errors(api: FastAPI, app: App) -> None:
 
     @api.exception_handler(_AuthError)
     async def auth_error(_: Request, exc: _AuthError) -> JSONResponse:
-        response = body(
-            exc.status, "unauthorized" if exc.status == 401 else "forbidden", exc.message
-        )
+        kinds = {401: "unauthorized", 403: "forbidden", 429: "too_many_streams"}
+        response = body(exc.status, kinds.get(exc.status, "forbidden"), exc.message)
         if exc.status == 401:
             response.headers["WWW-Authenticate"] = "Bearer"
         return response

@@ -288,6 +288,17 @@ class ApiTables(ABC):
                 cur.execute("UPDATE ms_api_keys SET last_used_at = ? WHERE id = ?", (now, key.id))
         return key
 
+    def get_api_key(self, key_id: str) -> ApiKey | None:
+        """A key's record by its id (revoked keys too)."""
+        with self._read() as cur:
+            cur.execute(
+                "SELECT id, name, hash, scopes, created_at, last_used_at, revoked_at"
+                " FROM ms_api_keys WHERE id = ?",
+                (key_id,),
+            )
+            row = cur.fetchone()
+        return _api_key(row) if row is not None else None
+
     def api_key_active(self, key_id: str) -> bool:
         """Does the key exist, unrevoked (for long requests to re-check theirs)?"""
         with self._read() as cur:
