@@ -88,7 +88,11 @@ MATRIX: dict[str, tuple[str | None, int, Callable[[Fixture], Call]]] = {
     ),
     "GET /metrics": ("read", 200, lambda f: ("/metrics", None)),
     "GET /webhooks": ("admin", 200, lambda f: ("/webhooks", None)),
-    "POST /webhooks": ("admin", 201, lambda f: ("/webhooks", {"url": "http://127.0.0.1:9/h"})),
+    "POST /webhooks": (
+        "admin",
+        201,
+        lambda f: ("/webhooks", {"url": "https://hooks.example.com/h"}),
+    ),
     "DELETE /webhooks/{webhook_id}": (
         "admin",
         204,

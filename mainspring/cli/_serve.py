@@ -37,6 +37,15 @@ def serve(
         str | None, typer.Option(help="Serve HTTPS with this certificate (PEM).")
     ] = None,
     ssl_keyfile: Annotated[str | None, typer.Option(help="The certificate's key (PEM).")] = None,
+    webhook_allow: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--webhook-allow",
+            metavar="CIDR",
+            help="A network webhooks may target beside public addresses (repeatable; "
+            "'*' allows any).",
+        ),
+    ] = None,
     secure_cookies: Annotated[
         bool,
         typer.Option(
@@ -66,6 +75,7 @@ def serve(
         worker_options={"concurrency": concurrency},
         docs=docs,
         secure_cookies=True if secure_cookies or ssl_certfile else None,
+        webhook_allow=webhook_allow or (),
     )
     logging.getLogger("mainspring.server").info(
         "serving %s on http://%s:%d (store %s, worker %s)",

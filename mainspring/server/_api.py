@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 import logging
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Header, Query, Request, Response
@@ -60,6 +60,7 @@ from ._schemas import (
     WebhookIn,
     WebhookOut,
 )
+from ._targets import TargetPolicy
 from ._webhooks import WebhookDispatcher
 
 __all__ = ["create_app"]
@@ -113,6 +114,7 @@ def create_app(
     docs: bool = False,
     secure_cookies: bool | None = None,
     max_streams_per_key: int = 16,
+    webhook_allow: Sequence[str] = (),
 ) -> FastAPI:
     """The HTTP API of ``app`` as an ASGI application.
 
@@ -128,13 +130,21 @@ def create_app(
         secure_cookies: mark the dashboard's session cookie ``Secure`` (``None``: when
             the login request came over HTTPS; set ``True`` behind a TLS proxy).
         max_streams_per_key: open event streams one key may hold; more get 429.
+        webhook_allow: networks beside public addresses that webhooks may target
+            (``"10.0.0.0/8"``; ``"*"``: any), checked when one is registered and at
+            each delivery.
     """
+    targets = TargetPolicy(webhook_allow)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         tasks: list[asyncio.Task[None]] = []
         running = app.worker(**(worker_options or {})) if worker else None
-        dispatcher = WebhookDispatcher(app.store, clock=app.clock) if webhooks else None
+        dispatcher = (
+            WebhookDispatcher(app.store, clock=app.clock, allow_networks=webhook_allow)
+            if webhooks
+            else None
+        )
         if running is not None:
             tasks.append(asyncio.create_task(running.run()))
         if dispatcher is not None:
@@ -493,7 +503,10 @@ def create_app(
         responses=_responses(413),
     )
     def add_webhook(body: WebhookIn, _key: Admin) -> WebhookOut:
-        """Register an endpoint; the response carries its signing secret, once."""
+        """Register an endpoint; the response carries its signing secret, once.
+        Loopback, private and link-local targets are refused unless the server allows
+        their network (``--webhook-allow``)."""
+        targets.check_url(body.url)
         hook, secret = app.store.add_webhook(
             body.url, app.clock.now(), secret=body.secret, events=body.events
         )

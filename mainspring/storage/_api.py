@@ -4,6 +4,7 @@ dialect like the rest."""
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
 import json
@@ -337,7 +338,9 @@ class ApiTables(ABC):
         bad = [e for e in events if e not in WEBHOOK_EVENTS]
         if bad:
             raise ConfigError(f"unknown webhook events {bad!r}; known: {list(WEBHOOK_EVENTS)!r}")
-        secret = secret or secrets.token_urlsafe(32)
+        # Standard Webhooks' form: whsec_ + base64 of 32 random bytes (its libraries
+        # verify with it as is).
+        secret = secret or "whsec_" + base64.b64encode(secrets.token_bytes(32)).decode()
         hook = Webhook(
             id=secrets.token_hex(6), url=url, events=tuple(events) or ("*",), created_at=now
         )
