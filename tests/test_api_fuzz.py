@@ -113,6 +113,13 @@ def api_schema(seeded: Seeded) -> Any:
         with_security_parameters=False,
     )
 
+    # A body past the size limit is rejected with 413 (before it is parsed): that is
+    # a rejection of invalid data too.
+    schema.config.checks.negative_data_rejection.expected_statuses = [
+        *schema.config.checks.negative_data_rejection.expected_statuses,
+        "413",
+    ]
+
     @schema.auth()
     class AdminKey:
         """The admin key on every case (explicit auth: the checks also probe without)."""

@@ -46,6 +46,14 @@ def serve(
             "'*' allows any).",
         ),
     ] = None,
+    header_timeout: Annotated[
+        float,
+        typer.Option(help="Seconds a client has to send a request's headers (then closed)."),
+    ] = 10.0,
+    body_timeout: Annotated[
+        float,
+        typer.Option(help="Seconds a request body may pause between chunks (then 408)."),
+    ] = 30.0,
     secure_cookies: Annotated[
         bool,
         typer.Option(
@@ -60,6 +68,7 @@ def serve(
         import uvicorn
 
         from ..server import create_app
+        from ..server._protocol import with_header_timeout
     except ImportError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
@@ -76,6 +85,7 @@ def serve(
         docs=docs,
         secure_cookies=True if secure_cookies or ssl_certfile else None,
         webhook_allow=webhook_allow or (),
+        body_timeout_s=body_timeout,
     )
     logging.getLogger("mainspring.server").info(
         "serving %s on http://%s:%d (store %s, worker %s)",
@@ -94,5 +104,6 @@ def serve(
         ssl_certfile=ssl_certfile,
         ssl_keyfile=ssl_keyfile,
         timeout_keep_alive=5,  # idle connections are closed, not held
+        http=with_header_timeout(header_timeout),  # and so are ones whose headers dawdle
         limit_concurrency=1000,  # past this, 503 rather than exhausting descriptors
     )

@@ -115,6 +115,7 @@ def create_app(
     secure_cookies: bool | None = None,
     max_streams_per_key: int = 16,
     webhook_allow: Sequence[str] = (),
+    body_timeout_s: float = 30.0,
 ) -> FastAPI:
     """The HTTP API of ``app`` as an ASGI application.
 
@@ -133,6 +134,8 @@ def create_app(
         webhook_allow: networks beside public addresses that webhooks may target
             (``"10.0.0.0/8"``; ``"*"``: any), checked when one is registered and at
             each delivery.
+        body_timeout_s: a request body that pauses longer than this between chunks
+            gets 408 (a slow client cannot hold a worker thread).
     """
     targets = TargetPolicy(webhook_allow)
 
@@ -168,7 +171,7 @@ def create_app(
         docs_url="/docs" if docs else None,
         redoc_url="/redoc" if docs else None,
     )
-    api.add_middleware(BodySizeLimit, max_bytes=max_body_bytes)
+    api.add_middleware(BodySizeLimit, max_bytes=max_body_bytes, timeout_s=body_timeout_s)
     api.add_middleware(BrowserGuard, cookie=COOKIE)
     _errors(api, app)
     sessions = Sessions()
@@ -619,7 +622,12 @@ def _errors(api: FastAPI, app: App) -> None:
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         if exc.status_code == 400:  # FastAPI's answer to a body it cannot decode at all
             return body(422, "invalid_request", f"body: not JSON ({exc.detail})")
-        kinds = {404: "not_found", 405: "method_not_allowed", 413: "too_large"}
+        kinds = {
+            404: "not_found",
+            405: "method_not_allowed",
+            408: "request_timeout",
+            413: "too_large",
+        }
         response = body(exc.status_code, kinds.get(exc.status_code, "http_error"), str(exc.detail))
         response.headers.update(exc.headers or {})
         if exc.status_code == 405:
