@@ -409,9 +409,11 @@ class App:
         offset: int = 0,
         since: float | None = None,
         search: str | None = None,
+        summary: bool = False,
     ) -> list[RunRecord]:
         """Runs, newest first. ``since``: created at or after this timestamp;
-        ``search``: text in the id, key, input, output or error (any case)."""
+        ``search``: text in the id, key, input, output or error (any case);
+        ``summary``: without input, output and hand-off (``None``)."""
         statuses = [status] if isinstance(status, str) else status
         return self.store.list_runs(
             statuses=statuses,
@@ -420,6 +422,7 @@ class App:
             offset=offset,
             since=since,
             search=search,
+            summary=summary,
         )
 
     def trace(self, run_id: str) -> RunTrace:

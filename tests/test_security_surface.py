@@ -226,6 +226,9 @@ def test_lists_are_summaries(app: ms.App, admin: str, client: TestClient) -> Non
     assert row["status"] == "succeeded" and row["output"] is None
     assert len(listed.content) < 10_000
     assert client.get(f"/runs/{run_id}", headers=key).json()["output"] == "x" * 100_000
+    # The store does not even read the outputs for a list.
+    [record] = app.list_runs(summary=True)
+    assert record.id == run_id and record.output is None and record.input is None
 
 
 def test_a_revoked_key_loses_its_open_streams(app: ms.App, tmp_path: Path) -> None:

@@ -235,7 +235,7 @@ def dashboard_router(
         if key is None:
             return login_first()
         wanted = [status] if status in STATUSES else None
-        records = app.list_runs(status=wanted, limit=50, offset=max(0, offset))
+        records = app.list_runs(status=wanted, limit=50, offset=max(0, offset), summary=True)
         current = app.store.last_steps([r.id for r in records])
         return page(
             "runs.html",

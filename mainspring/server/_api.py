@@ -266,7 +266,9 @@ def create_app(
         offset: Annotated[int, Query(ge=0, le=10_000_000)] = 0,
     ) -> RunList:
         """Runs, newest first, filtered by status (repeatable) and workflow."""
-        records = app.list_runs(status=status, workflow=workflow, limit=limit, offset=offset)
+        records = app.list_runs(
+            status=status, workflow=workflow, limit=limit, offset=offset, summary=True
+        )
         current = app.store.last_steps([r.id for r in records])
         nxt = None
         if len(records) == limit:

@@ -36,6 +36,10 @@ _RUN_COLUMNS = (
     " lease_until, wake_at, wait_reason, recoveries, cancel_requested, created_at, updated_at,"
     " finished_at"
 )
+# The same, without the large values (input, output, hand-off): what lists need.
+_RUN_SUMMARY_COLUMNS = _RUN_COLUMNS.replace("input, output,", "NULL, NULL,").replace(
+    " handoff,", " NULL,"
+)
 _STEP_COLUMNS = (
     "run_id, session, seq, kind, name, status, attempt, epoch, output, error, started_at,"
     " finished_at, wake_at"
@@ -298,9 +302,11 @@ class Store(ApiTables, ABC):
         offset: int = 0,
         since: float | None = None,
         search: str | None = None,
+        summary: bool = False,
     ) -> list[RunRecord]:
         """Newest first. ``since``: created at or after this time; ``search``: text
-        found (case-insensitively) in the id, key, input, output or error."""
+        found (case-insensitively) in the id, key, input, output or error; ``summary``:
+        leave input, output and hand-off out (``None``), for lists."""
         where: list[str] = []
         params: list[Any] = []
         if statuses:
@@ -317,7 +323,7 @@ class Store(ApiTables, ABC):
             columns = ("id", "idem_key", "input", "output", "error")
             where.append("(" + " OR ".join(f"LOWER({c}) LIKE ? ESCAPE '\\'" for c in columns) + ")")
             params.extend([f"%{escaped}%"] * len(columns))
-        sql = f"SELECT {_RUN_COLUMNS} FROM ms_runs"
+        sql = f"SELECT {_RUN_SUMMARY_COLUMNS if summary else _RUN_COLUMNS} FROM ms_runs"
         if where:
             sql += " WHERE " + " AND ".join(where)
         sql += " ORDER BY created_at DESC, id DESC LIMIT ? OFFSET ?"
@@ -327,10 +333,11 @@ class Store(ApiTables, ABC):
 
     def runs_changed_since(self, after: float, *, limit: int = 200) -> list[RunRecord]:
         """Runs whose row changed after ``after`` (their ``updated_at``), oldest change
-        first: what a live list needs to redraw."""
+        first: what a live list needs to redraw (summaries: no input, output or
+        hand-off)."""
         with self._read() as cur:
             cur.execute(
-                f"SELECT {_RUN_COLUMNS} FROM ms_runs WHERE updated_at > ?"
+                f"SELECT {_RUN_SUMMARY_COLUMNS} FROM ms_runs WHERE updated_at > ?"
                 " ORDER BY updated_at, id LIMIT ?",
                 (after, limit),
             )
