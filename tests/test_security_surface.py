@@ -351,3 +351,13 @@ def _login(client: TestClient, key: str) -> None:
     )
     assert r.status_code == 303, r.text
     assert client.cookies.get("mainspring_key", "").startswith("mss_")
+
+
+def test_streams_end_after_their_lifetime_and_resume(app: ms.App, admin: str) -> None:
+    run_id = app.submit("idle").run_id  # waits for ever: only the lifetime ends its stream
+    headers = {"Authorization": f"Bearer {admin}"}
+    with TestClient(create_app(app, webhooks=False, max_stream_s=0.2)) as c:
+        for path in ("/events", f"/runs/{run_id}/events"):
+            with c.stream("GET", path, headers=headers) as stream:
+                text = "".join(stream.iter_text())  # returns: the server ended it
+            assert text.startswith("retry:") and "event: end" not in text, text

@@ -116,6 +116,7 @@ def create_app(
     max_streams_per_key: int = 16,
     webhook_allow: Sequence[str] = (),
     body_timeout_s: float = 30.0,
+    max_stream_s: float | None = 3600.0,
 ) -> FastAPI:
     """The HTTP API of ``app`` as an ASGI application.
 
@@ -136,6 +137,8 @@ def create_app(
             each delivery.
         body_timeout_s: a request body that pauses longer than this between chunks
             gets 408 (a slow client cannot hold a worker thread).
+        max_stream_s: an event stream ends after this long and the client resumes
+            from ``Last-Event-ID`` (EventSource does it by itself); ``None``: never.
     """
     targets = TargetPolicy(webhook_allow)
 
@@ -337,6 +340,7 @@ def create_app(
                     poll_s=events_poll_s,
                     full=key.allows("admin"),
                     still_allowed=lambda: app.store.api_key_active(key.id),
+                    max_s=max_stream_s,
                 ),
             ),
             media_type="text/event-stream",
@@ -362,7 +366,10 @@ def create_app(
             streams.hold(
                 key,
                 runs_stream(
-                    app, last_event_id, still_allowed=lambda: app.store.api_key_active(key.id)
+                    app,
+                    last_event_id,
+                    still_allowed=lambda: app.store.api_key_active(key.id),
+                    max_s=max_stream_s,
                 ),
             ),
             media_type="text/event-stream",

@@ -86,15 +86,18 @@ async def event_stream(
     poll_s: float = 0.2,
     full: bool = False,
     still_allowed: Callable[[], bool] | None = None,
+    max_s: float | None = None,
 ) -> AsyncIterator[bytes]:
     """The run's events; ``full`` keeps tracebacks (admins); ``still_allowed`` is
-    asked every few seconds and ends the stream when it says no (a revoked key)."""
+    asked every few seconds and ends the stream when it says no (a revoked key);
+    after ``max_s`` seconds the stream ends and the client resumes with
+    ``Last-Event-ID`` (no connection is held for ever)."""
     mark = parse_event_id(last_event_id)
     sent: dict[tuple[int, int], str] = {}  # rows past the watermark, as last sent
     status: str | None = None
     quiet = 0.0
     seen_finished = False
-    check = _Recheck(still_allowed)
+    check = _Recheck(still_allowed, max_s)
     yield b"retry: 1000\n\n"
     while True:
         if not await check.allowed():
@@ -150,16 +153,21 @@ async def event_stream(
 
 
 class _Recheck:
-    """Asks whether the stream's key still holds, at most every ``RECHECK_S``."""
+    """Asks whether the stream's key still holds, at most every ``RECHECK_S``, and
+    whether the stream has lived its ``max_s``."""
 
-    def __init__(self, still_allowed: Callable[[], bool] | None) -> None:
+    def __init__(self, still_allowed: Callable[[], bool] | None, max_s: float | None) -> None:
         self._ask = still_allowed
         self._next = 0.0
+        now = asyncio.get_running_loop().time()
+        self._end = None if max_s is None else now + max_s
 
     async def allowed(self) -> bool:
+        now = asyncio.get_running_loop().time()
+        if self._end is not None and now >= self._end:
+            return False
         if self._ask is None:
             return True
-        now = asyncio.get_running_loop().time()
         if now < self._next:
             return True
         self._next = now + RECHECK_S
@@ -185,10 +193,12 @@ async def runs_stream(
     *,
     poll_s: float = 0.5,
     still_allowed: Callable[[], bool] | None = None,
+    max_s: float | None = None,
 ) -> AsyncIterator[bytes]:
     """Every run whose row changes (submitted, claimed, waiting, finished, …), as
-    ``run`` events; the id is the change's ``updated_at`` so a reconnect resumes."""
-    check = _Recheck(still_allowed)
+    ``run`` events; the id is the change's ``updated_at`` so a reconnect resumes.
+    ``still_allowed`` and ``max_s`` end it as in :func:`event_stream`."""
+    check = _Recheck(still_allowed, max_s)
     try:
         after = float(last_event_id) if last_event_id else app.clock.now()
     except ValueError:
