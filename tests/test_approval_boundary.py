@@ -325,3 +325,28 @@ async def test_wait_for_a_request_name_is_a_config_error(tmp_path: Path) -> None
     with pytest.raises(ms.RunFailed, match="reserved for requests to humans"):
         await app.run(raw)
     app.close()
+
+
+def test_cli_fork_asks_again_unless_the_operator_keeps_the_decisions(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LOGNAME", "operator-olga")
+    run_id = world.submit_run("deploy", "prod")
+    world.drain()
+    world.app.answer(run_id, "approval:deploy", decision="reject", reason="freeze")
+    world.drain()
+    wait = next(s for s in world.app.steps(run_id) if s.name == "approval:deploy")
+    forks = {}
+    for flags in ([], ["--keep-decisions"]):
+        out = CliRunner().invoke(
+            cli,
+            ["fork", run_id, "--from-step", str(wait.seq), *flags, "--json", "--db", world.db],
+        )
+        assert out.exit_code == 0, out.output
+        forks[bool(flags)] = json.loads(out.stdout)["run_id"]
+    world.drain()
+    assert _pending(world, forks[False]) == ["approval:deploy"]  # asked again
+    assert asyncio.run(world.app.result(forks[True])) == "held: freeze"
+    row = next(s for s in world.app.steps(forks[True]) if s.name == "approval:deploy")
+    assert json.loads(row.output or "{}")["signal"]["by"] == "operator-olga"
+    assert world.shipped == []
