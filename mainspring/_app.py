@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import getpass
 import json
 import os
 import random
@@ -10,11 +11,19 @@ import re
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Concatenate, ParamSpec, TypeVar, overload
+from typing import Any, Concatenate, Literal, ParamSpec, TypeVar, overload
 
 from ._clock import Clock, SystemClock
-from ._errors import ConfigError, RunConflict, RunFailed, RunNotFound, UnknownWorkflow
+from ._errors import (
+    ConfigError,
+    ReservedSignal,
+    RunConflict,
+    RunFailed,
+    RunNotFound,
+    UnknownWorkflow,
+)
 from ._serde import dumps, loads
+from ._signals import is_request_signal
 from .agent import Agent, AgentResult, CompletionValidator
 from .context import ContextPolicy
 from .hitl import Decision, Request, answer_payload
@@ -344,14 +353,15 @@ class App:
             RunConflict: ``key`` names a run of other input.
         """
         wf = self.get_workflow(workflow)
-        encoded = wf.encode_input(tuple(args), dict(kwargs or {}))
+        encoded = self._redact(wf.encode_input(tuple(args), dict(kwargs or {})))
         record, created = self.store.create_run(
             run_id=_new_id(), workflow=wf.name, input=encoded, key=key, now=self.clock.now()
         )
         if not created and loads(record.input) != loads(encoded):
+            # Not the other run's input: the caller may not be allowed to read it.
             raise RunConflict(
-                f"key {key!r} already names a run of {wf.name!r} with other input "
-                f"({record.input:.200}); use a new key for new input",
+                f"key {key!r} already names a run of {wf.name!r} with other input; "
+                "use a new key for new input",
                 run_id=record.id,
             )
         return RunHandle(self, record.id, created)
@@ -399,9 +409,11 @@ class App:
         offset: int = 0,
         since: float | None = None,
         search: str | None = None,
+        summary: bool = False,
     ) -> list[RunRecord]:
         """Runs, newest first. ``since``: created at or after this timestamp;
-        ``search``: text in the id, key, input, output or error (any case)."""
+        ``search``: text in the id, key, input, output or error (any case);
+        ``summary``: without input, output and hand-off (``None``)."""
         statuses = [status] if isinstance(status, str) else status
         return self.store.list_runs(
             statuses=statuses,
@@ -410,6 +422,7 @@ class App:
             offset=offset,
             since=since,
             search=search,
+            summary=summary,
         )
 
     def trace(self, run_id: str) -> RunTrace:
@@ -439,9 +452,25 @@ class App:
             self._metrics = MetricsCollector(self.store, prices=prices)
         return self._metrics
 
-    def fork(self, run_id: str, *, from_step: int | str, edit: Any = _NO_EDIT) -> RunHandle:
+    def fork(
+        self,
+        run_id: str,
+        *,
+        from_step: int | str,
+        edit: Any = _NO_EDIT,
+        decisions: Literal["ask", "keep"] = "ask",
+        by: str | None = None,
+    ) -> RunHandle:
         """Start a new run that replays ``run_id``'s journal up to ``from_step`` and
         executes live from the step after it (time-travel debugging).
+
+        A fork never carries a human decision that nobody made for it. With
+        ``decisions="ask"`` (the default) its journal stops before the first request
+        to a human (approval, question, budget pause, checkpoint, ``resume``) at or
+        before ``from_step``, so the fork asks that request again and runs live from
+        there. ``decisions="keep"`` copies the answers, each recorded as decided by
+        ``by`` (default: the local user; over HTTP the forking key, which needs the
+        ``approve`` scope).
 
         Args:
             from_step: the journal position to keep up to, inclusive: ``seq`` in the
@@ -450,12 +479,18 @@ class App:
             edit: a JSON value merged into that step's journaled output (RFC 7386
                 merge patch: an object patches an object, ``null`` removes a key,
                 anything else replaces the output), so the new run continues from an
-                edited result.
+                edited result. A request's step cannot be edited (answer the fork's
+                request instead).
+            decisions: ``"ask"`` or ``"keep"`` the answers to requests (see above).
+            by: who keeps the decisions (with ``decisions="keep"``).
 
         Raises:
             RunNotFound: no such run.
-            ConfigError: no such step, or an edit that is not JSON.
+            ConfigError: no such step, an edit that is not JSON, an edit of a
+                request's step, or an edit that ``decisions="ask"`` would drop.
         """
+        if decisions not in ("ask", "keep"):
+            raise ConfigError(f"decisions must be 'ask' or 'keep', not {decisions!r}")
         source = self.get_run(run_id)
         session, seq = _position(from_step, source.session)
         if session not in (0, source.session):
@@ -472,18 +507,44 @@ class App:
                 f"run {run_id!r} has no step {session}:{seq} (its session {session} "
                 f"journal holds steps {have})"
             )
-        output = None
+        requests = [s for s in steps if s.seq <= seq and _is_request_step(s)]
+        if edit is not _NO_EDIT and _is_request_step(target):
+            raise ConfigError(
+                f"step {session}:{seq} of run {run_id!r} is the request {target.name!r}: a "
+                "fork never edits a human's decision; fork from the step before it and "
+                "answer the new run's request (with the 'approve' scope)"
+            )
+        upto = seq
+        outputs: dict[int, str] = {}
+        if decisions == "ask" and requests:
+            upto = requests[0].seq - 1
+            if edit is not _NO_EDIT:
+                raise ConfigError(
+                    f"cannot fork run {run_id!r} from {session}:{seq} with an edit: the "
+                    f"fork asks the request {requests[0].name!r} (step {session}:"
+                    f"{requests[0].seq}) again and runs live from there, so the edit "
+                    "would be lost; keep the decisions (decisions='keep', which needs "
+                    "the 'approve' scope) or fork from before the request"
+                )
+        elif decisions == "keep":
+            who = by if by is not None else local_user()
+            for r in requests:
+                kept = _kept_decision(r, who, run_id)
+                if kept is not None:
+                    outputs[r.seq] = kept
         if edit is not _NO_EDIT:
             patched = _merge_patch(loads(target.output), edit)
             output = dumps(patched, what=f"edited output of step {session}:{seq}")
             if self.redactor is not None:
                 output = self.redactor.redact_json(output)
+            outputs[seq] = output
         record = self.store.fork_run(
             source,
             run_id=_new_id(),
             session=session,
-            upto_seq=seq,
-            output=output,
+            upto_seq=upto,
+            output=None,
+            outputs=outputs,
             now=self.clock.now(),
         )
         return RunHandle(self, record.id, True)
@@ -523,13 +584,24 @@ class App:
     def signal(self, run_id: str, name: str, payload: Any = None) -> int:
         """Send a signal to a run; it is kept until a ``ctx.wait_for(name)`` takes it.
 
+        Names reserved for requests to humans (``approval:…``, ``question:…``,
+        ``budget:…``, ``checkpoint:…``, ``resume``) are refused: answer those with
+        :meth:`answer`, which checks the request exists and records who decided.
+
         Raises:
+            ReservedSignal: ``name`` is reserved for the answer to a request.
             RunNotFound: no such run.
             RunConflict: the run has finished.
         """
-        return self.store.send_signal(
-            run_id, name, dumps(payload, what=f"payload of signal {name!r}"), self.clock.now()
-        )
+        if is_request_signal(name):
+            raise ReservedSignal(
+                f"signal {name!r} is reserved for the answer to a request: answer it with "
+                f"app.answer({run_id!r}, {name!r}, ...) (HTTP: POST /runs/{{id}}/requests/"
+                f"{name} with the 'approve' scope; CLI: mainspring approve)",
+                run_id=run_id,
+            )
+        encoded = self._redact(dumps(payload, what=f"payload of signal {name!r}"))
+        return self.store.send_signal(run_id, name, encoded, self.clock.now())
 
     def requests(self, run_id: str | None = None) -> list[Request]:
         """Requests waiting for a human (of one run, or of all runs), oldest first."""
@@ -548,7 +620,8 @@ class App:
     ) -> Request:
         """Answer a pending request once: ``decision`` (``approve``, ``reject`` with a
         ``reason``, or ``edit`` with new ``arguments``) for an approval, ``answer`` for
-        a question. The run resumes on any worker.
+        a question. The run resumes on any worker. ``by`` (who decided) defaults to
+        the local user; the HTTP API sets it to the API key's name.
 
         Raises:
             RunNotFound: no such run.
@@ -557,14 +630,18 @@ class App:
             InvalidAnswer: the answer does not fit the request.
         """
 
+        who = by if by is not None else local_user()
+
         def payload(request: Request) -> str:
-            return answer_payload(
-                request,
-                decision=decision,
-                reason=reason,
-                arguments=arguments,
-                answer=answer,
-                by=by,
+            return self._redact(
+                answer_payload(
+                    request,
+                    decision=decision,
+                    reason=reason,
+                    arguments=arguments,
+                    answer=answer,
+                    by=who,
+                )
             )
 
         request, _ = self.store.answer_request(run_id, request_id, payload, self.clock.now())
@@ -573,7 +650,13 @@ class App:
     def cancel(self, run_id: str, reason: str | None = None) -> str:
         """Cancel a run; returns its status afterwards (``running`` while its
         worker is stopping it)."""
+        if reason is not None and self.redactor is not None:
+            reason = self.redactor.redact_text(reason)
         return self.store.cancel(run_id, self.clock.now(), reason)
+
+    def _redact(self, text: str) -> str:
+        """JSON text as it may be stored (and so served): secrets redacted."""
+        return text if self.redactor is None else self.redactor.redact_json(text)
 
     async def result(self, run_id: str, *, timeout: float | None = None) -> Any:
         """Wait until the run finishes; return its result or raise :class:`RunFailed`."""
@@ -609,6 +692,14 @@ def _rate_limits(
     return RateLimits(given)
 
 
+def local_user() -> str:
+    """Who is deciding from this process (recorded as ``by`` with an answer)."""
+    try:
+        return getpass.getuser()
+    except (OSError, KeyError):  # no login name (a container without USER)
+        return f"uid:{os.getuid()}" if hasattr(os, "getuid") else "local"
+
+
 def _new_id() -> str:
     return uuid.uuid4().hex
 
@@ -641,6 +732,30 @@ def _merge_patch(target: Any, patch: Any) -> Any:
         else:
             merged[key] = _merge_patch(merged.get(key), value)
     return merged
+
+
+def _is_request_step(step: StepRecord) -> bool:
+    """A wait for a human's answer (whose signal only the answer path may send)."""
+    if step.kind != "signal":
+        return False
+    if is_request_signal(step.name):
+        return True
+    return step.output is not None and step.output.startswith('{"request":')
+
+
+def _kept_decision(step: StepRecord, by: str, source_run: str) -> str | None:
+    """A completed request row's output with its answer recorded as ``by``'s (the
+    reviewer who decided in ``source_run`` is kept beside it)."""
+    if step.status != "completed" or step.output is None:
+        return None
+    out = loads(step.output)
+    if not isinstance(out, dict) or "signal" not in out:
+        return None  # timed out: the wait's default, no reviewer's answer to re-own
+    answer = out["signal"]
+    if not isinstance(answer, dict):  # an old raw signal's bare value: nowhere to record
+        return None
+    answer = {**answer, "by": by, "kept_from": {"run_id": source_run, "by": answer.get("by")}}
+    return dumps({**out, "signal": answer}, what=f"kept decision of step {step.name!r}")
 
 
 def _failing_seq(record: RunRecord, steps: list[StepRecord]) -> int | None:

@@ -26,6 +26,7 @@ Tree::
     ├── ModelOutputError          a model's output cannot be parsed (the model can repair)
     ├── ContextOverflow           the prompt is too long (compact, then retry once)
     ├── PermissionDenied          auth or permission refused: ask a human
+    │   └── ReservedSignal        a raw signal to a request's name: answer the request
     ├── QuotaExhausted            the account is out of quota: ask a human
     ├── UnknownTool               the model called a tool that does not exist
     ├── ToolNotAllowed            the tool exists but is not on the agent's allowlist
@@ -71,6 +72,7 @@ __all__ = [
     "QuotaExhausted",
     "RateLimited",
     "RequestNotFound",
+    "ReservedSignal",
     "RunConflict",
     "RunFailed",
     "RunNotFound",
@@ -178,6 +180,14 @@ class ContextOverflow(MainspringError):
 
 class PermissionDenied(MainspringError):
     """Authentication or permission was refused. A human must fix credentials."""
+
+
+class ReservedSignal(PermissionDenied):
+    """A raw signal named for a request to a human (``approval:…``, ``question:…``,
+    ``budget:…``, ``checkpoint:…``, ``resume``). Only the answer path
+    (:meth:`App.answer`, the HTTP answer endpoint with the ``approve`` scope,
+    ``mainspring approve``) satisfies a request: it checks the request exists and
+    records who decided."""
 
 
 class QuotaExhausted(MainspringError):

@@ -213,7 +213,7 @@ async def test_budget_pauses_for_a_human_before_stopping(app: ms.App) -> None:
     await drain(app)
     run = app.get_run(handle.run_id)
     assert (run.status, run.wait_reason) == ("waiting", "signal:budget:max_steps")
-    app.signal(handle.run_id, "budget:max_steps", {"action": "continue", "limit": 10})
+    app.answer(handle.run_id, "budget:max_steps", decision="edit", arguments={"limit": 10})
     await drain(app)
     result = await handle.result()
     assert (result.status, result.turns) == ("done", 5)
@@ -238,14 +238,16 @@ async def test_irreversible_tool_waits_for_approval(app: ms.App) -> None:
     handle = app.submit(agent, "t")
     await drain(app)
     assert app.get_run(handle.run_id).wait_reason == "signal:approval:c1"
-    app.signal(handle.run_id, "approval:c1", {"approve": True, "arguments": {"cents": 4000}})
+    app.answer(handle.run_id, "approval:c1", decision="edit", arguments={"cents": 4000})
     await drain(app)
-    app.signal(handle.run_id, "approval:c2", {"approve": False, "reason": "too much"})
+    app.answer(handle.run_id, "approval:c2", decision="reject", reason="too much")
     await drain(app)
     assert (await handle.result()).status == "done"
     assert refunds == [4000]  # edited by the reviewer; the second was rejected
     rejected = model.requests[2].messages
-    assert any("rejected by the reviewer: too much" in getattr(m, "content", "") for m in rejected)
+    user = ms._app.local_user()  # who decided: the local user (the API key over HTTP)
+    expected = f"rejected by the reviewer ({user}): too much"
+    assert any(expected in getattr(m, "content", "") for m in rejected)
 
 
 async def test_sessions_hand_off_state(app: ms.App) -> None:

@@ -847,7 +847,7 @@ async def test_auth_and_quota_errors_wait_for_a_human(
     assert (run.status, run.wait_reason) == ("waiting", "signal:resume")
     assert len(model.requests) == 2  # it did not keep hammering a refused key
 
-    app.signal(handle.run_id, "resume", {"action": action})
+    app.answer(handle.run_id, "resume", decision="reject" if action == "stop" else "approve")
     await drain(app)
     if action == "stop":
         with pytest.raises(ms.RunFailed) as info:

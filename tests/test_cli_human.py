@@ -23,7 +23,9 @@ def _invoke(*args: str) -> tuple[int, str, str]:
     return result.exit_code, result.stdout, result.stderr
 
 
-async def test_pending_approve_and_answer(db: str) -> None:
+async def test_pending_approve_and_answer(db: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Who decides is the local user (getpass reads LOGNAME first), never a flag.
+    monkeypatch.setenv("LOGNAME", "ana")
     app = ms.App(db, poll_interval_s=0.01, inline_wait_s=0.0)
 
     @app.workflow
@@ -55,8 +57,6 @@ async def test_pending_approve_and_answer(db: str) -> None:
         "approval:publish",
         "--edit",
         '{"tag": "v1"}',
-        "--by",
-        "ana",
         "--db",
         db,
     )
@@ -78,7 +78,7 @@ async def test_pending_approve_and_answer(db: str) -> None:
     assert question["kind"] == "question" and question["choices"] == ["beta", "stable"]
     code, _, err = _invoke("answer", one.run_id, question["id"], "alpha", "--db", db)
     assert code == 2 and "'alpha' is not one of the choices" in err
-    code, _, _ = _invoke("answer", one.run_id, question["id"], "beta", "--by", "ana", "--db", db)
+    code, _, _ = _invoke("answer", one.run_id, question["id"], "beta", "--db", db)
     assert code == 0
     await drain(app)
     assert await app.result(one.run_id) == "v1 on beta by ana"

@@ -185,12 +185,12 @@ async def test_non_retryable_error_fails_at_once_and_replays_the_same(
             await ctx.step(broken)
         except ms.StepFailed as exc:
             outcome = f"{exc.error_type}:{exc.attempts}"
-        await ctx.wait_for("resume")
+        await ctx.wait_for("go")
         return outcome
 
     handle = fapp.submit(wf)
     await drain(fapp)
-    fapp.signal(handle.run_id, "resume")
+    fapp.signal(handle.run_id, "go")
     await drain(fapp)  # replays: the failure comes from the journal, not a new call
     assert await handle.result() == "mainspring._errors.PermissionDenied:1"
     assert calls == [1]

@@ -17,7 +17,7 @@ EXPECTED = {
     "WaitTimeout", "Worker", "Workflow", "__version__", "current_step",
     "Effect", "Tool", "ToolContext", "tool", "Agent", "AgentResult", "AgentState",
     "ContextPolicy", "Limits", "Redactor", "RunTrace", "TraceEntry",
-    "Approval", "ApprovalRejected", "InvalidAnswer", "Request", "RequestNotFound",
+    "Approval", "ApprovalRejected", "InvalidAnswer", "Request", "RequestNotFound", "ReservedSignal",
     "StepCall", "StepInterceptor",
 }  # fmt: skip
 

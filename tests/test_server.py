@@ -263,3 +263,31 @@ def test_metrics_fork_and_retry_over_http(stack: Stack) -> None:
         if s.name.endswith("runs") and "status" in s.labels
     }
     assert runs.get("failed") == 1 and runs.get("waiting") == 2, runs
+
+
+def test_slow_clients_are_cut_off(stack: Stack) -> None:
+    """Slowloris: headers that never finish are closed; a body that stalls gets 408;
+    a normal request on the same server still works."""
+    import socket
+
+    stack.serve("--no-worker", "--no-webhooks", "--header-timeout", "1", "--body-timeout", "1")
+    slow = [socket.create_connection(("127.0.0.1", stack.port), timeout=20) for _ in range(5)]
+    for s in slow:
+        s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")  # and never the blank line
+    for s in slow:
+        assert s.recv(100) == b""  # closed by the server (a timeout would raise instead)
+        s.close()
+    body = socket.create_connection(("127.0.0.1", stack.port), timeout=20)
+    body.sendall(
+        b"POST /runs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Authorization: Bearer " + stack.admin.encode() + b"\r\nContent-Length: 100\r\n\r\n{"
+    )
+    answer = b""
+    while b"\r\n\r\n" not in answer:
+        chunk = body.recv(1000)
+        assert chunk, answer
+        answer += chunk
+    assert answer.startswith(b"HTTP/1.1 408"), answer
+    body.close()
+    assert stack.client(stack.admin).get("/runs").status_code == 200
+    assert sum(stack.app.store.count_runs().values()) == 0

@@ -4,6 +4,7 @@ with back-off, seen once per event by a real receiver on 127.0.0.1."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import threading
 from collections import Counter
@@ -15,7 +16,14 @@ import pytest
 from _helpers import drain
 
 import mainspring as ms
-from mainspring.server import WebhookDispatcher, sign_webhook, verify_webhook
+from mainspring.server import (
+    TargetPolicy,
+    WebhookDispatcher,
+    sign_standard_webhook,
+    sign_webhook,
+    verify_standard_webhook,
+    verify_webhook,
+)
 
 SECRET = "s3cret-s3cret-s3cret"
 
@@ -41,6 +49,12 @@ class Receiver:
                     SECRET,
                     timestamp=self.headers["Mainspring-Timestamp"],
                     signature=self.headers["Mainspring-Signature"],
+                    body=body,
+                ) and verify_standard_webhook(
+                    SECRET,
+                    event_id=self.headers["webhook-id"],
+                    timestamp=self.headers["webhook-timestamp"],
+                    signature=self.headers["webhook-signature"],
                     body=body,
                 )
                 event_id = self.headers["Mainspring-Event-Id"]
@@ -83,7 +97,13 @@ def receiver() -> Iterator[Receiver]:
 async def _deliver_until(app: ms.App, receiver: Receiver, count: int, dispatchers: int) -> None:
     """Run several dispatchers at once (as several server processes would)."""
     fleet = [
-        WebhookDispatcher(app.store, backoff_s=0.02, max_backoff_s=0.1, poll_interval_s=0.01)
+        WebhookDispatcher(
+            app.store,
+            backoff_s=0.02,
+            max_backoff_s=0.1,
+            poll_interval_s=0.01,
+            allow_networks=["127.0.0.1/32"],  # the receiver is local
+        )
         for _ in range(dispatchers)
     ]
     tasks = [asyncio.create_task(d.run()) for d in fleet]
@@ -154,7 +174,9 @@ async def test_event_filter_and_giving_up(app: ms.App) -> None:
     await app.run(quick)
     [row] = app.store.outbox()
     assert row["event"] == "run.succeeded"
-    dispatcher = WebhookDispatcher(app.store, backoff_s=0.0, max_attempts=3, timeout_s=1)
+    dispatcher = WebhookDispatcher(
+        app.store, backoff_s=0.0, max_attempts=3, timeout_s=1, allow_networks=["127.0.0.0/8"]
+    )
     for _ in range(5):
         await dispatcher.deliver_once()
     [row] = app.store.outbox()
@@ -183,3 +205,101 @@ def test_signatures_are_checked() -> None:
     assert not verify_webhook(
         SECRET, timestamp="yesterday", signature=signature, body=body, now=now
     )
+
+
+def test_standard_webhooks_signature_matches_the_spec_vector() -> None:
+    """The test vector of the Standard Webhooks libraries: their verifiers accept ours."""
+    secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+    body = b'{"test": 2432232314}'
+    signature = sign_standard_webhook(secret, "msg_p5jXN8AQM9LWM0D4loKWxJek", 1614265330, body)
+    assert signature == "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE="
+    assert verify_standard_webhook(
+        secret,
+        event_id="msg_p5jXN8AQM9LWM0D4loKWxJek",
+        timestamp="1614265330",
+        signature=f"v1,bogus {signature}",
+        body=body,
+        now=1614265330,
+    )
+    assert not verify_standard_webhook(
+        secret,
+        event_id="msg_other",
+        timestamp="1614265330",
+        signature=signature,
+        body=body,
+        now=1614265330,
+    )
+
+
+def test_generated_secrets_have_the_standard_form(app: ms.App) -> None:
+    _, secret = app.store.add_webhook("https://hooks.example.com/x", app.clock.now())
+    assert secret.startswith("whsec_") and len(base64.b64decode(secret[6:])) == 32
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://127.0.0.1:8080/x",
+        "http://localhost/x",
+        "http://10.1.2.3/x",
+        "http://192.168.0.1/x",
+        "http://169.254.169.254/latest/meta-data",  # cloud metadata
+        "http://[::1]/x",
+        "http://[::ffff:127.0.0.1]/x",
+        "http://0.0.0.0/x",
+    ],
+)
+def test_internal_webhook_targets_are_refused_unless_allowed(url: str) -> None:
+    with pytest.raises(ms.ConfigError, match="webhook URL refused"):
+        TargetPolicy().check_url(url)
+    TargetPolicy(["*"]).check_url(url)
+    TargetPolicy().check_url("https://hooks.example.com/x")  # names: checked at delivery
+    TargetPolicy(["127.0.0.0/8", "10.0.0.0/8", "192.168.0.0/16"]).check_url("http://10.1.2.3/x")
+
+
+async def test_delivery_refuses_internal_targets_and_keeps_no_secrets(
+    app: ms.App, caplog: pytest.LogCaptureFixture
+) -> None:
+    @app.workflow
+    async def quick(ctx: ms.RunContext) -> int:
+        return 1
+
+    class Noisy(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            body = b"internal stack trace with PRIVATE-DETAIL"
+            self.send_response(500)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Noisy)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+    url = f"http://user:PASSWORD1@127.0.0.1:{port}/hook?token=QUERYTOKEN"
+    app.store.add_webhook(url, app.clock.now(), events=["run.succeeded"])
+    await app.run(quick)
+    try:
+        with caplog.at_level("WARNING", logger="mainspring.webhooks"):
+            await WebhookDispatcher(app.store).deliver_once()  # the default policy
+            [row] = app.store.outbox()
+            assert row["next_at"] is None and row["attempts"] == 1  # given up at once
+            assert "target refused: 127.0.0.1 is a loopback address" in row["last_error"]
+            app.store.outbox()  # (the row stays for operators)
+            # Allowed: the receiver's answer is kept as a status line only.
+            with app.store._write() as cur:
+                cur.execute("UPDATE ms_outbox SET next_at = 0")
+            allowed = WebhookDispatcher(app.store, allow_networks=["127.0.0.1/32"])
+            await allowed.deliver_once()
+        [row] = app.store.outbox()
+        assert row["last_error"] == "HTTP 500 Internal Server Error"
+        logged = caplog.text
+        assert f"http://127.0.0.1:{port}/hook" in logged
+        for secret in ("PASSWORD1", "QUERYTOKEN", "PRIVATE-DETAIL"):
+            assert secret not in logged and secret not in str(app.store.outbox())
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -2,24 +2,19 @@
 
 from __future__ import annotations
 
-import getpass
 import time
 from typing import Annotated, Any
 
 import typer
 from rich.table import Table
 
+from .._app import local_user
 from .._errors import ConfigError
 from ..hitl import Request
 from ._common import AppOption, DbOption, JsonOption, cli_errors, console, open_app, print_json
 from ._runs import _parse_json
 
 __all__ = ["answer", "approve", "pending"]
-
-ByOption = Annotated[
-    str | None,
-    typer.Option("--by", help="Who decides (recorded with the answer; default: your user)."),
-]
 
 
 def _request_json(r: Request) -> dict[str, Any]:
@@ -70,12 +65,12 @@ def approve(
         str | None,
         typer.Option("--reject", metavar="REASON", help="Reject, with a reason the run sees."),
     ] = None,
-    by: ByOption = None,
     db: DbOption = None,
     app_spec: AppOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Approve a request (or --reject REASON, or approve with --edit JSON arguments)."""
+    """Approve a request (or --reject REASON, or approve with --edit JSON arguments).
+    The decision is recorded as your user name's."""
     with cli_errors():
         if edit is not None and reject is not None:
             raise ConfigError("choose one of --edit and --reject")
@@ -93,7 +88,7 @@ def approve(
                 decision=decision,  # type: ignore[arg-type]
                 reason=reject,
                 arguments=arguments,
-                by=by or getpass.getuser(),
+                by=local_user(),
             )
     _done(request, decision, as_json)
 
@@ -104,14 +99,13 @@ def answer(
         str, typer.Argument(metavar="REQUEST", help="The question's id (see `mainspring pending`).")
     ],
     text: Annotated[str, typer.Argument(metavar="TEXT", help="The answer.")],
-    by: ByOption = None,
     db: DbOption = None,
     app_spec: AppOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """Answer a question a run asked."""
     with cli_errors(), open_app(db, app_spec) as app:
-        request = app.answer(run_id, request_id, answer=text, by=by or getpass.getuser())
+        request = app.answer(run_id, request_id, answer=text, by=local_user())
     _done(request, "answer", as_json)
 
 

@@ -10,6 +10,7 @@ import typer
 from rich.text import Text
 from rich.tree import Tree
 
+from .._app import local_user
 from .._errors import ConfigError
 from ..observability import RunTrace, TraceEntry, progress
 from ._common import AppOption, DbOption, JsonOption, cli_errors, console, open_app, print_json
@@ -102,11 +103,20 @@ def fork(
             help="Merge this JSON (RFC 7386) into step N's recorded output first.",
         ),
     ] = None,
+    keep_decisions: Annotated[
+        bool,
+        typer.Option(
+            "--keep-decisions",
+            help="Copy the answers to requests at or before step N, recorded as your "
+            "decisions (default: the fork asks them again).",
+        ),
+    ] = False,
     db: DbOption = None,
     app_spec: AppOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Start a new run that replays RUN's journal up to step N and runs live after it."""
+    """Start a new run that replays RUN's journal up to step N and runs live after it.
+    A request to a human at or before step N is asked again unless --keep-decisions."""
     with cli_errors():
         edit: dict[str, Any] = {}
         if edit_state is not None:
@@ -117,7 +127,13 @@ def fork(
                     f"--edit-state is not valid JSON ({exc}): {edit_state!r}"
                 ) from None
         with open_app(db, app_spec) as app:
-            handle = app.fork(run_id, from_step=from_step, **edit)
+            handle = app.fork(
+                run_id,
+                from_step=from_step,
+                decisions="keep" if keep_decisions else "ask",
+                by=local_user(),
+                **edit,
+            )
     if as_json:
         print_json({"run_id": handle.run_id, "forked_from": run_id, "from_step": from_step})
         return

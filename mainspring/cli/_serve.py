@@ -26,12 +26,49 @@ def serve(
     ] = True,
     max_body_bytes: Annotated[int, typer.Option(help="Larger request bodies get 413.")] = 1 << 20,
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")] = "INFO",
+    docs: Annotated[
+        bool,
+        typer.Option(
+            "--docs/--no-docs",
+            help="Serve Swagger UI at /docs (it loads its scripts from a CDN).",
+        ),
+    ] = False,
+    ssl_certfile: Annotated[
+        str | None, typer.Option(help="Serve HTTPS with this certificate (PEM).")
+    ] = None,
+    ssl_keyfile: Annotated[str | None, typer.Option(help="The certificate's key (PEM).")] = None,
+    webhook_allow: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--webhook-allow",
+            metavar="CIDR",
+            help="A network webhooks may target beside public addresses (repeatable; "
+            "'*' allows any).",
+        ),
+    ] = None,
+    header_timeout: Annotated[
+        float,
+        typer.Option(help="Seconds a client has to send a request's headers (then closed)."),
+    ] = 10.0,
+    body_timeout: Annotated[
+        float,
+        typer.Option(help="Seconds a request body may pause between chunks (then 408)."),
+    ] = 30.0,
+    secure_cookies: Annotated[
+        bool,
+        typer.Option(
+            "--secure-cookies",
+            help="Mark the dashboard's session cookie Secure (behind a TLS proxy; "
+            "automatic with --ssl-certfile).",
+        ),
+    ] = False,
 ) -> None:
-    """Serve the HTTP API (docs at /docs, OpenAPI at /openapi.json)."""
+    """Serve the HTTP API (OpenAPI at /openapi.json; Swagger UI at /docs with --docs)."""
     try:
         import uvicorn
 
         from ..server import create_app
+        from ..server._protocol import with_header_timeout
     except ImportError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
@@ -45,6 +82,10 @@ def serve(
         webhooks=webhooks,
         max_body_bytes=max_body_bytes,
         worker_options={"concurrency": concurrency},
+        docs=docs,
+        secure_cookies=True if secure_cookies or ssl_certfile else None,
+        webhook_allow=webhook_allow or (),
+        body_timeout_s=body_timeout,
     )
     logging.getLogger("mainspring.server").info(
         "serving %s on http://%s:%d (store %s, worker %s)",
@@ -54,4 +95,15 @@ def serve(
         redact_url(app.url),
         "on" if worker else "off",
     )
-    uvicorn.run(api, host=host, port=port, log_level=log_level.lower(), access_log=False)
+    uvicorn.run(
+        api,
+        host=host,
+        port=port,
+        log_level=log_level.lower(),
+        access_log=False,
+        ssl_certfile=ssl_certfile,
+        ssl_keyfile=ssl_keyfile,
+        timeout_keep_alive=5,  # idle connections are closed, not held
+        http=with_header_timeout(header_timeout),  # and so are ones whose headers dawdle
+        limit_concurrency=1000,  # past this, 503 rather than exhausting descriptors
+    )

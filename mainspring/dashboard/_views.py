@@ -5,25 +5,32 @@ the same key, which the login stores in an HttpOnly, SameSite=Strict cookie."""
 from __future__ import annotations
 
 import json
+import logging
+import secrets
+import threading
 import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 from urllib.parse import parse_qs
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
 from .._app import App
 from .._errors import RunNotFound
+from .._public import public_error
 from .._serde import loads
 from ..observability import TraceEntry
 from ..storage import RunRecord
 from ..storage._api import ApiKey
+from ._sessions import Sessions
 
-__all__ = ["dashboard_router"]
+__all__ = ["Sessions", "dashboard_router"]
+
+audit = logging.getLogger("mainspring.auth")
 
 COOKIE = "mainspring_key"
 STATUSES = ("queued", "running", "sleeping", "waiting", "succeeded", "failed", "cancelled")
@@ -31,6 +38,50 @@ _env = Environment(
     loader=FileSystemLoader(Path(__file__).with_name("templates")),
     autoescape=select_autoescape(["html"]),
 )
+
+
+class _Failures:
+    """Failed logins per client address in a sliding window."""
+
+    def __init__(self, limit: int, window_s: float) -> None:
+        self.limit = limit
+        self.window_s = window_s
+        self._seen: dict[str, list[float]] = {}
+        self._lock = threading.Lock()
+
+    def _recent(self, client: str, now: float) -> list[float]:
+        kept = [t for t in self._seen.get(client, []) if t > now - self.window_s]
+        if kept:
+            self._seen[client] = kept
+        else:
+            self._seen.pop(client, None)
+        return kept
+
+    def blocked(self, client: str, now: float) -> bool:
+        with self._lock:
+            return len(self._recent(client, now)) >= self.limit
+
+    def add(self, client: str, now: float) -> None:
+        with self._lock:
+            self._seen[client] = [*self._recent(client, now), now]
+            if len(self._seen) > 100_000:  # a flood of addresses: forget the oldest
+                self._seen.pop(next(iter(self._seen)))
+
+
+def _key_id(token: str) -> str | None:
+    """The public id part of a presented key (never its secret), for the audit log."""
+    parts = token.split("_", 2)
+    return parts[1][:12] if len(parts) == 3 and parts[0] == "msk" else None
+
+
+def _csp(nonce: str) -> str:
+    """The dashboard's Content-Security-Policy: its own origin only, scripts by nonce,
+    never framed."""
+    return (
+        f"default-src 'self'; script-src 'nonce-{nonce}'; style-src 'self' 'unsafe-inline'; "
+        "img-src 'self' data:; connect-src 'self'; object-src 'none'; base-uri 'none'; "
+        "form-action 'self'; frame-ancestors 'none'"
+    )
 
 
 def _when(ts: float | None) -> str:
@@ -49,7 +100,19 @@ def _pretty(text: str | None, limit: int = 4000) -> str:
     return value if len(value) <= limit else value[:limit] + "\n…"
 
 
+def _error_text(text: str | None, admin: bool = False) -> str:
+    """A run's error as shown: the traceback for admins only."""
+    if text is None or admin:
+        return _pretty(text)
+    try:
+        value = public_error(loads(text))
+    except Exception:
+        return _pretty(text)
+    return _pretty(json.dumps(value, ensure_ascii=False, default=str))
+
+
 _env.filters["when"] = _when
+_env.filters["error_text"] = _error_text
 _env.filters["pretty"] = _pretty
 
 
@@ -84,18 +147,35 @@ def _chart(points: list[dict[str, Any]], width: int = 560, height: int = 120) ->
     )
 
 
-def dashboard_router(app: App) -> APIRouter:
+def dashboard_router(
+    app: App,
+    sessions: Sessions,
+    *,
+    secure_cookies: bool | None = None,
+    login_attempts: int = 10,
+    login_window_s: float = 60.0,
+) -> APIRouter:
+    """The dashboard's pages. ``secure_cookies``: mark the session cookie ``Secure``
+    (``None``: when the request came over HTTPS). ``login_attempts`` failed logins
+    per client address within ``login_window_s`` seconds, then 429 until it passes."""
     router = APIRouter(prefix="/ui", include_in_schema=False)
+    failures = _Failures(login_attempts, login_window_s)
 
     def key_of(request: Request) -> ApiKey | None:
         token = request.cookies.get(COOKIE)
         if not token:
             return None
-        key = app.store.verify_api_key(token, app.clock.now())
+        key_id = sessions.key_id(token, app.clock.now())
+        key = app.store.get_api_key(key_id) if key_id is not None else None
         return key if key is not None and key.allows("read") else None
 
-    def page(name: str, **context: Any) -> HTMLResponse:
-        return HTMLResponse(_env.get_template(name).render(**context))
+    def page(name: str, *, status_code: int = 200, **context: Any) -> HTMLResponse:
+        # Scripts run only with this response's nonce: an injected <script> does not.
+        nonce = secrets.token_urlsafe(16)
+        html = _env.get_template(name).render(nonce=nonce, **context)
+        return HTMLResponse(
+            html, status_code=status_code, headers={"Content-Security-Policy": _csp(nonce)}
+        )
 
     def login_first() -> RedirectResponse:
         return RedirectResponse("/ui/login", status_code=303)
@@ -106,30 +186,56 @@ def dashboard_router(app: App) -> APIRouter:
 
     @router.post("/login")
     async def login(request: Request) -> Response:
+        client = request.client.host if request.client else "?"
+        now = time.monotonic()
+        if failures.blocked(client, now):
+            audit.warning("dashboard login refused: too many failures from %s", client)
+            return page(
+                "login.html",
+                status_code=429,
+                error="Too many failed logins from this address; wait a minute.",
+            )
         form = parse_qs((await request.body()).decode(errors="replace"))
         token = (form.get("key") or [""])[0].strip()
         key = app.store.verify_api_key(token, app.clock.now()) if token else None
         if key is None or not key.allows("read"):
+            failures.add(client, now)
+            audit.warning("dashboard login failed from %s (key id %r)", client, _key_id(token))
             return page("login.html", error="That key is not valid (or lacks the read scope).")
+        audit.info("dashboard login of key %r (%s) from %s", key.id, key.name, client)
         response = RedirectResponse("/ui/", status_code=303)
+        secure = request.url.scheme == "https" if secure_cookies is None else secure_cookies
         response.set_cookie(
-            COOKIE, token, httponly=True, samesite="strict", max_age=7 * 86400, path="/"
+            COOKIE,
+            sessions.start(key.id, app.clock.now()),
+            httponly=True,
+            samesite="strict",
+            secure=secure,
+            max_age=int(sessions.ttl_s),
+            path="/",
         )
         return response
 
     @router.post("/logout")
-    def logout() -> Response:
+    def logout(request: Request) -> Response:
+        token = request.cookies.get(COOKIE)
+        if token:
+            sessions.end(token)
         response = RedirectResponse("/ui/login", status_code=303)
         response.delete_cookie(COOKIE, path="/")
         return response
 
     @router.get("/")
-    def runs(request: Request, status: str | None = None, offset: int = 0) -> Response:
+    def runs(
+        request: Request,
+        status: str | None = None,
+        offset: Annotated[int, Query(ge=0, le=10_000_000)] = 0,
+    ) -> Response:
         key = key_of(request)
         if key is None:
             return login_first()
         wanted = [status] if status in STATUSES else None
-        records = app.list_runs(status=wanted, limit=50, offset=max(0, offset))
+        records = app.list_runs(status=wanted, limit=50, offset=max(0, offset), summary=True)
         current = app.store.last_steps([r.id for r in records])
         return page(
             "runs.html",
@@ -170,6 +276,7 @@ def dashboard_router(app: App) -> APIRouter:
             chart=_chart(points),
             can_approve=key.allows("approve"),
             can_submit=key.allows("submit"),
+            can_admin=key.allows("admin"),
         )
 
     @router.get("/runs/{run_id}/panel")
@@ -185,6 +292,7 @@ def dashboard_router(app: App) -> APIRouter:
             requests=[] if record.finished else app.requests(run_id),
             can_approve=key.allows("approve"),
             can_submit=key.allows("submit"),
+            can_admin=key.allows("admin"),
         )
 
     return router

@@ -2,7 +2,9 @@
 
 A request is a durable wait whose journal row carries what is asked (kind, title,
 preview, choices). Its id is the signal it waits on (``approval:<name>``,
-``question:<name>``, ``budget:<limit>``, ``resume``), so a raw signal answers it too.
+``question:<name>``, ``budget:<limit>``, ``checkpoint:…``, ``resume``): names reserved
+for the answer path (:meth:`App.answer`, which checks the request and records who
+decided), never sent as raw signals (see ``mainspring._signals``).
 """
 
 from __future__ import annotations
@@ -89,8 +91,9 @@ def request_meta(
 def approval_from(payload: Any) -> Approval:
     """Read a decision from a signal payload.
 
-    Accepts the canonical ``{"decision": "approve"|"reject"|"edit", ...}``, and the
-    shorter forms a raw signal may carry: ``{"approve": true}``, ``{"action":
+    Accepts the canonical ``{"decision": "approve"|"reject"|"edit", ...}`` that the
+    answer path writes, and the shorter forms raw signals carried before request names
+    were reserved (journals of older runs): ``{"approve": true}``, ``{"action":
     "continue"|"stop"}``, ``true``/``false`` and the bare words.
     """
     if isinstance(payload, bool):

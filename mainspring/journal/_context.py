@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Literal, NoReturn, TypeVar, get_type_hint
 from .._describe import safe_str, safe_traceback
 from .._errors import (
     Cancelled,
+    ConfigError,
     LeaseLost,
     MainspringError,
     NondeterminismError,
@@ -35,6 +36,7 @@ from .._errors import (
     WaitTimeout,
 )
 from .._serde import decode, dumps, loads
+from .._signals import is_request_signal
 from ..storage import RunRecord, RunTransition, RunWrite, StepKind, StepRecord, StepStatus
 from ..storage._records import WAIT_SIGNAL_SEP, join_wait_signals
 from ._engine import Engine, RunControl
@@ -516,7 +518,18 @@ class RunContext:
 
         Raises:
             WaitTimeout: ``timeout`` seconds passed with no signal and no ``default``.
+            ConfigError: ``signal`` is a name reserved for requests to humans
+                (``approval:…``, ``question:…``, ``budget:…``, ``checkpoint:…``,
+                ``resume``): no raw signal may satisfy it; use :meth:`approval` or
+                :meth:`ask`.
         """
+        if is_request_signal(signal):
+            raise ConfigError(
+                f"ctx.wait_for({signal!r}): that name is reserved for requests to humans "
+                "and no raw signal can answer it; use ctx.approval(...) or ctx.ask(...), "
+                "or wait for another name",
+                run_id=self.run_id,
+            )
         return await self._wait(signal, timeout=timeout, default=default)
 
     async def approval(

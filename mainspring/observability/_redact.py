@@ -10,6 +10,7 @@ whatever a configured pattern matches.
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from collections.abc import Sequence
@@ -18,7 +19,7 @@ from typing import Any
 
 from .._errors import ConfigError
 
-__all__ = ["BUILTIN_PATTERNS", "SECRET_KEYS", "Redactor"]
+__all__ = ["BUILTIN_PATTERNS", "SECRET_KEYS", "SECRET_KEY_WORDS", "Redactor", "is_secret_key"]
 
 # Common credential shapes. Each group 1 (when present) is kept: "Bearer [REDACTED]".
 BUILTIN_PATTERNS: tuple[str, ...] = (
@@ -27,18 +28,32 @@ BUILTIN_PATTERNS: tuple[str, ...] = (
     r"(?:AKIA|ASIA)[0-9A-Z]{16}",  # AWS access key id
     r"gh[pousr]_[A-Za-z0-9]{20,}",  # GitHub tokens
     r"github_pat_[A-Za-z0-9_]{20,}",
+    r"glpat-[A-Za-z0-9_\-]{20,}",  # GitLab
     r"xox[abposr]-[A-Za-z0-9\-]{8,}",  # Slack
     r"AIza[0-9A-Za-z_\-]{30,}",  # Google API key
+    r"(?:sk|rk)_(?:live|test)_[A-Za-z0-9]{16,}",  # Stripe
+    r"SG\.[A-Za-z0-9_\-]{16,}\.[A-Za-z0-9_\-]{16,}",  # SendGrid
+    r"hf_[A-Za-z0-9]{30,}",  # Hugging Face
+    r"msk_[0-9a-f]{12}_[A-Za-z0-9_\-]{20,}",  # mainspring's own API keys
+    r"eyJ[A-Za-z0-9_\-]{8,}\.eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}",  # JWT
+    # PEM private keys (RSA, EC, OPENSSH, ENCRYPTED, PKCS#8), header to footer.
+    r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY-----[\s\S]*?-----END (?:[A-Z0-9]+ )*PRIVATE KEY-----",
+    # A password inside a URL: scheme://user:PASSWORD@host keeps scheme://user:
+    r"(?i)(\b[a-z][a-z0-9+.\-]*://[^\s:/@\"'<>]*:)[^\s/@\"'<>]+(?=@)",
     r"(?i)(\bbearer\s+)[A-Za-z0-9._~+/=\-]{8,}",
-    r"(?i)(\b(?:password|passwd|pwd|secret|api[_-]?key|access[_-]?token|token)\s*[=:]\s*)"
-    r"[^\s\"'&,;]+",
+    r"(?i)(\bbasic\s+)[A-Za-z0-9+/]{8,}={0,2}",  # HTTP Basic credentials
+    # name=value and name: value where the name says secret (db_password=, sslpassword=,
+    # auth_token:, aws_secret_access_key=, x-api-key:), but not max_tokens= or tokens:.
+    r"(?i)(\b[a-z0-9_\-]*?(?:password|passwd|pwd|secret|api[_-]?key|apikey|token)"
+    r"(?:[_\-][a-z0-9_\-]*)?\s*[=:]\s*)[^\s\"'&,;]+",
 )
 # Cheap first look (substrings of the lower-cased text): the patterns above can only
 # match where one of these occurs, and one search for literals is much cheaper.
 _BUILTIN_HINTS: tuple[str, ...] = (
-    "sk-", "akia", "asia", "ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_", "xox",
-    "aiza", "bearer", "password", "passwd", "pwd", "secret", "api_key", "api-key", "apikey",
-    "token=", "token:", "token =", "token :",
+    "sk-", "akia", "asia", "ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_", "glpat-",
+    "xox", "aiza", "sk_", "rk_", "sg.", "hf_", "msk_", "eyj", "private key", "://",
+    "bearer", "basic", "password", "passwd", "pwd", "secret", "api_key", "api-key",
+    "apikey", "token", "credential", "authorization",
 )  # fmt: skip
 # Values of object keys with these names are replaced whatever they look like.
 SECRET_KEYS: tuple[str, ...] = (
@@ -53,6 +68,30 @@ SECRET_KEYS: tuple[str, ...] = (
     "authorization",
     "private_key",
 )
+# And keys whose words include one of these (``db_password``, ``aws_secret_access_key``,
+# ``auth_token``, ``x-api-key``, ``sessionToken``): their string values are replaced.
+# Whole words, so ``max_tokens`` and ``tokenizer`` are not secrets.
+SECRET_KEY_WORDS: tuple[str, ...] = (
+    "password", "passwd", "pwd", "passphrase", "secret", "token", "apikey", "credential",
+    "credentials", "authorization", "cookie",
+)  # fmt: skip
+_KEY_PAIRS = (("api", "key"), ("private", "key"), ("access", "key"), ("secret", "key"))
+# The same test inside a JSON string ("…\"db_password\": \"…\"…"), as a regex.
+_KEY_NAME = (
+    r"[^\"\\]*?(?:passw(?:or)?d|passphrase|secret|token(?!s|izer)|api[_\-]?key"
+    r"|private[_\-]?key|credential|authorization)[^\"\\]*"
+)
+
+
+def is_secret_key(name: str) -> bool:
+    """Does an object key name a secret (by its words: see :data:`SECRET_KEY_WORDS`)?"""
+    if name.lower() in SECRET_KEYS:
+        return True
+    words = re.split(r"[^a-z0-9]+", re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", name).lower())
+    if any(w in SECRET_KEY_WORDS for w in words):
+        return True
+    pairs = set(itertools.pairwise(words))
+    return any(pair in pairs for pair in _KEY_PAIRS)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -63,9 +102,12 @@ class Redactor:
         patterns: extra regular expressions; a match is replaced. If a pattern has a
             group 1, that part is kept (``r"(card=)\\d+"`` keeps ``card=``).
         keys: extra object keys whose values are always replaced (case-insensitive).
-        builtin: also apply :data:`BUILTIN_PATTERNS` and :data:`SECRET_KEYS`
-            (API-key shapes of OpenAI, Anthropic, AWS, GitHub, Slack, Google; bearer
-            tokens; ``password=...``).
+        builtin: also apply :data:`BUILTIN_PATTERNS`, :data:`SECRET_KEYS` and
+            :data:`SECRET_KEY_WORDS` (API-key shapes of OpenAI, Anthropic, AWS,
+            GitHub, GitLab, Slack, Google, Stripe, SendGrid, Hugging Face and
+            mainspring; JWTs; PEM private keys; passwords in URLs; bearer and HTTP
+            Basic credentials; ``db_password=...``; values of keys named like
+            ``*password*``, ``*secret*``, ``*token*``, ``*api_key*``).
         replacement: what a secret becomes.
 
     Redaction happens before a value is journaled, so a replay sees exactly what the
@@ -96,12 +138,14 @@ class Redactor:
         # Inline flags such as (?i) must lead: wrap each pattern as a scoped group.
         text = "|".join(_scoped(s) for s in sources) or r"(?!x)x"
         key_alt = "|".join(re.escape(k) for k in sorted(keys))
+        if self.builtin:
+            key_alt = f"{key_alt}|{_KEY_NAME}" if key_alt else _KEY_NAME
         key_value = (
             # "password": "..." inside a string (a tool call's JSON arguments).
-            re.compile(rf'(?i)("(?:{key_alt})"\s*:\s*)"(?:[^"\\]|\\.)*"') if keys else None
+            re.compile(rf'(?i)("(?:{key_alt})"\s*:\s*)"(?:[^"\\]|\\.)*"') if key_alt else None
         )
         # In the raw JSON text a nested key's quotes are escaped: \"password\":
-        detect = text + (rf'|(?i:\\?"(?:{key_alt})\\?"\s*:)' if keys else "")
+        detect = text + (rf'|(?i:\\?"(?:{key_alt})\\?"\s*:)' if key_alt else "")
         hints = (*(_BUILTIN_HINTS if self.builtin else ()), *sorted(keys))
         custom = "|".join(_scoped(s) for s in self.patterns)
         object.__setattr__(self, "_hints", re.compile("|".join(map(re.escape, hints)) or r"(?!x)x"))
@@ -154,15 +198,18 @@ class Redactor:
         if isinstance(value, list):
             return [self._value(v) for v in value]
         if isinstance(value, dict):
-            return {
-                k: (
-                    self.replacement
-                    if isinstance(k, str) and k.lower() in self._keys and v not in (None, "")
-                    else self._value(v)
-                )
-                for k, v in value.items()
-            }
+            return {k: self._entry(k, v) for k, v in value.items()}
         return value
+
+    def _entry(self, key: Any, value: Any) -> Any:
+        if not isinstance(key, str) or value in (None, ""):
+            return self._value(value)
+        if key.lower() in self._keys:
+            return self.replacement
+        # Named like a secret: its text goes (numbers such as a token count stay).
+        if self.builtin and isinstance(value, str) and is_secret_key(key):
+            return self.replacement
+        return self._value(value)
 
 
 def _scoped(source: str) -> str:

@@ -16,6 +16,22 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from ._api import create_app
 from ._events import parse_event_id
-from ._webhooks import WebhookDispatcher, sign_webhook, verify_webhook
+from ._targets import TargetPolicy
+from ._webhooks import (
+    WebhookDispatcher,
+    sign_standard_webhook,
+    sign_webhook,
+    verify_standard_webhook,
+    verify_webhook,
+)
 
-__all__ = ["WebhookDispatcher", "create_app", "parse_event_id", "sign_webhook", "verify_webhook"]
+__all__ = [
+    "TargetPolicy",
+    "WebhookDispatcher",
+    "create_app",
+    "parse_event_id",
+    "sign_standard_webhook",
+    "sign_webhook",
+    "verify_standard_webhook",
+    "verify_webhook",
+]

@@ -6,8 +6,9 @@ pool, so a slow database never blocks the event loop that streams events.
 
 import asyncio
 import contextlib
+import logging
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Header, Query, Request, Response
@@ -23,17 +24,20 @@ from .._errors import (
     InvalidAnswer,
     MainspringError,
     RequestNotFound,
+    ReservedSignal,
     RunConflict,
     RunNotFound,
     StoreUnavailable,
 )
+from .._public import public_error
 from .._serde import loads
-from ..dashboard import dashboard_router
+from ..dashboard import Sessions, dashboard_router
 from ..hitl import Request as HumanRequest
-from ..storage import RunRecord, StepRecord
+from ..storage import RunRecord, StepRecord, redact_url
 from ..storage._api import ApiKey, Scope
 from ..storage._records import FINISHED
 from ._events import event_stream, runs_stream
+from ._guard import BrowserGuard
 from ._limits import BodySizeLimit
 from ._schemas import (
     AnswerIn,
@@ -56,9 +60,12 @@ from ._schemas import (
     WebhookIn,
     WebhookOut,
 )
+from ._targets import TargetPolicy
 from ._webhooks import WebhookDispatcher
 
 __all__ = ["create_app"]
+
+audit = logging.getLogger("mainspring.auth")
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorOut, "description": text}
@@ -68,15 +75,19 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
         (404, "No such run or request."),
         (409, "The run's state does not allow it (finished, already answered)."),
         (413, "The body is larger than the server accepts."),
+        (415, "The body is not application/json."),
         (422, "The body or a parameter is malformed; the message names it."),
+        (429, "The key already holds its limit of open event streams."),
         (503, "The database is unavailable; retry after the Retry-After seconds."),
     )
 }
 
 
 def _responses(*codes: int) -> dict[int | str, dict[str, Any]]:
-    """The error responses an endpoint documents (auth and store errors always)."""
-    return {c: _ERRORS[c] for c in sorted({401, 403, 503, *codes})}
+    """The error responses an endpoint documents (auth and store errors always; a
+    body that is not JSON wherever a body is taken)."""
+    body = {415} if 413 in codes else set()
+    return {c: _ERRORS[c] for c in sorted({401, 403, 503, *codes, *body})}
 
 
 _bearer = HTTPBearer(auto_error=False, description="An API key: `Authorization: Bearer msk_…`")
@@ -100,6 +111,12 @@ def create_app(
     max_body_bytes: int = 1 << 20,
     events_poll_s: float = 0.2,
     worker_options: dict[str, Any] | None = None,
+    docs: bool = False,
+    secure_cookies: bool | None = None,
+    max_streams_per_key: int = 16,
+    webhook_allow: Sequence[str] = (),
+    body_timeout_s: float = 30.0,
+    max_stream_s: float | None = 3600.0,
 ) -> FastAPI:
     """The HTTP API of ``app`` as an ASGI application.
 
@@ -109,13 +126,31 @@ def create_app(
         max_body_bytes: larger request bodies get 413.
         events_poll_s: how often an event stream looks for new steps.
         worker_options: keyword arguments of the embedded worker.
+        docs: serve Swagger UI at ``/docs`` and ReDoc at ``/redoc`` (off by default:
+            they load scripts from a CDN on the dashboard's origin). ``/openapi.json``
+            is always served.
+        secure_cookies: mark the dashboard's session cookie ``Secure`` (``None``: when
+            the login request came over HTTPS; set ``True`` behind a TLS proxy).
+        max_streams_per_key: open event streams one key may hold; more get 429.
+        webhook_allow: networks beside public addresses that webhooks may target
+            (``"10.0.0.0/8"``; ``"*"``: any), checked when one is registered and at
+            each delivery.
+        body_timeout_s: a request body that pauses longer than this between chunks
+            gets 408 (a slow client cannot hold a worker thread).
+        max_stream_s: an event stream ends after this long and the client resumes
+            from ``Last-Event-ID`` (EventSource does it by itself); ``None``: never.
     """
+    targets = TargetPolicy(webhook_allow)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         tasks: list[asyncio.Task[None]] = []
         running = app.worker(**(worker_options or {})) if worker else None
-        dispatcher = WebhookDispatcher(app.store, clock=app.clock) if webhooks else None
+        dispatcher = (
+            WebhookDispatcher(app.store, clock=app.clock, allow_networks=webhook_allow)
+            if webhooks
+            else None
+        )
         if running is not None:
             tasks.append(asyncio.create_task(running.run()))
         if dispatcher is not None:
@@ -136,10 +171,14 @@ def create_app(
         "signals, answers to approvals and questions, cancellation. Every endpoint but "
         "/healthz needs an API key (`mainspring keys create`).",
         lifespan=lifespan,
+        docs_url="/docs" if docs else None,
+        redoc_url="/redoc" if docs else None,
     )
-    api.add_middleware(BodySizeLimit, max_bytes=max_body_bytes)
-    _errors(api)
-    api.include_router(dashboard_router(app))
+    api.add_middleware(BodySizeLimit, max_bytes=max_body_bytes, timeout_s=body_timeout_s)
+    api.add_middleware(BrowserGuard, cookie=COOKIE)
+    _errors(api, app)
+    sessions = Sessions()
+    api.include_router(dashboard_router(app, sessions, secure_cookies=secure_cookies))
 
     @api.get("/", include_in_schema=False)
     def home() -> RedirectResponse:
@@ -154,13 +193,19 @@ def create_app(
             if bearer is not None and header and bearer.credentials != header:
                 # Two different keys: refuse rather than guess which one was meant.
                 raise _AuthError(401, "two different API keys (Authorization and X-API-Key)")
-            token = bearer.credentials if bearer is not None else header or cookie
-            if not token:
+            token = bearer.credentials if bearer is not None else header
+            if not token and not cookie:
                 raise _AuthError(401, "an API key is required: 'Authorization: Bearer msk_…'")
-            key = app.store.verify_api_key(token, app.clock.now())
+            if token:
+                key = app.store.verify_api_key(token, app.clock.now())
+            else:  # the dashboard's session: the cookie stands for a key, never holds one
+                key_id = sessions.key_id(cookie or "", app.clock.now())
+                key = app.store.get_api_key(key_id) if key_id is not None else None
             if key is None:
+                audit.warning("API request with an invalid key or session refused")
                 raise _AuthError(401, "the API key is not valid")
             if key.revoked_at is not None:
+                audit.warning("API request with the revoked key %r refused", key.id)
                 raise _AuthError(401, f"the API key {key.id!r} was revoked")
             if not key.allows(scope):
                 raise _AuthError(
@@ -173,6 +218,7 @@ def create_app(
         return check
 
     metrics_lock = threading.Lock()
+    streams = _StreamCap(max_streams_per_key)
     Read = Annotated[ApiKey, Depends(key_with("read"))]
     Submit = Annotated[ApiKey, Depends(key_with("submit"))]
     Approve = Annotated[ApiKey, Depends(key_with("approve"))]
@@ -223,12 +269,16 @@ def create_app(
         offset: Annotated[int, Query(ge=0, le=10_000_000)] = 0,
     ) -> RunList:
         """Runs, newest first, filtered by status (repeatable) and workflow."""
-        records = app.list_runs(status=status, workflow=workflow, limit=limit, offset=offset)
+        records = app.list_runs(
+            status=status, workflow=workflow, limit=limit, offset=offset, summary=True
+        )
         current = app.store.last_steps([r.id for r in records])
         nxt = None
         if len(records) == limit:
             nxt = str(request.url.include_query_params(offset=offset + limit))
-        return RunList(runs=[_run_out(r, current.get(r.id), []) for r in records], next=nxt)
+        return RunList(
+            runs=[_run_out(r, current.get(r.id), [], summary=True) for r in records], next=nxt
+        )
 
     @api.get(
         "/runs/{run_id}",
@@ -236,12 +286,13 @@ def create_app(
         tags=["runs"],
         responses=_responses(404),
     )
-    def get_run(run_id: str, _key: Read) -> RunOut:
-        """A run: status, current step, pending requests, and its result or error."""
+    def get_run(run_id: str, key: Read) -> RunOut:
+        """A run: status, current step, pending requests, and its result or error
+        (with the traceback of a failure for admin keys only)."""
         record = app.get_run(run_id)
         current = app.store.last_steps([run_id]).get(run_id)
         pending = [] if record.finished else app.requests(run_id)
-        return _run_out(record, current, pending, full=True)
+        return _run_out(record, current, pending, full=True, admin=key.allows("admin"))
 
     @api.get(
         "/runs/{run_id}/steps",
@@ -251,7 +302,7 @@ def create_app(
     )
     def get_steps(
         run_id: str,
-        _key: Read,
+        key: Read,
         after_session: Annotated[int, Query(ge=-1, le=1_000_000)] = -1,
         after_seq: Annotated[int, Query(ge=-1, le=1_000_000_000)] = -1,
         limit: Annotated[int, Query(ge=1, le=5000)] = 1000,
@@ -259,7 +310,7 @@ def create_app(
         """The run's journal in order, after a position if given (for paging)."""
         app.get_run(run_id)
         steps = app.store.steps_after(run_id, after_session, after_seq, limit=limit)
-        return StepList(steps=[_step_out(s) for s in steps])
+        return StepList(steps=[_step_out(s, admin=key.allows("admin")) for s in steps])
 
     @api.get(
         "/runs/{run_id}/events",
@@ -267,12 +318,12 @@ def create_app(
         response_class=StreamingResponse,
         responses={
             200: {"content": {"text/event-stream": {}}, "description": "Server-Sent Events."},
-            **_responses(404),
+            **_responses(404, 429),
         },
     )
     def run_events(
         run_id: str,
-        _key: Read,
+        key: Read,
         last_event_id: Annotated[str | None, Header(max_length=200)] = None,
     ) -> StreamingResponse:
         """Follow a run as Server-Sent Events: ``status`` when it changes, ``step``
@@ -280,7 +331,18 @@ def create_app(
         with ``Last-Event-ID`` to resume where the stream broke off."""
         app.get_run(run_id)
         return StreamingResponse(
-            event_stream(app, run_id, last_event_id, poll_s=events_poll_s),
+            streams.hold(
+                key,
+                event_stream(
+                    app,
+                    run_id,
+                    last_event_id,
+                    poll_s=events_poll_s,
+                    full=key.allows("admin"),
+                    still_allowed=lambda: app.store.api_key_active(key.id),
+                    max_s=max_stream_s,
+                ),
+            ),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
@@ -291,17 +353,25 @@ def create_app(
         response_class=StreamingResponse,
         responses={
             200: {"content": {"text/event-stream": {}}, "description": "Server-Sent Events."},
-            **_responses(),
+            **_responses(429),
         },
     )
     def all_events(
-        _key: Read,
+        key: Read,
         last_event_id: Annotated[str | None, Header(max_length=200)] = None,
     ) -> StreamingResponse:
         """Follow every run: a ``run`` event each time one is submitted, claimed,
         suspended or finished (for live lists)."""
         return StreamingResponse(
-            runs_stream(app, last_event_id),
+            streams.hold(
+                key,
+                runs_stream(
+                    app,
+                    last_event_id,
+                    still_allowed=lambda: app.store.api_key_active(key.id),
+                    max_s=max_stream_s,
+                ),
+            ),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
@@ -314,7 +384,10 @@ def create_app(
         responses=_responses(404, 409, 413),
     )
     def send_signal(run_id: str, body: SignalIn, _key: Submit) -> SignalOut:
-        """Send a signal; a ``ctx.wait_for(name)`` takes it, even one not reached yet."""
+        """Send a signal; a ``ctx.wait_for(name)`` takes it, even one not reached yet.
+        Names reserved for requests to humans (``approval:…``, ``question:…``,
+        ``budget:…``, ``checkpoint:…``, ``resume``) are refused with 403 whatever the
+        key: answer those at ``/runs/{run_id}/requests/{request_id}``."""
         signal_id = app.signal(run_id, body.name, body.payload)
         return SignalOut(run_id=run_id, name=body.name, signal_id=signal_id)
 
@@ -350,7 +423,7 @@ def create_app(
         status_code=202,
         response_model=CancelOut,
         tags=["steering"],
-        responses=_responses(404, 409),
+        responses=_responses(404, 409, 413),
     )
     def cancel(run_id: str, _key: Submit, body: CancelIn | None = None) -> CancelOut:
         """Cancel a run: at once if no worker holds it, else at its next step."""
@@ -369,13 +442,22 @@ def create_app(
         tags=["steering"],
         responses=_responses(404, 413),
     )
-    def fork(run_id: str, body: ForkIn, response: Response, _key: Submit) -> SubmitOut:
+    def fork(run_id: str, body: ForkIn, response: Response, key: Submit) -> SubmitOut:
         """Start a new run that replays this one's journal up to a step and executes
-        live after it (time-travel debugging), optionally from an edited result."""
-        if "edit" in body.model_fields_set:
-            handle = app.fork(run_id, from_step=body.from_step, edit=body.edit)
-        else:
-            handle = app.fork(run_id, from_step=body.from_step)
+        live after it (time-travel debugging), optionally from an edited result.
+        By default the fork asks again every request to a human at or before that
+        step; ``decisions: "keep"`` copies the answers as this key's decisions and
+        needs the ``approve`` scope."""
+        if body.decisions == "keep" and not key.allows("approve"):
+            raise _AuthError(
+                403,
+                f"the API key {key.name!r} has scopes {list(key.scopes)!r}; keeping the "
+                "decisions of a fork needs 'approve'",
+            )
+        edit = {"edit": body.edit} if "edit" in body.model_fields_set else {}
+        handle = app.fork(
+            run_id, from_step=body.from_step, decisions=body.decisions, by=key.name, **edit
+        )
         return _accepted(handle.run_id, response)
 
     @api.post(
@@ -433,7 +515,10 @@ def create_app(
         responses=_responses(413),
     )
     def add_webhook(body: WebhookIn, _key: Admin) -> WebhookOut:
-        """Register an endpoint; the response carries its signing secret, once."""
+        """Register an endpoint; the response carries its signing secret, once.
+        Loopback, private and link-local targets are refused unless the server allows
+        their network (``--webhook-allow``)."""
+        targets.check_url(body.url)
         hook, secret = app.store.add_webhook(
             body.url, app.clock.now(), secret=body.secret, events=body.events
         )
@@ -459,7 +544,38 @@ def create_app(
     return api
 
 
-def _errors(api: FastAPI) -> None:
+class _StreamCap:
+    """Open event streams per key, at most ``limit``: a key cannot hold the server's
+    connections (or database polls) without bound."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._open: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def hold(self, key: ApiKey, stream: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+        with self._lock:
+            if self._open.get(key.id, 0) >= self.limit:
+                raise _AuthError(
+                    429, f"the API key {key.name!r} already has {self.limit} open event streams"
+                )
+            self._open[key.id] = self._open.get(key.id, 0) + 1
+        return self._counted(key.id, stream)
+
+    async def _counted(self, key_id: str, stream: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in stream:
+                yield chunk
+        finally:
+            with self._lock:
+                left = self._open.get(key_id, 1) - 1
+                if left:
+                    self._open[key_id] = left
+                else:
+                    self._open.pop(key_id, None)
+
+
+def _errors(api: FastAPI, app: App) -> None:
     """Every error is JSON ``{"error": {"type", "message"}}`` with the right status."""
 
     def body(status: int, kind: str, message: str, **extra: Any) -> JSONResponse:
@@ -472,23 +588,27 @@ def _errors(api: FastAPI) -> None:
         (RunNotFound, 404, "not_found"),
         (RequestNotFound, 404, "request_not_found"),
         (RunConflict, 409, "conflict"),
+        (ReservedSignal, 403, "forbidden"),
         (InvalidAnswer, 422, "invalid_answer"),
         (ConfigError, 422, "invalid_input"),
         (StoreUnavailable, 503, "store_unavailable"),
     ]
 
+    # App.get_run names the database for the CLI; over HTTP its location stays private.
+    where = f" in {redact_url(app.url)!r}"
+
     @api.exception_handler(MainspringError)
     async def mainspring_error(_: Request, exc: MainspringError) -> JSONResponse:
+        message = exc.message.replace(where, "")
         for cls, status, kind in statuses:
             if isinstance(exc, cls):
-                return body(status, kind, exc.message)
-        return body(400, type(exc).__name__, exc.message)
+                return body(status, kind, message)
+        return body(400, type(exc).__name__, message)
 
     @api.exception_handler(_AuthError)
     async def auth_error(_: Request, exc: _AuthError) -> JSONResponse:
-        response = body(
-            exc.status, "unauthorized" if exc.status == 401 else "forbidden", exc.message
-        )
+        kinds = {401: "unauthorized", 403: "forbidden", 429: "too_many_streams"}
+        response = body(exc.status, kinds.get(exc.status, "forbidden"), exc.message)
         if exc.status == 401:
             response.headers["WWW-Authenticate"] = "Bearer"
         return response
@@ -511,7 +631,12 @@ def _errors(api: FastAPI) -> None:
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         if exc.status_code == 400:  # FastAPI's answer to a body it cannot decode at all
             return body(422, "invalid_request", f"body: not JSON ({exc.detail})")
-        kinds = {404: "not_found", 405: "method_not_allowed", 413: "too_large"}
+        kinds = {
+            404: "not_found",
+            405: "method_not_allowed",
+            408: "request_timeout",
+            413: "too_large",
+        }
         response = body(exc.status_code, kinds.get(exc.status_code, "http_error"), str(exc.detail))
         response.headers.update(exc.headers or {})
         if exc.status_code == 405:
@@ -535,7 +660,7 @@ def _decode(text: str | None) -> Any:
         return text
 
 
-def _step_out(s: StepRecord) -> StepOut:
+def _step_out(s: StepRecord, *, admin: bool) -> StepOut:
     return StepOut(
         session=s.session,
         seq=s.seq,
@@ -546,7 +671,7 @@ def _step_out(s: StepRecord) -> StepOut:
         started_at=s.started_at,
         finished_at=s.finished_at,
         output=_decode(s.output),
-        error=_decode(s.error),
+        error=_decode(s.error) if admin else public_error(_decode(s.error)),
     )
 
 
@@ -555,8 +680,17 @@ def _request_out(r: HumanRequest) -> RequestOut:
 
 
 def _run_out(
-    r: RunRecord, current: StepRecord | None, pending: list[HumanRequest], *, full: bool = False
+    r: RunRecord,
+    current: StepRecord | None,
+    pending: list[HumanRequest],
+    *,
+    full: bool = False,
+    admin: bool = False,
+    summary: bool = False,
 ) -> RunOut:
+    """A run for the API: ``full`` adds its input; ``admin`` keeps a failure's
+    traceback; ``summary`` (lists) leaves out the output, which the run's URL serves."""
+    error = _decode(r.error)
     suspended = r.status in ("sleeping", "waiting")
     return RunOut(
         id=r.id,
@@ -571,8 +705,8 @@ def _run_out(
         wait_reason=r.wait_reason if suspended else None,
         wake_at=r.wake_at if suspended and r.wake_at else None,
         input=_decode(r.input) if full else None,
-        output=_decode(r.output),
-        error=_decode(r.error),
+        output=None if summary else _decode(r.output),
+        error=error if admin else public_error(error),
         current_step=(
             CurrentStep(
                 session=current.session,

@@ -12,17 +12,23 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+import math
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from .._app import App
 from .._errors import RunNotFound
+from .._public import public_error
 from .._serde import loads
 from ..storage import StepRecord
 
 __all__ = ["event_stream", "parse_event_id", "runs_stream"]
 
 _KEEPALIVE_S = 15.0
+_MAX_POSITION = 1 << 53
+# How often a stream checks that its key was not revoked (a revoked key's stream ends
+# within this many seconds plus one poll).
+RECHECK_S = 2.0
 
 
 def parse_event_id(value: str | None) -> tuple[int, int]:
@@ -30,10 +36,12 @@ def parse_event_id(value: str | None) -> tuple[int, int]:
     if value:
         head = value.split("~", 1)[0]
         try:
-            session, seq = head.split(".", 1)
-            return int(session), int(seq)
+            session, seq = (int(part) for part in head.split(".", 1))
         except ValueError:
-            pass
+            return -1, -1
+        # Past any real position (and past what the database's integers hold): foreign.
+        if 0 <= session < _MAX_POSITION and -1 <= seq < _MAX_POSITION:
+            return session, seq
     return -1, -1
 
 
@@ -51,7 +59,7 @@ def _decode(text: str | None) -> Any:
         return text
 
 
-def _step_data(s: StepRecord) -> dict[str, Any]:
+def _step_data(s: StepRecord, *, full: bool) -> dict[str, Any]:
     return {
         "session": s.session,
         "seq": s.seq,
@@ -62,20 +70,38 @@ def _step_data(s: StepRecord) -> dict[str, Any]:
         "started_at": s.started_at,
         "finished_at": s.finished_at,
         "output": _decode(s.output),
-        "error": _decode(s.error),
+        "error": _error(s.error, full),
     }
 
 
+def _error(text: str | None, full: bool) -> Any:
+    return _decode(text) if full else public_error(_decode(text))
+
+
 async def event_stream(
-    app: App, run_id: str, last_event_id: str | None, *, poll_s: float = 0.2
+    app: App,
+    run_id: str,
+    last_event_id: str | None,
+    *,
+    poll_s: float = 0.2,
+    full: bool = False,
+    still_allowed: Callable[[], bool] | None = None,
+    max_s: float | None = None,
 ) -> AsyncIterator[bytes]:
+    """The run's events; ``full`` keeps tracebacks (admins); ``still_allowed`` is
+    asked every few seconds and ends the stream when it says no (a revoked key);
+    after ``max_s`` seconds the stream ends and the client resumes with
+    ``Last-Event-ID`` (no connection is held for ever)."""
     mark = parse_event_id(last_event_id)
     sent: dict[tuple[int, int], str] = {}  # rows past the watermark, as last sent
     status: str | None = None
     quiet = 0.0
     seen_finished = False
+    check = _Recheck(still_allowed, max_s)
     yield b"retry: 1000\n\n"
     while True:
+        if not await check.allowed():
+            return  # the key was revoked: close, so the client's reconnect gets a 401
         try:
             run = await asyncio.to_thread(app.get_run, run_id)
         except RunNotFound:  # pruned while we followed it
@@ -91,7 +117,9 @@ async def event_stream(
                     mark = key
                     sent.pop(key, None)
                 yield _frame(
-                    "step", f"{mark[0]}.{mark[1]}~{s.session}.{s.seq}.{s.status}", _step_data(s)
+                    "step",
+                    f"{mark[0]}.{mark[1]}~{s.session}.{s.seq}.{s.status}",
+                    _step_data(s, full=full),
                 )
                 emitted = True
             elif s.status != "started" and _follows(mark, key):
@@ -105,7 +133,7 @@ async def event_stream(
                 data["pending_requests"] = [p.to_json() for p in pending]
             if run.finished:
                 data["output"] = _decode(run.output)
-                data["error"] = _decode(run.error)
+                data["error"] = _error(run.error, full)
             yield _frame("status", f"{mark[0]}.{mark[1]}~run.{status}", data)
             emitted = True
         # A run cancelled in a wait or sleep keeps that row 'started' for good: after
@@ -124,6 +152,28 @@ async def event_stream(
         await asyncio.sleep(poll_s)
 
 
+class _Recheck:
+    """Asks whether the stream's key still holds, at most every ``RECHECK_S``, and
+    whether the stream has lived its ``max_s``."""
+
+    def __init__(self, still_allowed: Callable[[], bool] | None, max_s: float | None) -> None:
+        self._ask = still_allowed
+        self._next = 0.0
+        now = asyncio.get_running_loop().time()
+        self._end = None if max_s is None else now + max_s
+
+    async def allowed(self) -> bool:
+        now = asyncio.get_running_loop().time()
+        if self._end is not None and now >= self._end:
+            return False
+        if self._ask is None:
+            return True
+        if now < self._next:
+            return True
+        self._next = now + RECHECK_S
+        return await asyncio.to_thread(self._ask)
+
+
 def _follows(mark: tuple[int, int], key: tuple[int, int]) -> bool:
     """Is ``key`` the journal row right after ``mark``? (Rows are numbered from 0 in
     each session; a row not yet written must not be skipped over.)"""
@@ -138,17 +188,28 @@ def steps_pending(steps: list[StepRecord]) -> bool:
 
 
 async def runs_stream(
-    app: App, last_event_id: str | None, *, poll_s: float = 0.5
+    app: App,
+    last_event_id: str | None,
+    *,
+    poll_s: float = 0.5,
+    still_allowed: Callable[[], bool] | None = None,
+    max_s: float | None = None,
 ) -> AsyncIterator[bytes]:
     """Every run whose row changes (submitted, claimed, waiting, finished, …), as
-    ``run`` events; the id is the change's ``updated_at`` so a reconnect resumes."""
+    ``run`` events; the id is the change's ``updated_at`` so a reconnect resumes.
+    ``still_allowed`` and ``max_s`` end it as in :func:`event_stream`."""
+    check = _Recheck(still_allowed, max_s)
     try:
         after = float(last_event_id) if last_event_id else app.clock.now()
     except ValueError:
         after = app.clock.now()
+    if not math.isfinite(after) or after < 0:  # "inf" or "nan" would never match a row
+        after = app.clock.now()
     quiet = 0.0
     yield b"retry: 2000\n\n"
     while True:
+        if not await check.allowed():
+            return
         changed = await asyncio.to_thread(app.store.runs_changed_since, after)
         for run in changed:
             after = max(after, run.updated_at)

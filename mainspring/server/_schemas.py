@@ -118,7 +118,9 @@ class RunOut(BaseModel):
 
 
 class RunList(BaseModel):
-    runs: list[RunOut]
+    runs: list[RunOut] = Field(
+        description="Summaries: no input or output (GET the run's URL for those)."
+    )
     next: str | None = Field(description="The next page, if there may be one.")
 
 
@@ -156,7 +158,14 @@ class ForkIn(_In):
     edit: Any = Field(
         default=None,
         description="A JSON merge patch (RFC 7386) applied to that step's recorded "
-        "output, so the new run continues from an edited result. Omit it to keep it.",
+        "output, so the new run continues from an edited result. Omit it to keep it. "
+        "A request's step (an approval, a question) cannot be edited.",
+    )
+    decisions: Literal["ask", "keep"] = Field(
+        default="ask",
+        description="'ask': the fork asks every request to a human at or before the "
+        "step again (its journal stops before the first). 'keep': the answers are "
+        "copied, recorded as this key's decisions (needs the 'approve' scope).",
     )
 
 

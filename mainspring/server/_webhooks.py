@@ -1,33 +1,51 @@
 """Webhook delivery from the store's durable outbox, signed with HMAC-SHA256.
 
-Each POST carries::
+Each POST carries the Standard Webhooks headers (https://www.standardwebhooks.com), so
+receivers can verify with its libraries::
 
-    Mainspring-Event-Id: evt_…        (the same on every retry: dedupe on it)
-    Mainspring-Event: run.succeeded
-    Mainspring-Timestamp: 1764567890  (Unix seconds)
-    Mainspring-Signature: v1=<hex HMAC-SHA256(secret, f"{timestamp}.{body}")>
+    webhook-id: evt_…                 (the same on every retry: dedupe on it)
+    webhook-timestamp: 1764567890     (Unix seconds)
+    webhook-signature: v1,<base64 HMAC-SHA256(key, f"{id}.{timestamp}.{body}")>
+
+where ``key`` is the base64-decoded part of a ``whsec_…`` secret (the secrets mainspring
+generates), or the secret's UTF-8 bytes for one chosen by hand. The older headers stay
+for existing receivers: ``Mainspring-Event-Id``, ``Mainspring-Event``,
+``Mainspring-Timestamp`` and ``Mainspring-Signature: v1=<hex HMAC-SHA256(secret,
+f"{timestamp}.{body}")>``.
 
 A 2xx answer delivers the event; anything else (or no answer) retries with
 exponential back-off (jittered between half and all of the delay) until ``max_attempts``.
+Only the status line of a refusal is kept, never the receiver's body. Targets outside
+the :class:`~mainspring.server._targets.TargetPolicy` (loopback, private ranges unless
+allowed) are given up at once.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import hashlib
 import hmac
 import logging
 import random
 import time
+from collections.abc import Sequence
 
 import httpx
 
 from .._clock import Clock, SystemClock
 from ..storage import Store
 from ..storage._api import Delivery
+from ._targets import TargetPolicy, safe_url
 
-__all__ = ["WebhookDispatcher", "sign_webhook", "verify_webhook"]
+__all__ = [
+    "WebhookDispatcher",
+    "sign_standard_webhook",
+    "sign_webhook",
+    "verify_standard_webhook",
+    "verify_webhook",
+]
 
 log = logging.getLogger("mainspring.webhooks")
 
@@ -36,6 +54,44 @@ def sign_webhook(secret: str, timestamp: int, body: bytes) -> str:
     """The ``Mainspring-Signature`` header value for ``body`` sent at ``timestamp``."""
     mac = hmac.new(secret.encode(), f"{timestamp}.".encode() + body, hashlib.sha256)
     return f"v1={mac.hexdigest()}"
+
+
+def _standard_key(secret: str) -> bytes:
+    if secret.startswith("whsec_"):
+        try:
+            return base64.b64decode(secret.removeprefix("whsec_"), validate=True)
+        except ValueError:
+            pass
+    return secret.encode()
+
+
+def sign_standard_webhook(secret: str, event_id: str, timestamp: int, body: bytes) -> str:
+    """The Standard Webhooks ``webhook-signature`` header value."""
+    signed = f"{event_id}.{timestamp}.".encode() + body
+    mac = hmac.new(_standard_key(secret), signed, hashlib.sha256).digest()
+    return "v1," + base64.b64encode(mac).decode()
+
+
+def verify_standard_webhook(
+    secret: str,
+    *,
+    event_id: str,
+    timestamp: str,
+    signature: str,
+    body: bytes,
+    tolerance_s: float = 300.0,
+    now: float | None = None,
+) -> bool:
+    """Check a delivery's Standard Webhooks signature (``webhook-signature`` may list
+    several, space-separated). Rejects a timestamp more than ``tolerance_s`` off."""
+    try:
+        sent = int(timestamp)
+    except ValueError:
+        return False
+    if abs((time.time() if now is None else now) - sent) > tolerance_s:
+        return False
+    expected = sign_standard_webhook(secret, event_id, sent, body)
+    return any(hmac.compare_digest(expected, given) for given in signature.split())
 
 
 def verify_webhook(
@@ -69,6 +125,8 @@ class WebhookDispatcher:
             in the outbox with its last error).
         backoff_s / max_backoff_s: the first retry delay and the cap; doubled each
             attempt, with full jitter.
+        allow_networks: networks beside public addresses that deliveries may reach
+            (``"10.0.0.0/8"``), or ``"*"`` for any (see ``TargetPolicy``).
     """
 
     def __init__(
@@ -82,6 +140,7 @@ class WebhookDispatcher:
         max_backoff_s: float = 3600.0,
         poll_interval_s: float = 0.5,
         rng: random.Random | None = None,
+        allow_networks: Sequence[str] = (),
     ) -> None:
         self.store = store
         self.clock = clock or SystemClock()
@@ -91,6 +150,7 @@ class WebhookDispatcher:
         self.max_backoff_s = max_backoff_s
         self.poll_interval_s = poll_interval_s
         self._rng = rng or random.Random()
+        self.targets = TargetPolicy(allow_networks)
         self._stop = asyncio.Event()
 
     def stop(self) -> None:
@@ -127,27 +187,44 @@ class WebhookDispatcher:
         headers = {
             "Content-Type": "application/json",
             "User-Agent": "mainspring-webhooks",
+            "webhook-id": d.event_id,
+            "webhook-timestamp": str(stamp),
+            "webhook-signature": sign_standard_webhook(d.secret, d.event_id, stamp, body),
             "Mainspring-Event-Id": d.event_id,
             "Mainspring-Event": d.event,
             "Mainspring-Timestamp": str(stamp),
             "Mainspring-Signature": sign_webhook(d.secret, stamp, body),
         }
         error: str | None = None
-        try:
-            response = await client.post(d.url, content=body, headers=headers)
-            if not 200 <= response.status_code < 300:
-                error = f"HTTP {response.status_code}: {response.text[:200]}"
-        except httpx.HTTPError as exc:
-            error = f"{type(exc).__name__}: {exc}"[:300]
+        give_up = False
+        refused = await self.targets.check_delivery(d.url)
+        if refused is not None:
+            error, give_up = f"target refused: {refused}", True
+        else:
+            try:
+                # No redirects: a receiver cannot bounce the POST to an internal address.
+                response = await client.post(
+                    d.url, content=body, headers=headers, follow_redirects=False
+                )
+                if not 200 <= response.status_code < 300:
+                    # The status line only: a receiver's body is not ours to keep.
+                    error = f"HTTP {response.status_code} {response.reason_phrase}".rstrip()
+            except httpx.HTTPError as exc:
+                # The exception's text can quote the URL (and its credentials): not kept.
+                error = type(exc).__name__
         now = self.clock.now()
         retry_at = None
         if error is not None:
             attempt = d.attempts + 1
-            if attempt < self.max_attempts:
+            if attempt < self.max_attempts and not give_up:
                 cap = min(self.max_backoff_s, self.backoff_s * 2 ** (attempt - 1))
                 retry_at = now + self._rng.uniform(cap / 2, cap)
             log.warning(
-                "webhook %s to %s failed (attempt %d): %s", d.event_id, d.url, attempt, error
+                "webhook %s to %s failed (attempt %d): %s",
+                d.event_id,
+                safe_url(d.url),
+                attempt,
+                error,
             )
         await asyncio.to_thread(
             self.store.finish_delivery, d.id, now, ok=error is None, retry_at=retry_at, error=error

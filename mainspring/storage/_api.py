@@ -4,6 +4,7 @@ dialect like the rest."""
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
 import json
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from .._errors import ConfigError, RequestNotFound, RunConflict, RunNotFound
+from .._public import public_error
 from ._records import FINISHED, WAKE_NOW, split_wait_signals
 
 if TYPE_CHECKING:
@@ -86,6 +88,8 @@ class Delivery:
     def body(self) -> bytes:
         run = json.loads(self.payload)
         run = {"id": self.run_id, "workflow": self.workflow, **run}
+        if "error" in run:  # a receiver gets the one-line error, never a traceback
+            run["error"] = public_error(run["error"])
         doc = {"id": self.event_id, "type": self.event, "created_at": self.created_at, "run": run}
         return json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode()
 
@@ -285,6 +289,23 @@ class ApiTables(ABC):
                 cur.execute("UPDATE ms_api_keys SET last_used_at = ? WHERE id = ?", (now, key.id))
         return key
 
+    def get_api_key(self, key_id: str) -> ApiKey | None:
+        """A key's record by its id (revoked keys too)."""
+        with self._read() as cur:
+            cur.execute(
+                "SELECT id, name, hash, scopes, created_at, last_used_at, revoked_at"
+                " FROM ms_api_keys WHERE id = ?",
+                (key_id,),
+            )
+            row = cur.fetchone()
+        return _api_key(row) if row is not None else None
+
+    def api_key_active(self, key_id: str) -> bool:
+        """Does the key exist, unrevoked (for long requests to re-check theirs)?"""
+        with self._read() as cur:
+            cur.execute("SELECT 1 FROM ms_api_keys WHERE id = ? AND revoked_at IS NULL", (key_id,))
+            return cur.fetchone() is not None
+
     def list_api_keys(self) -> list[ApiKey]:
         with self._read() as cur:
             cur.execute(
@@ -317,7 +338,9 @@ class ApiTables(ABC):
         bad = [e for e in events if e not in WEBHOOK_EVENTS]
         if bad:
             raise ConfigError(f"unknown webhook events {bad!r}; known: {list(WEBHOOK_EVENTS)!r}")
-        secret = secret or secrets.token_urlsafe(32)
+        # Standard Webhooks' form: whsec_ + base64 of 32 random bytes (its libraries
+        # verify with it as is).
+        secret = secret or "whsec_" + base64.b64encode(secrets.token_bytes(32)).decode()
         hook = Webhook(
             id=secrets.token_hex(6), url=url, events=tuple(events) or ("*",), created_at=now
         )

@@ -9,7 +9,7 @@ thread when many runs step at once.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
@@ -36,6 +36,10 @@ _RUN_COLUMNS = (
     "id, workflow, idem_key, status, input, output, error, session, handoff, epoch, owner,"
     " lease_until, wake_at, wait_reason, recoveries, cancel_requested, created_at, updated_at,"
     " finished_at"
+)
+# The same, without the large values (input, output, hand-off): what lists need.
+_RUN_SUMMARY_COLUMNS = _RUN_COLUMNS.replace("input, output,", "NULL, NULL,").replace(
+    " handoff,", " NULL,"
 )
 _STEP_COLUMNS = (
     "run_id, session, seq, kind, name, status, attempt, epoch, output, error, started_at,"
@@ -318,9 +322,11 @@ class Store(ApiTables, ABC):
         offset: int = 0,
         since: float | None = None,
         search: str | None = None,
+        summary: bool = False,
     ) -> list[RunRecord]:
         """Newest first. ``since``: created at or after this time; ``search``: text
-        found (case-insensitively) in the id, key, input, output or error."""
+        found (case-insensitively) in the id, key, input, output or error; ``summary``:
+        leave input, output and hand-off out (``None``), for lists."""
         where: list[str] = []
         params: list[Any] = []
         if statuses:
@@ -337,7 +343,7 @@ class Store(ApiTables, ABC):
             columns = ("id", "idem_key", "input", "output", "error")
             where.append("(" + " OR ".join(f"LOWER({c}) LIKE ? ESCAPE '\\'" for c in columns) + ")")
             params.extend([f"%{escaped}%"] * len(columns))
-        sql = f"SELECT {_RUN_COLUMNS} FROM ms_runs"
+        sql = f"SELECT {_RUN_SUMMARY_COLUMNS if summary else _RUN_COLUMNS} FROM ms_runs"
         if where:
             sql += " WHERE " + " AND ".join(where)
         sql += " ORDER BY created_at DESC, id DESC LIMIT ? OFFSET ?"
@@ -347,10 +353,11 @@ class Store(ApiTables, ABC):
 
     def runs_changed_since(self, after: float, *, limit: int = 200) -> list[RunRecord]:
         """Runs whose row changed after ``after`` (their ``updated_at``), oldest change
-        first: what a live list needs to redraw."""
+        first: what a live list needs to redraw (summaries: no input, output or
+        hand-off)."""
         with self._read() as cur:
             cur.execute(
-                f"SELECT {_RUN_COLUMNS} FROM ms_runs WHERE updated_at > ?"
+                f"SELECT {_RUN_SUMMARY_COLUMNS} FROM ms_runs WHERE updated_at > ?"
                 " ORDER BY updated_at, id LIMIT ?",
                 (after, limit),
             )
@@ -378,11 +385,13 @@ class Store(ApiTables, ABC):
         upto_seq: int,
         output: str | None,
         now: float,
+        outputs: Mapping[int, str] | None = None,
     ) -> RunRecord:
         """A new queued run of ``source``'s workflow and input whose journal is a copy
         of ``source``'s session ``session`` up to and including ``upto_seq``.
 
-        ``output`` replaces the journaled output of that last step (``None``: kept).
+        ``output`` replaces the journaled output of that last step (``None``: kept);
+        ``outputs`` replaces the outputs of the steps it names by seq.
         The new run starts in ``session`` with ``source``'s hand-off, which the caller
         must have checked is the hand-off of that session.
         """
@@ -431,6 +440,8 @@ class Store(ApiTables, ABC):
                 r.run_id, r.epoch = run_id, 0
                 if r.seq == upto_seq and output is not None:
                     r.output = output
+                if outputs and r.seq in outputs:
+                    r.output = outputs[r.seq]
             if rows:
                 cur.executemany(_UPSERT_STEP, [_step_params(r) for r in rows])
             self._notify(cur)

@@ -58,6 +58,7 @@ class SQLiteStore(Store):
         self._local = threading.local()
         self._all: list[sqlite3.Connection] = []
         self._lock = threading.Lock()
+        _create_private(path)
         if migrate:
             self.migrate()
 
@@ -166,3 +167,15 @@ class SQLiteStore(Store):
             f"SQLite file {self.path!r} failed while {doing}: {text}; is it a mainspring "
             "database, and intact?"
         )
+
+
+def _create_private(path: str) -> None:
+    """Create a new database file readable by its owner only (0600, whatever the
+    umask): it holds run inputs and outputs and webhook signing secrets. SQLite
+    gives the ``-wal`` and ``-shm`` files the database file's mode. An existing file
+    keeps its mode (the operator chose it)."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except OSError:  # it exists, or sqlite3 reports the real problem when it opens
+        return
+    os.close(fd)

@@ -1,0 +1,120 @@
+"""Browser-facing defences around every request: CSRF and content-type checks on the
+way in, security headers on the way out.
+
+The dashboard authenticates with a cookie, which a browser attaches to requests that
+other sites make too. So an unsafe request (POST, PUT, PATCH, DELETE) that carries
+the cookie and no explicit key, and every unsafe request to the dashboard (login and
+logout included), must come from this origin: ``Sec-Fetch-Site: same-origin``, or an
+``Origin`` equal to the server's own. And the API's bodies must be
+``application/json``, which no plain HTML form can send.
+"""
+
+from __future__ import annotations
+
+import json
+
+from starlette.datastructures import Headers
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+__all__ = ["SECURITY_HEADERS", "BrowserGuard"]
+
+_UNSAFE = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+# On every response: never framed, never sniffed, no referrer leaves, nothing cached
+# (API answers carry runs' data: a shared cache must not keep them).
+SECURITY_HEADERS: tuple[tuple[bytes, bytes], ...] = (
+    (b"x-frame-options", b"DENY"),
+    (b"x-content-type-options", b"nosniff"),
+    (b"referrer-policy", b"no-referrer"),
+    (b"cross-origin-opener-policy", b"same-origin"),
+)
+# Swagger UI and ReDoc (``--docs``) load their own scripts: no API policy on them.
+_DOC_PAGES = frozenset({"/docs", "/redoc", "/docs/oauth2-redirect"})
+# JSON answers need no scripts, styles or frames at all.
+_API_CSP = b"default-src 'none'; frame-ancestors 'none'; base-uri 'none'"
+
+
+class BrowserGuard:
+    """ASGI middleware: refuse cross-site unsafe requests that a cookie would
+    authenticate, refuse non-JSON API bodies (415), add security headers."""
+
+    def __init__(self, app: ASGIApp, *, cookie: str) -> None:
+        self.app = app
+        self.cookie = cookie
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = Headers(scope=scope)
+        method = scope["method"]
+        path: str = scope["path"]
+        dashboard = path == "/ui" or path.startswith("/ui/")
+        if method in _UNSAFE:
+            problem = self._check(scope, headers, dashboard)
+            if problem is not None:
+                await _refuse(send, *problem)
+                return
+
+        async def with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                raw = list(message.get("headers", []))
+                present = {k.lower() for k, _ in raw}
+                for name, value in SECURITY_HEADERS:
+                    if name not in present:
+                        raw.append((name, value))
+                if b"content-security-policy" not in present and path not in _DOC_PAGES:
+                    raw.append((b"content-security-policy", _API_CSP))
+                if b"cache-control" not in present and path != "/healthz":
+                    raw.append((b"cache-control", b"no-store"))
+                message = {**message, "headers": raw}
+            await send(message)
+
+        await self.app(scope, receive, with_headers)
+
+    def _check(self, scope: Scope, headers: Headers, dashboard: bool) -> tuple[int, str] | None:
+        explicit = "authorization" in headers or "x-api-key" in headers
+        by_cookie = not explicit and f"{self.cookie}=" in headers.get("cookie", "")
+        if (dashboard or by_cookie) and not _same_origin(scope, headers):
+            return 403, (
+                "cross-site request refused: a request authenticated by the dashboard's "
+                "cookie must come from this origin (Origin or Sec-Fetch-Site: same-origin)"
+            )
+        content_type = headers.get("content-type")
+        if not dashboard and content_type is not None:
+            media = content_type.split(";", 1)[0].strip().lower()
+            if media != "application/json" and not media.endswith("+json"):
+                return 415, f"the API takes application/json bodies, not {media!r}"
+        return None
+
+
+def _same_origin(scope: Scope, headers: Headers) -> bool:
+    site = headers.get("sec-fetch-site")
+    if site is not None:
+        return site == "same-origin"
+    origin = headers.get("origin")
+    if origin is None or origin == "null":
+        return False
+    host = headers.get("host")
+    if host is None:
+        return False
+    scheme = headers.get("x-forwarded-proto") or scope.get("scheme", "http")
+    return origin.rstrip("/").lower() == f"{scheme}://{host}".lower()
+
+
+async def _refuse(send: Send, status: int, message: str) -> None:
+    kind = "forbidden" if status == 403 else "unsupported_media_type"
+    body = json.dumps({"error": {"type": kind, "message": message}}).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                *SECURITY_HEADERS,
+                (b"content-security-policy", _API_CSP),
+                (b"cache-control", b"no-store"),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
