@@ -788,5 +788,6 @@ class RunContext:
         del self._consume[:consumed]
         if write.reset_recoveries:
             self._reset_recoveries = False
+            self._control.progressed = True
         if result.cancel_requested:
             self._cancel = True

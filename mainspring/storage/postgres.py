@@ -77,12 +77,30 @@ class PostgresStore(Store):
         min_size: connections the pool keeps open.
         max_size: connections the pool may open.
         connect_timeout_s: how long opening the store may wait for the server.
+        idle_in_transaction_timeout_s: the server ends a session that sits inside a
+            transaction this long without sending anything (a frozen or paused
+            worker), which releases its row locks, so other workers can take its
+            runs over and ``cancel``/``signal`` never wait on it for longer.
+            mainspring's own transactions never idle for more than milliseconds.
+        lock_timeout_s: the longest any statement waits for a row lock; past it the
+            call fails with the retryable :class:`StoreUnavailable`.
+        statement_timeout_s: the longest any statement may run (migrations are
+            exempt); past it the call fails with :class:`StoreUnavailable`.
+
+    Each timeout is set on every connection the store opens; ``None`` leaves the
+    server's (or the role's, or the DSN's ``options``) setting alone.
     """
 
     dialect: ClassVar[str] = "postgresql"
     _lock_clause: ClassVar[str] = " FOR UPDATE SKIP LOCKED"
     _fence_lock: ClassVar[str] = " FOR UPDATE SKIP LOCKED"
     _row_lock: ClassVar[str] = " FOR UPDATE"
+    # Leases on the server's clock (when the App runs on the real clock): one clock
+    # for every machine, so a worker whose own clock runs ahead cannot see healthy
+    # leases as expired.
+    _db_now: ClassVar[str | None] = (
+        "CAST(extract(epoch FROM clock_timestamp()) AS DOUBLE PRECISION)"
+    )
 
     def __init__(
         self,
@@ -91,12 +109,23 @@ class PostgresStore(Store):
         min_size: int = 1,
         max_size: int = 8,
         connect_timeout_s: float = 10.0,
+        idle_in_transaction_timeout_s: float | None = 10.0,
+        lock_timeout_s: float | None = 5.0,
+        statement_timeout_s: float | None = 60.0,
         migrate: bool = True,
     ) -> None:
         self.url = redact_url(dsn)  # what messages and logs show: no password
         self._dsn = dsn
         self._timeout = connect_timeout_s
-        self._local = threading.local()  # per-thread transaction settings
+        self._settings = {
+            name: _ms(name, value)
+            for name, value in (
+                ("idle_in_transaction_session_timeout", idle_in_transaction_timeout_s),
+                ("lock_timeout", lock_timeout_s),
+                ("statement_timeout", statement_timeout_s),
+            )
+            if value is not None
+        }
         # Fail fast and clearly on a wrong DSN or a missing database, before the pool
         # starts retrying in the background.
         try:
@@ -113,6 +142,7 @@ class PostgresStore(Store):
             max_size=max_size,
             timeout=connect_timeout_s,
             kwargs={"autocommit": True},
+            configure=self._configure,
             open=True,
             name="mainspring",
         )
@@ -122,14 +152,20 @@ class PostgresStore(Store):
     def close(self) -> None:
         self._pool.close()
 
+    def _configure(self, conn: psycopg.Connection[Any]) -> None:
+        # Session settings, once per new connection (autocommit: they stay).
+        if self._settings:
+            conn.execute(
+                "SELECT " + ", ".join("set_config(%s, %s, false)" for _ in self._settings),
+                [v for item in self._settings.items() for v in item],
+            )
+
     # -- transactions -------------------------------------------------------------------
 
     @contextmanager
     def _write(self) -> Iterator[Cursor]:
         try:
             with self._pool.connection() as conn, conn.transaction(), conn.cursor() as cur:
-                if getattr(self._local, "lock_timeout", None):
-                    cur.execute(f"SET LOCAL lock_timeout = '{self._local.lock_timeout}'")
                 yield _Cursor(cur)
         except psycopg.Error as exc:
             raise self._error(exc, "writing") from exc
@@ -164,31 +200,52 @@ class PostgresStore(Store):
             | psycopg.errors.SerializationFailure
             | psycopg.errors.DeadlockDetected
             | psycopg.errors.LockNotAvailable
+            | psycopg.errors.QueryCanceled
+            | psycopg.errors.IdleInTransactionSessionTimeout
             | psycopg.errors.AdminShutdown,
         ):
             return StoreUnavailable(f"{where} unavailable while {doing}: {str(exc).strip()}")
         return StoreError(f"{where} failed while {doing}: {str(exc).strip()}")
 
     def heartbeat(
-        self, *, runs: Sequence[tuple[str, int]], now: float, lease_s: float
+        self,
+        *,
+        runs: Sequence[tuple[str, int]],
+        now: float,
+        lease_s: float,
+        db_clock: bool = False,
     ) -> Heartbeat:
-        """One short transaction per run, each waiting a moment at most for its row: a
-        row locked elsewhere delays its own lease, never the others'."""
-        lost: set[str] = set()
-        cancel: set[str] = set()
-        self._local.lock_timeout = "500ms"
-        try:
-            for held in sorted(runs):
-                try:
-                    beat = super().heartbeat(runs=[held], now=now, lease_s=lease_s)
-                except StoreUnavailable as exc:
-                    if not isinstance(exc.__cause__, psycopg.errors.LockNotAvailable):
-                        raise
-                    continue  # locked elsewhere: neither extended nor lost; next beat
-                lost |= beat.lost
-                cancel |= beat.cancel
-        finally:
-            self._local.lock_timeout = None
+        """One statement for every held run, whatever their number.
+
+        Rows that another transaction holds are skipped (``SKIP LOCKED``), never
+        waited for: such a run's lease is neither extended nor lost this beat, and
+        the others' are extended. A run is lost when its row is gone, or its epoch
+        or status moved on (read from the last committed version of the row).
+        """
+        self._check()
+        if not runs:
+            return Heartbeat(frozenset(), frozenset())
+        at, at_params = self._clock(now, db_clock)
+        ids = [rid for rid, _ in runs]
+        epochs = [epoch for _, epoch in runs]
+        with self._autocommit() as cur:
+            cur.execute(
+                "WITH held AS (SELECT * FROM unnest(CAST(? AS TEXT[]), CAST(? AS BIGINT[]))"
+                " AS h(id, epoch)),"
+                " mine AS (SELECT r.id FROM ms_runs r JOIN held ON r.id = held.id"
+                " AND r.epoch = held.epoch WHERE r.status = 'running'"
+                " ORDER BY r.id FOR UPDATE OF r SKIP LOCKED),"
+                f" beat AS (UPDATE ms_runs r SET lease_until = {at} + ? FROM mine"
+                " WHERE r.id = mine.id RETURNING r.id, r.cancel_requested)"
+                " SELECT held.id, beat.id IS NOT NULL, beat.cancel_requested,"
+                " r.epoch = held.epoch AND r.status = 'running'"
+                " FROM held LEFT JOIN beat ON beat.id = held.id"
+                " LEFT JOIN ms_runs r ON r.id = held.id",
+                (ids, epochs, *at_params, lease_s),
+            )
+            rows = cur.fetchall()
+        lost = {rid for rid, extended, _, current in rows if not extended and not current}
+        cancel = {rid for rid, extended, cancel, _ in rows if extended and cancel}
         return Heartbeat(frozenset(lost), frozenset(cancel))
 
     # -- dialect hooks ------------------------------------------------------------------
@@ -201,6 +258,10 @@ class PostgresStore(Store):
         )
 
     def _lock_migrations(self, cur: Cursor) -> None:
+        # A migration may wait for another worker's and may take long on a big
+        # table: neither is what the per-connection timeouts are there to stop.
+        cur.execute("SET LOCAL lock_timeout = 0")
+        cur.execute("SET LOCAL statement_timeout = 0")
         cur.execute("SELECT pg_advisory_xact_lock(?)", (_MIGRATION_LOCK,))
 
     def _notify(self, cur: Cursor) -> None:
@@ -240,6 +301,13 @@ class PostgresStore(Store):
             stop.set()  # the thread notices within its 0.5 s poll and closes its connection
 
         return stop_listening
+
+
+def _ms(name: str, seconds: float) -> str:
+    """A timeout setting's value in milliseconds (0 turns it off, as in PostgreSQL)."""
+    if seconds < 0:
+        raise ConfigError(f"{name}: a timeout must be >= 0 seconds, got {seconds!r}")
+    return f"{round(seconds * 1000)}ms"
 
 
 def _one_line(exc: BaseException) -> str:
