@@ -345,23 +345,32 @@ def test_pg_heartbeat_is_one_statement_for_all_held_runs(
         # One of them taken over by another worker, one row locked elsewhere.
         with store._write() as cur:
             cur.execute("UPDATE ms_runs SET epoch = epoch + 1 WHERE id = 'r07'")
+        Counting.opened = 0
+        beat = store.heartbeat(runs=sorted(epochs.items()), now=now + 5, lease_s=30)
+        assert Counting.opened == 1  # one statement, however many runs are held
+        assert (beat.lost, beat.cancel) == ({"r07"}, {"r05"})
         locker = psycopg.connect(store._dsn)
         try:
+            # One row held by a transaction that stays: the others are extended anyway.
             locker.execute("SELECT 1 FROM ms_runs WHERE id = 'r09' FOR UPDATE")
-            Counting.opened = 0
             beat = store.heartbeat(runs=sorted(epochs.items()), now=now + 10, lease_s=30)
-            assert Counting.opened == 1  # one statement, however many runs are held
         finally:
             locker.rollback()
-            locker.close()
-        assert beat.lost == {"r07"}
-        assert beat.cancel == {"r05"}
+        assert (beat.lost, beat.cancel) == ({"r07"}, {"r05"})
         leases = {r.id: r.lease_until for r in store.list_runs(limit=100)}
-        assert leases["r09"] == pytest.approx(now + 30)  # locked: not extended, not lost
+        assert leases["r09"] == pytest.approx(now + 35)  # locked: not extended, not lost
         assert leases["r07"] == pytest.approx(now + 30)  # lost: not extended
         assert all(
             leases[rid] == pytest.approx(now + 40) for rid in epochs if rid not in ("r07", "r09")
         )
+        # A row held for a moment (as by the worker's own group commit) is waited for.
+        try:
+            locker.execute("SELECT 1 FROM ms_runs WHERE id = 'r09' FOR UPDATE")
+            threading.Timer(0.05, locker.rollback).start()
+            beat = store.heartbeat(runs=sorted(epochs.items()), now=now + 15, lease_s=30)
+        finally:
+            locker.close()
+        assert store.get_run("r09").lease_until == pytest.approx(now + 45)  # type: ignore[union-attr]
     finally:
         store.close()
 

@@ -217,10 +217,12 @@ class PostgresStore(Store):
     ) -> Heartbeat:
         """One statement for every held run, whatever their number.
 
-        Rows that another transaction holds are skipped (``SKIP LOCKED``), never
-        waited for: such a run's lease is neither extended nor lost this beat, and
-        the others' are extended. A run is lost when its row is gone, or its epoch
-        or status moved on (read from the last committed version of the row).
+        Rows that another transaction holds are skipped (``SKIP LOCKED``), so that
+        they never delay the others' leases. A run is lost when its row is gone, or
+        its epoch or status moved on (read from the last committed version of the
+        row). The skipped rows, usually held for a moment by this worker's own group
+        commit, get a second statement that waits for them briefly; a row still held
+        after that is neither extended nor lost this beat.
         """
         self._check()
         if not runs:
@@ -246,7 +248,34 @@ class PostgresStore(Store):
             rows = cur.fetchall()
         lost = {rid for rid, extended, _, current in rows if not extended and not current}
         cancel = {rid for rid, extended, cancel, _ in rows if extended and cancel}
+        held = dict(runs)
+        skipped = sorted(rid for rid, extended, _, current in rows if not extended and current)
+        if skipped:
+            cancel |= self._beat_locked(
+                [(rid, held[rid]) for rid in skipped], at, at_params, lease_s
+            )
         return Heartbeat(frozenset(lost), frozenset(cancel))
+
+    def _beat_locked(
+        self, runs: list[tuple[str, int]], at: str, at_params: list[Any], lease_s: float
+    ) -> set[str]:
+        """Extend leases whose rows were locked a moment ago, waiting a little for them.
+        Returns those asked to cancel."""
+        try:
+            with self._write() as cur:
+                cur.execute("SET LOCAL lock_timeout = '500ms'")
+                cur.execute(
+                    f"UPDATE ms_runs r SET lease_until = {at} + ?"
+                    " FROM unnest(CAST(? AS TEXT[]), CAST(? AS BIGINT[])) AS h(id, epoch)"
+                    " WHERE r.id = h.id AND r.epoch = h.epoch AND r.status = 'running'"
+                    " RETURNING r.id, r.cancel_requested",
+                    (*at_params, lease_s, [r for r, _ in runs], [e for _, e in runs]),
+                )
+                return {rid for rid, cancel in cur.fetchall() if cancel}
+        except StoreUnavailable as exc:
+            if not isinstance(exc.__cause__, psycopg.errors.LockNotAvailable):
+                raise
+            return set()  # held elsewhere for longer: neither extended nor lost; next beat
 
     # -- dialect hooks ------------------------------------------------------------------
 
