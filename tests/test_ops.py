@@ -500,3 +500,34 @@ def test_sqlite_database_replaced_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ms.StoreError, match="replaced"):
         store.create_run(run_id="r2", workflow="wf", input="[]", key=None, now=2.0)
     store.close()
+
+
+def test_pg_timeouts_are_set_on_every_connection_and_can_be_tuned(
+    pg_workers: Callable[..., Workers],
+) -> None:
+    from mainspring.storage.postgres import PostgresStore
+
+    url = pg_workers().url
+
+    def settings(store: PostgresStore) -> tuple[str, str, str]:
+        try:
+            with store._read() as cur:
+                cur.execute(
+                    "SELECT current_setting('idle_in_transaction_session_timeout'),"
+                    " current_setting('lock_timeout'), current_setting('statement_timeout')"
+                )
+                row = cur.fetchone()
+                return (row[0], row[1], row[2])
+        finally:
+            store.close()
+
+    assert settings(PostgresStore(url)) == ("10s", "5s", "1min")
+    chosen = PostgresStore(url, lock_timeout_s=0.25, statement_timeout_s=None)
+    assert settings(chosen) == ("10s", "250ms", "0")  # None: the server's (off)
+    # A URL's options (what `mainspring worker` users can set) beat the defaults ...
+    tuned = f"{url}?options=-c%20lock_timeout%3D2s%20-c%20idle_in_transaction_session_timeout%3D3s"
+    assert settings(PostgresStore(tuned)) == ("3s", "2s", "1min")
+    # ... and a value passed in code beats the URL.
+    assert settings(PostgresStore(tuned, lock_timeout_s=1)) == ("3s", "1s", "1min")
+    with pytest.raises(ms.ConfigError, match="lock_timeout"):
+        PostgresStore(url, lock_timeout_s=-1)

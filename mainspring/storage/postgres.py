@@ -40,6 +40,10 @@ CHANNEL = "mainspring_wake"
 _MIGRATION_LOCK = 0x6D736D6967726174
 
 
+class _Default(float):
+    """A timeout nobody chose: mainspring's default."""
+
+
 @lru_cache(maxsize=512)
 def _pg(sql: str) -> str:
     """The shared SQL uses ``?`` placeholders; psycopg wants ``%s``."""
@@ -87,8 +91,10 @@ class PostgresStore(Store):
         statement_timeout_s: the longest any statement may run (migrations are
             exempt); past it the call fails with :class:`StoreUnavailable`.
 
-    Each timeout is set on every connection the store opens; ``None`` leaves the
-    server's (or the role's, or the DSN's ``options``) setting alone.
+    Each timeout is set on every connection the store opens. A value you pass wins;
+    ``None`` leaves the server's setting alone; a default gives way to a setting made
+    for the role or the database (``ALTER ROLE ... SET``) or in the DSN's ``options``
+    (``?options=-c%20lock_timeout%3D2s``), so workers started from a URL can be tuned.
     """
 
     dialect: ClassVar[str] = "postgresql"
@@ -109,16 +115,18 @@ class PostgresStore(Store):
         min_size: int = 1,
         max_size: int = 8,
         connect_timeout_s: float = 10.0,
-        idle_in_transaction_timeout_s: float | None = 10.0,
-        lock_timeout_s: float | None = 5.0,
-        statement_timeout_s: float | None = 60.0,
+        idle_in_transaction_timeout_s: float | None = _Default(10.0),
+        lock_timeout_s: float | None = _Default(5.0),
+        statement_timeout_s: float | None = _Default(60.0),
         migrate: bool = True,
     ) -> None:
         self.url = redact_url(dsn)  # what messages and logs show: no password
         self._dsn = dsn
         self._timeout = connect_timeout_s
+        # name -> (value, forced): a default gives way to a setting the operator made
+        # for the role, the database or the connection (ALTER ROLE ... SET, options=-c).
         self._settings = {
-            name: _ms(name, value)
+            name: (_ms(name, value), not isinstance(value, _Default))
             for name, value in (
                 ("idle_in_transaction_session_timeout", idle_in_transaction_timeout_s),
                 ("lock_timeout", lock_timeout_s),
@@ -153,11 +161,20 @@ class PostgresStore(Store):
         self._pool.close()
 
     def _configure(self, conn: psycopg.Connection[Any]) -> None:
-        # Session settings, once per new connection (autocommit: they stay).
+        # Session settings, once per new connection (autocommit: they stay), in one
+        # round trip.
         if self._settings:
             conn.execute(
-                "SELECT " + ", ".join("set_config(%s, %s, false)" for _ in self._settings),
-                [v for item in self._settings.items() for v in item],
+                "SELECT set_config(v.name, v.value, false) FROM (VALUES "
+                + ", ".join("(%s, %s, %s)" for _ in self._settings)
+                + ") AS v(name, value, forced) JOIN pg_settings s ON s.name = v.name"
+                " WHERE v.forced OR s.source NOT IN ('client', 'user', 'database',"
+                " 'database user')",
+                [
+                    x
+                    for name, (value, forced) in self._settings.items()
+                    for x in (name, value, forced)
+                ],
             )
 
     # -- transactions -------------------------------------------------------------------
