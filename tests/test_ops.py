@@ -531,3 +531,43 @@ def test_pg_timeouts_are_set_on_every_connection_and_can_be_tuned(
     assert settings(PostgresStore(tuned, lock_timeout_s=1)) == ("3s", "1s", "1min")
     with pytest.raises(ms.ConfigError, match="lock_timeout"):
         PostgresStore(url, lock_timeout_s=-1)
+
+
+async def test_a_wedged_event_loop_lets_its_leases_go(tmp_path: Path) -> None:
+    """Heartbeats from a thread must not keep the runs of a stuck process forever."""
+    app = ms.App(f"sqlite:///{tmp_path / 'wedged.db'}", lease_s=1.0, heartbeat_s=0.2)
+    taken: list[ms.RunRecord] = []
+
+    def take_over() -> None:  # another worker, polling while this process's loop is stuck
+        store = SQLiteStore(tmp_path / "wedged.db")
+        deadline = time.monotonic() + 30
+        while not taken and time.monotonic() < deadline:
+            taken.extend(
+                store.claim(
+                    worker="other",
+                    now=time.time(),
+                    lease_s=60,
+                    limit=1,
+                    workflows=None,
+                    max_recoveries=5,
+                )
+            )
+            time.sleep(0.05)
+        store.close()
+
+    thief = threading.Thread(target=take_over)
+
+    @app.workflow
+    async def wedges(ctx: ms.RunContext) -> None:
+        await ctx.step(lambda: None)
+        thief.start()
+        while not taken and thief.is_alive():
+            time.sleep(0.05)  # noqa: ASYNC251 - workflow code holding the event loop
+
+    app.submit(wedges)
+    worker = app.worker(concurrency=1)
+    await asyncio.wait_for(worker.run(until_idle=True), 60)
+    thief.join()
+    assert taken, "the leases of a wedged loop were extended forever"
+    assert worker.stats.outcomes == {"lost": 1}
+    app.close()
