@@ -145,12 +145,13 @@ def pg_workers(tmp_path: Path) -> Iterator[Callable[..., Workers]]:
 # -- item 12: a poison run is charged for its own crashes only ----------------------------
 
 
+@pytest.mark.parametrize("workers", ["sqlite_workers", "pg_workers"])
 def test_a_step_that_kills_its_worker_is_dead_lettered_and_its_neighbours_succeed(
-    sqlite_workers: Callable[..., Workers], monkeypatch: pytest.MonkeyPatch
+    workers: str, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Neighbour steps take far longer than the poison takes to kill the worker, so
     # without isolation the neighbours never progress between crashes.
-    w = sqlite_workers(
+    w = request.getfixturevalue(workers)(
         MAINSPRING_TEST_LEASE_S="1.0",
         MAINSPRING_TEST_STEP_S="0.3",
         MAINSPRING_TEST_MAX_RECOVERIES="3",
@@ -216,6 +217,7 @@ def test_pg_worker_frozen_inside_a_transaction_is_taken_over(
     w.wait_started("taker")
     freeze.touch()
     wait_for("the worker to freeze in a commit", lambda: _frozen(frozen), 30, w)
+    frozen_at = time.monotonic()
     assert not freeze.exists()
     # It froze holding its run's row: a session idle in a transaction.
     import psycopg
@@ -234,6 +236,7 @@ def test_pg_worker_frozen_inside_a_transaction_is_taken_over(
     assert not signalled.is_alive() and not cancelled.is_alive(), "signal/cancel hang"
     # Another worker takes the run over (a new epoch) and carries out the cancel.
     wait_for("the taker to cancel the run", lambda: w.run(run_id).status == "cancelled", 60, w)
+    print(f"cancelled by the taker {time.monotonic() - frozen_at:.1f}s after the freeze")
     assert w.run(run_id).epoch >= 2
     assert _frozen(frozen)  # still frozen: the takeover did not wait for it
     frozen.send_signal(signal.SIGCONT)  # it wakes believing it holds the run
