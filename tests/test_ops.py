@@ -574,3 +574,23 @@ async def test_a_wedged_event_loop_lets_its_leases_go(tmp_path: Path) -> None:
     assert taken, "the leases of a wedged loop were extended forever"
     assert worker.stats.outcomes == {"lost": 1}
     app.close()
+
+
+async def test_repeated_runs_leave_no_connections_behind(tmp_path: Path) -> None:
+    """Each worker run has its own heartbeat thread: its connection must go with it."""
+    store = SQLiteStore(tmp_path / "conns.db")
+    app = ms.App(store, lease_s=1.0, heartbeat_s=0.02)
+
+    def pause() -> None:
+        time.sleep(0.1)  # long enough for a few heartbeats
+
+    @app.workflow
+    async def wf(ctx: ms.RunContext) -> None:
+        await ctx.step(pause)
+
+    open_after = []
+    for _ in range(6):
+        await app.run(wf)
+        open_after.append(len(store._all))
+    assert open_after[-1] == open_after[1], open_after
+    app.close()

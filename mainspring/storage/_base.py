@@ -178,6 +178,11 @@ class Store(ApiTables, ABC):
     def close(self) -> None:
         """Release connections."""
 
+    def release_thread(self) -> None:
+        """Close the calling thread's own connection, if the store keeps one per
+        thread (SQLite). Threads that end while the store lives on call it, so that
+        their connections do not stay open until :meth:`close`."""
+
     def _autocommit(self) -> AbstractContextManager[Cursor]:
         """A cursor whose every statement commits on its own (PostgreSQL); a write
         transaction where the database has no such thing (SQLite)."""

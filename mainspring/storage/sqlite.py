@@ -163,6 +163,16 @@ class SQLiteStore(Store):
     def _check(self) -> None:
         self.check_file()
 
+    def release_thread(self) -> None:
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            return
+        self._local.conn = None
+        with self._lock:
+            if conn in self._all:
+                self._all.remove(conn)
+        conn.close()
+
     def close(self) -> None:
         with self._lock:
             conns, self._all = self._all, []

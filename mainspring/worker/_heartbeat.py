@@ -100,6 +100,12 @@ class Beater:
         await asyncio.to_thread(self._thread.join)
 
     def _run(self) -> None:
+        try:
+            self._beat_until_stopped()
+        finally:
+            self.store.release_thread()  # one thread per worker run: leave no connection
+
+    def _beat_until_stopped(self) -> None:
         last_ok = self.clock.now()
         stalled = False
         while not self._stop.wait(self.every_s):
