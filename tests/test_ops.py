@@ -588,9 +588,11 @@ async def test_repeated_runs_leave_no_connections_behind(tmp_path: Path) -> None
     async def wf(ctx: ms.RunContext) -> None:
         await ctx.step(pause)
 
-    open_after = []
-    for _ in range(6):
+    for _ in range(12):
         await app.run(wf)
-        open_after.append(len(store._all))
-    assert open_after[-1] == open_after[1], open_after
+    # Every open connection belongs to a live thread (the event loop's, its executor's).
+    assert len(store._all) <= threading.active_count(), (
+        len(store._all),
+        threading.active_count(),
+    )
     app.close()
