@@ -238,6 +238,11 @@ class Worker:
                     break
                 except (StoreUnavailable, StoreError) as exc:
                     log.warning("worker %s: claim failed: %s", self.worker_id, exc)
+            if self._stopping and claimed:
+                # Stop was asked while the claim was in flight: give these back at once
+                # rather than start them only to release them at their first boundary.
+                await self._give_back(claimed)
+                break
             for record in claimed:
                 entry = self._start(engine, record)
                 if record.recoveries >= self.isolate_after:
@@ -256,6 +261,16 @@ class Worker:
                 return
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wakeup.wait(), app.poll_interval_s)
+
+    async def _give_back(self, records: list[RunRecord]) -> None:
+        app = self.app
+        for record in records:
+            try:
+                await asyncio.to_thread(app.store.release, record.id, record.epoch, app.clock.now())
+            except (StoreUnavailable, StoreError) as exc:  # its lease expires instead
+                log.warning(
+                    "worker %s: cannot give run %s back: %s", self.worker_id, record.id, exc
+                )
 
     def _finished_only(self) -> bool:
         assert self._only is not None
