@@ -75,7 +75,9 @@ class App:
         lease_s: how long a claim lasts without a heartbeat.
         heartbeat_s: how often workers extend their leases (default ``lease_s / 3``).
         max_recoveries: a run recovered this many times in a row without progress
-            is moved to ``failed`` (dead-lettered).
+            is moved to ``failed`` (dead-lettered). From its second such recovery a
+            run is executed alone on its worker until it progresses, so that a run
+            whose step kills workers is charged for its own crashes only.
         inline_wait_s: waits up to this long (sleeps, back-offs) keep the worker;
             longer ones release it and the run sleeps in the store.
         default_retry: the retry policy of ``at_least_once`` steps.

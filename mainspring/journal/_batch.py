@@ -68,6 +68,7 @@ class BatchCommitter(Committer):
                 while not self._queue and not self._closed:
                     self._cv.wait()
                 if not self._queue and self._closed:
+                    self.store.release_thread()  # a thread per worker run: close its connection
                     return
                 batch = self._queue[: self.max_batch]
                 del self._queue[: self.max_batch]

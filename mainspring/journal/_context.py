@@ -1093,5 +1093,6 @@ class RunContext:
         self._consume = [c for c in self._consume if c not in consumed]
         if write.reset_recoveries:
             self._reset_recoveries = False
+            self._control.progressed = True
         if result.cancel_requested:
             self._cancel = True

@@ -60,3 +60,7 @@ class RunControl:
 
     reason: Literal["cancel", "lost", "shutdown"] | None = None
     draining: bool = False
+    # Set once the run has committed progress (a step ended, or the run moved on)
+    # that cleared its count of recoveries: a worker isolating a suspect run waits
+    # for this before it takes other runs again.
+    progressed: bool = False

@@ -20,11 +20,12 @@ from ._records import (
     WriteResult,
 )
 from ._url import redact_url
-from .sqlite import SQLiteStore
+from .sqlite import DatabaseGone, SQLiteStore
 
 __all__ = [
     "FINISHED",
     "SCHEMA_VERSION",
+    "DatabaseGone",
     "Heartbeat",
     "RunRecord",
     "RunStatus",

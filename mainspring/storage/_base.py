@@ -172,6 +172,10 @@ class Store(ApiTables, ABC):
     _fence_lock: ClassVar[str] = ""
     # Appended to a read that must hold its run row until the transaction ends.
     _row_lock: ClassVar[str] = ""
+    # The database's clock as seconds since the epoch, for leases (``db_clock=True``);
+    # None: the dialect has no clock worth trusting over the caller's (SQLite runs on
+    # the workers' own machine, so they share its clock).
+    _db_now: ClassVar[str | None] = None
 
     # -- dialect hooks --------------------------------------------------------------
 
@@ -187,6 +191,11 @@ class Store(ApiTables, ABC):
     def close(self) -> None:
         """Release connections."""
 
+    def release_thread(self) -> None:
+        """Close the calling thread's own connection, if the store keeps one per
+        thread (SQLite). Threads that end while the store lives on call it, so that
+        their connections do not stay open until :meth:`close`."""
+
     def _autocommit(self) -> AbstractContextManager[Cursor]:
         """A cursor whose every statement commits on its own (PostgreSQL); a write
         transaction where the database has no such thing (SQLite)."""
@@ -198,6 +207,18 @@ class Store(ApiTables, ABC):
 
     def _lock_migrations(self, cur: Cursor) -> None:
         """Serialise concurrent migrations (an advisory lock on PostgreSQL)."""
+
+    def _check(self) -> None:
+        """Called before every claim and heartbeat: raise if the store must not be
+        used any more (SQLite: its file was deleted or replaced)."""
+
+    def _clock(self, now: float, db_clock: bool) -> tuple[str, list[Any]]:
+        """The SQL for "now" in lease arithmetic, and its parameters: the caller's
+        ``now``, or the database's own clock where the dialect has one
+        (``_db_now``) and the caller asked for it."""
+        if db_clock and self._db_now is not None:
+            return self._db_now, []
+        return "?", [now]
 
     def _notify(self, cur: Cursor) -> None:
         """Tell listening workers that something became runnable (NOTIFY on PostgreSQL)."""
@@ -549,6 +570,9 @@ class Store(ApiTables, ABC):
         workflows: Sequence[str] | None,
         max_recoveries: int,
         run_id: str | None = None,
+        isolate_after: int | None = None,
+        alone: bool = False,
+        db_clock: bool = False,
     ) -> list[RunRecord]:
         """Take up to ``limit`` runnable runs: bump each one's epoch and lease it.
 
@@ -556,35 +580,48 @@ class Store(ApiTables, ABC):
         whose lease expired (a recovery). A run recovered more than
         ``max_recoveries`` times in a row without progress is dead-lettered:
         moved to ``failed`` with the reason, not claimed.
+
+        Args:
+            isolate_after: a run recovered this many times in a row without progress
+                is a *suspect* (its step may be what kills workers): it is claimed
+                only by a caller that holds nothing else (``alone``), and then as the
+                only run of the claim, so that a crash it causes is charged to it
+                alone. ``None``: no isolation.
+            alone: the caller executes no other run now.
+            db_clock: compare and write leases with the database's clock instead of
+                ``now`` (where the dialect has one: PostgreSQL), so that workers
+                whose clocks disagree still agree on whose lease has run out.
         """
+        self._check()
         if limit <= 0:
             return []
         names = list(workflows) if workflows is not None else None
         wf_sql = f" AND workflow IN ({', '.join('?' * len(names))})" if names else ""
         wf_params: list[Any] = list(names) if names else []
         lock = self._lock_clause
+        at, at_params = self._clock(now, db_clock)
         queries: list[tuple[str, list[Any]]]
         if run_id is not None:
             queries = [
                 (
                     "SELECT id, status, recoveries FROM ms_runs WHERE id = ? AND (status = 'queued'"
-                    " OR (status IN ('sleeping', 'waiting') AND wake_at <= ?)"
-                    f" OR (status = 'running' AND lease_until < ?)){lock}",
-                    [run_id, now, now],
+                    f" OR (status IN ('sleeping', 'waiting') AND wake_at <= {at})"
+                    f" OR (status = 'running' AND lease_until < {at})){lock}",
+                    [run_id, *at_params, *at_params],
                 )
             ]
         else:
             queries = [
                 (
                     "SELECT id, status, recoveries FROM ms_runs WHERE status = 'running'"
-                    f" AND lease_until < ?{wf_sql} ORDER BY lease_until LIMIT ?{lock}",
-                    [now, *wf_params],
+                    f" AND lease_until < {at}{wf_sql} ORDER BY lease_until LIMIT ?{lock}",
+                    [*at_params, *wf_params],
                 ),
                 (
                     "SELECT id, status, recoveries FROM ms_runs WHERE status IN"
-                    f" ('sleeping', 'waiting') AND wake_at <= ?{wf_sql} ORDER BY wake_at"
+                    f" ('sleeping', 'waiting') AND wake_at <= {at}{wf_sql} ORDER BY wake_at"
                     f" LIMIT ?{lock}",
-                    [now, *wf_params],
+                    [*at_params, *wf_params],
                 ),
                 (
                     f"SELECT id, status, recoveries FROM ms_runs WHERE status = 'queued'{wf_sql}"
@@ -595,17 +632,25 @@ class Store(ApiTables, ABC):
         if names == []:
             return []
         claimed: list[str] = []
+        suspect = False
         with self._write() as cur:
             for sql, params in queries:
                 left = limit - len(claimed)
-                if left <= 0:
+                if left <= 0 or suspect:
                     break
                 if run_id is None:
                     params = [*params, left]
                 cur.execute(sql, params)
                 for rid, status, recoveries in cur.fetchall():
+                    if suspect:
+                        break
                     recovering = status == "running"
                     count = recoveries + 1 if recovering else recoveries
+                    if isolate_after is not None and isolate_after <= count <= max_recoveries:
+                        # A suspect runs alone: left for a caller that holds nothing.
+                        if not alone or claimed:
+                            continue
+                        suspect = True
                     if recovering and count > max_recoveries:
                         cur.execute(
                             # Ending the run moves the fence on: its last holder,
@@ -634,9 +679,9 @@ class Store(ApiTables, ABC):
                         continue
                     cur.execute(
                         "UPDATE ms_runs SET status = 'running', epoch = epoch + 1, owner = ?,"
-                        " lease_until = ?, wake_at = NULL, wait_reason = NULL,"
+                        f" lease_until = {at} + ?, wake_at = NULL, wait_reason = NULL,"
                         " wait_signal = NULL, recoveries = ?, updated_at = ? WHERE id = ?",
-                        (worker, now + lease_s, count, now, rid),
+                        (worker, *at_params, lease_s, count, now, rid),
                     )
                     claimed.append(rid)
             if not claimed:
@@ -649,19 +694,27 @@ class Store(ApiTables, ABC):
         return [by_id[rid] for rid in claimed]
 
     def heartbeat(
-        self, *, runs: Sequence[tuple[str, int]], now: float, lease_s: float
+        self,
+        *,
+        runs: Sequence[tuple[str, int]],
+        now: float,
+        lease_s: float,
+        db_clock: bool = False,
     ) -> Heartbeat:
-        """Extend the leases of ``(run_id, epoch)`` pairs this worker holds."""
+        """Extend the leases of ``(run_id, epoch)`` pairs this worker holds
+        (``db_clock``: as :meth:`claim`)."""
+        self._check()
         if not runs:
             return Heartbeat(frozenset(), frozenset())
         lost: set[str] = set()
         cancel: set[str] = set()
+        at, at_params = self._clock(now, db_clock)
         with self._write() as cur:
             for rid, epoch in sorted(runs):
                 cur.execute(
-                    "UPDATE ms_runs SET lease_until = ? WHERE id = ? AND epoch = ?"
+                    f"UPDATE ms_runs SET lease_until = {at} + ? WHERE id = ? AND epoch = ?"
                     " AND status = 'running'",
-                    (now + lease_s, rid, epoch),
+                    (*at_params, lease_s, rid, epoch),
                 )
                 if cur.rowcount == 0:
                     lost.add(rid)

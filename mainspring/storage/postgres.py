@@ -40,6 +40,10 @@ CHANNEL = "mainspring_wake"
 _MIGRATION_LOCK = 0x6D736D6967726174
 
 
+class _Default(float):
+    """A timeout nobody chose: mainspring's default."""
+
+
 @lru_cache(maxsize=512)
 def _pg(sql: str) -> str:
     """The shared SQL uses ``?`` placeholders; psycopg wants ``%s``."""
@@ -77,12 +81,32 @@ class PostgresStore(Store):
         min_size: connections the pool keeps open.
         max_size: connections the pool may open.
         connect_timeout_s: how long opening the store may wait for the server.
+        idle_in_transaction_timeout_s: the server ends a session that sits inside a
+            transaction this long without sending anything (a frozen or paused
+            worker), which releases its row locks, so other workers can take its
+            runs over and ``cancel``/``signal`` never wait on it for longer.
+            mainspring's own transactions never idle for more than milliseconds.
+        lock_timeout_s: the longest any statement waits for a row lock; past it the
+            call fails with the retryable :class:`StoreUnavailable`.
+        statement_timeout_s: the longest any statement may run (migrations are
+            exempt); past it the call fails with :class:`StoreUnavailable`.
+
+    Each timeout is set on every connection the store opens. A value you pass wins;
+    ``None`` leaves the server's setting alone; a default gives way to a setting made
+    for the role or the database (``ALTER ROLE ... SET``) or in the DSN's ``options``
+    (``?options=-c%20lock_timeout%3D2s``), so workers started from a URL can be tuned.
     """
 
     dialect: ClassVar[str] = "postgresql"
     _lock_clause: ClassVar[str] = " FOR UPDATE SKIP LOCKED"
     _fence_lock: ClassVar[str] = " FOR UPDATE SKIP LOCKED"
     _row_lock: ClassVar[str] = " FOR UPDATE"
+    # Leases on the server's clock (when the App runs on the real clock): one clock
+    # for every machine, so a worker whose own clock runs ahead cannot see healthy
+    # leases as expired.
+    _db_now: ClassVar[str | None] = (
+        "CAST(extract(epoch FROM clock_timestamp()) AS DOUBLE PRECISION)"
+    )
 
     def __init__(
         self,
@@ -91,12 +115,25 @@ class PostgresStore(Store):
         min_size: int = 1,
         max_size: int = 8,
         connect_timeout_s: float = 10.0,
+        idle_in_transaction_timeout_s: float | None = _Default(10.0),
+        lock_timeout_s: float | None = _Default(5.0),
+        statement_timeout_s: float | None = _Default(60.0),
         migrate: bool = True,
     ) -> None:
         self.url = redact_url(dsn)  # what messages and logs show: no password
         self._dsn = dsn
         self._timeout = connect_timeout_s
-        self._local = threading.local()  # per-thread transaction settings
+        # name -> (value, forced): a default gives way to a setting the operator made
+        # for the role, the database or the connection (ALTER ROLE ... SET, options=-c).
+        self._settings = {
+            name: (_ms(name, value), not isinstance(value, _Default))
+            for name, value in (
+                ("idle_in_transaction_session_timeout", idle_in_transaction_timeout_s),
+                ("lock_timeout", lock_timeout_s),
+                ("statement_timeout", statement_timeout_s),
+            )
+            if value is not None
+        }
         # Fail fast and clearly on a wrong DSN or a missing database, before the pool
         # starts retrying in the background.
         try:
@@ -113,6 +150,7 @@ class PostgresStore(Store):
             max_size=max_size,
             timeout=connect_timeout_s,
             kwargs={"autocommit": True},
+            configure=self._configure,
             open=True,
             name="mainspring",
         )
@@ -122,14 +160,29 @@ class PostgresStore(Store):
     def close(self) -> None:
         self._pool.close()
 
+    def _configure(self, conn: psycopg.Connection[Any]) -> None:
+        # Session settings, once per new connection (autocommit: they stay), in one
+        # round trip.
+        if self._settings:
+            conn.execute(
+                "SELECT set_config(v.name, v.value, false) FROM (VALUES "
+                + ", ".join("(%s, %s, %s)" for _ in self._settings)
+                + ") AS v(name, value, forced) JOIN pg_settings s ON s.name = v.name"
+                " WHERE v.forced OR s.source NOT IN ('client', 'user', 'database',"
+                " 'database user')",
+                [
+                    x
+                    for name, (value, forced) in self._settings.items()
+                    for x in (name, value, forced)
+                ],
+            )
+
     # -- transactions -------------------------------------------------------------------
 
     @contextmanager
     def _write(self) -> Iterator[Cursor]:
         try:
             with self._pool.connection() as conn, conn.transaction(), conn.cursor() as cur:
-                if getattr(self._local, "lock_timeout", None):
-                    cur.execute(f"SET LOCAL lock_timeout = '{self._local.lock_timeout}'")
                 yield _Cursor(cur)
         except psycopg.Error as exc:
             raise self._error(exc, "writing") from exc
@@ -164,32 +217,82 @@ class PostgresStore(Store):
             | psycopg.errors.SerializationFailure
             | psycopg.errors.DeadlockDetected
             | psycopg.errors.LockNotAvailable
+            | psycopg.errors.QueryCanceled
+            | psycopg.errors.IdleInTransactionSessionTimeout
             | psycopg.errors.AdminShutdown,
         ):
             return StoreUnavailable(f"{where} unavailable while {doing}: {str(exc).strip()}")
         return StoreError(f"{where} failed while {doing}: {str(exc).strip()}")
 
     def heartbeat(
-        self, *, runs: Sequence[tuple[str, int]], now: float, lease_s: float
+        self,
+        *,
+        runs: Sequence[tuple[str, int]],
+        now: float,
+        lease_s: float,
+        db_clock: bool = False,
     ) -> Heartbeat:
-        """One short transaction per run, each waiting a moment at most for its row: a
-        row locked elsewhere delays its own lease, never the others'."""
-        lost: set[str] = set()
-        cancel: set[str] = set()
-        self._local.lock_timeout = "500ms"
-        try:
-            for held in sorted(runs):
-                try:
-                    beat = super().heartbeat(runs=[held], now=now, lease_s=lease_s)
-                except StoreUnavailable as exc:
-                    if not isinstance(exc.__cause__, psycopg.errors.LockNotAvailable):
-                        raise
-                    continue  # locked elsewhere: neither extended nor lost; next beat
-                lost |= beat.lost
-                cancel |= beat.cancel
-        finally:
-            self._local.lock_timeout = None
+        """One statement for every held run, whatever their number.
+
+        Rows that another transaction holds are skipped (``SKIP LOCKED``), so that
+        they never delay the others' leases. A run is lost when its row is gone, or
+        its epoch or status moved on (read from the last committed version of the
+        row). The skipped rows, usually held for a moment by this worker's own group
+        commit, get a second statement that waits for them briefly; a row still held
+        after that is neither extended nor lost this beat.
+        """
+        self._check()
+        if not runs:
+            return Heartbeat(frozenset(), frozenset())
+        at, at_params = self._clock(now, db_clock)
+        ids = [rid for rid, _ in runs]
+        epochs = [epoch for _, epoch in runs]
+        with self._autocommit() as cur:
+            cur.execute(
+                "WITH held AS (SELECT * FROM unnest(CAST(? AS TEXT[]), CAST(? AS BIGINT[]))"
+                " AS h(id, epoch)),"
+                " mine AS (SELECT r.id FROM ms_runs r JOIN held ON r.id = held.id"
+                " AND r.epoch = held.epoch WHERE r.status = 'running'"
+                " ORDER BY r.id FOR UPDATE OF r SKIP LOCKED),"
+                f" beat AS (UPDATE ms_runs r SET lease_until = {at} + ? FROM mine"
+                " WHERE r.id = mine.id RETURNING r.id, r.cancel_requested)"
+                " SELECT held.id, beat.id IS NOT NULL, beat.cancel_requested,"
+                " r.epoch = held.epoch AND r.status = 'running'"
+                " FROM held LEFT JOIN beat ON beat.id = held.id"
+                " LEFT JOIN ms_runs r ON r.id = held.id",
+                (ids, epochs, *at_params, lease_s),
+            )
+            rows = cur.fetchall()
+        lost = {rid for rid, extended, _, current in rows if not extended and not current}
+        cancel = {rid for rid, extended, cancel, _ in rows if extended and cancel}
+        held = dict(runs)
+        skipped = sorted(rid for rid, extended, _, current in rows if not extended and current)
+        if skipped:
+            cancel |= self._beat_locked(
+                [(rid, held[rid]) for rid in skipped], at, at_params, lease_s
+            )
         return Heartbeat(frozenset(lost), frozenset(cancel))
+
+    def _beat_locked(
+        self, runs: list[tuple[str, int]], at: str, at_params: list[Any], lease_s: float
+    ) -> set[str]:
+        """Extend leases whose rows were locked a moment ago, waiting a little for them.
+        Returns those asked to cancel."""
+        try:
+            with self._write() as cur:
+                cur.execute("SET LOCAL lock_timeout = '500ms'")
+                cur.execute(
+                    f"UPDATE ms_runs r SET lease_until = {at} + ?"
+                    " FROM unnest(CAST(? AS TEXT[]), CAST(? AS BIGINT[])) AS h(id, epoch)"
+                    " WHERE r.id = h.id AND r.epoch = h.epoch AND r.status = 'running'"
+                    " RETURNING r.id, r.cancel_requested",
+                    (*at_params, lease_s, [r for r, _ in runs], [e for _, e in runs]),
+                )
+                return {rid for rid, cancel in cur.fetchall() if cancel}
+        except StoreUnavailable as exc:
+            if not isinstance(exc.__cause__, psycopg.errors.LockNotAvailable):
+                raise
+            return set()  # held elsewhere for longer: neither extended nor lost; next beat
 
     # -- dialect hooks ------------------------------------------------------------------
 
@@ -201,6 +304,10 @@ class PostgresStore(Store):
         )
 
     def _lock_migrations(self, cur: Cursor) -> None:
+        # A migration may wait for another worker's and may take long on a big
+        # table: neither is what the per-connection timeouts are there to stop.
+        cur.execute("SET LOCAL lock_timeout = 0")
+        cur.execute("SET LOCAL statement_timeout = 0")
         cur.execute("SELECT pg_advisory_xact_lock(?)", (_MIGRATION_LOCK,))
 
     def _notify(self, cur: Cursor) -> None:
@@ -240,6 +347,13 @@ class PostgresStore(Store):
             stop.set()  # the thread notices within its 0.5 s poll and closes its connection
 
         return stop_listening
+
+
+def _ms(name: str, seconds: float) -> str:
+    """A timeout setting's value in milliseconds (0 turns it off, as in PostgreSQL)."""
+    if seconds < 0:
+        raise ConfigError(f"{name}: a timeout must be >= 0 seconds, got {seconds!r}")
+    return f"{round(seconds * 1000)}ms"
 
 
 def _one_line(exc: BaseException) -> str:

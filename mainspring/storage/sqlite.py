@@ -22,13 +22,26 @@ from urllib.parse import parse_qsl, urlsplit
 from .._errors import ConfigError, StoreError, StoreUnavailable
 from ._base import Cursor, Store
 
-__all__ = ["SQLiteStore"]
+__all__ = ["DatabaseGone", "SQLiteStore"]
 
 Synchronous = Literal["FULL", "NORMAL", "EXTRA", "OFF"]
 
 
+class DatabaseGone(StoreError):
+    """The SQLite file was deleted or replaced under a running store: whatever it
+    writes now goes to a file no other process can see. Not retryable; a worker
+    that meets it stops."""
+
+
 class SQLiteStore(Store):
-    """A :class:`Store` in one SQLite file, shared by any number of local processes."""
+    """A :class:`Store` in one SQLite file, shared by any number of local processes.
+
+    What SQLite cannot do: the file must live on a local disk of the one machine
+    whose processes share it (never a network file system), every worker uses that
+    machine's clock, and one writer at a time holds the whole database, so a
+    process frozen inside a write stops every other writer until its transaction
+    ends.
+    """
 
     dialect: ClassVar[str] = "sqlite"
 
@@ -59,8 +72,16 @@ class SQLiteStore(Store):
         self._all: list[sqlite3.Connection] = []
         self._lock = threading.Lock()
         _create_private(path)
+        # (st_dev, st_ino) of the file when the first connection opened it: a path
+        # that later names another file (or none) means ours was deleted or replaced.
+        self._identity: tuple[int, int] | None = None
+        self._gone: str | None = None
         if migrate:
-            self.migrate()
+            try:
+                self.migrate()
+            except BaseException:
+                self.close()
+                raise
 
     @classmethod
     def from_url(cls, url: str, *, migrate: bool = True) -> SQLiteStore:
@@ -109,11 +130,49 @@ class SQLiteStore(Store):
                     raise StoreError(f"SQLite file {self.path!r} cannot use WAL (got {mode!r})")
                 conn.execute(f"PRAGMA synchronous = {self.synchronous}")
             except sqlite3.DatabaseError as exc:
+                if conn is not None:
+                    conn.close()
                 raise self._error(exc, "opening") from exc
             self._local.conn = conn
             with self._lock:
                 self._all.append(conn)
+                if self._identity is None:
+                    st = os.stat(self.path)
+                    self._identity = (st.st_dev, st.st_ino)
         return conn
+
+    def check_file(self) -> None:
+        """Raise :class:`DatabaseGone` if the path no longer names the file this store
+        opened (deleted, or replaced by another file). Workers call it with every
+        claim and heartbeat: a stat, no I/O on the database.
+        """
+        if self._gone is None and self._identity is not None:
+            try:
+                st = os.stat(self.path)
+            except FileNotFoundError:
+                self._gone = "was deleted"
+            else:
+                if (st.st_dev, st.st_ino) != self._identity:
+                    self._gone = "was replaced by another file"
+        if self._gone is not None:
+            raise DatabaseGone(
+                f"SQLite file {self.path!r} {self._gone} while this process had it open: "
+                "anything written now would be lost. Stopping; restore the file (or start "
+                "on a new one) and restart the workers"
+            )
+
+    def _check(self) -> None:
+        self.check_file()
+
+    def release_thread(self) -> None:
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            return
+        self._local.conn = None
+        with self._lock:
+            if conn in self._all:
+                self._all.remove(conn)
+        conn.close()
 
     def close(self) -> None:
         with self._lock:
@@ -124,6 +183,8 @@ class SQLiteStore(Store):
 
     @contextmanager
     def _write(self) -> Iterator[Cursor]:
+        if self._gone is not None:
+            self.check_file()  # raises: never write into a file nobody can see
         conn = self._conn()
         try:
             cur = conn.execute("BEGIN IMMEDIATE")
@@ -157,7 +218,13 @@ class SQLiteStore(Store):
     def _error(self, exc: sqlite3.DatabaseError, doing: str) -> Exception:
         text = str(exc)
         if isinstance(exc, sqlite3.OperationalError) and (
-            "locked" in text or "busy" in text or "unable to open" in text or "I/O" in text
+            "locked" in text
+            or "busy" in text
+            or "unable to open" in text
+            or "I/O" in text
+            # SQLITE_FULL: a full disk (or max_page_count) can be freed; the same
+            # write may succeed later.
+            or "is full" in text
         ):
             return StoreUnavailable(
                 f"SQLite file {self.path!r} unavailable while {doing}: {text} "

@@ -15,6 +15,7 @@ pytest collects the ``test_*`` methods. Each test opens its own stores through
 from __future__ import annotations
 
 import threading
+import time
 from abc import abstractmethod
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -229,6 +230,42 @@ class StoreConformance:
             s.commit([RunWrite(run_id="r1", epoch=run.epoch, reset_recoveries=True)], T0)
             got = s.get_run("r1")
             assert got is not None and got.recoveries == 0
+
+    def test_a_suspect_run_is_claimed_only_alone(self) -> None:
+        with self.store() as s:
+            for rid in ("poison", "n1", "n2"):
+                self._new(s, rid)
+            iso = {"isolate_after": 2, "max_recoveries": 5}
+            now = T0
+            for _ in range(2):  # two crashes of the worker that held all three
+                assert len(self._claim(s, now=now, alone=True, **iso)) == 3
+                now += LEASE + 1
+            # Recovered twice without progress: suspects, not for a busy worker ...
+            assert self._claim(s, now=now, alone=False, **iso) == []
+            # ... and one at a time for an idle one.
+            [first] = self._claim(s, now=now, alone=True, **iso)
+            assert first.recoveries == 2
+            s.commit([RunWrite(run_id=first.id, epoch=first.epoch, reset_recoveries=True)], now)
+            assert self._claim(s, now=now, alone=False, **iso) == []  # the others wait
+            assert len(self._claim(s, now=now, alone=True, **iso)) == 1
+            # Without isolate_after the store isolates nothing (as before).
+            assert len(self._claim(s, now=now)) == 1
+
+    def test_leases_on_the_database_clock_ignore_the_callers(self) -> None:
+        with self.store() as s:
+            self._new(s, "r1")
+            real = time.time()
+            [run] = self._claim(s, now=real, db_clock=True)
+            if s._db_now is None:  # one machine, one clock (SQLite): the caller's
+                assert run.lease_until == real + LEASE
+                return
+            ahead = real + 3600  # a caller whose clock is an hour ahead
+            assert self._claim(s, now=ahead, db_clock=True) == []
+            beat = s.heartbeat(runs=[("r1", run.epoch)], now=ahead, lease_s=LEASE, db_clock=True)
+            assert not beat.lost
+            got = s.get_run("r1")
+            assert got is not None and got.lease_until is not None
+            assert got.lease_until < real + LEASE + 600  # the server's time, not the caller's
 
     def test_release_requeues_without_counting_a_recovery(self) -> None:
         with self.store() as s:

@@ -1,10 +1,16 @@
 """The worker: claims runnable runs, executes many at once, keeps their leases.
 
-One asyncio loop runs up to ``concurrency`` runs. A heartbeat extends the leases
-of the runs it holds; a run whose lease is gone (another worker took it over) or
-that was asked to cancel is stopped at once. On SIGTERM/SIGINT the worker
+One asyncio loop runs up to ``concurrency`` runs. A heartbeat thread extends the
+leases of the runs it holds; a run whose lease is gone (another worker took it
+over) or that was asked to cancel is stopped at once. On SIGTERM/SIGINT the worker
 drains: each run finishes the step it is in and is given back, so no run is lost
 and none waits for a lease to expire.
+
+A run recovered twice in a row without progress (its worker died twice while it was
+in hand) is a *suspect*: the worker takes it only when it holds nothing else, and
+takes nothing else until the suspect makes progress. If the suspect's step is what
+kills workers (a native crash, an out-of-memory kill), only its own count of
+recoveries grows, and it is dead-lettered without taking its neighbours with it.
 """
 
 from __future__ import annotations
@@ -19,10 +25,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from .._clock import SystemClock
 from .._describe import safe_traceback
 from .._errors import StoreError, StoreUnavailable
 from ..journal import BatchCommitter, Committer, Engine, Outcome, RunControl, execute
-from ..storage import RunRecord
+from ..storage import DatabaseGone, Heartbeat, RunRecord
+from ._heartbeat import Beater
 
 if TYPE_CHECKING:
     from .._app import App
@@ -83,6 +91,9 @@ class Worker:
         self._active: dict[str, _Active] = {}
         self._stopping = False
         self._wakeup: asyncio.Event | None = None
+        self._beater: Beater | None = None
+        self._isolated: _Active | None = None  # a suspect run that has not progressed
+        self._fatal: DatabaseGone | None = None
 
     def request_stop(self) -> None:
         """Stop claiming and drain (safe to call from a signal handler)."""
@@ -97,11 +108,30 @@ class Worker:
         if self._wakeup is not None:
             self._wakeup.set()
 
+    @property
+    def db_clock(self) -> bool:
+        """Whether leases follow the database's clock (PostgreSQL) rather than this
+        process's: when the App runs on the real clock. A fake clock in tests keeps
+        leases on its own time."""
+        return isinstance(self.app.clock, SystemClock)
+
+    @property
+    def isolate_after(self) -> int:
+        """Recoveries in a row after which a run is executed alone (see the module)."""
+        return max(1, min(2, self.app.max_recoveries))
+
     async def run(self, *, until_idle: bool = False) -> None:
         """Work until :meth:`request_stop` (or, with ``until_idle``, until nothing is
-        runnable and nothing is executing)."""
+        runnable and nothing is executing).
+
+        Raises:
+            DatabaseGone: the SQLite file was deleted or replaced under the worker;
+                it stopped every run without writing anything more.
+        """
         app = self.app
         self._wakeup = asyncio.Event()
+        if not await self._open_store():
+            return
         committer: Committer = (
             BatchCommitter(app.store, app.clock) if self.batch else Committer(app.store, app.clock)
         )
@@ -117,8 +147,21 @@ class Worker:
             redact=app.redactor.redact_json if app.redactor is not None else None,
             interceptors=app.interceptors,
         )
-        heartbeat = asyncio.create_task(self._heartbeat_loop())
         loop = asyncio.get_running_loop()
+        beater = self._beater = Beater(
+            store=app.store,
+            clock=app.clock,
+            lease_s=app.lease_s,
+            every_s=app.heartbeat_s,
+            db_clock=self.db_clock,
+            worker_id=self.worker_id,
+            loop=loop,
+            on_beat=self._on_beat,
+            on_expired=self._on_expired,
+            on_fatal=self._on_fatal,
+        )
+        beater.start()
+        ticking = asyncio.create_task(beater.ticking())
         wakeup = self._wakeup
 
         # Pushed wake-ups (LISTEN/NOTIFY on PostgreSQL); polling remains the fallback.
@@ -133,10 +176,35 @@ class Worker:
             if stop_listening is not None:
                 await asyncio.to_thread(stop_listening)
             await self._drain()
-            heartbeat.cancel()
-            await asyncio.gather(heartbeat, return_exceptions=True)
+            ticking.cancel()
+            await asyncio.gather(ticking, return_exceptions=True)
+            await beater.stop()
             await committer.close()
             threads.shutdown(wait=False, cancel_futures=True)
+        if self._fatal is not None:
+            raise self._fatal
+
+    async def _open_store(self) -> bool:
+        """Open (and migrate) the store, waiting while it is locked or unreachable: a
+        worker started during a backup or a failover waits for it instead of exiting.
+        Returns False if asked to stop first."""
+        assert self._wakeup is not None
+        delay = 0.1
+        while not self._stopping:
+            try:
+                await asyncio.to_thread(lambda: self.app.store)
+                return True
+            except StoreUnavailable as exc:
+                log.warning(
+                    "worker %s: cannot open the store yet (%s); retrying in %.1fs",
+                    self.worker_id,
+                    exc,
+                    delay,
+                )
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wakeup.wait(), delay)
+            delay = min(delay * 2, 5.0)
+        return False
 
     async def _claim_loop(self, engine: Engine, until_idle: bool) -> None:
         app = self.app
@@ -146,7 +214,12 @@ class Worker:
             self._wakeup.clear()
             claimed: list[RunRecord] = []
             free = self.concurrency - len(self._active)
-            if free > 0:
+            isolated = self._isolated
+            if isolated is not None and (
+                isolated.control.progressed or self._active.get(isolated.run.id) is not isolated
+            ):
+                isolated = self._isolated = None  # it progressed (or left): not suspect now
+            if free > 0 and isolated is None:
                 try:
                     claimed = await asyncio.to_thread(
                         app.store.claim,
@@ -157,11 +230,31 @@ class Worker:
                         workflows=names,
                         max_recoveries=app.max_recoveries,
                         run_id=self._only,
+                        isolate_after=self.isolate_after,
+                        alone=not self._active,
+                        db_clock=self.db_clock,
                     )
+                except DatabaseGone as exc:
+                    self._on_fatal(exc)
+                    break
                 except (StoreUnavailable, StoreError) as exc:
                     log.warning("worker %s: claim failed: %s", self.worker_id, exc)
+            if self._stopping and claimed:
+                # Stop was asked while the claim was in flight: give these back at once
+                # rather than start them only to release them at their first boundary.
+                await self._give_back(claimed)
+                break
             for record in claimed:
-                self._start(engine, record)
+                entry = self._start(engine, record)
+                if record.recoveries >= self.isolate_after:
+                    log.warning(
+                        "worker %s: run %s was recovered %d times in a row without progress;"
+                        " executing it alone until it progresses",
+                        self.worker_id,
+                        record.id,
+                        record.recoveries,
+                    )
+                    self._isolated = entry
             if self._only is not None and not self._active and not claimed:
                 if self._finished_only():
                     return
@@ -170,12 +263,22 @@ class Worker:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wakeup.wait(), app.poll_interval_s)
 
+    async def _give_back(self, records: list[RunRecord]) -> None:
+        app = self.app
+        for record in records:
+            try:
+                await asyncio.to_thread(app.store.release, record.id, record.epoch, app.clock.now())
+            except (StoreUnavailable, StoreError) as exc:  # its lease expires instead
+                log.warning(
+                    "worker %s: cannot give run %s back: %s", self.worker_id, record.id, exc
+                )
+
     def _finished_only(self) -> bool:
         assert self._only is not None
         record = self.app.store.get_run(self._only)
         return record is None or record.finished
 
-    def _start(self, engine: Engine, record: RunRecord) -> None:
+    def _start(self, engine: Engine, record: RunRecord) -> _Active:
         self.stats.claimed += 1
         stale = self._active.get(record.id)
         if stale is not None:
@@ -188,11 +291,15 @@ class Worker:
             execute(engine, record, workflow, control), name=f"mainspring-run-{record.id}"
         )
         entry = self._active[record.id] = _Active(record, task, control)
+        if self._beater is not None:
+            self._beater.hold(record.id, record.epoch)
         self._set_solo(engine)
 
         def done(t: asyncio.Task[Outcome], run_id: str = record.id) -> None:
             if self._active.get(run_id) is entry:  # not a newer claim of the same run
                 del self._active[run_id]
+            if self._beater is not None:
+                self._beater.drop(run_id, record.epoch)
             self._set_solo(engine)
             if t.cancelled():
                 outcome = "lost"
@@ -206,39 +313,39 @@ class Worker:
                 self._wakeup.set()
 
         task.add_done_callback(done)
+        return entry
 
     def _set_solo(self, engine: Engine) -> None:
         if isinstance(engine.committer, BatchCommitter):
             engine.committer.solo = len(self._active) <= 1
 
-    async def _heartbeat_loop(self) -> None:
-        app = self.app
-        last_ok = app.clock.now()
-        while True:
-            await asyncio.sleep(app.heartbeat_s)
-            held = [(a.run.id, a.run.epoch) for a in self._active.values()]
-            if not held:
-                last_ok = app.clock.now()
-                continue
-            try:
-                beat = await asyncio.to_thread(
-                    app.store.heartbeat, runs=held, now=app.clock.now(), lease_s=app.lease_s
-                )
-            except (StoreUnavailable, StoreError) as exc:
-                log.warning("worker %s: heartbeat failed: %s", self.worker_id, exc)
-                if app.clock.now() - last_ok > app.lease_s:
-                    # Our leases have expired by now: stop acting for these runs.
-                    for active in list(self._active.values()):
-                        self._interrupt(active, "lost")
-                continue
-            last_ok = app.clock.now()
-            for run_id in beat.lost:
-                if run_id in self._active:
-                    log.warning("worker %s: lease of run %s lost", self.worker_id, run_id)
-                    self._interrupt(self._active[run_id], "lost")
-            for run_id in beat.cancel:
-                if run_id in self._active:
-                    self._interrupt(self._active[run_id], "cancel")
+    def _on_beat(self, beat: Heartbeat, held: dict[str, int]) -> None:
+        for run_id in beat.lost:
+            active = self._active.get(run_id)
+            if active is not None and active.run.epoch == held.get(run_id):
+                log.warning("worker %s: lease of run %s lost", self.worker_id, run_id)
+                self._interrupt(active, "lost")
+        for run_id in beat.cancel:
+            active = self._active.get(run_id)
+            if active is not None and active.run.epoch == held.get(run_id):
+                self._interrupt(active, "cancel")
+
+    def _on_expired(self) -> None:
+        # Heartbeats failed for a whole lease: the leases are gone by now.
+        for active in list(self._active.values()):
+            self._interrupt(active, "lost")
+
+    def _on_fatal(self, exc: DatabaseGone) -> None:
+        if self._fatal is not None:
+            return
+        log.error("worker %s: %s", self.worker_id, exc)
+        self._fatal = exc
+        self._stopping = True
+        # Nothing written now would reach the database: stop every run where it is.
+        for active in list(self._active.values()):
+            self._interrupt(active, "lost")
+        if self._wakeup is not None:
+            self._wakeup.set()
 
     def _interrupt(self, active: _Active, reason: str) -> None:
         if active.control.reason is None:
