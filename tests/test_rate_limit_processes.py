@@ -98,7 +98,10 @@ def test_two_workers_twenty_runs_zero_429s(tmp_path: Path) -> None:
         assert server.too_many_requests == 0
         # The limit was the bottleneck: some runs slept for their slot, durably.
         steps = [s for h in handles for s in store.load_steps(h.run_id)]
-        assert len([s for s in steps if s.name.startswith("rate:")]) == RUNS * TURNS
+        sent = [s for s in steps if s.name.startswith("model:") and s.status == "completed"]
+        assert len(sent) == RUNS * TURNS
+        # (a request that starts late books again: a little more than one slot per call)
+        assert len([s for s in steps if s.name.startswith("rate:")]) >= RUNS * TURNS
         served = sum(i + o for _, i, o in server.served_usage)
         assert served > 2 * tpm  # more than the bucket held at the start
         store.close()
