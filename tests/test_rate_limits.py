@@ -479,3 +479,81 @@ def test_merged_barriers_still_never_give_back_lapsed_capacity(
                 live[state.seq] = (start, units)
             assert len(state.barriers["tpm"]) <= 3
             assert max(state.tat["tpm"], now) >= max(_chain(live, 60 / 6000), now) - 1e-6, trial
+
+
+# -- cold start and header sync --------------------------------------------------------
+
+
+def test_a_cold_limiter_admits_one_probe_then_paces_from_its_headers(db_url: str) -> None:
+    store = open_store(db_url)
+    try:
+        clock = FakeClock(NOW)
+        limiter = RateLimits(period_s=60, headroom=0.0).limiter(store, clock, "openai", "m")
+        probe = limiter.acquire(Cost(input_tokens=1000))
+        assert (probe.probe, probe.retry, probe.waited_s) == (True, False, 0)
+        waiting = [limiter.acquire(Cost(input_tokens=1000)) for _ in range(3)]
+        # Nobody else goes while the probe is out, on any worker: ask again shortly.
+        assert all(b.retry and not b.probe and b.charges == {} for b in waiting)
+        assert all(0 < b.waited_s <= 0.25 + 0.05 for b in waiting)
+        # Its reply: limit 6000 tokens, 4000 of them left (another client used 1000).
+        limiter.settle(
+            probe,
+            Cost(input_tokens=1000),
+            {"x-ratelimit-limit-tokens": "6000", "x-ratelimit-remaining-tokens": "4000"},
+        )
+        starts = [limiter.acquire(Cost(input_tokens=2000)) for _ in range(3)]
+        assert not any(b.retry or b.probe for b in starts)
+        # 4000 left: two go now, the third waits for 2000 tokens of refill (20 s).
+        assert [b.waited_s for b in starts] == pytest.approx([0, 0, 20], abs=0.1)
+    finally:
+        store.close()
+
+
+def test_a_probe_whose_run_ended_or_lapsed_lets_the_next_one_go(db_url: str) -> None:
+    store = open_store(db_url)
+    try:
+        clock = FakeClock(NOW)
+        limiter = RateLimits(period_s=60).limiter(store, clock, "openai", "m")
+        assert limiter.acquire(Cost(input_tokens=10), run="no-such-run").probe
+        # Its run is gone (cancelled, failed, pruned): the gate is free again.
+        held = limiter.acquire(Cost(input_tokens=10))
+        assert held.probe
+        assert limiter.acquire(Cost(input_tokens=10)).retry
+        # A probe that never settles holds the gate for PROBE_HOLD_S at most.
+        clock.advance(61)
+        nxt = limiter.acquire(Cost(input_tokens=10), run=None)
+        if store.dialect == "sqlite":  # (PostgreSQL books on its own clock)
+            assert nxt.probe
+        # A reply without rate-limit headers: the provider announces none; pace freely.
+        limiter.settle(held, Cost(input_tokens=10), {})
+        free = [limiter.acquire(Cost(input_tokens=10)) for _ in range(3)]
+        assert not any(b.retry or b.probe for b in free)
+    finally:
+        store.close()
+
+
+def test_every_reply_moves_the_bucket_towards_the_providers_view(db_url: str) -> None:
+    store = open_store(db_url)
+    try:
+        clock = FakeClock(NOW)
+        rate = RateLimit(provider="openai", model="m", tpm=6000, headroom=0.0)
+        limiter = StoreRateLimiter(rate, store, clock=clock)
+        first = limiter.acquire(Cost(input_tokens=1000))
+        # Another client of the account used 3000 meanwhile: the reply says 2000 left.
+        limiter.settle(first, Cost(input_tokens=1000), {"x-ratelimit-remaining-tokens": "2000"})
+        nxt = [limiter.acquire(Cost(input_tokens=1000)).waited_s for _ in range(3)]
+        assert nxt == pytest.approx([0, 0, 10], abs=0.1)  # not [0, 0, 0]: 2000 left
+        # The tier is lowered mid-run to 3000 per minute: the next reply says so, and
+        # the pace follows at once: 20 ms a token, not 10.
+        second = limiter.acquire(Cost(input_tokens=10))
+        limiter.settle(
+            second,
+            Cost(input_tokens=10),
+            {"x-ratelimit-limit-tokens": "3000", "x-ratelimit-remaining-tokens": "0"},
+        )
+        a, b = (limiter.acquire(Cost(input_tokens=300)) for _ in range(2))
+        assert b.start - a.start == pytest.approx(6.0, abs=0.01)
+        # The 7010 tokens booked so far take twice as long at the new pace.
+        assert a.waited_s == pytest.approx(2 * 70.1 + 6 - 60, abs=0.1)
+    finally:
+        store.close()

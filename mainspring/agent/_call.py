@@ -136,6 +136,9 @@ async def call_model(
         booking: Booking | None = None
         if limiter is not None:
             booking = await _book(ctx, limiter, prompt_tokens or 0, max_tokens)
+            if booking.retry:  # a cold limiter: another request is learning the limits
+                await ctx._wait_until(booking.wake_at, reason="rate_limit")
+                continue
             if (
                 held_since is not None
                 and max_rate_wait_s is not None
@@ -215,7 +218,7 @@ async def _book(
     again)."""
 
     def book_slot() -> Booking:
-        return limiter.reserve(prompt_tokens=prompt_tokens, max_tokens=max_tokens)
+        return limiter.reserve(prompt_tokens=prompt_tokens, max_tokens=max_tokens, run=ctx.run_id)
 
     booking: Booking = await ctx.step(book_slot, name=f"rate:{limiter.key}")
     return booking
@@ -287,12 +290,16 @@ async def _send_booked(
     current = booking
     if attempt > 1 or clock.now() - current.wake_at > late_s:
         await asyncio.to_thread(limiter.settle_quietly, current, None)
+        run = current_step().run_id
         current = await asyncio.to_thread(
-            limiter.acquire, current.estimate, input_ratio=current.input_ratio
+            functools.partial(
+                limiter.acquire, current.estimate, input_ratio=current.input_ratio, run=run
+            )
         )
         wait = current.wake_at - clock.now()
-        if wait > inline_s:
-            await asyncio.to_thread(limiter.settle_quietly, current, None)
+        if wait > inline_s or current.retry:
+            if not current.retry:
+                await asyncio.to_thread(limiter.settle_quietly, current, None)
             raise SlotLapsed(
                 f"the slot booked for this request passed; the next is {wait:.3f}s away",
                 retry_after=wait,

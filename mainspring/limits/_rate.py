@@ -51,6 +51,9 @@ __all__ = [
     "RateLimiter",
     "book",
     "charges_of",
+    "is_cold",
+    "probe_gate",
+    "release_probe",
     "settle",
     "tighten",
 ]
@@ -178,6 +181,10 @@ class Booking:
             estimate's prompt is the tokenizer's count times this).
         seq: the booking's number in its limiter (0: unknown, as for bookings made
             before it was recorded; their refunds stop at every barrier).
+        probe: this request is the one request in flight while the limiter learns
+            the provider's limits (a cold start); its settlement releases the probe.
+        retry: no slot was booked: another request is probing the limits of a cold
+            limiter. Book again at ``wake_at``.
     """
 
     key: str
@@ -188,6 +195,8 @@ class Booking:
     estimate: Cost = field(default_factory=Cost)
     input_ratio: float = 1.0
     seq: int = 0
+    probe: bool = False
+    retry: bool = False
 
 
 class RateLimiter(ABC):
@@ -232,6 +241,10 @@ class BucketState:
         barriers: per dimension, ``[number, term]`` of barrier bookings, numbers
             rising and terms falling: each term is the highest of the barriers from
             that number on (see the module's docstring).
+        contacted: a reply has been settled: the provider's limits are known (they
+            may be "none": a reply without rate-limit headers).
+        probe_seq / probe_until / probe_run: the booking that probes a cold limiter,
+            when its hold lapses (a run that died without settling), and its run.
     """
 
     learned: dict[Dimension, float | None] = field(
@@ -243,6 +256,37 @@ class BucketState:
     barriers: dict[Dimension, list[list[float]]] = field(
         default_factory=lambda: {d: [] for d in DIMENSIONS}
     )
+    contacted: bool = False
+    probe_seq: int = 0
+    probe_until: float = 0.0
+    probe_run: str | None = None
+
+
+def is_cold(state: BucketState, rate: RateLimit) -> bool:
+    """No limit is known yet (none declared, none learned, no reply settled)."""
+    if state.contacted:
+        return False
+    return all(v is None for v in effective_limits(rate.limits(), state.learned).values())
+
+
+def probe_gate(state: BucketState, rate: RateLimit, now: float, run: str | None) -> float | None:
+    """On a cold limiter, admit one request at a time: ``None`` when this booking may
+    go (it becomes the probe, held until ``now + PROBE_HOLD_S``), else when to ask
+    again. A warm limiter admits everyone (``None``)."""
+    if not is_cold(state, rate):
+        return None
+    if state.probe_seq and state.probe_until > now:
+        return min(state.probe_until, now + COLD_POLL_S)
+    state.probe_seq = state.seq + 1  # the number book() gives this booking
+    state.probe_until = now + PROBE_HOLD_S
+    state.probe_run = run
+    return None
+
+
+def release_probe(state: BucketState, seq: int) -> None:
+    """The probe with booking number ``seq`` ended (settled or refunded)."""
+    if seq and state.probe_seq == seq:
+        state.probe_seq, state.probe_until, state.probe_run = 0, 0.0, None
 
 
 def effective_limits(
@@ -374,9 +418,16 @@ def tighten(
     bucket holds no more than that; more remaining than believed changes nothing
     (other bookings may be in flight that the provider has not seen yet).
     """
+    before = effective_limits(rate.limits(), state.learned)
     for d, value in learned.items():
         state.learned[d] = value
     limits = effective_limits(rate.limits(), state.learned)
+    for d in DIMENSIONS:
+        old, new = before[d], limits[d]
+        if old is not None and new is not None and old != new:
+            # A limit changed (a tier change): the units booked ahead of now take
+            # old / new times as long at the new pace.
+            _rescale(state, d, now, old / new)
     for d, left in remaining.items():
         limit = limits[d]
         if limit is None:
@@ -391,6 +442,15 @@ def tighten(
         state.blocked_until = max(state.blocked_until, now + retry_after)
 
 
+def _rescale(state: BucketState, d: Dimension, now: float, factor: float) -> None:
+    """Stretch dimension ``d``'s time ahead of ``now`` by ``factor``."""
+    if state.tat[d] > now:
+        state.tat[d] = now + (state.tat[d] - now) * factor
+    for entry in state.barriers[d]:
+        if entry[1] > now:
+            entry[1] = now + (entry[1] - now) * factor
+
+
 def quantile(values: Sequence[int], q: float) -> int:
     """The ``q`` quantile of ``values`` (nearest rank), 0 for none."""
     if not values:
@@ -399,6 +459,12 @@ def quantile(values: Sequence[int], q: float) -> int:
     rank = max(1, math.ceil(q * len(ordered)))
     return ordered[rank - 1]
 
+
+#: How long a cold limiter's probe holds the gate at most: a probe whose run died
+#: and was never taken over (cancelled, dead-lettered) lets the next one go then.
+PROBE_HOLD_S = 60.0
+#: How often requests waiting on a cold limiter's probe ask again.
+COLD_POLL_S = 0.25
 
 #: Barriers kept per dimension (beyond, the closest merge, erring on the side of
 #: refunding less). One per booking still ahead, so more than the runs that book at

@@ -14,7 +14,7 @@ from __future__ import annotations
 import itertools
 import json
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Literal
 
 from ..storage import Store
 from ..storage._base import Cursor
@@ -25,6 +25,8 @@ from ._rate import (
     RateLimit,
     book,
     effective_limits,
+    probe_gate,
+    release_probe,
     settle,
     tighten,
 )
@@ -33,8 +35,10 @@ __all__ = ["RateTable"]
 
 _COLUMNS = (
     "lim_rpm, lim_tpm, lim_itpm, lim_otpm, tat_rpm, tat_tpm, tat_itpm, tat_otpm, blocked_until, "
-    "bookings, barriers"
+    "bookings, barriers, contacted, probe_seq, probe_until, probe_run"
 )
+# A probe whose run ended (cancelled, failed) gives the gate back at once.
+_ENDED = ("succeeded", "failed", "cancelled")
 _KEEP_OUTPUTS = 200  # rows per limiter kept in ms_rate_outputs; the quantile reads fewer
 _PG_NOW = "CAST(EXTRACT(EPOCH FROM clock_timestamp()) AS DOUBLE PRECISION)"
 
@@ -79,10 +83,14 @@ class RateTable:
         rate: RateLimit,
         charges: Mapping[Dimension, float],
         now: float | Callable[[], float] | None,
-    ) -> tuple[float, float, int]:
-        """Book ``charges``; ``(start, now, booking number)`` on the clock the booking
-        used. A callable ``now`` is read once the write lock is held: time spent
-        waiting for the lock must not count as refill that was never there.
+        *,
+        run: str | None = None,
+    ) -> tuple[float, float, int, Literal["slot", "probe", "retry"]]:
+        """Book ``charges``; ``(start, now, booking number, kind)`` on the clock the
+        booking used. A callable ``now`` is read once the write lock is held: time
+        spent waiting for the lock must not count as refill that was never there.
+        On a cold limiter (no limit known) one booking at a time is the ``"probe"``;
+        the others book nothing (``"retry"``, number 0) and ask again at ``start``.
 
         Raises:
             ConfigError: the request can never fit one of the limits.
@@ -90,9 +98,16 @@ class RateTable:
         self._ensure(rate.key)
         with self.store._write() as cur:
             state, at = self._lock(cur, rate.key, now)
+            if state.probe_seq and state.probe_run and _ended(cur, state.probe_run):
+                release_probe(state, state.probe_seq)
+            again = probe_gate(state, rate, at, run)
+            if again is not None:
+                _save(cur, rate.key, state)
+                return again, at, 0, "retry"
+            probing = state.probe_seq == state.seq + 1
             start = book(state, rate, charges, at)
             _save(cur, rate.key, state, last_start=start)
-        return start, at, state.seq
+        return start, at, state.seq, "probe" if probing else "slot"
 
     def _lock(
         self, cur: Cursor, key: str, now: float | Callable[[], float] | None
@@ -127,12 +142,16 @@ class RateTable:
         output_tokens: int | None,
         now: float | None,
         seq: int = 0,
+        contacted: bool = False,
     ) -> None:
-        """Correct a booking, learn limits, tighten from headers, record the output."""
+        """Correct a booking, learn limits, tighten from headers, record the output;
+        ``contacted``: a reply came back (its limits, if any, are now known)."""
         self._ensure(rate.key)
         with self.store._write() as cur:
             state, at = self._lock(cur, rate.key, now)
-            state.learned.update(learned)
+            release_probe(state, seq)
+            if contacted:
+                state.contacted = True
             settle(state, rate, delta, at, seq)
             tighten(
                 state,
@@ -183,17 +202,27 @@ def _state(row: Any) -> BucketState:
     stored = json.loads(row[10]) if row[10] else {}
     for d in DIMENSIONS:
         state.barriers[d] = [[float(n), float(t)] for n, t in stored.get(d, [])]
+    state.contacted = bool(row[11])
+    state.probe_seq, state.probe_until, state.probe_run = int(row[12]), float(row[13]), row[14]
     return state
+
+
+def _ended(cur: Cursor, run_id: str) -> bool:
+    cur.execute("SELECT status FROM ms_runs WHERE id = ?", (run_id,))
+    row = cur.fetchone()
+    return row is None or row[0] in _ENDED
 
 
 def _save(cur: Cursor, key: str, state: BucketState, *, last_start: float | None = None) -> None:
     sets = [f"lim_{d} = ?, tat_{d} = ?" for d in DIMENSIONS]
     sets += ["blocked_until = ?", "bookings = ?", "barriers = ?"]
+    sets += ["contacted = ?", "probe_seq = ?", "probe_until = ?", "probe_run = ?"]
     values: list[Any] = []
     for d in DIMENSIONS:
         values += [state.learned[d], state.tat[d]]
     barriers = {d: b for d, b in state.barriers.items() if b}
     values += [state.blocked_until, state.seq, json.dumps(barriers) if barriers else None]
+    values += [int(state.contacted), state.probe_seq, state.probe_until, state.probe_run]
     if last_start is not None:
         sets.append("last_start = ?")
         values.append(last_start)
