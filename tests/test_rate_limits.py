@@ -557,3 +557,40 @@ def test_every_reply_moves_the_bucket_towards_the_providers_view(db_url: str) ->
         assert a.waited_s == pytest.approx(2 * 70.1 + 6 - 60, abs=0.1)
     finally:
         store.close()
+
+
+async def test_a_run_cancelled_while_it_sleeps_for_its_slot_gives_it_back(db_url: str) -> None:
+    clock = FakeClock(NOW)
+    app = ms.App(
+        db_url,
+        clock=clock,
+        poll_interval_s=0.01,
+        inline_wait_s=0.0,
+        rate_limits=[RateLimit(provider="scripted", model="scripted", rpm=1, headroom=0.0)],
+    )
+    usage = Usage(input_tokens=5, output_tokens=1)
+    done = ScriptedModel.call("finish", {"answer": "ok"}).tool_calls
+
+    def model() -> ScriptedModel:
+        return ScriptedModel([ModelResponse(tool_calls=done, usage=usage)])
+
+    first = app.agent("first", model=model(), instructions="x")
+    second = app.agent("second", model=model(), instructions="x")
+    third = app.agent("third", model=model(), instructions="x")
+    try:
+        a = app.submit(first, "t")
+        await drain(app)  # takes the one request of this minute
+        b = app.submit(second, "t")
+        await drain(app)
+        run = app.get_run(b.run_id)
+        assert (run.status, run.wait_reason) == ("sleeping", "rate_limit")
+        assert run.wake_at == pytest.approx(NOW + 60, abs=0.1)
+        app.cancel(b.run_id)  # the store cancels it: no code of the run runs again
+        c = app.submit(third, "t")
+        await drain(app)
+        # The cancelled run's slot went to the next run, not into the void.
+        run = app.get_run(c.run_id)
+        assert (run.status, run.wake_at) == ("sleeping", pytest.approx(NOW + 60, abs=0.1))
+        assert (await a.result()).answer == "ok"
+    finally:
+        app.close()

@@ -37,7 +37,7 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from .._errors import ConfigError
 
@@ -51,11 +51,15 @@ __all__ = [
     "RateLimiter",
     "book",
     "charges_of",
+    "give_back",
+    "hold",
     "is_cold",
     "probe_gate",
     "release_probe",
     "settle",
     "tighten",
+    "unhold",
+    "waiting_runs",
 ]
 
 Dimension = Literal["rpm", "tpm", "itpm", "otpm"]
@@ -245,6 +249,9 @@ class BucketState:
             may be "none": a reply without rate-limit headers).
         probe_seq / probe_until / probe_run: the booking that probes a cold limiter,
             when its hold lapses (a run that died without settling), and its run.
+        holds: bookings not settled yet, ``[number, run, start, {dimension:
+            units}]``: a run that ends while it sleeps for its slot (cancelled) gives
+            its units back at the next booking (see :func:`give_back`).
     """
 
     learned: dict[Dimension, float | None] = field(
@@ -260,6 +267,39 @@ class BucketState:
     probe_seq: int = 0
     probe_until: float = 0.0
     probe_run: str | None = None
+    holds: list[list[Any]] = field(default_factory=list)
+
+
+def hold(state: BucketState, run: str, start: float, charges: Mapping[Dimension, float]) -> None:
+    """Remember the booking just made (number ``state.seq``) until it is settled."""
+    state.holds.append([state.seq, run, start, {d: float(v) for d, v in charges.items()}])
+
+
+def unhold(state: BucketState, seq: int) -> None:
+    """Booking ``seq`` was settled (or refunded): forget it."""
+    state.holds = [h for h in state.holds if h[0] != seq]
+
+
+def give_back(state: BucketState, rate: RateLimit, now: float, ended: set[str]) -> None:
+    """Refund the bookings of runs that ended before their slot came (``ended``), and
+    forget holds long past their start (their requests went; a worker that died
+    mid-request hands its booking to the run's next owner, whose retry refunds it)."""
+    kept: list[list[Any]] = []
+    for entry in state.holds:
+        seq, run, start, charges = entry
+        if run in ended and start > now:
+            settle(state, rate, {d: -v for d, v in charges.items()}, now, int(seq))
+        elif start > now - _HOLD_FORGET_S:
+            kept.append(entry)
+    state.holds = kept
+
+
+def waiting_runs(state: BucketState, now: float) -> set[str]:
+    """The runs whose booked slots are still ahead (sleeping for them), and the probe's."""
+    runs = {str(h[1]) for h in state.holds if h[2] > now}
+    if state.probe_seq and state.probe_run:
+        runs.add(state.probe_run)
+    return runs
 
 
 def is_cold(state: BucketState, rate: RateLimit) -> bool:
@@ -465,6 +505,8 @@ def quantile(values: Sequence[int], q: float) -> int:
 PROBE_HOLD_S = 60.0
 #: How often requests waiting on a cold limiter's probe ask again.
 COLD_POLL_S = 0.25
+#: A booking that was never settled is forgotten this long after its start.
+_HOLD_FORGET_S = 600.0
 
 #: Barriers kept per dimension (beyond, the closest merge, erring on the side of
 #: refunding less). One per booking still ahead, so more than the runs that book at

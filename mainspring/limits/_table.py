@@ -25,17 +25,21 @@ from ._rate import (
     RateLimit,
     book,
     effective_limits,
+    give_back,
+    hold,
     probe_gate,
     release_probe,
     settle,
     tighten,
+    unhold,
+    waiting_runs,
 )
 
 __all__ = ["RateTable"]
 
 _COLUMNS = (
     "lim_rpm, lim_tpm, lim_itpm, lim_otpm, tat_rpm, tat_tpm, tat_itpm, tat_otpm, blocked_until, "
-    "bookings, barriers, contacted, probe_seq, probe_until, probe_run"
+    "bookings, barriers, contacted, probe_seq, probe_until, probe_run, holds"
 )
 # A probe whose run ended (cancelled, failed) gives the gate back at once.
 _ENDED = ("succeeded", "failed", "cancelled")
@@ -98,14 +102,18 @@ class RateTable:
         self._ensure(rate.key)
         with self.store._write() as cur:
             state, at = self._lock(cur, rate.key, now)
-            if state.probe_seq and state.probe_run and _ended(cur, state.probe_run):
+            ended = _ended(cur, waiting_runs(state, at))
+            if state.probe_run in ended:
                 release_probe(state, state.probe_seq)
+            give_back(state, rate, at, ended)
             again = probe_gate(state, rate, at, run)
             if again is not None:
                 _save(cur, rate.key, state)
                 return again, at, 0, "retry"
             probing = state.probe_seq == state.seq + 1
             start = book(state, rate, charges, at)
+            if run is not None:
+                hold(state, run, start, charges)
             _save(cur, rate.key, state, last_start=start)
         return start, at, state.seq, "probe" if probing else "slot"
 
@@ -150,6 +158,7 @@ class RateTable:
         with self.store._write() as cur:
             state, at = self._lock(cur, rate.key, now)
             release_probe(state, seq)
+            unhold(state, seq)
             if contacted:
                 state.contacted = True
             settle(state, rate, delta, at, seq)
@@ -204,25 +213,31 @@ def _state(row: Any) -> BucketState:
         state.barriers[d] = [[float(n), float(t)] for n, t in stored.get(d, [])]
     state.contacted = bool(row[11])
     state.probe_seq, state.probe_until, state.probe_run = int(row[12]), float(row[13]), row[14]
+    state.holds = json.loads(row[15]) if row[15] else []
     return state
 
 
-def _ended(cur: Cursor, run_id: str) -> bool:
-    cur.execute("SELECT status FROM ms_runs WHERE id = ?", (run_id,))
-    row = cur.fetchone()
-    return row is None or row[0] in _ENDED
+def _ended(cur: Cursor, runs: set[str]) -> set[str]:
+    """Those of ``runs`` that ended (or are gone)."""
+    if not runs:
+        return set()
+    ids = sorted(runs)
+    cur.execute(f"SELECT id, status FROM ms_runs WHERE id IN ({', '.join('?' * len(ids))})", ids)
+    live = {str(r[0]) for r in cur.fetchall() if r[1] not in _ENDED}
+    return runs - live
 
 
 def _save(cur: Cursor, key: str, state: BucketState, *, last_start: float | None = None) -> None:
     sets = [f"lim_{d} = ?, tat_{d} = ?" for d in DIMENSIONS]
     sets += ["blocked_until = ?", "bookings = ?", "barriers = ?"]
-    sets += ["contacted = ?", "probe_seq = ?", "probe_until = ?", "probe_run = ?"]
+    sets += ["contacted = ?", "probe_seq = ?", "probe_until = ?", "probe_run = ?", "holds = ?"]
     values: list[Any] = []
     for d in DIMENSIONS:
         values += [state.learned[d], state.tat[d]]
     barriers = {d: b for d, b in state.barriers.items() if b}
     values += [state.blocked_until, state.seq, json.dumps(barriers) if barriers else None]
     values += [int(state.contacted), state.probe_seq, state.probe_until, state.probe_run]
+    values.append(json.dumps(state.holds) if state.holds else None)
     if last_start is not None:
         sets.append("last_start = ?")
         values.append(last_start)
