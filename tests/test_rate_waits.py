@@ -9,7 +9,7 @@ from _helpers import drain
 
 import mainspring as ms
 from mainspring.limits import RateLimit
-from mainspring.models import ModelResponse, Usage
+from mainspring.models import ModelResponse, Usage, UserMessage
 from mainspring.testing import FakeClock, ScriptedModel
 
 NOW = 1_767_225_600.0
@@ -41,9 +41,8 @@ async def _sleep_through(app: ms.App, clock: FakeClock, run_id: str, step_s: flo
     for sleeps in range(100):
         await drain(app)
         run = app.get_run(run_id)
-        if run.status != "sleeping":
+        if run.status != "sleeping" or run.wait_reason != "rate_limit":
             return sleeps
-        assert run.wait_reason == "rate_limit"
         assert run.wake_at is not None and run.wake_at > clock.now()
         clock.advance(max(step_s, run.wake_at - clock.now()))
     raise AssertionError("the run never stopped sleeping")
@@ -122,5 +121,37 @@ async def test_max_rate_wait_pauses_for_a_human_who_can_stop_or_go_on(db_url: st
         assert result.status == "partial"
         assert "max_rate_wait_s reached" in (result.reason or "")
         assert "stopped by a human" in (result.reason or "")
+    finally:
+        app.close()
+
+
+@pytest.mark.parametrize("limited", [False, True], ids=["no-limiter", "limiter"])
+async def test_a_plain_workflow_calls_a_model_through_the_limiter_and_journal(
+    db_url: str, limited: bool
+) -> None:
+    clock = FakeClock(NOW)
+    app = _app(db_url, clock, limited=limited)
+    model = ScriptedModel(
+        [ms.RateLimited("429", retry_after=20), ModelResponse(text="summary", usage=USAGE)]
+    )
+
+    @app.workflow
+    async def summarise(ctx: ms.RunContext, text: str) -> str:
+        reply = await app.call_model(ctx, model, [UserMessage(content=text)])
+        await ctx.sleep(100)  # leaves the worker: the resumed run replays the call
+        return reply.text or ""
+
+    try:
+        handle = app.submit(summarise, "tides")
+        assert await _sleep_through(app, clock, handle.run_id, 20) == 1  # the 429's wait
+        run = app.get_run(handle.run_id)
+        assert (run.status, run.wait_reason) == ("sleeping", "sleep")
+        clock.advance(100)
+        await drain(app)
+        assert await handle.result() == "summary"
+        assert len(model.requests) == 2  # the refused one and the answered one, no more
+        names = [s.name for s in app.steps(handle.run_id)]
+        assert names.count(MODEL_STEP) == 2
+        assert ("rate:scripted:scripted:default" in names) is limited
     finally:
         app.close()

@@ -50,6 +50,10 @@ _MAX_LEAD_S = 1.0
 _MAX_BACKOFF_S = 60.0
 
 
+# One adapter per spec string (an adapter holds an HTTP client per event loop).
+_BY_SPEC: dict[str, Model] = {}
+
+
 class SlotLapsed(RateLimited):
     """A booked slot passed before its request could go (a late start, a retried
     step) and the next free one is not near: the call books again and waits, as
@@ -108,7 +112,11 @@ async def call_model(
         StepFailed: the call failed for good (not for rate: that only waits).
         BudgetExceeded: ``max_rate_wait_s`` passed and a human said stop.
     """
-    model = resolve_model(model)
+    if isinstance(model, str):
+        found = _BY_SPEC.get(model)
+        if found is None:
+            found = _BY_SPEC[model] = resolve_model(model)
+        model = found
     engine = ctx._engine  # the run's store and clock: the limiter shares them
     limiter = (
         None
