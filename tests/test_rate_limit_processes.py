@@ -161,7 +161,7 @@ def test_cold_start_with_undeclared_limits_two_workers_twenty_runs(
         served = list(server.served_usage)
         assert len(served) == RUNS * TURNS
         first_reply = served[0][0]
-        assert [t for t, _ in server.refusals if t > first_reply] == []  # no 429 after it
+        assert [t for t, _, _ in server.refusals if t > first_reply] == []  # no 429 after it
         assert server.too_many_requests == 0  # (nor before: the probe went alone)
         # The share of the refill used over the busy window (first to last reply; the
         # bucket starts full). Measured 90-93 % on SQLite and PostgreSQL; asserted

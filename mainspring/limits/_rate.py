@@ -252,6 +252,9 @@ class BucketState:
         holds: bookings not settled yet, ``[number, run, start, {dimension:
             units}]``: a run that ends while it sleeps for its slot (cancelled) gives
             its units back at the next booking (see :func:`give_back`).
+        outside / synced_at: per dimension, the units per period other clients of
+            the account are seen to use (smoothed; taken off this limiter's pace),
+            and when a reply's ``remaining`` last said so.
     """
 
     learned: dict[Dimension, float | None] = field(
@@ -268,6 +271,8 @@ class BucketState:
     probe_until: float = 0.0
     probe_run: str | None = None
     holds: list[list[Any]] = field(default_factory=list)
+    outside: dict[str, float] = field(default_factory=dict)
+    synced_at: dict[str, float] = field(default_factory=dict)
 
 
 def hold(state: BucketState, run: str, start: float, charges: Mapping[Dimension, float]) -> None:
@@ -340,9 +345,12 @@ def effective_limits(
     return out
 
 
-def _interval(limit: float, rate: RateLimit) -> float:
-    """Seconds per unit: the period over the limit less its headroom."""
-    return rate.period_s / (limit * (1.0 - rate.headroom))
+def _interval(limit: float, rate: RateLimit, outside: float = 0.0) -> float:
+    """Seconds per unit: the period over the limit less its headroom and less what
+    other clients of the account are seen to use (``outside``, units per period;
+    this limiter keeps at least a tenth of the limit)."""
+    ours = max(limit * (1.0 - rate.headroom) - outside, 0.1 * limit)
+    return rate.period_s / ours
 
 
 def book(
@@ -367,14 +375,17 @@ def book(
                 f"{math.floor(capacity):g} at once (burst={rate.burst:g}, "
                 f"headroom={rate.headroom:g}); shorten the prompt or lower max_tokens"
             )
-        t = _interval(limit, rate)
-        start = max(start, state.tat[d] + charges.get(d, 0.0) * t - rate.burst * rate.period_s)
+        t = _interval(limit, rate, state.outside.get(d, 0.0))
+        # Others' share of the account is also left in the bucket, for their bursts.
+        shared = 1.0 - min(0.9, state.outside.get(d, 0.0) / limit)
+        window = rate.burst * rate.period_s * shared
+        start = max(start, state.tat[d] + charges.get(d, 0.0) * t - window)
     state.seq += 1
     for d in DIMENSIONS:
         limit = limits[d]
         if limit is None:
             continue
-        step = charges.get(d, 0.0) * _interval(limit, rate)
+        step = charges.get(d, 0.0) * _interval(limit, rate, state.outside.get(d, 0.0))
         barriers = state.barriers[d]
         for entry in barriers:  # every booking so far is before this one: its terms grow
             entry[1] += step
@@ -420,7 +431,7 @@ def settle(
         limit, change = limits[d], delta.get(d, 0.0)
         if limit is None or change == 0:
             continue
-        step = change * _interval(limit, rate)
+        step = change * _interval(limit, rate, state.outside.get(d, 0.0))
         barriers = state.barriers[d]
         later = next((term for number, term in barriers if number > seq), None)
         for entry in barriers:  # the terms of the booking and those before it move
@@ -474,7 +485,19 @@ def tighten(
             continue
         provider_limit = learned.get(d, limit)
         used = max(0.0, provider_limit - left)
-        told = now + used * _interval(limit, rate)
+        interval = _interval(limit, rate, state.outside.get(d, 0.0))
+        told = now + used * interval
+        # Capacity the provider saw used and this limiter did not book: other clients
+        # of the account. Its rate, smoothed, is taken off this limiter's pace.
+        # A leaky sum: what others used, forgotten over one period. (Not when the
+        # limit was just learned: nothing was booked against it yet.)
+        unseen = max(0.0, told - max(state.tat[d], now)) / interval
+        if before[d] is None:
+            unseen = 0.0
+        since = max(now - state.synced_at.get(d, now), 0.0)
+        kept = max(0.0, 1.0 - since / rate.period_s)
+        state.outside[d] = min(limit, state.outside.get(d, 0.0) * kept + unseen)
+        state.synced_at[d] = now
         if told > state.tat[d]:  # the provider's word is a barrier to every booking so far
             state.tat[d] = told
             _add_barrier(state.barriers[d], state.seq + 0.5, told)

@@ -39,7 +39,7 @@ __all__ = ["RateTable"]
 
 _COLUMNS = (
     "lim_rpm, lim_tpm, lim_itpm, lim_otpm, tat_rpm, tat_tpm, tat_itpm, tat_otpm, blocked_until, "
-    "bookings, barriers, contacted, probe_seq, probe_until, probe_run, holds"
+    "bookings, barriers, contacted, probe_seq, probe_until, probe_run, holds, outside"
 )
 # A probe whose run ended (cancelled, failed) gives the gate back at once.
 _ENDED = ("succeeded", "failed", "cancelled")
@@ -214,6 +214,9 @@ def _state(row: Any) -> BucketState:
     state.contacted = bool(row[11])
     state.probe_seq, state.probe_until, state.probe_run = int(row[12]), float(row[13]), row[14]
     state.holds = json.loads(row[15]) if row[15] else []
+    if row[16]:
+        seen = json.loads(row[16])
+        state.outside, state.synced_at = seen["outside"], seen["synced_at"]
     return state
 
 
@@ -230,7 +233,14 @@ def _ended(cur: Cursor, runs: set[str]) -> set[str]:
 def _save(cur: Cursor, key: str, state: BucketState, *, last_start: float | None = None) -> None:
     sets = [f"lim_{d} = ?, tat_{d} = ?" for d in DIMENSIONS]
     sets += ["blocked_until = ?", "bookings = ?", "barriers = ?"]
-    sets += ["contacted = ?", "probe_seq = ?", "probe_until = ?", "probe_run = ?", "holds = ?"]
+    sets += [
+        "contacted = ?",
+        "probe_seq = ?",
+        "probe_until = ?",
+        "probe_run = ?",
+        "holds = ?",
+        "outside = ?",
+    ]
     values: list[Any] = []
     for d in DIMENSIONS:
         values += [state.learned[d], state.tat[d]]
@@ -238,6 +248,8 @@ def _save(cur: Cursor, key: str, state: BucketState, *, last_start: float | None
     values += [state.blocked_until, state.seq, json.dumps(barriers) if barriers else None]
     values += [int(state.contacted), state.probe_seq, state.probe_until, state.probe_run]
     values.append(json.dumps(state.holds) if state.holds else None)
+    seen = {"outside": state.outside, "synced_at": state.synced_at}
+    values.append(json.dumps(seen) if state.synced_at else None)
     if last_start is not None:
         sets.append("last_start = ?")
         values.append(last_start)

@@ -29,6 +29,7 @@ import random
 import socket
 import sys
 import threading
+import time
 from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
@@ -59,12 +60,15 @@ class RecordedRequest:
         path: the request path, query included (``"/v1/chat/completions"``).
         headers: the request headers, names lower-cased.
         body: the JSON body, decoded (``None`` if there was none or it was not JSON).
+        at: when it arrived, on the server's clock (its buckets' clock when it
+            enforces limits, else ``time.monotonic``).
     """
 
     method: str
     path: str
     headers: dict[str, str]
     body: Any
+    at: float = 0.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -166,6 +170,7 @@ class _Handler(BaseHTTPRequestHandler):
             path=self.path,
             headers={k.lower(): v for k, v in self.headers.items()},
             body=body,
+            at=self.server.owner.now(),
         )
         owner = self.server.owner
         try:
@@ -231,7 +236,8 @@ class FakeProviderServer(ABC):
         requests: every request received, in order.
         too_many_requests: how many 429s the server has sent (scripted or enforced).
         served_usage: ``(clock time, input tokens, output tokens)`` of each reply served.
-        refusals: ``(clock time, retry-after seconds)`` of each enforced 429.
+        refusals: ``(clock time, retry-after seconds, request index)`` of each
+            enforced 429 (the index into ``requests``).
         outside_used: what the outside consumer took, per dimension.
     """
 
@@ -266,7 +272,7 @@ class FakeProviderServer(ABC):
         self.outside_share = outside_share
         self._outside_rng = random.Random(outside_seed)
         self.outside_used: dict[Dim, float] = {}
-        self.refusals: list[tuple[float, float]] = []
+        self.refusals: list[tuple[float, float, int]] = []
         self._outside: threading.Thread | None = None
         given: dict[Dim, float | None] = {"rpm": rpm, "tpm": tpm, "itpm": itpm, "otpm": otpm}
         enforced = {d: v for d, v in given.items() if v is not None}
@@ -288,6 +294,10 @@ class FakeProviderServer(ABC):
         self._stopping = threading.Event()
         self._http: _HTTPServer | None = None
         self._thread: threading.Thread | None = None
+
+    def now(self) -> float:
+        """The server's clock: its buckets' when it enforces limits."""
+        return self.buckets.clock() if self.buckets is not None else time.monotonic()
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -489,7 +499,7 @@ class FakeProviderServer(ABC):
             refusal = self.buckets.admit({"rpm": 1, "tpm": counted, "itpm": counted})
             if refusal is not None:
                 with self._lock:
-                    self.refusals.append((self.buckets.clock(), refusal.retry_after))
+                    self.refusals.append((self.buckets.clock(), refusal.retry_after, index - 1))
                 if scripted:  # the retry gets the same reply
                     with self._lock:
                         self._script.appendleft(reply)
