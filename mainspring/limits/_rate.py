@@ -54,6 +54,7 @@ __all__ = [
     "give_back",
     "hold",
     "is_cold",
+    "note_refusal",
     "probe_gate",
     "release_probe",
     "settle",
@@ -514,6 +515,25 @@ def _rescale(state: BucketState, d: Dimension, now: float, factor: float) -> Non
             entry[1] = now + (entry[1] - now) * factor
 
 
+def note_refusal(
+    state: BucketState, rate: RateLimit, charges: Mapping[Dimension, float], now: float
+) -> None:
+    """A 429: the account had less room than this limiter thought, so someone else
+    uses it. Count the refused request's units as others' use (leaking away over a
+    period like the rest of ``outside``)."""
+    limits = effective_limits(rate.limits(), state.learned)
+    for d in DIMENSIONS:
+        limit = limits[d]
+        if limit is None or charges.get(d, 0.0) <= 0:
+            continue
+        since = max(now - state.synced_at.get(d, now), 0.0)
+        kept = max(0.0, 1.0 - since / rate.period_s)
+        state.outside[d] = min(
+            0.9 * limit, state.outside.get(d, 0.0) * kept + _REFUSAL_WEIGHT * charges[d]
+        )
+        state.synced_at[d] = now
+
+
 def quantile(values: Sequence[int], q: float) -> int:
     """The ``q`` quantile of ``values`` (nearest rank), 0 for none."""
     if not values:
@@ -530,6 +550,8 @@ PROBE_HOLD_S = 60.0
 COLD_POLL_S = 0.25
 #: A booking that was never settled is forgotten this long after its start.
 _HOLD_FORGET_S = 600.0
+#: The share of a refused request counted as other clients' use.
+_REFUSAL_WEIGHT = 0.25
 
 #: Barriers kept per dimension (beyond, the closest merge, erring on the side of
 #: refunding less). One per booking still ahead, so more than the runs that book at

@@ -213,6 +213,7 @@ class StoreRateLimiter(RateLimiter):
             now=self._now(),
             seq=booking.seq,
             contacted=actual is not None or bool(learned),
+            refused=actual is None and (bool(headers) or retry_after is not None),
         )
 
     def settle_quietly(

@@ -27,6 +27,7 @@ from ._rate import (
     effective_limits,
     give_back,
     hold,
+    note_refusal,
     probe_gate,
     release_probe,
     settle,
@@ -151,9 +152,11 @@ class RateTable:
         now: float | None,
         seq: int = 0,
         contacted: bool = False,
+        refused: bool = False,
     ) -> None:
         """Correct a booking, learn limits, tighten from headers, record the output;
-        ``contacted``: a reply came back (its limits, if any, are now known)."""
+        ``contacted``: a reply came back (its limits, if any, are now known);
+        ``refused``: it was a 429 (the pace was too fast for the account)."""
         self._ensure(rate.key)
         with self.store._write() as cur:
             state, at = self._lock(cur, rate.key, now)
@@ -162,6 +165,8 @@ class RateTable:
             if contacted:
                 state.contacted = True
             settle(state, rate, delta, at, seq)
+            if refused:
+                note_refusal(state, rate, {d: -v for d, v in delta.items()}, at)
             tighten(
                 state,
                 rate,

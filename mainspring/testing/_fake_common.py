@@ -239,6 +239,7 @@ class FakeProviderServer(ABC):
         refusals: ``(clock time, retry-after seconds, request index)`` of each
             enforced 429 (the index into ``requests``).
         outside_used: what the outside consumer took, per dimension.
+        outside_events: ``(clock time, what it took)`` of each of its gulps.
     """
 
     #: The rate-limit header word of each dimension the provider reports.
@@ -272,6 +273,7 @@ class FakeProviderServer(ABC):
         self.outside_share = outside_share
         self._outside_rng = random.Random(outside_seed)
         self.outside_used: dict[Dim, float] = {}
+        self.outside_events: list[tuple[float, dict[Dim, float]]] = []
         self.refusals: list[tuple[float, float, int]] = []
         self._outside: threading.Thread | None = None
         given: dict[Dim, float | None] = {"rpm": rpm, "tpm": tpm, "itpm": itpm, "otpm": otpm}
@@ -334,6 +336,7 @@ class FakeProviderServer(ABC):
                 return
             taken = self.buckets.drain(gulp)
             with self._lock:
+                self.outside_events.append((self.buckets.clock(), taken))
                 for d, v in taken.items():
                     self.outside_used[d] = self.outside_used.get(d, 0.0) + v
 
