@@ -155,3 +155,38 @@ async def test_a_plain_workflow_calls_a_model_through_the_limiter_and_journal(
         assert ("rate:scripted:scripted:default" in names) is limited
     finally:
         app.close()
+
+
+async def test_a_slot_that_lapsed_is_waited_for_on_the_runs_clock(db_url: str) -> None:
+    """A retried model step finds its slot gone and the next one a minute away: the
+    run waits for it durably (the injected clock decides), not in an in-process
+    sleep that an un-advanced FakeClock would never end."""
+    clock = FakeClock(NOW)
+    app = ms.App(
+        db_url,
+        clock=clock,
+        poll_interval_s=0.01,
+        inline_wait_s=0.0,
+        rate_limits=[RateLimit(provider="scripted", model="scripted", rpm=1, headroom=0.0)],
+    )
+    first = ScriptedModel([ms.TransientError("HTTP 502"), _finish()])
+    second = ScriptedModel([_finish()])
+    a = app.agent("a", model=first, instructions="x", model_retry=TWO_ATTEMPTS)
+    b = app.agent("b", model=second, instructions="x")
+    try:
+        ha = app.submit(a, "t")
+        await drain(app)  # a: its one slot of this minute, then a 502: retry shortly
+        hb = app.submit(b, "t")
+        await drain(app)  # b: booked a minute later
+        clock.advance(0.01)
+        await drain(app)  # a's retry: its slot passed, the next free one is far
+        run = app.get_run(ha.run_id)
+        assert (run.status, run.wait_reason) == ("sleeping", "rate_limit")
+        assert run.wake_at is not None and run.wake_at - clock.now() > 30
+        for _ in range(10):
+            clock.advance(60)
+            await drain(app)
+        assert (await ha.result()).answer == "ok"
+        assert (await hb.result()).answer == "ok"
+    finally:
+        app.close()
