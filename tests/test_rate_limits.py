@@ -528,6 +528,13 @@ def test_a_probe_whose_run_ended_or_lapsed_lets_the_next_one_go(db_url: str) -> 
         nxt = limiter.acquire(Cost(input_tokens=10), run=None)
         if store.dialect == "sqlite":  # (PostgreSQL books on its own clock)
             assert nxt.probe
+        # The worker that takes a dead probe's run over refunds its booking before it
+        # sends again (the model step's next attempt): that gives the gate back too.
+        retaken = limiter.acquire(Cost(input_tokens=10), run="no-such-run-either")
+        if store.dialect == "sqlite":
+            assert retaken.retry  # the lapsed probe above was taken again
+            limiter.settle(nxt, None)  # its run's new owner refunds it
+            assert limiter.acquire(Cost(input_tokens=10)).probe
         # A reply without rate-limit headers: the provider announces none; pace freely.
         limiter.settle(held, Cost(input_tokens=10), {})
         free = [limiter.acquire(Cost(input_tokens=10)) for _ in range(3)]
