@@ -4,11 +4,13 @@ and only ``Limits(max_rate_wait_s=...)`` bounds the wait, by pausing for a human
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
-from _helpers import drain
+from _helpers import Crash, drain
 
 import mainspring as ms
-from mainspring.limits import RateLimit
+from mainspring.limits import RateLimit, RateLimits
 from mainspring.models import ModelResponse, Usage, UserMessage
 from mainspring.testing import FakeClock, ScriptedModel
 
@@ -188,5 +190,53 @@ async def test_a_slot_that_lapsed_is_waited_for_on_the_runs_clock(db_url: str) -
             await drain(app)
         assert (await ha.result()).answer == "ok"
         assert (await hb.result()).answer == "ok"
+    finally:
+        app.close()
+
+
+class _DiesOnce(ScriptedModel):
+    """Its first request kills the process (``Crash``), mid-request."""
+
+    died = False
+
+    async def request(self, *args: Any, **kwargs: Any) -> ModelResponse:
+        if not self.died:
+            self.died = True
+            raise Crash
+        return await super().request(*args, **kwargs)
+
+
+async def test_a_probe_whose_worker_dies_is_released_when_its_run_is_taken_over(
+    db_url: str,
+) -> None:
+    clock = FakeClock(NOW)
+    app = ms.App(
+        db_url,
+        clock=clock,
+        poll_interval_s=0.01,
+        inline_wait_s=0.0,
+        lease_s=5.0,
+        rate_limits=RateLimits(period_s=60),  # nothing declared: a cold start
+    )
+    dies = _DiesOnce([_finish()])
+    other = ScriptedModel([_finish()])
+    a = app.agent("a", model=dies, instructions="x")
+    b = app.agent("b", model=other, instructions="x")
+    try:
+        ha = app.submit(a, "t")
+        await drain(app)  # a holds the probe and dies mid-request
+        hb = app.submit(b, "t")
+        await drain(app)
+        run = app.get_run(hb.run_id)
+        assert (run.status, run.wait_reason) == ("sleeping", "rate_limit")  # behind it
+        assert other.requests == []
+        clock.advance(app.lease_s + 1)  # a's lease expires: another worker takes it over
+        for _ in range(5):
+            await drain(app)
+            clock.advance(1)
+        assert (await ha.result()).answer == "ok"
+        assert (await hb.result()).answer == "ok"
+        bookings = [s for s in app.steps(ha.run_id) if s.name.startswith("rate:")]
+        assert len(bookings) == 1  # the journaled probe, re-sent under its new owner
     finally:
         app.close()
