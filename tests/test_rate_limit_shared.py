@@ -168,3 +168,55 @@ async def test_anthropic_itpm_and_otpm_with_cache_reads_learned_from_headers(
         served_in = sum(i for _, i, _ in server.served_usage)
         window = (max(t for t, _, _ in server.served_usage) - first) / period
         assert served_in > itpm * (window + 1)
+
+
+async def test_a_limit_lowered_mid_run_is_followed(tmp_path: Any) -> None:
+    """The account's tier drops to half mid-run: the next replies' headers say so, the
+    limiter paces at the new limit, and every run succeeds."""
+    period, tpm = 1.0, 16_000
+    answer = _reply(FakeOpenAIServer)
+    lowered: list[float] = []
+
+    def reply(request: RecordedRequest) -> FakeReply:
+        if len(server.requests) == RUNS * TURNS // 3 and not lowered:
+            assert server.buckets is not None
+            server.buckets.set_limit("tpm", tpm / 2)  # a tier change
+            lowered.append(server.now())
+        result: FakeReply = answer(request)
+        return result
+
+    with FakeOpenAIServer(fallback=reply, tpm=tpm, period_s=period) as server:
+        app = _app(tmp_path, period)
+
+        @app.tool
+        def note(n: int) -> str:
+            """Record step n."""
+            return f"step {n} recorded"
+
+        model = OpenAIModel("gpt-4.1-mini", base_url=server.base_url, api_key="sk-test")
+        agent = app.agent(
+            "lowered",
+            model=model,
+            instructions="Call note for each step, then finish.",
+            tools=[note],
+            settings=ModelSettings(max_tokens=200),
+        )
+        try:
+            runs = await _run_all(app, agent)
+            limits = app.rate_limits
+            assert limits is not None
+            limiter = limits.limiter(app.store, app.clock, "openai", "gpt-4.1-mini")
+            learned = limiter.table.limits(limiter.rate)
+        finally:
+            await model.aclose()
+            app.close()
+        assert [r.status for r in runs] == ["succeeded"] * RUNS
+        assert lowered and learned["tpm"] == tpm / 2
+        # Requests booked at the old pace may meet the lower limit; after that the
+        # limiter follows it (measured: 0 or 1 refusal).
+        assert len([t for t, _, _ in server.refusals if t > lowered[0]]) <= RUNS
+        # Over the rest of the run, no more than the new limit's refill was served.
+        after = [(t, i + o) for t, i, o in server.served_usage if t > lowered[0] + period]
+        if len(after) > 1:
+            span = (after[-1][0] - after[0][0]) / period
+            assert sum(n for _, n in after) <= tpm / 2 * (span + 1) * 1.05
