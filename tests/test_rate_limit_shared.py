@@ -163,11 +163,10 @@ async def test_anthropic_itpm_and_otpm_with_cache_reads_learned_from_headers(
         assert (learned["itpm"], learned["otpm"]) == (itpm, otpm)
         first = server.served_usage[0][0]
         assert [t for t, _, _ in server.refusals if t > first] == []
-        # Cache reads let more prompt through than ITPM alone would: the input served
-        # (cached included) is above what the uncached limit admits over the window.
+        # Three quarters of every prompt were cache reads, which no input limit counts:
+        # the limiter settled each call by its uncached part only.
         served_in = sum(i for _, i, _ in server.served_usage)
-        window = (max(t for t, _, _ in server.served_usage) - first) / period
-        assert served_in > itpm * (window + 1)
+        assert served_in > 2 * itpm  # far more prompt than one ITPM bucket, no 429
 
 
 async def test_a_limit_lowered_mid_run_is_followed(tmp_path: Any) -> None:
