@@ -90,7 +90,8 @@ async def call_model(
 
         @app.workflow
         async def summarise(ctx: ms.RunContext, text: str) -> str:
-            reply = await app.call_model(ctx, "openai:gpt-4.1-mini", [UserMessage(text)])
+            messages = [UserMessage(content=text)]
+            reply = await app.call_model(ctx, "openai:gpt-4.1-mini", messages)
             return reply.text or ""
 
     Args:
