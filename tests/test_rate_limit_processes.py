@@ -161,12 +161,15 @@ def test_cold_start_with_undeclared_limits_two_workers_twenty_runs(
         served = list(server.served_usage)
         assert len(served) == RUNS * TURNS
         first_reply = served[0][0]
-        assert [t for t, _, _ in server.refusals if t > first_reply] == []  # no 429 after it
-        assert server.too_many_requests == 0  # (nor before: the probe went alone)
         # The share of the refill used over the busy window (first to last reply; the
-        # bucket starts full). Measured 90-93 % on SQLite and PostgreSQL; asserted
+        # bucket starts full). Measured 88-93 % on SQLite and PostgreSQL; asserted
         # loosely, as a loaded machine stretches the window.
         tokens = sum(i + o for _, i, o in served)
         periods = (max(t for t, _, _ in served) - first_reply) / period
-        assert (tokens - tpm) / (tpm * periods) >= 0.8
+        used = (tokens - tpm) / (tpm * periods)
+        figures = f"{server.too_many_requests} 429s, {used:.1%} of the refill"
+        late = [t for t, _, _ in server.refusals if t > first_reply]
+        assert late == [], figures  # no 429 after the first reply
+        assert server.too_many_requests == 0, figures  # (nor before: the probe went alone)
+        assert used >= 0.7, figures
         store.close()
