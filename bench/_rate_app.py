@@ -1,5 +1,6 @@
 """The agent of ``bench/rate_limit.py``: an OpenAI model behind the enforcing fake
-server, with the limit declared to mainspring (read from the environment the bench sets:
+server, with the limit declared to mainspring, or (RATE_BENCH_UNDECLARED=1) left to be
+learned from the server's headers (read from the environment the bench sets:
 MAINSPRING_DATABASE_URL, RATE_BENCH_BASE_URL, RATE_BENCH_TPM, RATE_BENCH_RPM,
 RATE_BENCH_PERIOD_S)."""
 
@@ -8,23 +9,26 @@ from __future__ import annotations
 import os
 
 import mainspring as ms
-from mainspring.limits import RateLimit
+from mainspring.limits import RateLimit, RateLimits
 from mainspring.models import ModelSettings, OpenAIModel
+
+PERIOD_S = float(os.environ.get("RATE_BENCH_PERIOD_S", "2"))
+DECLARED = RateLimit(
+    provider="openai",
+    model="gpt-4.1-mini",
+    tpm=float(os.environ.get("RATE_BENCH_TPM", "40000")),
+    rpm=float(os.environ.get("RATE_BENCH_RPM", "600")),
+    period_s=PERIOD_S,
+    headroom=0.02,
+)
+# Undeclared: only the length of the fake's "minute" (a real provider's is 60 s).
+LEARNED = RateLimits(period_s=PERIOD_S, headroom=0.02)
 
 app = ms.App(
     lease_s=5.0,
     poll_interval_s=0.02,
     inline_wait_s=0.2,
-    rate_limits=[
-        RateLimit(
-            provider="openai",
-            model="gpt-4.1-mini",
-            tpm=float(os.environ.get("RATE_BENCH_TPM", "40000")),
-            rpm=float(os.environ.get("RATE_BENCH_RPM", "600")),
-            period_s=float(os.environ.get("RATE_BENCH_PERIOD_S", "2")),
-            headroom=0.02,
-        )
-    ],
+    rate_limits=LEARNED if os.environ.get("RATE_BENCH_UNDECLARED") == "1" else [DECLARED],
 )
 
 

@@ -17,6 +17,7 @@ from ._errors import (
     MainspringError,
     ModelOutputError,
     NondeterminismError,
+    Overloaded,
     PermissionDenied,
     QuotaExhausted,
     RateLimited,
@@ -40,7 +41,7 @@ from ._errors import (
     ValidationFailed,
     WaitTimeout,
 )
-from .agent import Agent, AgentResult, AgentState
+from .agent import Agent, AgentResult, AgentState, call_model
 from .context import ContextPolicy
 from .hitl import Approval, Request
 from .journal import (
@@ -83,6 +84,7 @@ __all__ = [
     "MainspringError",
     "ModelOutputError",
     "NondeterminismError",
+    "Overloaded",
     "PermissionDenied",
     "QuotaExhausted",
     "RateLimited",
@@ -125,6 +127,7 @@ __all__ = [
     "Worker",
     "Workflow",
     "__version__",
+    "call_model",
     "current_step",
     "tool",
 ]

@@ -24,13 +24,13 @@ from ._errors import (
 )
 from ._serde import dumps, loads
 from ._signals import is_request_signal
-from .agent import Agent, AgentResult, CompletionValidator
+from .agent import Agent, AgentResult, CompletionValidator, call_model
 from .context import ContextPolicy
 from .hitl import Decision, Request, answer_payload
 from .journal import RetryPolicy, RunContext, StepInterceptor, Workflow
 from .limits import PRICES, Limits, Price, RateLimit, RateLimits, load_rate_limits, price_of
 from .models import Model, resolve_model
-from .models._types import ModelSettings
+from .models._types import Message, ModelResponse, ModelSettings, ToolSpec
 from .observability import Diagnosis, MetricsCollector, Redactor, RunTrace, build_trace, diagnose
 from .storage import RunRecord, StepRecord, Store, open_store, redact_url
 from .tools import Effect, Tool, ToolRegistry, Validator
@@ -135,6 +135,7 @@ class App:
         self.tools = ToolRegistry()
         self.agents: dict[str, Agent] = {}
         self.rate_limits: RateLimits | None = _rate_limits(rate_limits)
+        self._models: dict[str, Model] = {}  # call_model's adapters, by spec
         self.interceptors: tuple[StepInterceptor, ...] = tuple(interceptors)
 
     @property
@@ -337,6 +338,55 @@ class App:
         A ``key`` makes submission idempotent: the same key returns the same run.
         """
         return self.enqueue(workflow, args, kwargs, key=key)
+
+    async def call_model(
+        self,
+        ctx: RunContext,
+        model: Model | str,
+        messages: Sequence[Message],
+        *,
+        tools: Sequence[ToolSpec] = (),
+        settings: ModelSettings | None = None,
+        account: str = "default",
+        retry: RetryPolicy | None = None,
+        max_rate_wait_s: float | None = None,
+    ) -> ModelResponse:
+        """Call a model from any workflow, as an agent's turn does: a journaled step
+        (a replay returns the recorded reply), booked through this App's shared rate
+        limits, and never failed by a 429 or an overload (the run waits, as long as
+        the provider asks; ``max_rate_wait_s`` pauses it for a human instead).
+
+        Args:
+            ctx: the run's context.
+            model: a :class:`~mainspring.models.Model` or a spec such as
+                ``"openai:gpt-4.1-mini"`` (one adapter per spec, reused).
+            messages: the conversation, oldest first.
+            tools / settings: what the model may call; sampling settings.
+            account: which account's rate limits (``RateLimit.account``).
+            retry: back-off for transient errors (network, 5xx).
+            max_rate_wait_s: how long refusals may hold the call back before the run
+                asks a human (``budget:max_rate_wait_s``); ``None``: no bound.
+
+        Raises:
+            StepFailed: the call failed for good (never for rate).
+            BudgetExceeded: ``max_rate_wait_s`` passed and a human said stop.
+        """
+        if isinstance(model, str):
+            found = self._models.get(model)
+            if found is None:
+                found = self._models[model] = resolve_model(model)
+            model = found
+        return await call_model(
+            ctx,
+            model,
+            messages,
+            tools=tools,
+            settings=settings,
+            rate_limits=self.rate_limits,
+            account=account,
+            retry=retry,
+            max_rate_wait_s=max_rate_wait_s,
+        )
 
     def enqueue(
         self,

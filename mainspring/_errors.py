@@ -20,6 +20,7 @@ Tree::
     MainspringError
     ├── TransientError            retryable: network, timeout, 5xx, locked database
     │   ├── RateLimited           retryable after ``retry_after`` seconds
+    │   ├── Overloaded            the provider is overloaded (529, 503 "overloaded")
     │   ├── StepTimeout           one attempt of a step ran past its timeout
     │   └── StoreUnavailable      the database is locked or unreachable
     ├── ToolInputError            arguments do not match a tool's schema (the model can repair)
@@ -68,6 +69,7 @@ __all__ = [
     "MainspringError",
     "ModelOutputError",
     "NondeterminismError",
+    "Overloaded",
     "PermissionDenied",
     "QuotaExhausted",
     "RateLimited",
@@ -156,6 +158,13 @@ class RateLimited(TransientError):
     ) -> None:
         super().__init__(message, retry_after=retry_after, run_id=run_id, step=step)
         self.headers: dict[str, str] = dict(headers or {})
+
+
+class Overloaded(TransientError):
+    """The provider is overloaded (Anthropic's 529, OpenAI's 503 "overloaded"): back
+    pressure, like a 429, but not about this account's limits. Model calls wait
+    (``retry_after`` when the provider says, else a growing back-off) and never spend
+    a step's attempts on it."""
 
 
 class StepTimeout(TransientError):

@@ -673,10 +673,22 @@ async def test_transient_errors_and_rate_limits_are_retried(sqlite_app: ms.App) 
     result = await app.run(agent, "t")
     assert (result.status, result.answer, result.turns) == ("done", "three read", 4)
     assert result.state["repairs"] == 0
+    # A transient error spends an attempt of the model step; a 429 spends none: it
+    # ends the step (failed, RateLimited), and the call waits and sends in a new one.
+    expected: list[tuple[str, int]] = []
+    for step in plan:
+        attempt = 1
+        for fault in step:
+            if fault == "rate_limit":
+                expected.append(("failed", attempt))
+                attempt = 1
+            elif fault is not None:
+                attempt += 1
+            else:
+                expected.append(("completed", attempt))
     model_steps = _steps(app, MODEL_STEP)
-    assert [s.attempt for s in model_steps] == [len(step) for step in plan]
+    assert [(s.status, s.attempt) for s in model_steps] == expected
     assert any(s.attempt > 1 for s in model_steps)
-    assert all(s.status == "completed" for s in model_steps)
     assert sum(model.injected.values()) == sum(len(step) - 1 for step in plan)
     # Each request the inner model saw is the one a clean run would have seen.
     assert len(inner.requests) == 4
@@ -693,9 +705,16 @@ async def test_rate_limit_retry_after_is_honoured(sqlite_app: ms.App) -> None:
     result = await app.run(agent, "t")
     assert time.monotonic() - started >= 0.3  # above the policy's max_s of 0.01
     assert result.status == "done"
-    (step,) = _steps(app, MODEL_STEP)
-    assert step.attempt == 2
-    assert _error(step)["type"] == "mainspring._errors.RateLimited"  # why attempt 1 failed
+    refused, sent = _steps(app, MODEL_STEP)  # the 429 spent no attempt: a new step
+    assert (refused.status, refused.attempt, sent.status, sent.attempt) == (
+        "failed",
+        1,
+        "completed",
+        1,
+    )
+    assert _error(refused)["type"] == "mainspring._errors.RateLimited"
+    (wait,) = _steps(app, "rate:wait:scripted:scripted")  # the wait it asked for, journaled
+    assert wait.status == "completed"
 
 
 async def test_transient_errors_past_the_retry_policy_fail_the_run(sqlite_app: ms.App) -> None:

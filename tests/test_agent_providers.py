@@ -43,7 +43,9 @@ async def test_agent_over_openai_wire(app: ms.App) -> None:
         assert tool_msg["role"] == "tool"
         assert json.loads(tool_msg["content"]) == {"city": "Lyon", "sky": "clear", "c": 21}
     [first_model_step, *_] = app.steps(app.list_runs()[0].id)
-    assert first_model_step.attempt == 2  # the 429 is visible in the journal
+    # The 429 is visible in the journal, as a refused step that spent no attempt.
+    assert (first_model_step.status, first_model_step.attempt) == ("failed", 1)
+    assert "RateLimited" in (first_model_step.error or "")
 
 
 async def test_agent_over_anthropic_wire(app: ms.App) -> None:

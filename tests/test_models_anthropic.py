@@ -253,7 +253,7 @@ async def test_refusal(server: FakeAnthropicServer, model: AnthropicModel) -> No
     ("reply", "error", "retry_after"),
     [
         (FakeAnthropicServer.rate_limited(retry_after=7), ms.RateLimited, 7.0),
-        (FakeAnthropicServer.overloaded(), ms.TransientError, None),
+        (FakeAnthropicServer.overloaded(), ms.Overloaded, None),
         (FakeAnthropicServer.server_error(500), ms.TransientError, None),
         (FakeAnthropicServer.server_error(503), ms.TransientError, None),
         (FakeAnthropicServer.error(403, "not allowed"), ms.PermissionDenied, None),

@@ -229,6 +229,8 @@ async def test_refusal(server: FakeOpenAIServer, model: OpenAIModel) -> None:
         (FakeOpenAIServer.server_error(502), ms.TransientError, None),
         (FakeOpenAIServer.server_error(503), ms.TransientError, None),
         (FakeOpenAIServer.server_error(504), ms.TransientError, None),
+        (FakeOpenAIServer.overloaded(), ms.Overloaded, None),
+        (FakeOpenAIServer.overloaded(retry_after=7), ms.Overloaded, 7),
         (FakeOpenAIServer.error(403, "Project does not have access"), ms.PermissionDenied, None),
         (FakeOpenAIServer.context_overflow(), ms.ContextOverflow, None),
         (

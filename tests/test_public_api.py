@@ -18,7 +18,7 @@ EXPECTED = {
     "Effect", "Tool", "ToolContext", "tool", "Agent", "AgentResult", "AgentState",
     "ContextPolicy", "Limits", "Redactor", "RunTrace", "TraceEntry",
     "Approval", "ApprovalRejected", "InvalidAnswer", "Request", "RequestNotFound", "ReservedSignal",
-    "StepCall", "StepInterceptor",
+    "StepCall", "StepInterceptor", "Overloaded", "call_model",
 }  # fmt: skip
 
 
@@ -41,7 +41,13 @@ def test_every_error_says_whether_a_retry_helps() -> None:
     errors = [e for e in errors if issubclass(e, ms.MainspringError)]
     assert len(errors) >= 20
     retryable = {e.__name__ for e in errors if e.retryable}
-    assert retryable == {"TransientError", "RateLimited", "StepTimeout", "StoreUnavailable"}
+    assert retryable == {
+        "TransientError",
+        "RateLimited",
+        "Overloaded",
+        "StepTimeout",
+        "StoreUnavailable",
+    }
     assert not issubclass(ms.Cancelled, Exception)  # user code cannot swallow it
 
 

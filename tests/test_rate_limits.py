@@ -81,8 +81,12 @@ def test_headers_only_ever_tighten() -> None:
     assert state.tat == before  # the provider has not seen our booking yet: keep it
     tighten(state, rate, learned={}, remaining={"tpm": 1000}, retry_after=None, now=NOW)
     assert state.tat["tpm"] == pytest.approx(NOW + 50)  # 5000 used: 50 s of refill
-    assert book(state, rate, _tokens(1000), NOW) == NOW  # type: ignore[arg-type]
-    assert book(state, rate, _tokens(1000), NOW) - NOW == pytest.approx(10)  # type: ignore[arg-type]
+    # 2000 of them were not booked here: another client of the account uses them, so
+    # this limiter paces at 4000 a minute and leaves a third of the bucket to it.
+    assert state.outside["tpm"] == pytest.approx(2000)
+    assert book(state, rate, _tokens(1000), NOW) - NOW == pytest.approx(25)  # type: ignore[arg-type]
+    assert book(state, rate, _tokens(1000), NOW) - NOW == pytest.approx(40)  # type: ignore[arg-type]
+    state = BucketState()
     tighten(state, rate, learned={}, remaining={}, retry_after=30, now=NOW)
     assert book(state, rate, _tokens(1), NOW) - NOW == pytest.approx(30)  # type: ignore[arg-type]
     tighten(state, rate, learned={}, remaining={}, retry_after=5, now=NOW)
@@ -479,3 +483,127 @@ def test_merged_barriers_still_never_give_back_lapsed_capacity(
                 live[state.seq] = (start, units)
             assert len(state.barriers["tpm"]) <= 3
             assert max(state.tat["tpm"], now) >= max(_chain(live, 60 / 6000), now) - 1e-6, trial
+
+
+# -- cold start and header sync --------------------------------------------------------
+
+
+def test_a_cold_limiter_admits_one_probe_then_paces_from_its_headers(db_url: str) -> None:
+    store = open_store(db_url)
+    try:
+        clock = FakeClock(NOW)
+        limiter = RateLimits(period_s=60, headroom=0.0).limiter(store, clock, "openai", "m")
+        probe = limiter.acquire(Cost(input_tokens=1000))
+        assert (probe.probe, probe.retry, probe.waited_s) == (True, False, 0)
+        waiting = [limiter.acquire(Cost(input_tokens=1000)) for _ in range(3)]
+        # Nobody else goes while the probe is out, on any worker: ask again shortly.
+        assert all(b.retry and not b.probe and b.charges == {} for b in waiting)
+        assert all(0 < b.waited_s <= 0.25 + 0.05 for b in waiting)
+        # Its reply: limit 6000 tokens, 4000 of them left (another client used 1000).
+        limiter.settle(
+            probe,
+            Cost(input_tokens=1000),
+            {"x-ratelimit-limit-tokens": "6000", "x-ratelimit-remaining-tokens": "4000"},
+        )
+        starts = [limiter.acquire(Cost(input_tokens=2000)) for _ in range(3)]
+        assert not any(b.retry or b.probe for b in starts)
+        # 4000 left: two go now, the third waits for 2000 tokens of refill (20 s).
+        assert [b.waited_s for b in starts] == pytest.approx([0, 0, 20], abs=0.1)
+    finally:
+        store.close()
+
+
+def test_a_probe_whose_run_ended_or_lapsed_lets_the_next_one_go(db_url: str) -> None:
+    store = open_store(db_url)
+    try:
+        clock = FakeClock(NOW)
+        limiter = RateLimits(period_s=60).limiter(store, clock, "openai", "m")
+        assert limiter.acquire(Cost(input_tokens=10), run="no-such-run").probe
+        # Its run is gone (cancelled, failed, pruned): the gate is free again.
+        held = limiter.acquire(Cost(input_tokens=10))
+        assert held.probe
+        assert limiter.acquire(Cost(input_tokens=10)).retry
+        # A probe that never settles holds the gate for PROBE_HOLD_S at most.
+        clock.advance(61)
+        nxt = limiter.acquire(Cost(input_tokens=10), run=None)
+        if store.dialect == "sqlite":  # (PostgreSQL books on its own clock)
+            assert nxt.probe
+        # The worker that takes a dead probe's run over refunds its booking before it
+        # sends again (the model step's next attempt): that gives the gate back too.
+        retaken = limiter.acquire(Cost(input_tokens=10), run="no-such-run-either")
+        if store.dialect == "sqlite":
+            assert retaken.retry  # the lapsed probe above was taken again
+            limiter.settle(nxt, None)  # its run's new owner refunds it
+            assert limiter.acquire(Cost(input_tokens=10)).probe
+        # A reply without rate-limit headers: the provider announces none; pace freely.
+        limiter.settle(held, Cost(input_tokens=10), {})
+        free = [limiter.acquire(Cost(input_tokens=10)) for _ in range(3)]
+        assert not any(b.retry or b.probe for b in free)
+    finally:
+        store.close()
+
+
+def test_every_reply_moves_the_bucket_towards_the_providers_view(db_url: str) -> None:
+    store = open_store(db_url)
+    try:
+        clock = FakeClock(NOW)
+        rate = RateLimit(provider="openai", model="m", tpm=6000, headroom=0.0)
+        limiter = StoreRateLimiter(rate, store, clock=clock)
+        first = limiter.acquire(Cost(input_tokens=1000))
+        # Another client of the account used 500 meanwhile: the reply says 4500 left.
+        limiter.settle(first, Cost(input_tokens=1000), {"x-ratelimit-remaining-tokens": "4500"})
+        nxt = [limiter.acquire(Cost(input_tokens=1000)).waited_s for _ in range(4)]
+        # Without the reply's word, four more would go at once (6000 in all); with it
+        # the fourth waits, and the pace leaves the other client its 500 a minute.
+        assert nxt[:3] == pytest.approx([0, 0, 0], abs=0.1)
+        assert nxt[3] == pytest.approx(4 * 60_000 / 5500 + 15 - 55, abs=0.1)
+        # The tier is lowered mid-run to 3000 per minute: the next reply says so, and
+        # the pace follows at once: at least 20 ms a token, not 10.
+        second = limiter.acquire(Cost(input_tokens=10))
+        limiter.settle(
+            second,
+            Cost(input_tokens=10),
+            {"x-ratelimit-limit-tokens": "3000", "x-ratelimit-remaining-tokens": "0"},
+        )
+        a, b = (limiter.acquire(Cost(input_tokens=300)) for _ in range(2))
+        assert b.start - a.start >= 6.0 - 0.01
+        assert a.waited_s > 60  # and what was booked at the old pace takes longer
+    finally:
+        store.close()
+
+
+async def test_a_run_cancelled_while_it_sleeps_for_its_slot_gives_it_back(db_url: str) -> None:
+    clock = FakeClock(NOW)
+    app = ms.App(
+        db_url,
+        clock=clock,
+        poll_interval_s=0.01,
+        inline_wait_s=0.0,
+        rate_limits=[RateLimit(provider="scripted", model="scripted", rpm=1, headroom=0.0)],
+    )
+    usage = Usage(input_tokens=5, output_tokens=1)
+    done = ScriptedModel.call("finish", {"answer": "ok"}).tool_calls
+
+    def model() -> ScriptedModel:
+        return ScriptedModel([ModelResponse(tool_calls=done, usage=usage)])
+
+    first = app.agent("first", model=model(), instructions="x")
+    second = app.agent("second", model=model(), instructions="x")
+    third = app.agent("third", model=model(), instructions="x")
+    try:
+        a = app.submit(first, "t")
+        await drain(app)  # takes the one request of this minute
+        b = app.submit(second, "t")
+        await drain(app)
+        run = app.get_run(b.run_id)
+        assert (run.status, run.wait_reason) == ("sleeping", "rate_limit")
+        assert run.wake_at == pytest.approx(NOW + 60, abs=0.1)
+        app.cancel(b.run_id)  # the store cancels it: no code of the run runs again
+        c = app.submit(third, "t")
+        await drain(app)
+        # The cancelled run's slot went to the next run, not into the void.
+        run = app.get_run(c.run_id)
+        assert (run.status, run.wake_at) == ("sleeping", pytest.approx(NOW + 60, abs=0.1))
+        assert (await a.result()).answer == "ok"
+    finally:
+        app.close()

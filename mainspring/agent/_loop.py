@@ -13,24 +13,24 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, NoReturn
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from .._errors import (
+    BudgetExceeded,
     LoopDetected,
     ModelOutputError,
-    RateLimited,
     StepFailed,
     StepInterrupted,
     ToolInputError,
 )
 from ..context import ContextPolicy, History, TokenCounter, Turn, counter_for
 from ..hitl._wait import approval, ask
-from ..journal import RetryPolicy, RunContext, current_step
-from ..limits import Booking, Cost, Limits, Price, RateLimits, StoreRateLimiter, cost_usd
+from ..journal import RetryPolicy, RunContext
+from ..limits import Limits, Price, RateLimits, cost_usd
 from ..models._base import Model
 from ..models._types import (
     AssistantMessage,
@@ -42,6 +42,7 @@ from ..models._types import (
 )
 from ..tools import Tool, ToolRegistry
 from ..tools._arguments import describe_errors, parse_arguments
+from ._call import DEFAULT_MODEL_RETRY, call_model
 from ._guard import LoopGuard
 from ._parse import action_from_text
 from ._state import AgentResult, AgentState, PlanItem
@@ -153,9 +154,7 @@ class Agent:
     session_tokens: int | None = None
     session_bytes: int | None = None
     session_wall_s: float | None = None
-    model_retry: RetryPolicy = field(
-        default_factory=lambda: RetryPolicy(max_attempts=4, initial_s=1.0, max_s=30.0)
-    )
+    model_retry: RetryPolicy = DEFAULT_MODEL_RETRY
     prices: dict[str, Price] | None = None
     ask_human: bool = False
     rate_limits: RateLimits | None = None
@@ -179,7 +178,10 @@ class Agent:
                 return self._result(ctx, run, "partial", None, stop)
             if self._session_over(ctx, run):
                 self._hand_off(ctx, run)
-            response = await self._ask_model(ctx, run, task, specs)
+            try:
+                response = await self._ask_model(ctx, run, task, specs)
+            except BudgetExceeded as exc:  # held back past max_rate_wait_s; a human said stop
+                return self._result(ctx, run, "partial", None, exc.message)
             if response is None:
                 continue
             turn = Turn(
@@ -217,24 +219,20 @@ class Agent:
         )
         settings = self.planning_settings if planning and self.planning_settings else self.settings
         model = self.model
-        limiter = self._limiter(ctx)
-        counted = self.context.max_input_tokens or limiter is not None
+        counted = self.context.max_input_tokens or self.rate_limits is not None
         estimated = self._counter.messages(messages, specs) if counted else 0
-        booking = await self._book(ctx, limiter, estimated, settings) if limiter else None
-
-        async def call_model() -> ModelResponse:
-            if limiter is None or booking is None:
-                return await model.request(messages, tools=specs, settings=settings)
-            return await _limited_request(
-                limiter,
-                booking,
-                lambda: model.request(messages, tools=specs, settings=settings),
-                warm=model.warm,
-            )
-
         try:
-            response: ModelResponse = await ctx.step(
-                call_model, name=f"model:{model.name}", retry=self.model_retry
+            response = await call_model(
+                ctx,
+                model,
+                messages,
+                tools=specs,
+                settings=settings,
+                rate_limits=self.rate_limits,
+                account=self.rate_account,
+                retry=self.model_retry,
+                max_rate_wait_s=run.limits.max_rate_wait_s,
+                prompt_tokens=estimated if self.rate_limits is not None else None,
             )
         except StepFailed as exc:
             kind = exc.error_type.rsplit(".", 1)[-1]
@@ -267,40 +265,6 @@ class Agent:
         run.state.output_tokens += usage.output_tokens
         run.state.cost_usd += cost_usd(model.model_id, usage, self.prices)
         return response
-
-    def _limiter(self, ctx: RunContext) -> StoreRateLimiter | None:
-        if self.rate_limits is None:
-            return None
-        engine = ctx._engine  # the run's store and clock: the limiter shares them
-        model = self.model
-        return self.rate_limits.limiter(
-            engine.store, engine.clock, model.provider, model.model_id, self.rate_account
-        )
-
-    async def _book(
-        self,
-        ctx: RunContext,
-        limiter: StoreRateLimiter,
-        prompt_tokens: int,
-        settings: ModelSettings | None,
-    ) -> Booking:
-        """Book a slot for the next model call (a journaled step: a replay does not
-        book again) and sleep durably until it starts."""
-        max_tokens = settings.max_tokens if settings is not None else None
-        if max_tokens is None:
-            max_tokens = getattr(self.model, "max_tokens", None)  # Anthropic's default cap
-
-        def book_slot() -> Booking:
-            return limiter.reserve(prompt_tokens=prompt_tokens, max_tokens=max_tokens)
-
-        booking: Booking = await ctx.step(book_slot, name=f"rate:{limiter.key}")
-        # The run leaves its worker (status sleeping, reason rate_limit) for a long wait,
-        # but only until shortly before its slot: claiming and replaying it take a
-        # poll or more, and a send that leaves after its slot is booked anew behind
-        # the others. The last stretch is slept just before the send (_limited_request).
-        lead = min(0.5 * ctx._engine.inline_wait_s, _MAX_LEAD_S)
-        await ctx._wait_until(booking.wake_at - lead, reason="rate_limit")
-        return booking
 
     async def _act(
         self, ctx: RunContext, run: _Run, turn: Turn, response: ModelResponse
@@ -619,71 +583,6 @@ class Agent:
             cost_usd=round(s.cost_usd, 6),
             sessions=run.sessions,
         )
-
-
-# Rebookings of one request, after refusals or a late start, before it goes anyway.
-_REBOOKINGS = 4
-# At most this long before its rate-limit slot a run is back on a worker.
-_MAX_LEAD_S = 1.0
-
-
-async def _limited_request(
-    limiter: StoreRateLimiter,
-    booking: Booking,
-    send: Callable[[], Awaitable[ModelResponse]],
-    *,
-    warm: Callable[[], Awaitable[None]] | None = None,
-) -> ModelResponse:
-    """Send a booked request and settle its booking.
-
-    A request that starts late (a slow worker, a retry of the step) would overtake
-    the bookings made after its own, and a refused one charged nothing: either way its
-    booking is refunded and a new one taken, behind the others, before it is sent.
-    ``warm`` runs first: a worker's first request builds its HTTP client, and a send
-    that leaves long after the lateness check lands on a provider bucket that was
-    full meanwhile and lost the refill the booking counted on.
-    """
-    if warm is not None:
-        await warm()
-    clock = limiter.clock
-    # The run woke a little before its slot (see Agent._book): sleep the rest here,
-    # after the step's own bookkeeping, so that the send leaves on time.
-    early = booking.wake_at - clock.now()
-    if early > 0 and current_step().attempt == 1:
-        await clock.sleep(early)
-    # Lateness spends headroom (the capacity a late request's slot refilled is
-    # booked again by others): allow a quarter of it, then book anew.
-    rate = limiter.rate
-    late_s = max(0.25 * rate.headroom, 0.005) * rate.period_s
-    current = booking
-    if current_step().attempt > 1 or clock.now() - current.wake_at > late_s:
-        await asyncio.to_thread(limiter.settle_quietly, current, None)
-        current = await asyncio.to_thread(
-            limiter.acquire, current.estimate, input_ratio=current.input_ratio
-        )
-        await clock.sleep(current.wake_at - clock.now())
-    for rebooked in range(_REBOOKINGS + 1):
-        try:
-            reply = await send()
-        except RateLimited as exc:
-            await asyncio.to_thread(
-                limiter.settle_quietly, current, None, exc.headers, retry_after=exc.retry_after
-            )
-            if rebooked == _REBOOKINGS:
-                raise
-            current = await asyncio.to_thread(
-                limiter.acquire, current.estimate, input_ratio=current.input_ratio
-            )
-            await clock.sleep(current.wake_at - clock.now())
-            continue
-        used = Cost(
-            input_tokens=reply.usage.input_tokens,
-            cached_tokens=reply.usage.cache_read_tokens,
-            output_tokens=reply.usage.output_tokens,
-        )
-        await asyncio.to_thread(limiter.settle_quietly, current, used, reply.rate_limit)
-        return reply
-    raise AssertionError("unreachable")  # pragma: no cover
 
 
 def _result(call: ToolCall, outcome: tuple[str, bool] | None) -> ToolResultMessage:

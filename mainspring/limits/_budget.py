@@ -25,6 +25,10 @@ class Limits:
             its partial result.
         checkpoint_usd / checkpoint_tokens: pause for a human's go-ahead each time
             this much more is spent (USD) or used (input plus output tokens).
+        max_rate_wait_s: how long one model call may be held back by the provider's
+            refusals (429s, overloads) before the run pauses and asks a human
+            (``budget:max_rate_wait_s``: approve to keep waiting, reject to stop with
+            the partial result). ``None``: wait as long as the provider asks.
     """
 
     max_steps: int | None = 50
@@ -35,12 +39,13 @@ class Limits:
     on_exceeded: Literal["ask", "stop"] = "ask"
     checkpoint_usd: float | None = None
     checkpoint_tokens: int | None = None
+    max_rate_wait_s: float | None = None
 
     def raised(self, which: str, value: float) -> Limits:
         """A copy with one limit changed (a human's "continue, up to ...")."""
         if which in ("max_steps", "max_tool_calls", "max_tokens"):
             return replace(self, **{which: int(value)})  # type: ignore[arg-type]
-        if which in ("max_cost_usd", "max_wall_s"):
+        if which in ("max_cost_usd", "max_wall_s", "max_rate_wait_s"):
             return replace(self, **{which: float(value)})  # type: ignore[arg-type]
         raise ValueError(f"no limit named {which!r}")
 

@@ -37,7 +37,7 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from .._errors import ConfigError
 
@@ -51,8 +51,16 @@ __all__ = [
     "RateLimiter",
     "book",
     "charges_of",
+    "give_back",
+    "hold",
+    "is_cold",
+    "note_refusal",
+    "probe_gate",
+    "release_probe",
     "settle",
     "tighten",
+    "unhold",
+    "waiting_runs",
 ]
 
 Dimension = Literal["rpm", "tpm", "itpm", "otpm"]
@@ -178,6 +186,10 @@ class Booking:
             estimate's prompt is the tokenizer's count times this).
         seq: the booking's number in its limiter (0: unknown, as for bookings made
             before it was recorded; their refunds stop at every barrier).
+        probe: this request is the one request in flight while the limiter learns
+            the provider's limits (a cold start); its settlement releases the probe.
+        retry: no slot was booked: another request is probing the limits of a cold
+            limiter. Book again at ``wake_at``.
     """
 
     key: str
@@ -188,6 +200,8 @@ class Booking:
     estimate: Cost = field(default_factory=Cost)
     input_ratio: float = 1.0
     seq: int = 0
+    probe: bool = False
+    retry: bool = False
 
 
 class RateLimiter(ABC):
@@ -232,6 +246,16 @@ class BucketState:
         barriers: per dimension, ``[number, term]`` of barrier bookings, numbers
             rising and terms falling: each term is the highest of the barriers from
             that number on (see the module's docstring).
+        contacted: a reply has been settled: the provider's limits are known (they
+            may be "none": a reply without rate-limit headers).
+        probe_seq / probe_until / probe_run: the booking that probes a cold limiter,
+            when its hold lapses (a run that died without settling), and its run.
+        holds: bookings not settled yet, ``[number, run, start, {dimension:
+            units}]``: a run that ends while it sleeps for its slot (cancelled) gives
+            its units back at the next booking (see :func:`give_back`).
+        outside / synced_at: per dimension, the units per period other clients of
+            the account are seen to use (smoothed; taken off this limiter's pace),
+            and when a reply's ``remaining`` last said so.
     """
 
     learned: dict[Dimension, float | None] = field(
@@ -243,6 +267,72 @@ class BucketState:
     barriers: dict[Dimension, list[list[float]]] = field(
         default_factory=lambda: {d: [] for d in DIMENSIONS}
     )
+    contacted: bool = False
+    probe_seq: int = 0
+    probe_until: float = 0.0
+    probe_run: str | None = None
+    holds: list[list[Any]] = field(default_factory=list)
+    outside: dict[str, float] = field(default_factory=dict)
+    synced_at: dict[str, float] = field(default_factory=dict)
+
+
+def hold(state: BucketState, run: str, start: float, charges: Mapping[Dimension, float]) -> None:
+    """Remember the booking just made (number ``state.seq``) until it is settled."""
+    state.holds.append([state.seq, run, start, {d: float(v) for d, v in charges.items()}])
+
+
+def unhold(state: BucketState, seq: int) -> None:
+    """Booking ``seq`` was settled (or refunded): forget it."""
+    state.holds = [h for h in state.holds if h[0] != seq]
+
+
+def give_back(state: BucketState, rate: RateLimit, now: float, ended: set[str]) -> None:
+    """Refund the bookings of runs that ended before their slot came (``ended``), and
+    forget holds long past their start (their requests went; a worker that died
+    mid-request hands its booking to the run's next owner, whose retry refunds it)."""
+    kept: list[list[Any]] = []
+    for entry in state.holds:
+        seq, run, start, charges = entry
+        if run in ended and start > now:
+            settle(state, rate, {d: -v for d, v in charges.items()}, now, int(seq))
+        elif start > now - _HOLD_FORGET_S:
+            kept.append(entry)
+    state.holds = kept
+
+
+def waiting_runs(state: BucketState, now: float) -> set[str]:
+    """The runs whose booked slots are still ahead (sleeping for them), and the probe's."""
+    runs = {str(h[1]) for h in state.holds if h[2] > now}
+    if state.probe_seq and state.probe_run:
+        runs.add(state.probe_run)
+    return runs
+
+
+def is_cold(state: BucketState, rate: RateLimit) -> bool:
+    """No limit is known yet (none declared, none learned, no reply settled)."""
+    if state.contacted:
+        return False
+    return all(v is None for v in effective_limits(rate.limits(), state.learned).values())
+
+
+def probe_gate(state: BucketState, rate: RateLimit, now: float, run: str | None) -> float | None:
+    """On a cold limiter, admit one request at a time: ``None`` when this booking may
+    go (it becomes the probe, held until ``now + PROBE_HOLD_S``), else when to ask
+    again. A warm limiter admits everyone (``None``)."""
+    if not is_cold(state, rate):
+        return None
+    if state.probe_seq and state.probe_until > now:
+        return min(state.probe_until, now + COLD_POLL_S)
+    state.probe_seq = state.seq + 1  # the number book() gives this booking
+    state.probe_until = now + PROBE_HOLD_S
+    state.probe_run = run
+    return None
+
+
+def release_probe(state: BucketState, seq: int) -> None:
+    """The probe with booking number ``seq`` ended (settled or refunded)."""
+    if seq and state.probe_seq == seq:
+        state.probe_seq, state.probe_until, state.probe_run = 0, 0.0, None
 
 
 def effective_limits(
@@ -256,9 +346,12 @@ def effective_limits(
     return out
 
 
-def _interval(limit: float, rate: RateLimit) -> float:
-    """Seconds per unit: the period over the limit less its headroom."""
-    return rate.period_s / (limit * (1.0 - rate.headroom))
+def _interval(limit: float, rate: RateLimit, outside: float = 0.0) -> float:
+    """Seconds per unit: the period over the limit less its headroom and less what
+    other clients of the account are seen to use (``outside``, units per period;
+    this limiter keeps at least a tenth of the limit)."""
+    ours = max(limit * (1.0 - rate.headroom) - outside, 0.1 * limit)
+    return rate.period_s / ours
 
 
 def book(
@@ -283,14 +376,17 @@ def book(
                 f"{math.floor(capacity):g} at once (burst={rate.burst:g}, "
                 f"headroom={rate.headroom:g}); shorten the prompt or lower max_tokens"
             )
-        t = _interval(limit, rate)
-        start = max(start, state.tat[d] + charges.get(d, 0.0) * t - rate.burst * rate.period_s)
+        t = _interval(limit, rate, state.outside.get(d, 0.0))
+        # Others' share of the account is also left in the bucket, for their bursts.
+        shared = 1.0 - min(0.9, state.outside.get(d, 0.0) / limit)
+        window = rate.burst * rate.period_s * shared
+        start = max(start, state.tat[d] + charges.get(d, 0.0) * t - window)
     state.seq += 1
     for d in DIMENSIONS:
         limit = limits[d]
         if limit is None:
             continue
-        step = charges.get(d, 0.0) * _interval(limit, rate)
+        step = charges.get(d, 0.0) * _interval(limit, rate, state.outside.get(d, 0.0))
         barriers = state.barriers[d]
         for entry in barriers:  # every booking so far is before this one: its terms grow
             entry[1] += step
@@ -336,7 +432,7 @@ def settle(
         limit, change = limits[d], delta.get(d, 0.0)
         if limit is None or change == 0:
             continue
-        step = change * _interval(limit, rate)
+        step = change * _interval(limit, rate, state.outside.get(d, 0.0))
         barriers = state.barriers[d]
         later = next((term for number, term in barriers if number > seq), None)
         for entry in barriers:  # the terms of the booking and those before it move
@@ -374,21 +470,68 @@ def tighten(
     bucket holds no more than that; more remaining than believed changes nothing
     (other bookings may be in flight that the provider has not seen yet).
     """
+    before = effective_limits(rate.limits(), state.learned)
     for d, value in learned.items():
         state.learned[d] = value
     limits = effective_limits(rate.limits(), state.learned)
+    for d in DIMENSIONS:
+        old, new = before[d], limits[d]
+        if old is not None and new is not None and old != new:
+            # A limit changed (a tier change): the units booked ahead of now take
+            # old / new times as long at the new pace.
+            _rescale(state, d, now, old / new)
     for d, left in remaining.items():
         limit = limits[d]
         if limit is None:
             continue
         provider_limit = learned.get(d, limit)
         used = max(0.0, provider_limit - left)
-        told = now + used * _interval(limit, rate)
+        interval = _interval(limit, rate, state.outside.get(d, 0.0))
+        told = now + used * interval
+        # Capacity the provider saw used and this limiter did not book: other clients
+        # of the account. Its rate, smoothed, is taken off this limiter's pace.
+        # A leaky sum: what others used, forgotten over one period. (Not when the
+        # limit was just learned: nothing was booked against it yet.)
+        unseen = max(0.0, told - max(state.tat[d], now)) / interval
+        if before[d] is None:
+            unseen = 0.0
+        since = max(now - state.synced_at.get(d, now), 0.0)
+        kept = max(0.0, 1.0 - since / rate.period_s)
+        state.outside[d] = min(limit, state.outside.get(d, 0.0) * kept + unseen)
+        state.synced_at[d] = now
         if told > state.tat[d]:  # the provider's word is a barrier to every booking so far
             state.tat[d] = told
             _add_barrier(state.barriers[d], state.seq + 0.5, told)
     if retry_after is not None and retry_after > 0:
         state.blocked_until = max(state.blocked_until, now + retry_after)
+
+
+def _rescale(state: BucketState, d: Dimension, now: float, factor: float) -> None:
+    """Stretch dimension ``d``'s time ahead of ``now`` by ``factor``."""
+    if state.tat[d] > now:
+        state.tat[d] = now + (state.tat[d] - now) * factor
+    for entry in state.barriers[d]:
+        if entry[1] > now:
+            entry[1] = now + (entry[1] - now) * factor
+
+
+def note_refusal(
+    state: BucketState, rate: RateLimit, charges: Mapping[Dimension, float], now: float
+) -> None:
+    """A 429: the account had less room than this limiter thought, so someone else
+    uses it. Count the refused request's units as others' use (leaking away over a
+    period like the rest of ``outside``)."""
+    limits = effective_limits(rate.limits(), state.learned)
+    for d in DIMENSIONS:
+        limit = limits[d]
+        if limit is None or charges.get(d, 0.0) <= 0:
+            continue
+        since = max(now - state.synced_at.get(d, now), 0.0)
+        kept = max(0.0, 1.0 - since / rate.period_s)
+        state.outside[d] = min(
+            0.9 * limit, state.outside.get(d, 0.0) * kept + _REFUSAL_WEIGHT * charges[d]
+        )
+        state.synced_at[d] = now
 
 
 def quantile(values: Sequence[int], q: float) -> int:
@@ -399,6 +542,16 @@ def quantile(values: Sequence[int], q: float) -> int:
     rank = max(1, math.ceil(q * len(ordered)))
     return ordered[rank - 1]
 
+
+#: How long a cold limiter's probe holds the gate at most: a probe whose run died
+#: and was never taken over (cancelled, dead-lettered) lets the next one go then.
+PROBE_HOLD_S = 60.0
+#: How often requests waiting on a cold limiter's probe ask again.
+COLD_POLL_S = 0.25
+#: A booking that was never settled is forgotten this long after its start.
+_HOLD_FORGET_S = 600.0
+#: The share of a refused request counted as other clients' use.
+_REFUSAL_WEIGHT = 0.25
 
 #: Barriers kept per dimension (beyond, the closest merge, erring on the side of
 #: refunding less). One per booking still ahead, so more than the runs that book at

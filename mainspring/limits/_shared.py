@@ -139,27 +139,40 @@ class StoreRateLimiter(RateLimiter):
             output = cap
         return Cost(input_tokens=math.ceil(prompt_tokens * ratio), output_tokens=output), ratio
 
-    def reserve(self, *, prompt_tokens: int, max_tokens: int | None = None) -> Booking:
+    def reserve(
+        self, *, prompt_tokens: int, max_tokens: int | None = None, run: str | None = None
+    ) -> Booking:
         """Estimate a request (see :meth:`estimate`) and book it (see :meth:`acquire`)."""
         cost, ratio = self._estimate(prompt_tokens, max_tokens)
-        return self.acquire(cost, input_ratio=ratio)
+        return self.acquire(cost, input_ratio=ratio, run=run)
 
-    def acquire(self, estimate: Cost, *, input_ratio: float = 1.0) -> Booking:
+    def acquire(
+        self, estimate: Cost, *, input_ratio: float = 1.0, run: str | None = None
+    ) -> Booking:
         """Book the earliest start that fits ``estimate``; see :class:`RateLimiter`.
-        ``input_ratio``: the ratio the estimate's prompt was scaled by."""
+        ``input_ratio``: the ratio the estimate's prompt was scaled by. ``run``: the
+        run that books (a cold limiter's probe is given back when that run ends).
+
+        While no limit is known (none declared, no reply yet), one request at a time
+        is admitted across every worker: the *probe* (``Booking.probe``). The others
+        book nothing and get ``Booking.retry``: ask again at ``wake_at``."""
         charges = charges_of(estimate, self.rate.provider)
         sqlite = self.table.store.dialect != "postgresql"
-        start, now, seq = self.table.book(self.rate, charges, self.clock.now if sqlite else None)
+        start, now, seq, kind = self.table.book(
+            self.rate, charges, self.clock.now if sqlite else None, run=run
+        )
         waited = max(0.0, start - now)
         return Booking(
             key=self.key,
             start=start,
             waited_s=waited,
             wake_at=self.clock.now() + waited,
-            charges={d: charges[d] for d in DIMENSIONS},
+            charges={} if kind == "retry" else {d: charges[d] for d in DIMENSIONS},
             estimate=estimate,
             input_ratio=input_ratio,
             seq=seq,
+            probe=kind == "probe",
+            retry=kind == "retry",
         )
 
     def settle(
@@ -179,10 +192,10 @@ class StoreRateLimiter(RateLimiter):
         ratio: float | None = None
         output: int | None = None
         if actual is not None:
-            # A success's "remaining" already counts the actual usage of replies whose
-            # refunds this limiter may not have applied yet: tightening from it would
-            # count those refunds twice. Only a refusal's headers tighten.
-            remaining = {}
+            # Every reply's "remaining" moves the bucket towards the provider's view:
+            # what other clients of the account used, a limit lowered mid-run, a
+            # bucket that was not full when we started. It is applied after this
+            # reply's own correction, and only ever later (see _rate.tighten).
             used = charges_of(actual, self.rate.provider)
             delta = {d: used[d] - booking.charges.get(d, 0.0) for d in DIMENSIONS}
             counted = booking.estimate.input_tokens / booking.input_ratio
@@ -199,6 +212,8 @@ class StoreRateLimiter(RateLimiter):
             output_tokens=output,
             now=self._now(),
             seq=booking.seq,
+            contacted=actual is not None or bool(learned),
+            refused=actual is None and (bool(headers) or retry_after is not None),
         )
 
     def settle_quietly(

@@ -14,7 +14,7 @@ from __future__ import annotations
 import itertools
 import json
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Literal
 
 from ..storage import Store
 from ..storage._base import Cursor
@@ -25,16 +25,25 @@ from ._rate import (
     RateLimit,
     book,
     effective_limits,
+    give_back,
+    hold,
+    note_refusal,
+    probe_gate,
+    release_probe,
     settle,
     tighten,
+    unhold,
+    waiting_runs,
 )
 
 __all__ = ["RateTable"]
 
 _COLUMNS = (
     "lim_rpm, lim_tpm, lim_itpm, lim_otpm, tat_rpm, tat_tpm, tat_itpm, tat_otpm, blocked_until, "
-    "bookings, barriers"
+    "bookings, barriers, contacted, probe_seq, probe_until, probe_run, holds, outside"
 )
+# A probe whose run ended (cancelled, failed) gives the gate back at once.
+_ENDED = ("succeeded", "failed", "cancelled")
 _KEEP_OUTPUTS = 200  # rows per limiter kept in ms_rate_outputs; the quantile reads fewer
 _PG_NOW = "CAST(EXTRACT(EPOCH FROM clock_timestamp()) AS DOUBLE PRECISION)"
 
@@ -79,10 +88,14 @@ class RateTable:
         rate: RateLimit,
         charges: Mapping[Dimension, float],
         now: float | Callable[[], float] | None,
-    ) -> tuple[float, float, int]:
-        """Book ``charges``; ``(start, now, booking number)`` on the clock the booking
-        used. A callable ``now`` is read once the write lock is held: time spent
-        waiting for the lock must not count as refill that was never there.
+        *,
+        run: str | None = None,
+    ) -> tuple[float, float, int, Literal["slot", "probe", "retry"]]:
+        """Book ``charges``; ``(start, now, booking number, kind)`` on the clock the
+        booking used. A callable ``now`` is read once the write lock is held: time
+        spent waiting for the lock must not count as refill that was never there.
+        On a cold limiter (no limit known) one booking at a time is the ``"probe"``;
+        the others book nothing (``"retry"``, number 0) and ask again at ``start``.
 
         Raises:
             ConfigError: the request can never fit one of the limits.
@@ -90,9 +103,20 @@ class RateTable:
         self._ensure(rate.key)
         with self.store._write() as cur:
             state, at = self._lock(cur, rate.key, now)
+            ended = _ended(cur, waiting_runs(state, at))
+            if state.probe_run in ended:
+                release_probe(state, state.probe_seq)
+            give_back(state, rate, at, ended)
+            again = probe_gate(state, rate, at, run)
+            if again is not None:
+                _save(cur, rate.key, state)
+                return again, at, 0, "retry"
+            probing = state.probe_seq == state.seq + 1
             start = book(state, rate, charges, at)
+            if run is not None:
+                hold(state, run, start, charges)
             _save(cur, rate.key, state, last_start=start)
-        return start, at, state.seq
+        return start, at, state.seq, "probe" if probing else "slot"
 
     def _lock(
         self, cur: Cursor, key: str, now: float | Callable[[], float] | None
@@ -127,13 +151,22 @@ class RateTable:
         output_tokens: int | None,
         now: float | None,
         seq: int = 0,
+        contacted: bool = False,
+        refused: bool = False,
     ) -> None:
-        """Correct a booking, learn limits, tighten from headers, record the output."""
+        """Correct a booking, learn limits, tighten from headers, record the output;
+        ``contacted``: a reply came back (its limits, if any, are now known);
+        ``refused``: it was a 429 (the pace was too fast for the account)."""
         self._ensure(rate.key)
         with self.store._write() as cur:
             state, at = self._lock(cur, rate.key, now)
-            state.learned.update(learned)
+            release_probe(state, seq)
+            unhold(state, seq)
+            if contacted:
+                state.contacted = True
             settle(state, rate, delta, at, seq)
+            if refused:
+                note_refusal(state, rate, {d: -v for d, v in delta.items()}, at)
             tighten(
                 state,
                 rate,
@@ -183,17 +216,45 @@ def _state(row: Any) -> BucketState:
     stored = json.loads(row[10]) if row[10] else {}
     for d in DIMENSIONS:
         state.barriers[d] = [[float(n), float(t)] for n, t in stored.get(d, [])]
+    state.contacted = bool(row[11])
+    state.probe_seq, state.probe_until, state.probe_run = int(row[12]), float(row[13]), row[14]
+    state.holds = json.loads(row[15]) if row[15] else []
+    if row[16]:
+        seen = json.loads(row[16])
+        state.outside, state.synced_at = seen["outside"], seen["synced_at"]
     return state
+
+
+def _ended(cur: Cursor, runs: set[str]) -> set[str]:
+    """Those of ``runs`` that ended (or are gone)."""
+    if not runs:
+        return set()
+    ids = sorted(runs)
+    cur.execute(f"SELECT id, status FROM ms_runs WHERE id IN ({', '.join('?' * len(ids))})", ids)
+    live = {str(r[0]) for r in cur.fetchall() if r[1] not in _ENDED}
+    return runs - live
 
 
 def _save(cur: Cursor, key: str, state: BucketState, *, last_start: float | None = None) -> None:
     sets = [f"lim_{d} = ?, tat_{d} = ?" for d in DIMENSIONS]
     sets += ["blocked_until = ?", "bookings = ?", "barriers = ?"]
+    sets += [
+        "contacted = ?",
+        "probe_seq = ?",
+        "probe_until = ?",
+        "probe_run = ?",
+        "holds = ?",
+        "outside = ?",
+    ]
     values: list[Any] = []
     for d in DIMENSIONS:
         values += [state.learned[d], state.tat[d]]
     barriers = {d: b for d, b in state.barriers.items() if b}
     values += [state.blocked_until, state.seq, json.dumps(barriers) if barriers else None]
+    values += [int(state.contacted), state.probe_seq, state.probe_until, state.probe_run]
+    values.append(json.dumps(state.holds) if state.holds else None)
+    seen = {"outside": state.outside, "synced_at": state.synced_at}
+    values.append(json.dumps(seen) if state.synced_at else None)
     if last_start is not None:
         sets.append("last_start = ?")
         values.append(last_start)

@@ -24,6 +24,7 @@ from .._errors import (
     ConfigError,
     ContextOverflow,
     MainspringError,
+    Overloaded,
     PermissionDenied,
     QuotaExhausted,
     RateLimited,
@@ -337,7 +338,8 @@ def map_status_error(
     """The mainspring error for an HTTP error from the Messages API.
 
     429 → :class:`RateLimited` (``retry_after`` from ``retry-after`` or the exhausted
-    ``anthropic-ratelimit-*-reset``); 529 overloaded, 408, 409 and other 5xx →
+    ``anthropic-ratelimit-*-reset``); 529 / ``overloaded_error`` → :class:`Overloaded`
+    (back-pressure, ``retry_after`` only from ``retry-after``); 408, 409 and other 5xx →
     :class:`TransientError`; billing and credit errors → :class:`QuotaExhausted`;
     401/403 → :class:`PermissionDenied`; "prompt is too long" and 413 →
     :class:`ContextOverflow`; any other 4xx → :class:`ConfigError`.
@@ -351,9 +353,11 @@ def map_status_error(
             retry_after=retry_after_from_headers(headers),
             headers=rate_limit_headers(headers),
         )
-    if status in (408, 409) or status >= 500:
+    if status == 529 or err_type == "overloaded_error":
         # Only an explicit retry-after counts: rate-limit resets say nothing about when
         # an overloaded server recovers.
+        return Overloaded(detail, retry_after=retry_after_from_headers(headers, resets=False))
+    if status in (408, 409) or status >= 500:
         return TransientError(detail, retry_after=retry_after_from_headers(headers, resets=False))
     if (
         status == 402

@@ -23,6 +23,7 @@ from .._errors import (
     ConfigError,
     ContextOverflow,
     MainspringError,
+    Overloaded,
     PermissionDenied,
     QuotaExhausted,
     RateLimited,
@@ -62,6 +63,7 @@ _FINISH: dict[str, FinishReason] = {
     "content_filter": "content_filter",
 }
 
+_OVERLOADED = re.compile(r"overload", re.IGNORECASE)
 _QUOTA_CODES = {"insufficient_quota", "billing_hard_limit_reached", "billing_not_active"}
 _CONTEXT_CODES = {"context_length_exceeded", "exceed_context_size_error"}
 # vLLM, llama.cpp, Ollama and LM Studio say it in words rather than with OpenAI's code.
@@ -326,7 +328,8 @@ def map_status_error(
 
     429 → :class:`RateLimited` (``retry_after`` from ``retry-after-ms``, ``retry-after``
     or the exhausted ``x-ratelimit-reset-*``), but ``insufficient_quota`` →
-    :class:`QuotaExhausted`; 408, 409, 5xx → :class:`TransientError`; 401/403 →
+    :class:`QuotaExhausted`; a 503 that says "overloaded" → :class:`Overloaded`; 408,
+    409, 5xx → :class:`TransientError`; 401/403 →
     :class:`PermissionDenied`; a context-length refusal → :class:`ContextOverflow`;
     any other 4xx → :class:`ConfigError`.
     """
@@ -341,9 +344,12 @@ def map_status_error(
             retry_after=retry_after_from_headers(headers),
             headers=rate_limit_headers(headers),
         )
+    if status == 503 and (_OVERLOADED.search(message or "") or _OVERLOADED.search(label or "")):
+        # "The engine is currently overloaded, please try again later": back-pressure.
+        # Only an explicit retry-after counts: the rate-limit resets say nothing about
+        # when an overloaded server recovers.
+        return Overloaded(detail, retry_after=retry_after_from_headers(headers, resets=False))
     if status in (408, 409) or status >= 500:
-        # Only an explicit retry-after counts here: the rate-limit resets say nothing
-        # about when an overloaded server recovers.
         return TransientError(detail, retry_after=retry_after_from_headers(headers, resets=False))
     if status in (401, 403):
         return PermissionDenied(detail)

@@ -138,6 +138,19 @@ CREATE INDEX ms_rate_outputs_key ON ms_rate_outputs (key, id);
     5: """
 ALTER TABLE ms_rate_limits ADD COLUMN barriers TEXT;
 """,
+    # Cold start (limits/_rate.py): whether a reply taught the limiter the provider's
+    # limits yet, and the one probe request admitted until then (its booking number,
+    # when its hold lapses, its run); and the bookings not yet settled, with their
+    # runs, as JSON, so that those of a run that ended are given back; and what other
+    # clients of the account are seen to use (JSON).
+    6: """
+ALTER TABLE ms_rate_limits ADD COLUMN holds TEXT;
+ALTER TABLE ms_rate_limits ADD COLUMN outside TEXT;
+ALTER TABLE ms_rate_limits ADD COLUMN contacted INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE ms_rate_limits ADD COLUMN probe_seq INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE ms_rate_limits ADD COLUMN probe_until {float} NOT NULL DEFAULT 0;
+ALTER TABLE ms_rate_limits ADD COLUMN probe_run TEXT;
+""",
 }
 
 LATEST = max(MIGRATIONS)

@@ -25,9 +25,11 @@ from __future__ import annotations
 
 import contextlib
 import json
+import random
 import socket
 import sys
 import threading
+import time
 from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
@@ -58,12 +60,15 @@ class RecordedRequest:
         path: the request path, query included (``"/v1/chat/completions"``).
         headers: the request headers, names lower-cased.
         body: the JSON body, decoded (``None`` if there was none or it was not JSON).
+        at: when it arrived, on the server's clock (its buckets' clock when it
+            enforces limits, else ``time.monotonic``).
     """
 
     method: str
     path: str
     headers: dict[str, str]
     body: Any
+    at: float = 0.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -165,6 +170,7 @@ class _Handler(BaseHTTPRequestHandler):
             path=self.path,
             headers={k.lower(): v for k, v in self.headers.items()},
             body=body,
+            at=self.server.owner.now(),
         )
         owner = self.server.owner
         try:
@@ -217,11 +223,23 @@ class FakeProviderServer(ABC):
             buckets (``None``: not enforced); refusals are the provider's 429s.
         period_s: the length of the enforced "minute" (shorter in tests and benches).
         clock: monotonic seconds for the buckets (``time.monotonic``).
+        outside_share: another client of the same account (a colleague's script, a
+            second service) takes this share of the refill, in gulps at random
+            moments (``outside_seed``), from a background thread on the real clock.
+            It takes what the buckets hold, never more; ``outside_used`` sums it.
+
+    An enforcing server announces its limits only through its headers, as the
+    providers do: every reply (and every 429) carries the buckets' limit, remaining
+    and reset in the provider's own header family and formats.
 
     Attributes:
         requests: every request received, in order.
         too_many_requests: how many 429s the server has sent (scripted or enforced).
         served_usage: ``(clock time, input tokens, output tokens)`` of each reply served.
+        refusals: ``(clock time, retry-after seconds, request index)`` of each
+            enforced 429 (the index into ``requests``).
+        outside_used: what the outside consumer took, per dimension.
+        outside_events: ``(clock time, what it took)`` of each of its gulps.
     """
 
     #: The rate-limit header word of each dimension the provider reports.
@@ -246,8 +264,18 @@ class FakeProviderServer(ABC):
         otpm: float | None = None,
         period_s: float = 60.0,
         clock: Callable[[], float] | None = None,
+        outside_share: float = 0.0,
+        outside_seed: int = 0,
     ) -> None:
+        if not 0 <= outside_share < 1:
+            raise ValueError(f"outside_share must be in [0, 1), got {outside_share!r}")
         self.api_key = api_key
+        self.outside_share = outside_share
+        self._outside_rng = random.Random(outside_seed)
+        self.outside_used: dict[Dim, float] = {}
+        self.outside_events: list[tuple[float, dict[Dim, float]]] = []
+        self.refusals: list[tuple[float, float, int]] = []
+        self._outside: threading.Thread | None = None
         given: dict[Dim, float | None] = {"rpm": rpm, "tpm": tpm, "itpm": itpm, "otpm": otpm}
         enforced = {d: v for d, v in given.items() if v is not None}
         self.buckets: TokenBuckets | None = (
@@ -269,6 +297,10 @@ class FakeProviderServer(ABC):
         self._http: _HTTPServer | None = None
         self._thread: threading.Thread | None = None
 
+    def now(self) -> float:
+        """The server's clock: its buckets' when it enforces limits."""
+        return self.buckets.clock() if self.buckets is not None else time.monotonic()
+
     # -- lifecycle ---------------------------------------------------------------------
 
     def start(self) -> Self:
@@ -284,7 +316,29 @@ class FakeProviderServer(ABC):
             daemon=True,
         )
         self._thread.start()
+        if self.outside_share > 0 and self.buckets is not None:
+            self._outside = threading.Thread(
+                target=self._consume_outside, name=f"{type(self).__name__}:outside", daemon=True
+            )
+            self._outside.start()
         return self
+
+    def _consume_outside(self) -> None:
+        """Gulps of 5 to 25 % of a period's refill, at random moments, averaging
+        ``outside_share`` of the refill."""
+        assert self.buckets is not None
+        period = self.buckets.period_s
+        while True:
+            gulp = self._outside_rng.uniform(0.05, 0.25)
+            # A gulp of g periods' refill share, every g / share periods on average.
+            pause = self._outside_rng.expovariate(self.outside_share / (gulp * period))
+            if self._stopping.wait(pause):
+                return
+            taken = self.buckets.drain(gulp)
+            with self._lock:
+                self.outside_events.append((self.buckets.clock(), taken))
+                for d, v in taken.items():
+                    self.outside_used[d] = self.outside_used.get(d, 0.0) + v
 
     def stop(self) -> None:
         """Stop serving, wake delayed replies and close every connection."""
@@ -302,6 +356,9 @@ class FakeProviderServer(ABC):
         if self._thread is not None:
             self._thread.join(timeout=5)
             self._thread = None
+        if self._outside is not None:
+            self._outside.join(timeout=5)
+            self._outside = None
 
     def __enter__(self) -> Self:
         return self.start()
@@ -347,6 +404,7 @@ class FakeProviderServer(ABC):
             self._served = 0
             self.too_many_requests = 0
             self.served_usage.clear()
+            self.refusals.clear()
         return self
 
     @property
@@ -443,6 +501,8 @@ class FakeProviderServer(ABC):
             )
             refusal = self.buckets.admit({"rpm": 1, "tpm": counted, "itpm": counted})
             if refusal is not None:
+                with self._lock:
+                    self.refusals.append((self.buckets.clock(), refusal.retry_after, index - 1))
                 if scripted:  # the retry gets the same reply
                     with self._lock:
                         self._script.appendleft(reply)

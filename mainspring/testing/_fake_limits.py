@@ -116,6 +116,29 @@ class TokenBuckets:
             for d, b in self._buckets.items():
                 b.level -= charges.get(d, 0.0)
 
+    def drain(self, share: float) -> dict[Dim, float]:
+        """An outside consumer of the same account takes ``share`` of each bucket's
+        limit, or what is left if that is less; returns what it took."""
+        with self._lock:
+            self._refill(self.clock())
+            taken: dict[Dim, float] = {}
+            for d, b in self._buckets.items():
+                take = max(0.0, min(b.level, share * b.limit))
+                b.level -= take
+                taken[d] = take
+            return taken
+
+    def set_limit(self, dim: Dim, limit: float) -> None:
+        """Change a limit mid-run (a tier change): the bucket keeps what it used."""
+        if not limit > 0:
+            raise ValueError(f"a rate limit is > 0, got {dim}={limit!r}")
+        with self._lock:
+            self._refill(self.clock())
+            b = self._buckets[dim]
+            used = b.limit - b.level
+            b.limit = float(limit)
+            b.level = min(b.limit, b.limit - used)
+
     def state(self) -> dict[Dim, tuple[float, float, float]]:
         """``(limit, remaining, seconds until full)`` of each bucket."""
         with self._lock:

@@ -126,6 +126,17 @@ class FakeOpenAIServer(FakeProviderServer):
         )
 
     @staticmethod
+    def overloaded(retry_after: float | None = None) -> FakeReply:
+        """OpenAI's 503 when the engine is overloaded (``retry-after`` if given)."""
+        headers = {} if retry_after is None else {"retry-after": f"{retry_after:g}"}
+        return FakeOpenAIServer.error(
+            503,
+            "The engine is currently overloaded, please try again later.",
+            type="server_error",
+            headers=headers,
+        )
+
+    @staticmethod
     def server_error(status: int = 500) -> FakeReply:
         """A 5xx, as OpenAI words it."""
         return FakeOpenAIServer.error(

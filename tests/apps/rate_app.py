@@ -1,5 +1,6 @@
-"""Agents for the multi-process rate-limit test: an OpenAI model behind the enforcing
-fake server, with the limit declared to mainspring.
+"""Agents for the multi-process rate-limit tests: an OpenAI model behind the enforcing
+fake server, with the limit declared to mainspring, or (MAINSPRING_TEST_UNDECLARED=1)
+left for it to learn from the server's headers.
 
 MAINSPRING_DATABASE_URL: the store; MAINSPRING_TEST_BASE_URL: the fake server's
 base URL; MAINSPRING_TEST_TPM / _RPM / _PERIOD_S: the limits it enforces.
@@ -10,27 +11,29 @@ from __future__ import annotations
 import os
 
 import mainspring as ms
-from mainspring.limits import RateLimit
+from mainspring.limits import RateLimit, RateLimits
 from mainspring.models import ModelSettings, OpenAIModel
 
 PERIOD_S = float(os.environ.get("MAINSPRING_TEST_PERIOD_S", "2"))
 TPM = float(os.environ.get("MAINSPRING_TEST_TPM", "20000"))
 RPM = float(os.environ.get("MAINSPRING_TEST_RPM", "1000"))
 
+DECLARED = RateLimit(
+    provider="openai",
+    model="gpt-4.1-mini",
+    tpm=TPM,
+    rpm=RPM,
+    period_s=PERIOD_S,
+    headroom=0.05,
+)
+# Undeclared: nothing but the length of the fake's "minute" (a real provider's is 60 s).
+LEARNED = RateLimits(period_s=PERIOD_S, headroom=0.05)
+
 app = ms.App(
     lease_s=5.0,
     poll_interval_s=0.02,
     inline_wait_s=0.2,
-    rate_limits=[
-        RateLimit(
-            provider="openai",
-            model="gpt-4.1-mini",
-            tpm=TPM,
-            rpm=RPM,
-            period_s=PERIOD_S,
-            headroom=0.05,
-        )
-    ],
+    rate_limits=LEARNED if os.environ.get("MAINSPRING_TEST_UNDECLARED") == "1" else [DECLARED],
 )
 
 

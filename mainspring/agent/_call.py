@@ -1,0 +1,334 @@
+"""One model call through the shared rate limiter and the journal: what an agent's turn
+does, and what a plain workflow calls (:func:`call_model`, ``App.call_model``).
+
+A call is, in the journal::
+
+    rate:KEY       the booked slot (a step: a replay does not book again); then the run
+                   sleeps until it (status sleeping, reason rate_limit, when it is far)
+    model:NAME     the request: one step, transient errors retried by its policy
+
+A refusal for rate (429) or an overload (Anthropic's 529, OpenAI's 503 "overloaded")
+is back-pressure, not a failure. It ends the model step at once, so it spends none of
+the step's attempts; the limiter learns from the refusal's headers and its
+``retry-after``; and the call books again and waits as long as the provider asks,
+then sends again as a new ``rate:KEY`` + ``model:NAME`` pair. Nothing bounds that wait
+but ``max_rate_wait_s``: past it, the run pauses and asks a human
+(``budget:max_rate_wait_s``), as the budgets do. Without a limiter (an App with no
+``rate_limits``) the call waits the refusal's ``retry-after`` (a growing back-off
+when it has none) as a journaled ``rate:wait:NAME`` step and a durable wait.
+
+Every wait goes through the run's clock (``RunContext._wait_until``): an in-process
+sleep only when it is shorter than the App's ``inline_wait_s``, otherwise the run
+leaves its worker; a test's FakeClock drives all of them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import functools
+import random
+from collections.abc import Awaitable, Callable, Sequence
+
+from .._clock import Clock
+from .._errors import BudgetExceeded, Overloaded, RateLimited, StepFailed
+from ..context import counter_for
+from ..hitl._wait import approval
+from ..journal import RetryPolicy, RunContext, current_step
+from ..limits import Booking, Cost, RateLimits, StoreRateLimiter
+from ..models import resolve_model
+from ..models._base import Model
+from ..models._types import Message, ModelResponse, ModelSettings, ToolSpec
+
+__all__ = ["DEFAULT_MODEL_RETRY", "SlotLapsed", "call_model"]
+
+#: The back-off of transient model errors (network, 5xx) when none is given.
+DEFAULT_MODEL_RETRY = RetryPolicy(max_attempts=4, initial_s=1.0, max_s=30.0)
+# At most this long before its rate-limit slot a run is back on a worker.
+_MAX_LEAD_S = 1.0
+# The back-off after a refusal that does not say how long to wait: 1 s doubling to this.
+_MAX_BACKOFF_S = 60.0
+
+
+# One adapter per spec string (an adapter holds an HTTP client per event loop).
+_BY_SPEC: dict[str, Model] = {}
+
+
+class SlotLapsed(RateLimited):
+    """A booked slot passed before its request could go (a late start, a retried
+    step) and the next free one is not near: the call books again and waits, as
+    after a 429. Internal: it never leaves :func:`call_model`."""
+
+
+def _qualified(cls: type[BaseException]) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+# What a failed model step's error_type says, as the journal keeps it.
+_RATE = _qualified(RateLimited)
+_OVERLOADED = _qualified(Overloaded)
+_LAPSED = _qualified(SlotLapsed)
+
+
+async def call_model(
+    ctx: RunContext,
+    model: Model | str,
+    messages: Sequence[Message],
+    *,
+    tools: Sequence[ToolSpec] = (),
+    settings: ModelSettings | None = None,
+    rate_limits: RateLimits | None = None,
+    account: str = "default",
+    retry: RetryPolicy | None = None,
+    max_rate_wait_s: float | None = None,
+    prompt_tokens: int | None = None,
+) -> ModelResponse:
+    """Call ``model`` as a journaled step, through the shared rate limiter.
+
+    A replay returns the journaled reply without calling the model. Use it from any
+    workflow; ``App.call_model`` passes the App's rate limits for you::
+
+        @app.workflow
+        async def summarise(ctx: ms.RunContext, text: str) -> str:
+            messages = [UserMessage(content=text)]
+            reply = await app.call_model(ctx, "openai:gpt-4.1-mini", messages)
+            return reply.text or ""
+
+    Args:
+        ctx: the run's context.
+        model: a :class:`~mainspring.models.Model` or a spec (``"openai:gpt-4.1-mini"``).
+        messages: the conversation, oldest first.
+        tools: the tools the model may call.
+        settings: sampling settings (``max_tokens`` also caps the output reserved).
+        rate_limits: the limits to book against (``None``: no limiter; refusals are
+            still waited out, never fatal).
+        account: which account's limits (``RateLimit.account``).
+        retry: back-off for transient errors (network, 5xx); rate refusals and
+            overloads never spend its attempts.
+        max_rate_wait_s: how long refusals may hold this call back before the run
+            pauses and asks a human (``budget:max_rate_wait_s``); ``None``: no bound.
+        prompt_tokens: the prompt's token count if already known (else counted).
+
+    Raises:
+        StepFailed: the call failed for good (not for rate: that only waits).
+        BudgetExceeded: ``max_rate_wait_s`` passed and a human said stop.
+    """
+    if isinstance(model, str):
+        found = _BY_SPEC.get(model)
+        if found is None:
+            found = _BY_SPEC[model] = resolve_model(model)
+        model = found
+    engine = ctx._engine  # the run's store and clock: the limiter shares them
+    limiter = (
+        None
+        if rate_limits is None
+        else rate_limits.limiter(
+            engine.store, engine.clock, model.provider, model.model_id, account
+        )
+    )
+    base = retry or DEFAULT_MODEL_RETRY
+    policy = dataclasses.replace(base, non_retryable=(*base.non_retryable, RateLimited, Overloaded))
+    max_tokens = settings.max_tokens if settings is not None else None
+    if max_tokens is None:
+        max_tokens = getattr(model, "max_tokens", None)  # Anthropic's default cap
+    if limiter is not None and prompt_tokens is None:
+        prompt_tokens = counter_for(model.provider).messages(messages, tools)
+    lead = min(0.5 * engine.inline_wait_s, _MAX_LEAD_S)
+    held_since: float | None = None  # journaled time of this call's first refusal
+    refusals = 0
+    m = model  # for the closures (mypy does not narrow ``model`` inside them)
+
+    def request() -> Awaitable[ModelResponse]:
+        return m.request(messages, tools=tools, settings=settings)
+
+    while True:
+        booking: Booking | None = None
+        if limiter is not None:
+            booking = await _book(ctx, limiter, prompt_tokens or 0, max_tokens)
+            if booking.retry:  # a cold limiter: another request is learning the limits
+                await ctx._wait_until(booking.wake_at, reason="rate_limit")
+                continue
+            if (
+                held_since is not None
+                and max_rate_wait_s is not None
+                and booking.wake_at - held_since > max_rate_wait_s
+            ):
+                # Give the slot back while a human decides (that may take hours).
+                await ctx.step(
+                    functools.partial(limiter.settle_quietly, booking, None),
+                    name=f"rate-refund:{limiter.key}",
+                )
+                held_since, max_rate_wait_s = await _ask_to_wait(
+                    ctx, m, held_since, max_rate_wait_s, refusals
+                )
+                continue
+            await ctx._wait_until(booking.wake_at - lead, reason="rate_limit")
+        fallback = _backoff(refusals + 1, engine.rng)
+
+        async def send(
+            booked: Booking | None = booking, fallback: float = fallback
+        ) -> ModelResponse:
+            if limiter is None or booked is None:
+                return await request()
+            return await _send_booked(
+                limiter,
+                booked,
+                request,
+                warm=m.warm,
+                fallback_wait=fallback,
+                inline_s=engine.inline_wait_s,
+            )
+
+        try:
+            response: ModelResponse = await ctx.step(send, name=f"model:{m.name}", retry=policy)
+            return response
+        except StepFailed as exc:
+            if exc.error_type not in (_RATE, _OVERLOADED, _LAPSED):
+                raise
+            kind, cause = exc.error_type, exc.__cause__
+        if kind == _LAPSED:
+            continue  # no refusal: only a slot that passed; book the next one
+        refusals += 1
+        now = ctx.now().timestamp()
+        if held_since is None:
+            held_since = now
+        if limiter is not None and kind == _RATE:
+            continue  # the limiter learned the wait: the next booking starts after it
+        # No limiter, or an overload (not this account's limits): wait what the
+        # provider asked, else a growing back-off, journaled so a replay waits the same.
+        asked = getattr(cause, "retry_after", None)
+        wake_at: float = await ctx.step(
+            functools.partial(_wake_at, engine.clock, asked, fallback),
+            name=f"rate:wait:{m.name}",
+        )
+        if max_rate_wait_s is not None and wake_at - held_since > max_rate_wait_s:
+            held_since, max_rate_wait_s = await _ask_to_wait(
+                ctx, m, held_since, max_rate_wait_s, refusals
+            )
+            continue
+        await ctx._wait_until(wake_at, reason="rate_limit")
+
+
+def _backoff(refusals: int, rng: random.Random) -> float:
+    """1 s doubling to a minute, jittered by ±25 % so that refused runs do not
+    come back in a herd."""
+    cap = min(_MAX_BACKOFF_S, 2.0 ** (refusals - 1))
+    return cap * rng.uniform(0.75, 1.25)
+
+
+def _wake_at(clock: Clock, asked: float | None, fallback: float) -> float:
+    return clock.now() + (asked if asked is not None and asked > 0 else fallback)
+
+
+async def _book(
+    ctx: RunContext, limiter: StoreRateLimiter, prompt_tokens: int, max_tokens: int | None
+) -> Booking:
+    """Book a slot for the next model call (a journaled step: a replay does not book
+    again)."""
+
+    def book_slot() -> Booking:
+        return limiter.reserve(prompt_tokens=prompt_tokens, max_tokens=max_tokens, run=ctx.run_id)
+
+    booking: Booking = await ctx.step(book_slot, name=f"rate:{limiter.key}")
+    return booking
+
+
+async def _ask_to_wait(
+    ctx: RunContext, model: Model, held_since: float, cap: float, refusals: int
+) -> tuple[float, float]:
+    """``max_rate_wait_s`` has passed: pause for a human. Approve to keep waiting
+    (edit ``{"limit": seconds}`` for another bound), reject to stop."""
+    waited = ctx.now().timestamp() - held_since
+    decision = await approval(
+        ctx,
+        "budget:max_rate_wait_s",
+        title=f"the provider has held back {model.name!r} for {waited:.0f} s "
+        f"({refusals} refusal(s); max_rate_wait_s={cap:g}): keep waiting?",
+        preview={
+            "limit": "max_rate_wait_s",
+            "cap": cap,
+            "waited_s": round(waited, 3),
+            "refusals": refusals,
+            "model": model.name,
+        },
+    )
+    if not decision.approved:
+        raise BudgetExceeded(
+            f"max_rate_wait_s reached ({waited:.0f} s of {cap:g} s held back by "
+            f"{model.name!r}); stopped by a human",
+            run_id=ctx.run_id,
+        )
+    raised = (decision.arguments or {}).get("limit", cap)
+    return ctx.now().timestamp(), float(raised)
+
+
+async def _send_booked(
+    limiter: StoreRateLimiter,
+    booking: Booking,
+    send: Callable[[], Awaitable[ModelResponse]],
+    *,
+    warm: Callable[[], Awaitable[None]] | None,
+    fallback_wait: float,
+    inline_s: float,
+) -> ModelResponse:
+    """Send a booked request and settle its booking.
+
+    A request that starts late (a slow worker, a retry of the step) would overtake
+    the bookings made after its own: its booking is refunded and a new one taken,
+    behind the others, and slept for in process if it is within ``inline_s`` (the
+    App's ``inline_wait_s``, as any short wait); if not, the step ends with
+    :class:`SlotLapsed` and the caller waits for it durably. A refused request charged
+    nothing: it is refunded, and the refusal's headers and ``retry-after`` (else
+    ``fallback_wait``) tighten the limiter before the refusal goes up. ``warm`` runs
+    first: a worker's first request builds its HTTP client, and a send that leaves
+    long after the lateness check lands on a bucket that was full meanwhile.
+    """
+    if warm is not None:
+        await warm()
+    clock = limiter.clock
+    attempt = current_step().attempt
+    # The run woke a little before its slot (at most lead_s): sleep the rest here,
+    # after the step's own bookkeeping, so that the send leaves on time.
+    early = booking.wake_at - clock.now()
+    if early > 0 and attempt == 1:
+        await clock.sleep(early)
+    # Lateness spends headroom (the capacity a late request's slot refilled is
+    # booked again by others): allow a quarter of it, then book anew.
+    rate = limiter.rate
+    late_s = max(0.25 * rate.headroom, 0.005) * rate.period_s
+    current = booking
+    if attempt > 1 or clock.now() - current.wake_at > late_s:
+        await asyncio.to_thread(limiter.settle_quietly, current, None)
+        run = current_step().run_id
+        current = await asyncio.to_thread(
+            functools.partial(
+                limiter.acquire, current.estimate, input_ratio=current.input_ratio, run=run
+            )
+        )
+        wait = current.wake_at - clock.now()
+        if wait > inline_s or current.retry:
+            if not current.retry:
+                await asyncio.to_thread(limiter.settle_quietly, current, None)
+            raise SlotLapsed(
+                f"the slot booked for this request passed; the next is {wait:.3f}s away",
+                retry_after=wait,
+            )
+        await clock.sleep(wait)
+    try:
+        reply = await send()
+    except RateLimited as exc:
+        asked = exc.retry_after if exc.retry_after is not None else fallback_wait
+        await asyncio.to_thread(
+            limiter.settle_quietly, current, None, exc.headers, retry_after=asked
+        )
+        raise
+    except Overloaded:
+        await asyncio.to_thread(limiter.settle_quietly, current, None)
+        raise
+    used = Cost(
+        input_tokens=reply.usage.input_tokens,
+        cached_tokens=reply.usage.cache_read_tokens,
+        output_tokens=reply.usage.output_tokens,
+    )
+    await asyncio.to_thread(limiter.settle_quietly, current, used, reply.rate_limit)
+    return reply
