@@ -45,7 +45,8 @@ Tree::
     ├── RunFailed                 the awaited run ended failed or cancelled
     ├── ConfigError               a mistake in code or configuration
     │   ├── UnknownWorkflow       no workflow registered under that name
-    │   └── SerializationError    a payload is not JSON-serialisable (never pickled)
+    │   ├── SerializationError    a payload is not JSON-serialisable (never pickled)
+    │   └── MissingExtra          an optional dependency is missing (also an ImportError)
     └── StoreError                the database is corrupt, foreign or of a newer schema
         └── SchemaVersionError    the database was written by a newer mainspring
     Cancelled (BaseException)     the run was cancelled
@@ -65,6 +66,7 @@ __all__ = [
     "LeaseLost",
     "LoopDetected",
     "MainspringError",
+    "MissingExtra",
     "ModelOutputError",
     "NondeterminismError",
     "PermissionDenied",
@@ -301,6 +303,22 @@ class UnknownWorkflow(ConfigError):
 
 class SerializationError(ConfigError):
     """A payload cannot be encoded as JSON. mainspring never pickles."""
+
+
+class MissingExtra(ConfigError, ImportError):
+    """An optional dependency is not installed; the message names the ``pip install``.
+
+    Also an ``ImportError``, so ``except ImportError`` around an optional feature works.
+    The CLI prints it as one line.
+    """
+
+    def __init__(self, feature: str, extra: str, missing: str | None = None) -> None:
+        what = f" ({missing} is missing)" if missing else ""
+        super().__init__(
+            f"{feature} needs the {extra} extra{what}: pip install 'mainspring[{extra}]'"
+        )
+        self.extra = extra
+        self.name = missing  # ImportError's attribute: the module that is not there
 
 
 class StoreError(MainspringError):

@@ -7,7 +7,8 @@ import mainspring.testing
 
 EXPECTED = {
     "App", "BudgetExceeded", "Cancelled", "Clock", "ConfigError", "ContextOverflow",
-    "FakeClock", "LeaseLost", "LoopDetected", "MainspringError", "ModelOutputError",
+    "FakeClock", "LeaseLost", "LoopDetected", "MainspringError", "MissingExtra",
+    "ModelOutputError",
     "NondeterminismError", "PermissionDenied", "QuotaExhausted", "RateLimited",
     "RetryPolicy", "RunConflict", "RunContext", "RunFailed", "RunHandle", "RunNotFound",
     "RunRecord", "SchemaVersionError", "SerializationError", "StepFailed", "StepInfo",

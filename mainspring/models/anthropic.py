@@ -24,6 +24,7 @@ from .._errors import (
     ConfigError,
     ContextOverflow,
     MainspringError,
+    MissingExtra,
     PermissionDenied,
     QuotaExhausted,
     RateLimited,
@@ -48,9 +49,7 @@ from ._types import (
 try:
     import anthropic
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
-    raise ImportError(
-        "AnthropicModel needs the Anthropic SDK: pip install 'mainspring[anthropic]'"
-    ) from exc
+    raise MissingExtra("AnthropicModel", "anthropic", exc.name) from exc
 
 __all__ = [
     "AnthropicModel",

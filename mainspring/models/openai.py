@@ -23,6 +23,7 @@ from .._errors import (
     ConfigError,
     ContextOverflow,
     MainspringError,
+    MissingExtra,
     PermissionDenied,
     QuotaExhausted,
     RateLimited,
@@ -47,7 +48,7 @@ from ._types import (
 try:
     import openai
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
-    raise ImportError("OpenAIModel needs the OpenAI SDK: pip install 'mainspring[openai]'") from exc
+    raise MissingExtra("OpenAIModel", "openai", exc.name) from exc
 
 __all__ = ["OpenAIModel", "map_status_error", "messages_to_wire", "response_from_wire"]
 
