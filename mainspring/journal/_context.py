@@ -26,6 +26,7 @@ from .._errors import (
     LeaseLost,
     MainspringError,
     NondeterminismError,
+    SerializationError,
     StepFailed,
     StepInterrupted,
     StepTimeout,
@@ -47,6 +48,25 @@ T = TypeVar("T")
 StepMode = Literal["at_least_once", "at_most_once"]
 _MISSING: Any = object()
 _PLAIN = frozenset({str, int, bool, type(None)})
+
+
+def _journaled(result: Any, ret_type: Any, step_name: str, info: StepInfo) -> tuple[str, Any]:
+    """A step's result as the journal will hold it, and as the workflow (and every
+    replay) will see it. Checked before the step is recorded as completed: a result that
+    cannot be stored or revived fails the step, saying that its effects did happen."""
+    what = f"output of step {step_name!r}"
+    try:
+        output = dumps(result, what=what)
+        if type(result) in _PLAIN and (ret_type is Any or ret_type is type(result)):
+            return output, result  # JSON gives back exactly this value: skip the round trip
+        return output, decode(output, ret_type, what=what)
+    except SerializationError as exc:
+        raise SerializationError(
+            f"{exc.message}. The step ran to its end (any effect it had was made under "
+            f"idempotency key {info.idempotency_key!r}), but its result cannot be journaled: "
+            "return JSON data (str, numbers, lists, dicts) or a dataclass, pydantic model "
+            "or TypedDict that matches the return annotation"
+        ) from None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -329,7 +349,7 @@ class RunContext:
                     result = await self._intercepted(fn, args, kwargs, info, timeout, is_coro)
                 else:
                     result = await self._invoke(fn, args, kwargs, info, timeout, is_coro)
-                output = dumps(result, what=f"output of step {step_name!r}")
+                output, value = _journaled(result, ret_type, step_name, info)
             except Exception as exc:
                 self._running -= 1
                 failures += 1
@@ -371,9 +391,7 @@ class RunContext:
             if done.output is not output:
                 # Secrets were redacted: the live run sees what a replay will see.
                 return decode(done.output, ret_type, what=f"output of step {step_name!r}")
-            if type(result) in _PLAIN and (ret_type is Any or ret_type is type(result)):
-                return result  # JSON gives back exactly this value: skip the round trip
-            return decode(output, ret_type, what=f"output of step {step_name!r}")
+            return value
 
     async def sleep(self, seconds: float) -> None:
         """Sleep durably. Long sleeps release the worker; the run wakes on time
