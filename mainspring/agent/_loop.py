@@ -27,6 +27,7 @@ from .._errors import (
     StepInterrupted,
     ToolInputError,
 )
+from .._stepnames import model_step_name
 from ..context import ContextPolicy, History, TokenCounter, Turn, counter_for
 from ..hitl._wait import approval, ask
 from ..journal import RetryPolicy, RunContext, current_step
@@ -234,7 +235,11 @@ class Agent:
 
         try:
             response: ModelResponse = await ctx.step(
-                call_model, name=f"model:{model.name}", retry=self.model_retry
+                call_model,
+                # The logical model, never its URL, key or settings: moving an endpoint
+                # must not change the journal's steps under a run in flight.
+                name=model_step_name(model.provider, model.model_id),
+                retry=self.model_retry,
             )
         except StepFailed as exc:
             kind = exc.error_type.rsplit(".", 1)[-1]

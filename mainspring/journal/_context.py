@@ -35,6 +35,7 @@ from .._errors import (
     WaitTimeout,
 )
 from .._serde import decode, dumps, loads
+from .._stepnames import same_step_name
 from ..storage import RunRecord, RunTransition, RunWrite, StepKind, StepRecord, StepStatus
 from ._engine import Engine, RunControl
 from ._retry import RetryPolicy
@@ -581,7 +582,7 @@ class RunContext:
         self._seq += 1
         seq = self._seq
         rec = self._journal.get(seq)
-        if rec is not None and (rec.kind != kind or rec.name != name):
+        if rec is not None and (rec.kind != kind or not same_step_name(rec.name, name)):
             raise NondeterminismError(
                 f"replay expected {rec.kind} {rec.name!r} at position {seq} of session "
                 f"{self.session} but the workflow asked for {kind} {name!r}: the "

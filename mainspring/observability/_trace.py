@@ -14,6 +14,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from .._stepnames import without_endpoint
 from ..limits import Price, cost_usd
 from ..models._types import Usage
 from ..storage import RunRecord, StepRecord
@@ -215,8 +216,9 @@ def trace_entries(
 def _model_fields(
     s: StepRecord, prices: dict[str, Price] | None, waiting: dict[tuple[str, str], deque[str]]
 ) -> dict[str, Any]:
-    # "model:openai:gpt-4.1" -> "gpt-4.1": the id the price table knows.
-    model_id = s.name.split(":", 2)[-1]
+    # "model:openai:gpt-4.1" -> "gpt-4.1": the id the price table knows (an older
+    # journal's name may end in "@<endpoint URL>").
+    model_id = without_endpoint(s.name).split(":", 2)[-1]
     reply = _loads(s.output) if s.status == "completed" else None
     if not isinstance(reply, dict):
         return {"model": model_id}
