@@ -4,16 +4,24 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import random
 import re
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Concatenate, ParamSpec, TypeVar, overload
+from typing import Any, Concatenate, Literal, ParamSpec, TypeVar, overload
 
 from ._clock import Clock, SystemClock
-from ._errors import ConfigError, RunConflict, RunFailed, RunNotFound, UnknownWorkflow
+from ._errors import (
+    ConfigError,
+    RunConflict,
+    RunFailed,
+    RunNotFound,
+    RunWaiting,
+    UnknownWorkflow,
+)
 from ._serde import dumps, loads
 from .agent import Agent, AgentResult, CompletionValidator
 from .context import ContextPolicy
@@ -29,6 +37,8 @@ from .tools import tool as make_tool
 from .worker import Worker
 
 __all__ = ["DEFAULT_URL", "App", "RunHandle"]
+
+log = logging.getLogger("mainspring")
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -361,22 +371,96 @@ class App:
         workflow: Workflow[P, R] | str,
         *args: Any,
         key: str | None = None,
+        on_wait: Literal["raise", "wait"] = "raise",
         **kwargs: Any,
     ) -> R:
         """Execute a run durably in this process and return its result.
 
         The run is journaled like any other: if this process dies, ``app.run`` with
         the same ``key`` (or any worker) resumes it at the step where it stopped.
-        Sleeps and waits happen here too.
+        Sleeps (timers, back-offs, rate-limit slots) happen here too.
+
+        A wait for a person or a signal (an approval, a question, a budget pause, a
+        missing API key, ``ctx.wait_for``) is answered from elsewhere, so by default
+        ``app.run`` does not sit on it: it raises :class:`RunWaiting`, whose message
+        says what the run waits for and how to answer it. The run stays waiting in the
+        store; once answered, ``app.run`` with the same ``key``, or any worker,
+        finishes it. With ``on_wait="wait"`` it keeps waiting for the answer instead
+        (from another process, a task of this one, the dashboard), logging at WARNING
+        what the run waits for and how to answer each time it starts a new wait.
 
         Raises:
             RunFailed: the run ended failed or cancelled.
+            RunWaiting: the run waits for a person or a signal (``on_wait="raise"``).
         """
+        if on_wait not in ("raise", "wait"):
+            raise ConfigError(f"on_wait must be 'raise' or 'wait', got {on_wait!r}")
         handle = self.submit(workflow, *args, key=key, **kwargs)
-        worker = Worker(self, concurrency=1, batch=False, _run_id=handle.run_id)
-        await worker.run()
+        worker = Worker(
+            self,
+            concurrency=1,
+            batch=False,
+            _run_id=handle.run_id,
+            _return_on_wait=on_wait == "raise",
+        )
+        if on_wait == "raise":
+            await worker.run()
+            record = self.get_run(handle.run_id)
+            if record.status == "waiting":
+                raise self._waiting(record)
+        else:
+            await self._run_telling_waits(worker, handle.run_id)
         value: R = await self.result(handle.run_id)
         return value
+
+    async def _run_telling_waits(self, worker: Worker, run_id: str) -> None:
+        task = asyncio.create_task(worker.run())
+        told: tuple[str | None, float | None] | None = None
+        try:
+            while not task.done():
+                await asyncio.wait({task}, timeout=max(self.poll_interval_s, 0.2))
+                record = self.get_run(run_id)
+                if record.status == "waiting" and told != (record.wait_reason, record.wake_at):
+                    told = (record.wait_reason, record.wake_at)
+                    log.warning("%s; app.run(on_wait='wait') waits for it", self._waiting(record))
+        finally:
+            if not task.done():
+                worker.request_stop()
+            await task
+
+    def _waiting(self, record: RunRecord) -> RunWaiting:
+        """What a waiting run waits for, and how to answer, as a :class:`RunWaiting`."""
+        run_id = record.id
+        requests = self.requests(run_id)
+        ways: list[str] = []
+        for r in requests:
+            if r.kind == "approval":
+                ways.append(
+                    f"{r.id!r} ({r.title}): `mainspring approve {run_id} {r.id}` (or --reject "
+                    f"REASON), or app.answer({run_id!r}, {r.id!r}, decision='approve')"
+                )
+            else:
+                ways.append(
+                    f"{r.id!r} ({r.title}): `mainspring answer {run_id} {r.id} TEXT`, or "
+                    f"app.answer({run_id!r}, {r.id!r}, answer=...)"
+                )
+        reason = record.wait_reason
+        if not ways and reason and reason.startswith("signal:"):
+            name = reason.removeprefix("signal:")
+            ways.append(
+                f"the signal {name!r}: `mainspring signal {run_id} {name} PAYLOAD-JSON`, or "
+                f"app.signal({run_id!r}, {name!r}, payload)"
+            )
+        what = "; ".join(ways) or f"{reason or 'a signal'}"
+        return RunWaiting(
+            f"run {run_id} of {record.workflow!r} is waiting for {what}. It is kept, holding "
+            f"no worker: once answered, app.run(..., key=...) or any worker finishes it "
+            f"(await app.result({run_id!r}) returns its result); app.run(..., "
+            "on_wait='wait') waits for the answer instead",
+            run_id=run_id,
+            wait_reason=reason,
+            requests=tuple(r.id for r in requests),
+        )
 
     def worker(self, **options: Any) -> Worker:
         """A :class:`Worker` for this App (see its arguments)."""

@@ -43,6 +43,7 @@ Tree::
     ├── InvalidAnswer             a malformed answer to a request (bad decision or choice)
     ├── ApprovalRejected          a reviewer rejected a stage gate
     ├── RunFailed                 the awaited run ended failed or cancelled
+    ├── RunWaiting                ``app.run``'s run waits for a person or a signal
     ├── ConfigError               a mistake in code or configuration
     │   ├── UnknownWorkflow       no workflow registered under that name
     │   ├── SerializationError    a payload is not JSON-serialisable (never pickled)
@@ -76,6 +77,7 @@ __all__ = [
     "RunConflict",
     "RunFailed",
     "RunNotFound",
+    "RunWaiting",
     "SchemaVersionError",
     "SerializationError",
     "StepFailed",
@@ -291,6 +293,26 @@ class RunFailed(MainspringError):
         super().__init__(message, run_id=run_id)
         self.status = status
         self.error = error
+
+
+class RunWaiting(MainspringError):
+    """``app.run``'s run is waiting durably for a person or a signal; it is not lost.
+
+    The message says what it waits for and how to answer. Once answered, any worker
+    (``mainspring worker``, ``await app.worker().run()``) or ``app.run`` with the same
+    ``key`` finishes it, and ``await app.result(run_id)`` returns its result.
+
+    Attributes:
+        wait_reason: what the run waits for (``"signal:approval:purge-1"``).
+        requests: the ids of its pending requests to humans (``"approval:purge-1"``).
+    """
+
+    def __init__(
+        self, message: str, *, run_id: str, wait_reason: str | None, requests: tuple[str, ...]
+    ) -> None:
+        super().__init__(message, run_id=run_id)
+        self.wait_reason = wait_reason
+        self.requests = requests
 
 
 class ConfigError(MainspringError):

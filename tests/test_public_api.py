@@ -11,6 +11,7 @@ EXPECTED = {
     "ModelOutputError",
     "NondeterminismError", "PermissionDenied", "QuotaExhausted", "RateLimited",
     "RetryPolicy", "RunConflict", "RunContext", "RunFailed", "RunHandle", "RunNotFound",
+    "RunWaiting",
     "RunRecord", "SchemaVersionError", "SerializationError", "StepFailed", "StepInfo",
     "StepInterrupted", "StepMode", "StepRecord", "StepTimeout", "Store", "StoreError",
     "StoreUnavailable", "SystemClock", "ToolInputError", "ToolNotAllowed",

@@ -67,6 +67,7 @@ class Worker:
         batch: bool = True,
         shutdown_grace_s: float = 30.0,
         _run_id: str | None = None,
+        _return_on_wait: bool = False,
     ) -> None:
         if concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {concurrency!r}")
@@ -79,6 +80,7 @@ class Worker:
         self.shutdown_grace_s = shutdown_grace_s
         self.stats = WorkerStats()
         self._only = _run_id
+        self._return_on_wait = _return_on_wait  # app.run: a run waiting for a person
         self._active: dict[str, _Active] = {}
         self._stopping = False
         self._wakeup: asyncio.Event | None = None
@@ -96,9 +98,18 @@ class Worker:
         if self._wakeup is not None:
             self._wakeup.set()
 
-    async def run(self, *, until_idle: bool = False) -> None:
-        """Work until :meth:`request_stop` (or, with ``until_idle``, until nothing is
-        runnable and nothing is executing)."""
+    async def run(self, *, until_idle: bool = False, idle_horizon_s: float = 5.0) -> None:
+        """Work until :meth:`request_stop`.
+
+        Args:
+            until_idle: return instead once nothing is runnable, nothing is executing
+                and no run sleeps (a timer, a back-off, a rate-limit slot, a wait's
+                timeout) until within ``idle_horizon_s`` of now: a run due that soon
+                is waited for and executed, so ``await run.result()`` after it returns.
+                Runs waiting for a person or a signal with no nearer timeout do not
+                hold it.
+            idle_horizon_s: see ``until_idle`` (seconds of the App's clock).
+        """
         app = self.app
         self._wakeup = asyncio.Event()
         committer: Committer = (
@@ -127,7 +138,7 @@ class Worker:
 
         stop_listening = app.store.listen(pushed)
         try:
-            await self._claim_loop(engine, until_idle)
+            await self._claim_loop(engine, idle_horizon_s if until_idle else None)
         finally:
             if stop_listening is not None:
                 await asyncio.to_thread(stop_listening)
@@ -137,10 +148,11 @@ class Worker:
             await committer.close()
             threads.shutdown(wait=False, cancel_futures=True)
 
-    async def _claim_loop(self, engine: Engine, until_idle: bool) -> None:
+    async def _claim_loop(self, engine: Engine, idle_horizon_s: float | None) -> None:
         app = self.app
         assert self._wakeup is not None
         names = list(app.workflows)
+        idle_at: list[float] = []  # the clock at the last idle check (until_idle)
         while not self._stopping:
             self._wakeup.clear()
             claimed: list[RunRecord] = []
@@ -164,15 +176,38 @@ class Worker:
             if self._only is not None and not self._active and not claimed:
                 if self._finished_only():
                     return
-            elif until_idle and not self._active and not claimed:
-                return
+            elif idle_horizon_s is not None and not self._active and not claimed:
+                if not self._due_soon(names, idle_horizon_s, idle_at):
+                    return
+            else:
+                idle_at.clear()  # busy: the next idle spell starts afresh
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wakeup.wait(), app.poll_interval_s)
 
     def _finished_only(self) -> bool:
         assert self._only is not None
         record = self.app.store.get_run(self._only)
+        if self._return_on_wait and record is not None and record.status == "waiting":
+            return True  # app.run says what the run waits for instead of hanging
         return record is None or record.finished
+
+    def _due_soon(self, names: list[str], horizon_s: float, idle_at: list[float]) -> bool:
+        """Whether a sleeping run is due within ``horizon_s`` and waiting can reach it.
+
+        ``idle_at`` holds the clock's reading at the previous idle check: a clock that
+        did not move over a poll interval (a FakeClock) will not bring a run due by
+        itself, so waiting for it would hang.
+        """
+        now = self.app.clock.now()
+        if idle_at and now <= idle_at[0]:
+            return False
+        idle_at[:] = [now]
+        try:
+            wake = self.app.store.next_wake(names)
+        except (StoreUnavailable, StoreError) as exc:
+            log.warning("worker %s: reading the next wake-up failed: %s", self.worker_id, exc)
+            return True  # try again at the next poll rather than leave a run behind
+        return wake is not None and wake <= now + horizon_s
 
     def _start(self, engine: Engine, record: RunRecord) -> None:
         self.stats.claimed += 1
