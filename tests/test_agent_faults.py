@@ -369,6 +369,27 @@ async def test_repeated_unusable_replies_fail_after_max_repairs(sqlite_app: ms.A
     assert len(model.requests) == 4
 
 
+async def test_the_final_error_quotes_the_last_repair_and_doctor_names_it(
+    sqlite_app: ms.App,
+) -> None:
+    app = sqlite_app
+    bad = call("lookup", {"ticket": "seven"})  # never a number, however often repaired
+    model = ScriptedModel([bad, bad, bad])
+    agent = app.agent("garbled", model=model, instructions="x", tools=[_lookup(app)], max_repairs=2)
+    with pytest.raises(ms.RunFailed) as info:
+        await app.run(agent, "t")
+    message = info.value.error["message"]
+    assert "the model could not produce a valid call" in message
+    assert "last error: None" not in message
+    # The repair the model was given last, and the call it was about.
+    assert 'about the call lookup({"ticket": "seven"})' in message
+    assert "ticket" in message.split("the last repair asked", 1)[1]
+    diagnosis = app.diagnose(_run_id(app))
+    assert diagnosis.findings[0].kind == "invalid_calls"
+    assert diagnosis.summary.startswith("the model could not produce a valid call")
+    assert 'lookup({"ticket": "seven"})' in diagnosis.findings[0].evidence[0]
+
+
 async def test_whitespace_only_reply_is_empty_not_an_answer(sqlite_app: ms.App) -> None:
     app = sqlite_app
     model = ScriptedModel([ModelResponse(text="  \n\t "), call("finish", {"answer": "ok"})])

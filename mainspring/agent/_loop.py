@@ -384,7 +384,10 @@ class Agent:
                 run.state.last_error = f"{call.name}: {outcome[0][:300]}"
         turn.results = [_result(c, results.get(i)) for i, c in enumerate(calls)]
         if repaired and not todo:
-            self._count_repair(ctx, run)
+            # What the model was told last, and the call it was told about.
+            i, (message, _) = next((i, r) for i, r in reversed(results.items()) if r[1])
+            call = calls[i]
+            self._count_repair(ctx, run, message, f"{call.name or '?'}({call.arguments:.300})")
         else:
             run.failed_turns = 0
         return False, None
@@ -417,15 +420,19 @@ class Agent:
 
     def _repair(self, ctx: RunContext, run: _Run, turn: Turn, note: str) -> None:
         turn.note = note
-        self._count_repair(ctx, run)
+        self._count_repair(ctx, run, note, None)
 
-    def _count_repair(self, ctx: RunContext, run: _Run) -> None:
+    def _count_repair(self, ctx: RunContext, run: _Run, message: str, call: str | None) -> None:
+        """Count a turn with no usable action; past ``max_repairs`` in a row, fail the run
+        quoting the repair the model was last asked for (and the call it was about)."""
         run.failed_turns += 1
         run.state.repairs += 1
+        about = f" about the call {call}" if call else ""
         if run.failed_turns > self.max_repairs:
             raise ModelOutputError(
-                f"agent {self.name!r}: {run.failed_turns} turns in a row without a usable "
-                f"action (max_repairs={self.max_repairs}); last error: {run.state.last_error}",
+                f"agent {self.name!r}: the model could not produce a valid call: "
+                f"{run.failed_turns} turns in a row without a usable action "
+                f"(max_repairs={self.max_repairs}); the last repair asked{about}: {message!r}",
                 run_id=ctx.run_id,
             )
 

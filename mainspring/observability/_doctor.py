@@ -15,6 +15,8 @@ ignored_tool_error            a tool failed and the run went on without that too
 context_bloat                 prompts growing turn after turn, or ``ContextOverflow``
 done_but_wrong                "done" with plan items still open, rejected answers, or
                               failed tool calls behind the answer
+invalid_calls                 the model could not produce a valid call: the run failed
+                              with ``ModelOutputError`` after ``max_repairs`` repairs
 nondeterminism                not the agent's failure but the runtime's: replay met a
                               step other than the journaled one (``NondeterminismError``)
 ============================  ==========================================================
@@ -41,6 +43,7 @@ FindingKind = Literal[
     "ignored_tool_error",
     "context_bloat",
     "done_but_wrong",
+    "invalid_calls",
     "nondeterminism",
 ]
 
@@ -51,6 +54,7 @@ TITLES: dict[str, str] = {
     "ignored_tool_error": "tool error ignored",
     "context_bloat": "context bloated",
     "done_but_wrong": '"done" but possibly wrong',
+    "invalid_calls": "the model could not produce a valid call",
     "nondeterminism": "the workflow's steps changed under the run (NondeterminismError)",
 }
 _TRANSIENT = frozenset(
@@ -148,6 +152,7 @@ def diagnose(trace: RunTrace, *, now: float, stall_after_s: float = 600.0) -> Di
         f
         for f in (
             _nondeterminism(trace),
+            _invalid_calls(trace),
             _stalled(trace, now, stall_after_s),
             _looping(trace, calls),
             _stale_state(trace, calls),
@@ -169,6 +174,25 @@ def diagnose(trace: RunTrace, *, now: float, stall_after_s: float = 600.0) -> Di
 
 
 # -- the table, row by row --------------------------------------------------------------
+
+
+def _invalid_calls(trace: RunTrace) -> Finding | None:
+    err = _loads(trace.run.error)
+    if trace.run.status != "failed" or not isinstance(err, dict):
+        return None
+    if _short(err.get("type")) != "ModelOutputError":
+        return None
+    return _finding(
+        "invalid_calls",
+        [str(err.get("message", ""))],
+        [
+            "read the last repair and the call it was about: a tool schema the model "
+            "misreads (rename or describe the parameter, add an example in the docstring), "
+            "a required argument it never has, or a model too weak for the tool set",
+            "raise max_repairs in app.agent(...) if the model gets there with more tries, "
+            f"then `mainspring retry {trace.run.id}`",
+        ],
+    )
 
 
 def _nondeterminism(trace: RunTrace) -> Finding | None:
