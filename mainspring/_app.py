@@ -468,6 +468,32 @@ class App:
 
     # -- looking and steering ----------------------------------------------------------
 
+    def resolve_run_id(self, prefix: str) -> str:
+        """The id of the one run whose id is or starts with ``prefix`` (as git takes an
+        abbreviated commit).
+
+        Raises:
+            RunNotFound: no run id starts with it.
+            ConfigError: several do (the message names them).
+        """
+        text = prefix.strip()
+        if not text:
+            raise ConfigError("a run id (or a prefix of one) is needed, got ''")
+        if self.store.get_run(text) is not None:
+            return text
+        found = self.store.run_ids_starting(text, limit=3)
+        if not found:
+            raise RunNotFound(
+                f"no run {text!r} in {redact_url(self.url)!r} (nor one whose id starts with it)"
+            )
+        if len(found) > 1:
+            more = ", ..." if len(found) > 2 else ""
+            raise ConfigError(
+                f"{text!r} is the start of several run ids ({', '.join(found[:2])}{more}): "
+                "give more of it"
+            )
+        return found[0]
+
     def get_run(self, run_id: str) -> RunRecord:
         record = self.store.get_run(run_id)
         if record is None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from typing import Annotated, Any
@@ -25,6 +26,7 @@ def trace(
 ) -> None:
     """A run's timeline: each step with its duration, tokens, cost and errors."""
     with cli_errors(), open_app(db, app_spec) as app:
+        run_id = app.resolve_run_id(run_id)  # a unique prefix will do
         t = app.trace(run_id)
     if as_json:
         print_json(t.to_json())
@@ -37,21 +39,31 @@ def tail(
     db: DbOption = None,
     app_spec: AppOption = None,
     interval: Annotated[float, typer.Option(min=0.05, help="Seconds between looks.")] = 1.0,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="One JSON object per line (JSON Lines) per change.")
+    ] = False,
 ) -> None:
     """Follow a run live (step, plan items done, tokens, cost, status) until it finishes."""
     with cli_errors(), open_app(db, app_spec) as app:
+        run_id = app.resolve_run_id(run_id)  # a unique prefix will do
         out = console()
         last = None
         while True:
             t = app.trace(run_id)
             p = progress(t)
-            line = (
-                f"{p.status:<9} steps {p.steps:>4}  plan {p.plan_done}/{p.plan_total}  "
-                f"tokens {p.tokens_in:,} in / {p.tokens_out:,} out  ${p.cost_usd:.4f}  "
-                f"errors {p.errors}  at {p.current or '-'}"
-            )
+            if as_json:
+                line = json.dumps({"run_id": run_id, **dataclasses.asdict(p)}, default=str)
+            else:
+                line = (
+                    f"{p.status:<9} steps {p.steps:>4}  plan {p.plan_done}/{p.plan_total}  "
+                    f"tokens {p.tokens_in:,} in / {p.tokens_out:,} out  ${p.cost_usd:.4f}  "
+                    f"errors {p.errors}  at {p.current or '-'}"
+                )
             if line != last:
-                out.print(line)
+                if as_json:
+                    print(line, flush=True)  # a line per change, for a pipe
+                else:
+                    out.print(line)
                 last = line
             if t.run.finished:
                 break
@@ -71,6 +83,7 @@ def doctor(
 ) -> None:
     """Diagnose a stuck or failed run with the failure table, and say what to check next."""
     with cli_errors(), open_app(db, app_spec) as app:
+        run_id = app.resolve_run_id(run_id)  # a unique prefix will do
         d = app.diagnose(run_id, stall_after_s=stall_after)
     if as_json:
         print_json(d.to_json())
@@ -117,6 +130,7 @@ def fork(
                     f"--edit-state is not valid JSON ({exc}): {edit_state!r}"
                 ) from None
         with open_app(db, app_spec) as app:
+            run_id = app.resolve_run_id(run_id)  # a unique prefix will do
             handle = app.fork(run_id, from_step=from_step, **edit)
     if as_json:
         print_json({"run_id": handle.run_id, "forked_from": run_id, "from_step": from_step})
@@ -130,6 +144,7 @@ def fork(
 def retry(run_id: RunArg, db: DbOption = None, app_spec: AppOption = None) -> None:
     """Resume a failed run from its failing step (completed steps are not run again)."""
     with cli_errors(), open_app(db, app_spec) as app:
+        run_id = app.resolve_run_id(run_id)  # a unique prefix will do
         app.retry(run_id)
     console().print(f"run {run_id} queued again from its failing step; a worker resumes it")
 

@@ -191,6 +191,7 @@ def show(
 ) -> None:
     """Show one run: its state, input, result or error, and its journal of steps."""
     with cli_errors(), open_app(db, app_spec) as app:
+        run_id = app.resolve_run_id(run_id)  # a unique prefix will do
         record = app.get_run(run_id)
         steps = app.steps(run_id)
     current = max(
@@ -259,6 +260,7 @@ def signal(
     with cli_errors():
         value = _parse_json(payload, "PAYLOAD-JSON") if payload is not None else None
         with open_app(db, app_spec) as app:
+            run_id = app.resolve_run_id(run_id)  # a unique prefix will do
             app.get_run(run_id)  # names the database when the run is not there
             signal_id = app.signal(run_id, name, value)
             record = app.get_run(run_id)
@@ -283,6 +285,7 @@ def cancel(
 ) -> None:
     """Cancel a run. A running run stops at its next step boundary."""
     with cli_errors(), open_app(db, app_spec) as app:
+        run_id = app.resolve_run_id(run_id)  # a unique prefix will do
         before = app.get_run(run_id).status
         after = app.cancel(run_id, reason)
     if as_json:

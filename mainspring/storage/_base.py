@@ -342,6 +342,17 @@ class Store(ApiTables, ABC):
             cur.execute("SELECT status, COUNT(*) FROM ms_runs GROUP BY status")
             return {status: n for status, n in cur.fetchall()}
 
+    def run_ids_starting(self, prefix: str, limit: int = 2) -> list[str]:
+        """Ids of runs that start with ``prefix`` (up to ``limit``), for abbreviated ids."""
+        # LIKE with the prefix's own wildcards escaped: "a_" matches "a_...", not "ab...".
+        pattern = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+        with self._read() as cur:
+            cur.execute(
+                "SELECT id FROM ms_runs WHERE id LIKE ? ESCAPE '\\' ORDER BY id LIMIT ?",
+                [pattern, limit],
+            )
+            return [r[0] for r in cur.fetchall()]
+
     def next_wake(self, workflows: Sequence[str] | None = None) -> float | None:
         """The earliest ``wake_at`` of a sleeping or waiting run (of these workflows):
         when a worker next has something to claim that nobody needs to send."""

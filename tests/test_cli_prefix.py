@@ -1,0 +1,72 @@
+"""Operating long runs from the shell: run ids abbreviated as git abbreviates commits,
+and ``tail --json`` for a pipe."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+import mainspring as ms
+from mainspring.cli import cli
+
+runner = CliRunner()
+
+
+def _app(tmp_path: Path) -> tuple[ms.App, str]:
+    url = f"sqlite:///{tmp_path / 'p.db'}"
+    app = ms.App(url)
+
+    @app.workflow
+    async def hello(ctx: ms.RunContext, who: str) -> str:
+        return f"hello {who}"
+
+    return app, url
+
+
+def test_a_unique_prefix_names_a_run(tmp_path: Path) -> None:
+    app, url = _app(tmp_path)
+    runs = [app.submit("hello", str(i)) for i in range(3)]
+    asyncio.run(app.worker().run(until_idle=True))
+    ids = [r.run_id for r in runs]
+    target = ids[0]
+    prefix = next(  # the shortest prefix no other id shares
+        target[:n] for n in range(1, 33) if not any(i.startswith(target[:n]) for i in ids[1:])
+    )
+    shown = runner.invoke(cli, ["show", prefix, "--json", "--db", url])
+    assert shown.exit_code == 0, shown.output
+    assert json.loads(shown.stdout)["run"]["id"] == target
+    for command in (["trace", prefix, "--json"], ["doctor", prefix, "--json"]):
+        done = runner.invoke(cli, [*command, "--db", url])
+        assert done.exit_code == 0, done.output
+    assert app.resolve_run_id(target) == target
+    with pytest.raises(ms.RunNotFound, match=r"no run 'zz' .*nor one whose id starts with it"):
+        app.resolve_run_id("zz")
+    app.close()
+
+
+def test_an_ambiguous_prefix_is_a_clear_error(tmp_path: Path) -> None:
+    app, url = _app(tmp_path)
+    ids = [app.submit("hello", str(i)).run_id for i in range(40)]
+    # Among 40 hex ids, two share a first character.
+    shared = next(c for c in "0123456789abcdef" if sum(i.startswith(c) for i in ids) > 1)
+    done = runner.invoke(cli, ["show", shared, "--db", url])
+    assert done.exit_code == 2
+    assert f"{shared!r} is the start of several run ids" in done.output
+    assert "give more of it" in done.output
+    app.close()
+
+
+def test_tail_json_prints_a_line_per_change(tmp_path: Path) -> None:
+    app, url = _app(tmp_path)
+    run = app.submit("hello", "ana")
+    asyncio.run(app.worker().run(until_idle=True))
+    done = runner.invoke(cli, ["tail", run.run_id[:12], "--json", "--db", url])
+    assert done.exit_code == 0, done.output
+    [line] = [json.loads(x) for x in done.stdout.splitlines()]
+    assert line["run_id"] == run.run_id and line["status"] == "succeeded"
+    assert line["steps"] == 0 and "cost_usd" in line
+    app.close()
