@@ -14,6 +14,7 @@ import contextvars
 import dataclasses
 import functools
 import inspect
+import logging
 import traceback
 import uuid as uuid_mod
 from collections.abc import Awaitable, Callable, Sequence
@@ -48,7 +49,17 @@ __all__ = ["RunContext", "StepInfo", "StepMode", "current_step"]
 T = TypeVar("T")
 StepMode = Literal["at_least_once", "at_most_once"]
 _MISSING: Any = object()
+log = logging.getLogger("mainspring.journal")
+
 _PLAIN = frozenset({str, int, bool, type(None)})
+
+
+def _journaled_error(text: str | None, exc: BaseException) -> str:
+    """``Type: message`` of an error as the journal holds it (secrets redacted)."""
+    error = loads(text) if text else None
+    if isinstance(error, dict):
+        return f"{type(exc).__name__}: {error.get('message', '')}"[:300]
+    return type(exc).__name__
 
 
 def _journaled(result: Any, ret_type: Any, step_name: str, info: StepInfo) -> tuple[str, Any]:
@@ -380,6 +391,14 @@ class RunContext:
                     wake_at=wake_at,
                 )
                 last_error = retrying.error  # as journaled (redacted)
+                log.info(
+                    "event=retry run=%s step=%s attempt=%d error=%r retry_in_s=%.3f",
+                    self.run_id,
+                    self._where(seq, step_name),
+                    attempt,
+                    _journaled_error(retrying.error, exc),  # redacted, as journaled
+                    delay,
+                )
                 await self._wait_until(wake_at, reason=f"retry:{step_name}")
                 attempt += 1
                 continue

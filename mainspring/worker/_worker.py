@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import socket
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from .._errors import StoreError, StoreUnavailable
@@ -211,6 +213,16 @@ class Worker:
 
     def _start(self, engine: Engine, record: RunRecord) -> None:
         self.stats.claimed += 1
+        # One structured line per event (key=value), at INFO: what an operator greps.
+        log.info(
+            "event=%s worker=%s run=%s workflow=%s epoch=%d recoveries=%d",
+            "takeover" if record.recoveries else "claim",
+            self.worker_id,
+            record.id,
+            record.workflow,
+            record.epoch,
+            record.recoveries,
+        )
         stale = self._active.get(record.id)
         if stale is not None:
             # Our own lease ran out (a stall longer than the lease) and we claimed the
@@ -236,10 +248,30 @@ class Worker:
             else:
                 outcome = t.result()
             self.stats.outcomes[outcome] = self.stats.outcomes.get(outcome, 0) + 1
+            if log.isEnabledFor(logging.INFO):
+                self._log_outcome(run_id, outcome)
             if self._wakeup is not None:
                 self._wakeup.set()
 
         task.add_done_callback(done)
+
+    def _log_outcome(self, run_id: str, outcome: str) -> None:
+        """The line that says how a run left this worker: done, failed (why), waiting or
+        sleeping (for what, until when), given back, or lost to another worker."""
+        fields = f"event={outcome} worker={self.worker_id} run={run_id}"
+        try:
+            record = self.app.store.get_run(run_id)
+        except (StoreUnavailable, StoreError):
+            record = None
+        if record is not None and outcome == "suspended":
+            fields = f"event={record.status} worker={self.worker_id} run={run_id}"
+            fields += f" reason={record.wait_reason!r}"
+            if record.wake_at:
+                fields += f" wake_at={_iso(record.wake_at)}"
+        elif record is not None and outcome == "failed" and record.error:
+            error = _error_line(record.error)
+            fields += f" error={error!r}"
+        (log.warning if outcome in ("failed", "abandoned") else log.info)("%s", fields)
 
     def _set_solo(self, engine: Engine) -> None:
         if isinstance(engine.committer, BatchCommitter):
@@ -291,3 +323,18 @@ class Worker:
                 self._interrupt(active, "shutdown")
         if pending:
             await asyncio.wait(pending)
+
+
+def _iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _error_line(text: str) -> str:
+    try:
+        error = json.loads(text)
+    except ValueError:
+        return text[:300]
+    if not isinstance(error, dict):
+        return str(error)[:300]
+    kind = str(error.get("type", "?")).rsplit(".", 1)[-1]
+    return f"{kind}: {error.get('message', '')}"[:300]
