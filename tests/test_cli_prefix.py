@@ -70,3 +70,20 @@ def test_tail_json_prints_a_line_per_change(tmp_path: Path) -> None:
     assert line["run_id"] == run.run_id and line["status"] == "succeeded"
     assert line["steps"] == 0 and "cost_usd" in line
     app.close()
+
+
+def test_a_run_about_to_be_claimed_is_due_now_not_1970(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'due.db'}"
+    app = ms.App(url)
+
+    @app.workflow
+    async def gate(ctx: ms.RunContext) -> str:
+        return str(await ctx.wait_for("go"))
+
+    run = app.submit(gate)
+    asyncio.run(app.worker().run(until_idle=True))
+    app.signal(run.run_id, "go", "now")  # the run is due: no worker has claimed it yet
+    listed = runner.invoke(cli, ["runs", "--db", url], env={"COLUMNS": "200"})
+    assert listed.exit_code == 0, listed.output
+    assert "due now" in listed.stdout and "1970" not in listed.stdout
+    app.close()

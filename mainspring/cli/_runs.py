@@ -21,6 +21,7 @@ from rich.text import Text
 
 from .._errors import ConfigError
 from ..storage import RunRecord, RunStatus, StepRecord, Store
+from ..storage._records import WAKE_NOW
 from ._common import AppOption, DbOption, JsonOption, cli_errors, console, open_app, print_json
 from ._load import load_app
 
@@ -480,7 +481,11 @@ def _wait_text(r: RunRecord, now: float) -> str:
     if r.status not in _SUSPENDED:
         return ""
     reason = r.wait_reason or r.status
-    return f"{reason}, wakes {_clock(r.wake_at, now)}" if r.wake_at is not None else reason
+    if r.wake_at is None:
+        return reason
+    if r.wake_at == WAKE_NOW:  # a signal made it due: the next worker's poll claims it
+        return f"{reason}, due now"
+    return f"{reason}, wakes {_clock(r.wake_at, now)}"
 
 
 def _error_line(error: Any, width: int | None) -> str:
