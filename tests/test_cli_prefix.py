@@ -87,3 +87,29 @@ def test_a_run_about_to_be_claimed_is_due_now_not_1970(tmp_path: Path) -> None:
     assert listed.exit_code == 0, listed.output
     assert "due now" in listed.stdout and "1970" not in listed.stdout
     app.close()
+
+
+def test_show_verbose_never_cuts_a_value(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'long.db'}"
+    app = ms.App(url)
+    long = "x" * 150 + "-THE-END"
+
+    def make() -> str:
+        return long
+
+    @app.workflow
+    async def big(ctx: ms.RunContext) -> str:
+        return str(await ctx.step(make))
+
+    run = app.submit(big)
+    asyncio.run(app.worker().run(until_idle=True))
+    env = {"COLUMNS": "100"}
+    short = runner.invoke(cli, ["show", run.run_id, "--db", url], env=env)
+    assert short.exit_code == 0, short.output
+    assert "THE-END" not in short.stdout.split("\nsteps", 1)[1]  # the table cuts it
+    full = runner.invoke(cli, ["show", run.run_id, "-v", "--db", url], env=env)
+    assert full.exit_code == 0, full.output
+    # Every character of the step's output is there, over as many lines as it takes.
+    table = full.stdout.split("\nsteps", 1)[1]
+    assert table.count("x") >= 150 and "END" in table
+    app.close()

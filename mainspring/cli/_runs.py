@@ -517,7 +517,9 @@ def _print_steps(out: Console, steps: list[StepRecord], now: float, *, verbose: 
             ("took", "right"),
         )
         for column, justify in columns:
-            table.add_column(column, justify=justify)
+            # -v: values wrap onto more lines, never cut to the terminal's width.
+            wrap = verbose and column in ("last error", "output")
+            table.add_column(column, justify=justify, overflow="fold" if wrap else "ellipsis")
         rows = [s for s in steps if s.session == session]
         for s in rows:
             error = _decode(s.error)
