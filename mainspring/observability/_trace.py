@@ -178,6 +178,10 @@ def trace_entries(
         fields: dict[str, Any] = {}
         if s.kind == "step" and s.name.startswith("model:"):
             kind = "model"
+            # Calls of the previous reply that no tool step took never ran (repaired,
+            # refused, over a budget): the tool steps after this reply are its calls.
+            for stale in [k for k in waiting if k[0] == s.run_id]:
+                del waiting[stale]
             fields = _model_fields(s, prices, waiting)
         elif s.kind == "step" and s.name.startswith("tool:"):
             kind = "tool"
