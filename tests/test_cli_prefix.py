@@ -113,3 +113,47 @@ def test_show_verbose_never_cuts_a_value(tmp_path: Path) -> None:
     table = full.stdout.split("\nsteps", 1)[1]
     assert table.count("x") >= 150 and "END" in table
     app.close()
+
+
+def _long_run(tmp_path: Path) -> tuple[ms.App, str, str]:
+    url = f"sqlite:///{tmp_path / 'long300.db'}"
+    app = ms.App(url, default_retry=ms.RetryPolicy(max_attempts=2, initial_s=0.001))
+    seen: set[int] = set()
+
+    def work(i: int) -> int:
+        if i == 7 and i not in seen:  # one step fails once, then succeeds
+            seen.add(i)
+            raise ConnectionError("blip")
+        return i
+
+    @app.workflow
+    async def many(ctx: ms.RunContext) -> int:
+        total = 0
+        for i in range(30):
+            total += await ctx.step(work, i, name=f"work:{i}")
+        return total
+
+    run = app.submit(many)
+    asyncio.run(app.worker().run(until_idle=True))
+    return app, url, run.run_id
+
+
+def test_show_and_trace_page_and_filter_long_runs(tmp_path: Path) -> None:
+    app, url, run_id = _long_run(tmp_path)
+    for command in ("show", "trace"):
+        last = json.loads(runner.invoke(cli, [command, run_id, "--last", "3", "--json",
+                                              "--db", url]).stdout)  # fmt: skip
+        assert [s["seq"] for s in last["steps"]] == [27, 28, 29]
+        errors = json.loads(runner.invoke(cli, [command, run_id, "--errors", "--json",
+                                                "--db", url]).stdout)  # fmt: skip
+        assert [s["seq"] for s in errors["steps"]] == [7]
+        one = json.loads(runner.invoke(cli, [command, run_id, "--step", "0:12", "--json",
+                                             "--db", url]).stdout)  # fmt: skip
+        assert [s["seq"] for s in one["steps"]] == [12]
+        missing = runner.invoke(cli, [command, run_id, "--step", "99", "--db", url])
+        assert missing.exit_code == 2 and "the run has no step 0:99" in missing.output
+    tree = runner.invoke(cli, ["trace", run_id, "--errors", "--db", url])
+    assert tree.exit_code == 0 and "30 steps" in tree.stdout and "showing 1 of them" in tree.stdout
+    assert json.loads(runner.invoke(cli, ["trace", run_id, "--errors", "--json", "--db", url])
+                      .stdout)["totals"]["steps"] == 30  # fmt: skip
+    app.close()

@@ -13,7 +13,19 @@ from rich.tree import Tree
 
 from .._errors import ConfigError
 from ..observability import RunTrace, TraceEntry, progress
-from ._common import AppOption, DbOption, JsonOption, cli_errors, console, open_app, print_json
+from ._common import (
+    AppOption,
+    DbOption,
+    ErrorsOption,
+    JsonOption,
+    LastOption,
+    StepOption,
+    cli_errors,
+    console,
+    open_app,
+    pick_steps,
+    print_json,
+)
 
 __all__ = ["doctor", "fork", "retry", "tail", "trace"]
 
@@ -22,16 +34,37 @@ _STATUS_STYLE = {"started": "blue", "retrying": "yellow", "completed": "green", 
 
 
 def trace(
-    run_id: RunArg, db: DbOption = None, app_spec: AppOption = None, as_json: JsonOption = False
+    run_id: RunArg,
+    db: DbOption = None,
+    app_spec: AppOption = None,
+    as_json: JsonOption = False,
+    last: LastOption = None,
+    errors: ErrorsOption = False,
+    step: StepOption = None,
 ) -> None:
-    """A run's timeline: each step with its duration, tokens, cost and errors."""
+    """A run's timeline: each step with its duration, tokens, cost and errors.
+
+    --last, --errors and --step pick the steps shown; the totals stay the whole run's.
+    """
     with cli_errors(), open_app(db, app_spec) as app:
         run_id = app.resolve_run_id(run_id)  # a unique prefix will do
         t = app.trace(run_id)
+        kept = pick_steps(
+            list(t.entries),
+            where=lambda e: (e.session, e.seq),
+            troubled=lambda e: e.status == "failed" or e.retries > 0 or e.error_class is not None,
+            session=t.run.session,
+            last=last,
+            errors=errors,
+            step=step,
+        )
     if as_json:
-        print_json(t.to_json())
+        data = t.to_json()
+        positions = {(e.session, e.seq) for e in kept}
+        data["steps"] = [s for s in data["steps"] if (s["session"], s["seq"]) in positions]
+        print_json(data)
         return
-    console().print(_tree(t))
+    console().print(_tree(t, kept))
 
 
 def tail(
@@ -152,7 +185,7 @@ def retry(run_id: RunArg, db: DbOption = None, app_spec: AppOption = None) -> No
 # -- rendering --------------------------------------------------------------------------
 
 
-def _tree(t: RunTrace) -> Tree:
+def _tree(t: RunTrace, entries: list[TraceEntry]) -> Tree:
     r = t.run
     took = f", {_secs(t.duration_s)}" if t.duration_s is not None else ""
     head = Text(f"run {r.id} {r.workflow} ", style="bold")
@@ -165,11 +198,13 @@ def _tree(t: RunTrace) -> Tree:
         f" · ${t.cost_usd:.4f}"
     )
     root = Tree(head)
-    sessions = sorted({e.session for e in t.entries})
+    if len(entries) < len(t.entries):
+        head.append(f" (showing {len(entries)} of them)")
+    sessions = sorted({e.session for e in entries})
     for session in sessions:
         branch = root.add(f"session {session}") if len(sessions) > 1 else root
         turn: Tree | None = None
-        for e in (e for e in t.entries if e.session == session):
+        for e in (e for e in entries if e.session == session):
             label = _line(e)
             if e.kind == "model":
                 turn = branch.add(label)

@@ -22,7 +22,19 @@ from rich.text import Text
 from .._errors import ConfigError
 from ..storage import RunRecord, RunStatus, StepRecord, Store
 from ..storage._records import WAKE_NOW
-from ._common import AppOption, DbOption, JsonOption, cli_errors, console, open_app, print_json
+from ._common import (
+    AppOption,
+    DbOption,
+    ErrorsOption,
+    JsonOption,
+    LastOption,
+    StepOption,
+    cli_errors,
+    console,
+    open_app,
+    pick_steps,
+    print_json,
+)
 from ._load import load_app
 
 __all__ = ["cancel", "runs", "show", "signal", "submit"]
@@ -189,15 +201,27 @@ def show(
         typer.Option("--verbose", "-v", help="Full values and the tracebacks of errors."),
     ] = False,
     as_json: JsonOption = False,
+    last: LastOption = None,
+    errors: ErrorsOption = False,
+    step: StepOption = None,
 ) -> None:
     """Show one run: its state, input, result or error, and its journal of steps."""
     with cli_errors(), open_app(db, app_spec) as app:
         run_id = app.resolve_run_id(run_id)  # a unique prefix will do
         record = app.get_run(run_id)
         steps = app.steps(run_id)
-    current = max(
-        (s for s in steps if s.session == record.session), key=lambda s: s.seq, default=None
-    )
+        current = max(
+            (s for s in steps if s.session == record.session), key=lambda s: s.seq, default=None
+        )
+        steps = pick_steps(
+            steps,
+            where=lambda s: (s.session, s.seq),
+            troubled=lambda s: s.status in ("failed", "retrying") or s.error is not None,
+            session=record.session,
+            last=last,
+            errors=errors,
+            step=step,
+        )
     if as_json:
         print_json({"run": _run_json(record, current), "steps": [_step_json(s) for s in steps]})
         return
@@ -242,6 +266,9 @@ def show(
     if verbose and isinstance(error, dict) and error.get("traceback"):
         out.print(Text("\nrun error traceback:", style="bold"))
         out.print(str(error["traceback"]).rstrip())
+    if not steps and (errors or step is not None or last is not None):
+        out.print("\nno step of the run matches --errors")  # --step and --last always match
+        return
     _print_steps(out, steps, now, verbose=verbose)
 
 
