@@ -1052,3 +1052,31 @@ async def test_max_cost_stops_with_a_partial_result(sqlite_app: ms.App) -> None:
     assert result.reason is not None
     assert result.reason.startswith("max_cost_usd reached (")
     assert result.reason.endswith(" of 1)")
+
+
+async def test_last_error_names_the_tool_once(sqlite_app: ms.App) -> None:
+    app = sqlite_app
+
+    @app.tool(validators=[lambda result: "empty result" if not result else None])
+    def fetch(item: int) -> str:
+        """Fetch an item."""
+        return ""
+
+    @app.tool
+    def crash(item: int) -> str:
+        """Always fails."""
+        raise ValueError(f"no item {item}")
+
+    seen: list[str] = []
+
+    def check(answer: Any, state: Any) -> None:
+        seen.append(state.last_error)
+
+    for name, tool in (("fetch", fetch), ("crash", crash)):
+        model = ScriptedModel([call(name, {"item": 3}), call("finish", {"answer": "x"})])
+        agent = app.agent(name, model=model, instructions="x", tools=[tool], validators=[check])
+        await app.run(agent, "t")
+    assert seen == [
+        "ValidationFailed: fetch: result failed validator '<lambda>': empty result",
+        "crash: ValueError: no item 3",
+    ]

@@ -381,7 +381,7 @@ class Agent:
             run.state.tool_calls += 1
             run.session_bytes += len(outcome[0])
             if outcome[1]:
-                run.state.last_error = f"{call.name}: {outcome[0][:300]}"
+                run.state.last_error = _named(call.name, outcome[0][:300])
         turn.results = [_result(c, results.get(i)) for i, c in enumerate(calls)]
         if repaired and not todo:
             # What the model was told last, and the call it was told about.
@@ -740,3 +740,12 @@ def _plan_item(data: dict[str, Any]) -> PlanItem:
 
 def _loop_detected(ctx: RunContext, why: str) -> Exception:
     return LoopDetected(f"the agent kept {why}, even after being told", run_id=ctx.run_id)
+
+
+def _named(tool: str, error: str) -> str:
+    """``tool: error``, unless the error names the tool already (``ValidationFailed:
+    get: ...``, ``get: interrupted ...``): a state's ``last_error`` says it once."""
+    _, sep, rest = error.partition(": ")
+    if error.startswith(f"{tool}:") or (sep and rest.startswith(f"{tool}:")):
+        return error
+    return f"{tool}: {error}"
