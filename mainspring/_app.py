@@ -685,10 +685,18 @@ class App:
         """Wait until the run finishes; return its result or raise :class:`RunFailed`."""
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
+        told: str | None = None
         while True:
             record = self.get_run(run_id)
             if record.finished:
                 break
+            if record.status == "waiting" and record.wait_reason != told:
+                # Not silent: this call waits on a person or a signal, and on a worker.
+                told = record.wait_reason
+                log.warning(
+                    "%s; app.result keeps waiting until it is answered and a worker runs it",
+                    self._waiting(record),
+                )
             if deadline is not None and loop.time() >= deadline:
                 raise TimeoutError(f"run {run_id!r} is still {record.status} after {timeout}s")
             await asyncio.sleep(self.poll_interval_s)

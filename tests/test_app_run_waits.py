@@ -135,3 +135,23 @@ async def test_until_idle_waits_for_a_run_due_in_a_moment(db_url: str) -> None:
     await asyncio.wait_for(app.worker().run(until_idle=True, idle_horizon_s=1.0), BOUND_S)
     assert app.get_run(later.run_id).status == "sleeping"
     app.close()
+
+
+async def test_awaiting_the_result_of_a_waiting_run_says_so(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    app = ms.App(f"sqlite:///{tmp_path / 'r.db'}")
+
+    @app.workflow
+    async def ship(ctx: ms.RunContext) -> str:
+        return str(await ctx.wait_for("ship"))
+
+    run = app.submit(ship)
+    await asyncio.wait_for(app.worker().run(until_idle=True), BOUND_S)
+    with caplog.at_level(logging.WARNING, logger="mainspring"), pytest.raises(TimeoutError):
+        await app.result(run.run_id, timeout=0.3)
+    [line] = [
+        r.getMessage() for r in caplog.records if "app.result keeps waiting" in r.getMessage()
+    ]
+    assert f"mainspring signal {run.run_id} ship" in line
+    app.close()
