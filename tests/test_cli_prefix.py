@@ -157,3 +157,12 @@ def test_show_and_trace_page_and_filter_long_runs(tmp_path: Path) -> None:
     assert json.loads(runner.invoke(cli, ["trace", run_id, "--errors", "--json", "--db", url])
                       .stdout)["totals"]["steps"] == 30  # fmt: skip
     app.close()
+
+
+def test_trace_json_times_are_iso_8601(tmp_path: Path) -> None:
+    app, url, run_id = _long_run(tmp_path)
+    data = json.loads(runner.invoke(cli, ["trace", run_id, "--json", "--db", url]).stdout)
+    stamps = [data["run"]["created_at"], data["run"]["finished_at"]]
+    stamps += [s[k] for s in data["steps"] for k in ("started_at", "finished_at")]
+    assert all(isinstance(t, str) and t.endswith("Z") and "T" in t for t in stamps), stamps
+    app.close()

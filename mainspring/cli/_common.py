@@ -14,6 +14,7 @@ import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from typing import Annotated, Any, TypeVar
 from urllib.parse import urlsplit
 
@@ -35,6 +36,7 @@ __all__ = [
     "cli_errors",
     "console",
     "database_url",
+    "iso_time",
     "open_app",
     "open_existing_store",
     "pick_steps",
@@ -110,6 +112,13 @@ def pick_steps(
     if last is not None:
         picked = picked[-last:]
     return picked
+
+
+def iso_time(ts: float | None) -> str | None:
+    """``"2026-11-29T14:03:07.512Z"``: how ``--json`` prints a time (``None`` stays)."""
+    if ts is None:
+        return None
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 @contextmanager

@@ -22,6 +22,7 @@ from ._common import (
     StepOption,
     cli_errors,
     console,
+    iso_time,
     open_app,
     pick_steps,
     print_json,
@@ -62,6 +63,12 @@ def trace(
         data = t.to_json()
         positions = {(e.session, e.seq) for e in kept}
         data["steps"] = [s for s in data["steps"] if (s["session"], s["seq"]) in positions]
+        # Times as every command prints them: ISO-8601 UTC strings.
+        for row, keys in [(data["run"], ("created_at", "finished_at"))] + [
+            (step, ("started_at", "finished_at")) for step in data["steps"]
+        ]:
+            for k in keys:
+                row[k] = iso_time(row[k])
         print_json(data)
         return
     console().print(_tree(t, kept))
