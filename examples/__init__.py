@@ -1,7 +1,8 @@
 """Runnable examples of mainspring: ``python -m examples.<name>`` from the repository root.
 
-- :mod:`examples.migration`: a staged data migration with schemas, validators, a stage
-  gate, idempotent writes and compensation (``mainspring demo`` runs it).
+- :mod:`mainspring.examples.migration` (inside the package, so an installed wheel has
+  it): a staged data migration with schemas, validators, a stage gate, idempotent
+  writes and compensation (``mainspring demo`` runs it).
 - :mod:`examples.mailer`: 200 customers tiered by rules, personalised emails, approval
   before sending, delivery status recorded, each email sent exactly once.
 - :mod:`examples.research_agent`: an agent whose work spans several sessions, each

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import getpass
 import json
+import logging
 import os
 import random
 import re
@@ -20,6 +21,7 @@ from ._errors import (
     RunConflict,
     RunFailed,
     RunNotFound,
+    RunWaiting,
     UnknownWorkflow,
 )
 from ._serde import dumps, loads
@@ -38,6 +40,8 @@ from .tools import tool as make_tool
 from .worker import Worker
 
 __all__ = ["DEFAULT_URL", "App", "RunHandle"]
+
+log = logging.getLogger("mainspring")
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -423,28 +427,128 @@ class App:
         workflow: Workflow[P, R] | str,
         *args: Any,
         key: str | None = None,
+        on_wait: Literal["raise", "wait"] = "raise",
         **kwargs: Any,
     ) -> R:
         """Execute a run durably in this process and return its result.
 
         The run is journaled like any other: if this process dies, ``app.run`` with
         the same ``key`` (or any worker) resumes it at the step where it stopped.
-        Sleeps and waits happen here too.
+        Sleeps (timers, back-offs, rate-limit slots) happen here too.
+
+        A wait for a person or a signal (an approval, a question, a budget pause, a
+        missing API key, ``ctx.wait_for``) is answered from elsewhere, so by default
+        ``app.run`` does not sit on it: it raises :class:`RunWaiting`, whose message
+        says what the run waits for and how to answer it. The run stays waiting in the
+        store; once answered, ``app.run`` with the same ``key``, or any worker,
+        finishes it. With ``on_wait="wait"`` it keeps waiting for the answer instead
+        (from another process, a task of this one, the dashboard), logging at WARNING
+        what the run waits for and how to answer each time it starts a new wait.
 
         Raises:
             RunFailed: the run ended failed or cancelled.
+            RunWaiting: the run waits for a person or a signal (``on_wait="raise"``).
         """
+        if on_wait not in ("raise", "wait"):
+            raise ConfigError(f"on_wait must be 'raise' or 'wait', got {on_wait!r}")
         handle = self.submit(workflow, *args, key=key, **kwargs)
-        worker = Worker(self, concurrency=1, batch=False, _run_id=handle.run_id)
-        await worker.run()
+        worker = Worker(
+            self,
+            concurrency=1,
+            batch=False,
+            _run_id=handle.run_id,
+            _return_on_wait=on_wait == "raise",
+        )
+        if on_wait == "raise":
+            await worker.run()
+            record = self.get_run(handle.run_id)
+            if record.status == "waiting":
+                raise self._waiting(record)
+        else:
+            await self._run_telling_waits(worker, handle.run_id)
         value: R = await self.result(handle.run_id)
         return value
+
+    async def _run_telling_waits(self, worker: Worker, run_id: str) -> None:
+        task = asyncio.create_task(worker.run())
+        told: tuple[str | None, float | None] | None = None
+        try:
+            while not task.done():
+                await asyncio.wait({task}, timeout=max(self.poll_interval_s, 0.2))
+                record = self.get_run(run_id)
+                if record.status == "waiting" and told != (record.wait_reason, record.wake_at):
+                    told = (record.wait_reason, record.wake_at)
+                    log.warning("%s; app.run(on_wait='wait') waits for it", self._waiting(record))
+        finally:
+            if not task.done():
+                worker.request_stop()
+            await task
+
+    def _waiting(self, record: RunRecord) -> RunWaiting:
+        """What a waiting run waits for, and how to answer, as a :class:`RunWaiting`."""
+        run_id = record.id
+        requests = self.requests(run_id)
+        ways: list[str] = []
+        for r in requests:
+            if r.kind == "approval":
+                ways.append(
+                    f"{r.id!r} ({r.title}): `mainspring approve {run_id} {r.id}` (or --reject "
+                    f"REASON), or app.answer({run_id!r}, {r.id!r}, decision='approve')"
+                )
+            else:
+                ways.append(
+                    f"{r.id!r} ({r.title}): `mainspring answer {run_id} {r.id} TEXT`, or "
+                    f"app.answer({run_id!r}, {r.id!r}, answer=...)"
+                )
+        reason = record.wait_reason
+        if not ways and reason and reason.startswith("signal:"):
+            name = reason.removeprefix("signal:")
+            ways.append(
+                f"the signal {name!r}: `mainspring signal {run_id} {name} PAYLOAD-JSON`, or "
+                f"app.signal({run_id!r}, {name!r}, payload)"
+            )
+        what = "; ".join(ways) or f"{reason or 'a signal'}"
+        return RunWaiting(
+            f"run {run_id} of {record.workflow!r} is waiting for {what}. It is kept, holding "
+            f"no worker: once answered, app.run(..., key=...) or any worker finishes it "
+            f"(await app.result({run_id!r}) returns its result); app.run(..., "
+            "on_wait='wait') waits for the answer instead",
+            run_id=run_id,
+            wait_reason=reason,
+            requests=tuple(r.id for r in requests),
+        )
 
     def worker(self, **options: Any) -> Worker:
         """A :class:`Worker` for this App (see its arguments)."""
         return Worker(self, **options)
 
     # -- looking and steering ----------------------------------------------------------
+
+    def resolve_run_id(self, prefix: str) -> str:
+        """The id of the one run whose id is or starts with ``prefix`` (as git takes an
+        abbreviated commit).
+
+        Raises:
+            RunNotFound: no run id starts with it.
+            ConfigError: several do (the message names them).
+        """
+        text = prefix.strip()
+        if not text:
+            raise ConfigError("a run id (or a prefix of one) is needed, got ''")
+        if self.store.get_run(text) is not None:
+            return text
+        found = self.store.run_ids_starting(text, limit=3)
+        if not found:
+            raise RunNotFound(
+                f"no run {text!r} in {redact_url(self.url)!r} (nor one whose id starts with it)"
+            )
+        if len(found) > 1:
+            more = ", ..." if len(found) > 2 else ""
+            raise ConfigError(
+                f"{text!r} is the start of several run ids ({', '.join(found[:2])}{more}): "
+                "give more of it"
+            )
+        return found[0]
 
     def get_run(self, run_id: str) -> RunRecord:
         record = self.store.get_run(run_id)
@@ -714,10 +818,18 @@ class App:
         """Wait until the run finishes; return its result or raise :class:`RunFailed`."""
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
+        told: str | None = None
         while True:
             record = self.get_run(run_id)
             if record.finished:
                 break
+            if record.status == "waiting" and record.wait_reason != told:
+                # Not silent: this call waits on a person or a signal, and on a worker.
+                told = record.wait_reason
+                log.warning(
+                    "%s; app.result keeps waiting until it is answered and a worker runs it",
+                    self._waiting(record),
+                )
             if deadline is not None and loop.time() >= deadline:
                 raise TimeoutError(f"run {run_id!r} is still {record.status} after {timeout}s")
             await asyncio.sleep(self.poll_interval_s)

@@ -45,9 +45,11 @@ Tree::
     ├── InvalidAnswer             a malformed answer to a request (bad decision or choice)
     ├── ApprovalRejected          a reviewer rejected a stage gate
     ├── RunFailed                 the awaited run ended failed or cancelled
+    ├── RunWaiting                ``app.run``'s run waits for a person or a signal
     ├── ConfigError               a mistake in code or configuration
     │   ├── UnknownWorkflow       no workflow registered under that name
-    │   └── SerializationError    a payload is not JSON-serialisable (never pickled)
+    │   ├── SerializationError    a payload is not JSON-serialisable (never pickled)
+    │   └── MissingExtra          an optional dependency is missing (also an ImportError)
     └── StoreError                the database is corrupt, foreign or of a newer schema
         └── SchemaVersionError    the database was written by a newer mainspring
     Cancelled (BaseException)     the run was cancelled
@@ -67,6 +69,7 @@ __all__ = [
     "LeaseLost",
     "LoopDetected",
     "MainspringError",
+    "MissingExtra",
     "ModelOutputError",
     "NondeterminismError",
     "Overloaded",
@@ -78,6 +81,7 @@ __all__ = [
     "RunConflict",
     "RunFailed",
     "RunNotFound",
+    "RunWaiting",
     "SchemaVersionError",
     "SerializationError",
     "StepFailed",
@@ -310,6 +314,26 @@ class RunFailed(MainspringError):
         self.error = error
 
 
+class RunWaiting(MainspringError):
+    """``app.run``'s run is waiting durably for a person or a signal; it is not lost.
+
+    The message says what it waits for and how to answer. Once answered, any worker
+    (``mainspring worker``, ``await app.worker().run()``) or ``app.run`` with the same
+    ``key`` finishes it, and ``await app.result(run_id)`` returns its result.
+
+    Attributes:
+        wait_reason: what the run waits for (``"signal:approval:purge-1"``).
+        requests: the ids of its pending requests to humans (``"approval:purge-1"``).
+    """
+
+    def __init__(
+        self, message: str, *, run_id: str, wait_reason: str | None, requests: tuple[str, ...]
+    ) -> None:
+        super().__init__(message, run_id=run_id)
+        self.wait_reason = wait_reason
+        self.requests = requests
+
+
 class ConfigError(MainspringError):
     """A mistake in code or configuration. Fix it; retrying cannot help."""
 
@@ -320,6 +344,22 @@ class UnknownWorkflow(ConfigError):
 
 class SerializationError(ConfigError):
     """A payload cannot be encoded as JSON. mainspring never pickles."""
+
+
+class MissingExtra(ConfigError, ImportError):
+    """An optional dependency is not installed; the message names the ``pip install``.
+
+    Also an ``ImportError``, so ``except ImportError`` around an optional feature works.
+    The CLI prints it as one line.
+    """
+
+    def __init__(self, feature: str, extra: str, missing: str | None = None) -> None:
+        what = f" ({missing} is missing)" if missing else ""
+        super().__init__(
+            f"{feature} needs the {extra} extra{what}: pip install 'mainspring[{extra}]'"
+        )
+        self.extra = extra
+        self.name = missing  # ImportError's attribute: the module that is not there
 
 
 class StoreError(MainspringError):

@@ -369,6 +369,27 @@ async def test_repeated_unusable_replies_fail_after_max_repairs(sqlite_app: ms.A
     assert len(model.requests) == 4
 
 
+async def test_the_final_error_quotes_the_last_repair_and_doctor_names_it(
+    sqlite_app: ms.App,
+) -> None:
+    app = sqlite_app
+    bad = call("lookup", {"ticket": "seven"})  # never a number, however often repaired
+    model = ScriptedModel([bad, bad, bad])
+    agent = app.agent("garbled", model=model, instructions="x", tools=[_lookup(app)], max_repairs=2)
+    with pytest.raises(ms.RunFailed) as info:
+        await app.run(agent, "t")
+    message = info.value.error["message"]
+    assert "the model could not produce a valid call" in message
+    assert "last error: None" not in message
+    # The repair the model was given last, and the call it was about.
+    assert 'about the call lookup({"ticket": "seven"})' in message
+    assert "ticket" in message.split("the last repair asked", 1)[1]
+    diagnosis = app.diagnose(_run_id(app))
+    assert diagnosis.findings[0].kind == "invalid_calls"
+    assert diagnosis.summary.startswith("the model could not produce a valid call")
+    assert 'lookup({"ticket": "seven"})' in diagnosis.findings[0].evidence[0]
+
+
 async def test_whitespace_only_reply_is_empty_not_an_answer(sqlite_app: ms.App) -> None:
     app = sqlite_app
     model = ScriptedModel([ModelResponse(text="  \n\t "), call("finish", {"answer": "ok"})])
@@ -542,7 +563,7 @@ async def test_output_validator_failure_is_an_error_result(sqlite_app: ms.App) -
         "ValidationFailed: count_rows: result failed validator 'non_negative': "
         "a row count cannot be negative"
     )
-    assert result.state["last_error"].startswith("count_rows: ValidationFailed")
+    assert result.state["last_error"] == told.content  # the tool named once
     assert _result_for(model.requests[2].messages, "call_1_0").content == "12"
     first, second = _steps(app, "tool:count_rows")
     assert (first.status, first.attempt, _error(first)["type"]) == (
@@ -1050,3 +1071,31 @@ async def test_max_cost_stops_with_a_partial_result(sqlite_app: ms.App) -> None:
     assert result.reason is not None
     assert result.reason.startswith("max_cost_usd reached (")
     assert result.reason.endswith(" of 1)")
+
+
+async def test_last_error_names_the_tool_once(sqlite_app: ms.App) -> None:
+    app = sqlite_app
+
+    @app.tool(validators=[lambda result: "empty result" if not result else None])
+    def fetch(item: int) -> str:
+        """Fetch an item."""
+        return ""
+
+    @app.tool
+    def crash(item: int) -> str:
+        """Always fails."""
+        raise ValueError(f"no item {item}")
+
+    seen: list[str] = []
+
+    def check(answer: Any, state: Any) -> None:
+        seen.append(state.last_error)
+
+    for name, tool in (("fetch", fetch), ("crash", crash)):
+        model = ScriptedModel([call(name, {"item": 3}), call("finish", {"answer": "x"})])
+        agent = app.agent(name, model=model, instructions="x", tools=[tool], validators=[check])
+        await app.run(agent, "t")
+    assert seen == [
+        "ValidationFailed: fetch: result failed validator '<lambda>': empty result",
+        "crash: ValueError: no item 3",
+    ]

@@ -1,8 +1,15 @@
-"""Every ```python block in the README and the docs runs as written."""
+"""Every ```python block in the README and the docs runs as written, and so does every
+```sh block of the README (against a live ``mainspring serve``).
+
+A shell block preceded by ``<!-- not run by tests/test_docs.py: REASON -->`` is skipped:
+those install packages or run the whole suite.
+"""
 
 from __future__ import annotations
 
+import os
 import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +19,9 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 BLOCK = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
+SHELL = re.compile(
+    r"(<!-- not run by tests/test_docs.py: [^>]+ -->\n)?^```sh\n(.*?)^```", re.S | re.M
+)
 
 
 def _blocks() -> list[tuple[str, str]]:
@@ -48,3 +58,65 @@ def test_api_reference_is_generated_from_the_openapi_document() -> None:
         "docs/api-reference.md is stale: python -m mainspring.server._reference"
         " > docs/api-reference.md"
     )
+
+
+def _readme_shell_blocks() -> list[tuple[str, str]]:
+    text = (ROOT / "README.md").read_text()
+    return [
+        (f"README.md#sh{i + 1}", m.group(2))
+        for i, m in enumerate(SHELL.finditer(text))
+        if not m.group(1)
+    ]
+
+
+SHELL_BLOCKS = _readme_shell_blocks()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def test_the_readme_has_a_runnable_shell_block() -> None:
+    assert any("curl" in code for _, code in SHELL_BLOCKS)
+
+
+@pytest.mark.parametrize(("name", "code"), SHELL_BLOCKS, ids=[n for n, _ in SHELL_BLOCKS])
+def test_readme_shell_block_runs(name: str, code: str, tmp_path: Path) -> None:
+    """The block runs under bash, as written, in a folder holding the README's twenty
+    lines as ``app.py``; only the port changes (8000 may be taken on a shared machine)."""
+    [(_, twenty)] = [b for b in BLOCKS if b[0] == "README.md#1"]
+    (tmp_path / "app.py").write_text(twenty)
+    # `mainspring` and `python` on PATH are this interpreter, with this checkout.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, command in (("mainspring", "-m mainspring"), ("python", "")):
+        shim = bin_dir / name
+        shim.write_text(f'#!/bin/sh\nexec {sys.executable} {command} "$@"\n')
+        shim.chmod(0o755)
+    port = _free_port()
+    script = code.replace("localhost:8000", f"localhost:{port}").replace(
+        "serve app:app --worker", f"serve app:app --worker --port {port}"
+    )
+    (tmp_path / "block.sh").write_text(
+        "set -euo pipefail\ntrap 'kill $(jobs -p) 2>/dev/null || true; wait' EXIT\n" + script
+    )
+    env = {
+        **os.environ,
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+        "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
+    }
+    done = subprocess.run(
+        ["bash", str(tmp_path / "block.sh")],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, f"{name} failed:\n{done.stdout}\n{done.stderr}"
+    if "/events" in code:
+        # The event stream followed the run to its end, and the run succeeded.
+        assert "event: end" in done.stdout and '"status":"succeeded"' in done.stdout, done.stdout

@@ -18,8 +18,8 @@ import pytest
 import mainspring as ms
 from examples import mailer, research_agent
 from examples.mailer import customers, tier_of
-from examples.migration import TargetStore, legacy_rows
-from examples.migration.local import run_local
+from mainspring.examples.migration import TargetStore, legacy_rows
+from mainspring.examples.migration.local import run_local
 from mainspring.testing import EffectLedger, ScriptedModel
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -78,7 +78,15 @@ def test_migration_refuses_bad_input(tmp_path: Path) -> None:
 
 def test_migration_module_runs_from_the_shell(tmp_path: Path) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "examples.migration", "--count", "15", "--dir", str(tmp_path)],
+        [
+            sys.executable,
+            "-m",
+            "mainspring.examples.migration",
+            "--count",
+            "15",
+            "--dir",
+            str(tmp_path),
+        ],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import textwrap
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import pytest
 from typer.testing import CliRunner
@@ -151,11 +153,82 @@ def test_an_agent_under_the_lab() -> None:
     assert validate.success_rate > checkpoint.success_rate  # the agent repairs it
     assert full.duplicate_effects == 0  # the tool takes ctx: ToolContext
     assert full.tokens > 0 and full.cost_per_success is not None
-    assert notes  # the real tool ran
+    # No real effect: the write tool ran as a stub in every trial.
+    assert notes == [] and result.stubbed == ("note",) and not result.live
+    # Every failed trial is listed with its cause, its error and its run.
+    failed = sum(c.trials - c.successes for c in result.cells)
+    assert len(result.failures) == failed > 0
+    assert {f.cause for f in result.failures} >= {"malformed"}
+    assert all(len(f.run_id) == 32 and f.error for f in result.failures)
+    assert result.to_dict()["failures"][0]["run_id"] == result.failures[0].run_id
+
+
+def test_live_runs_the_real_tools_and_kept_failures_can_be_shown(tmp_path: Path) -> None:
+    notes: list[str] = []
+    app, _ = _agent_app(notes)
+    result = run_workflow_lab(
+        app,
+        LabProfile(malformed_rate=0.3),
+        workflow="helper",
+        args=["take two notes"],
+        policies=["checkpoint"],
+        trials=6,
+        repeats=3,
+        seed=5,
+        live=True,
+        keep=tmp_path / "kept",
+    )
+    assert notes and result.live and result.stubbed == ()
+    failure = result.failures[0]
+    assert failure.database is not None
+    url = failure.database
+    shown = subprocess.run(
+        [sys.executable, "-m", "mainspring", "show", failure.run_id, "--json", "--db", url],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout)["run"]["status"] == "failed"
+
+
+class Receipt(TypedDict):
+    id: int
+
+
+def test_a_write_tool_no_placeholder_fits_needs_a_stub() -> None:
+    app = ms.App()
+
+    @app.tool(effect="write")
+    def pay(cents: int) -> Receipt:
+        return {"id": 1}
+
+    def play(messages: Any, tools: Any) -> Any:
+        if any(getattr(m, "kind", "") == "tool_result" for m in messages):
+            return ScriptedModel.call("finish", {"answer": "paid"})
+        return ScriptedModel.call("pay", {"cents": 5})
+
+    agent = app.agent("payer", model=ScriptedModel(play), instructions="pay", tools=[pay])
+    for target in (app, agent):  # with its App (checked first), or found when it runs
+        with pytest.raises(ms.ConfigError, match=r"--stub pay='<JSON>'.*--live"):
+            run_workflow_lab(
+                target, LabProfile(), workflow="payer", args=["x"], trials=2, repeats=1
+            )
+    result = run_workflow_lab(
+        app,
+        LabProfile(),
+        workflow="payer",
+        args=["x"],
+        trials=2,
+        repeats=1,
+        stubs={"pay": {"id": 7}},
+    )
+    assert result.stubbed == ("pay",) and result.cells[0].successes == 2
 
 
 MODULE = """
 import mainspring as ms
+from mainspring.testing import ScriptedModel
 
 app = ms.App()
 
@@ -175,6 +248,27 @@ async def chain(ctx: ms.RunContext, n: int) -> int:
 @app.workflow
 async def other(ctx: ms.RunContext) -> None:
     return None
+
+
+WRITES = []
+
+
+@app.tool(effect="irreversible")
+def purge(table: str) -> str:
+    "Purge a table."
+    WRITES.append(table)
+    return "purged"
+
+
+def _play(messages, tools):
+    if any(getattr(m, "kind", "") == "tool_result" for m in messages):
+        return ScriptedModel.call("finish", {"answer": "done"})
+    return ScriptedModel.call("purge", {"table": "customers"})
+
+
+cleanup = app.agent(
+    "cleanup", model=ScriptedModel(_play), instructions="Purge with purge.", tools=[purge]
+)
 """
 
 
@@ -222,3 +316,47 @@ def test_cli_bad_input_is_a_clear_error(module: str, argv: list[str], message: s
     res = runner.invoke(cli, ["lab", "run", *(a.replace("{m}", module) for a in argv)])
     assert res.exit_code == 2, res.output
     assert message in res.output
+
+
+def test_cli_stubs_effects_and_lists_failed_trials(module: str, tmp_path: Path) -> None:
+    res = runner.invoke(
+        cli,
+        ["lab", "run", f"{module}:cleanup", "--args", '["go"]', "--trials", "4",
+         "--repeats", "2", "--policy", "naive", "--error-rate", "0.5", "--out",
+         str(tmp_path / "out")],
+    )  # fmt: skip
+    assert res.exit_code == 0, res.output
+    target = __import__(module)
+    assert target.WRITES == []  # the irreversible tool never really ran
+    assert "no real effects: these tools ran as stubs: purge" in res.stdout
+    assert "failed trials (" in res.stdout and "model_error" in res.stdout
+    assert "mainspring show " in res.stdout and "--db sqlite:///" in res.stdout
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert "## Failed trials" in report and "`purge`" in report
+    assert list((tmp_path / "out" / "trials").glob("naive-task*.db"))
+
+
+def test_cli_live_asks_first(module: str) -> None:
+    argv = ["lab", "run", f"{module}:cleanup", "--args", '["go"]', "--trials", "2",
+            "--repeats", "1", "--policy", "naive", "--error-rate", "0"]  # fmt: skip
+    refused = runner.invoke(cli, [*argv, "--live"])  # stdin is not a terminal
+    assert refused.exit_code == 2 and "confirm with --yes" in refused.output
+    target = __import__(module)
+    assert target.WRITES == []
+    done = runner.invoke(cli, [*argv, "--live", "--yes", "--json"])
+    assert done.exit_code == 0, done.output
+    assert json.loads(done.stdout)["live"] is True
+    assert target.WRITES == ["customers"] * 3  # the reference run and two trials
+
+
+def test_cli_stub_option(module: str) -> None:
+    bad = runner.invoke(cli, ["lab", "run", f"{module}:cleanup", "--stub", "purge"])
+    assert bad.exit_code == 2 and "--stub takes TOOL=JSON" in bad.output
+    res = runner.invoke(
+        cli,
+        ["lab", "run", f"{module}:cleanup", "--args", '["go"]', "--trials", "2",
+         "--repeats", "1", "--policy", "naive", "--error-rate", "0", "--stub",
+         'purge="stubbed"', "--json"],
+    )  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["stubbed"] == ["purge"]

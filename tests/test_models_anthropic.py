@@ -323,3 +323,16 @@ async def test_bad_construction_is_a_config_error() -> None:
         AnthropicModel(" ")
     with pytest.raises(ms.ConfigError, match="max_tokens"):
         AnthropicModel("claude-sonnet-5", max_tokens=0)
+
+
+async def test_a_local_base_url_needs_no_api_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    # As OpenAIModel does: a local server or a keyless gateway gets a placeholder key.
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    monkeypatch.delenv("ANTHROPIC_AUTH_TOKEN", raising=False)
+    with FakeAnthropicServer() as local:  # checks no key
+        local.script([local.text("hello")])
+        async with AnthropicModel("local-model", base_url=local.base_url) as model:
+            reply = await model.request([UserMessage(content="hi")])
+        assert reply.text == "hello"
+        sent = local.requests[0].headers
+        assert "not-needed" in (sent.get("x-api-key"), sent.get("authorization", "")[7:])

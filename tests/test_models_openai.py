@@ -413,3 +413,16 @@ async def test_a_failing_reply_function_is_reported(
     server.script([broken])
     with pytest.raises(ms.TransientError, match=r"the scripted reply raised KeyError\('oops'\)"):
         await model.request(HELLO)
+
+
+async def test_openai_base_url_from_the_environment_needs_no_api_key(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    with FakeOpenAIServer() as local:  # checks no key
+        local.script([local.text("hello")])
+        monkeypatch.setenv("OPENAI_BASE_URL", local.base_url)
+        async with OpenAIModel("llama3") as model:
+            reply = await model.request([UserMessage(content="hi")])
+        assert reply.text == "hello"
+        assert local.requests[0].headers["authorization"] == "Bearer not-needed"

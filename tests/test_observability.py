@@ -328,3 +328,26 @@ async def test_list_runs_filters(fapp: ms.App, clock: FakeClock) -> None:
     assert [r.id for r in fapp.list_runs(search="100%")] == [late]
     assert fapp.list_runs(search="_x%") == []
     assert len(fapp.list_runs(search="K-1")) == 1
+
+
+async def test_the_trace_shows_the_arguments_that_ran_after_a_repair(tmp_path: Path) -> None:
+    app = ms.App(f"sqlite:///{tmp_path / 'repair.db'}")
+
+    @app.tool
+    def record(item: int) -> dict[str, int]:
+        """Record an item."""
+        return {"recorded": item + 4}
+
+    model = ScriptedModel(
+        [
+            call("record", {"item": "fifty"}),  # not an int: handed back for repair
+            call("record", {"item": 50}),
+            call("finish", {"answer": "done"}),
+        ]
+    )
+    agent = app.agent("recorder", model=model, instructions="Record 50.", tools=[record])
+    await app.run(agent, "go")
+    [run] = app.list_runs()
+    [tool] = [e for e in app.trace(run.id).entries if e.kind == "tool"]
+    assert (tool.input_summary, tool.output_summary) == ('{"item": 50}', '{"recorded":54}')
+    app.close()

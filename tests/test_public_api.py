@@ -7,9 +7,11 @@ import mainspring.testing
 
 EXPECTED = {
     "App", "BudgetExceeded", "Cancelled", "Clock", "ConfigError", "ContextOverflow",
-    "FakeClock", "LeaseLost", "LoopDetected", "MainspringError", "ModelOutputError",
+    "FakeClock", "LeaseLost", "LoopDetected", "MainspringError", "MissingExtra",
+    "ModelOutputError",
     "NondeterminismError", "PermissionDenied", "QuotaExhausted", "RateLimited",
     "RetryPolicy", "RunConflict", "RunContext", "RunFailed", "RunHandle", "RunNotFound",
+    "RunWaiting",
     "RunRecord", "SchemaVersionError", "SerializationError", "StepFailed", "StepInfo",
     "StepInterrupted", "StepMode", "StepRecord", "StepTimeout", "Store", "StoreError",
     "StoreUnavailable", "SystemClock", "ToolInputError", "ToolNotAllowed",

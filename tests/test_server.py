@@ -185,6 +185,18 @@ def test_keys_scopes_and_bad_requests_change_nothing(stack: Stack, tmp_path: Pat
         assert message in response.json()["error"]["message"]
     broken = ops.post("/runs", content=b"{not json", headers={"content-type": "application/json"})
     assert broken.status_code == 422 and broken.json()["error"]["type"] == "invalid_request"
+    # A JSON body without a JSON content type (curl -d sends a form type) is refused with
+    # the header to add, not with fields that seem to be missing.
+    # A wrong type is refused before the body is read (415); none at all is a 422.
+    for headers, status in (
+        ({}, 422),
+        ({"content-type": "application/x-www-form-urlencoded"}, 415),
+    ):
+        untyped = ops.post("/runs", content=json.dumps(body).encode(), headers=headers)
+        assert untyped.status_code == status, untyped.text
+        message = untyped.json()["error"]["message"]
+        assert "'Content-Type: application/json'" in message, message
+        assert repr(headers.get("content-type")) in message, message
     assert stack.app.list_runs() == []
 
     # Idempotency: the same key is the same run; a key reused for other input is refused.

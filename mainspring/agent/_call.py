@@ -32,6 +32,7 @@ from collections.abc import Awaitable, Callable, Sequence
 
 from .._clock import Clock
 from .._errors import BudgetExceeded, Overloaded, RateLimited, StepFailed
+from .._stepnames import model_step_name
 from ..context import counter_for
 from ..hitl._wait import approval
 from ..journal import RetryPolicy, RunContext, current_step
@@ -180,7 +181,9 @@ async def call_model(
             )
 
         try:
-            response: ModelResponse = await ctx.step(send, name=f"model:{m.name}", retry=policy)
+            response: ModelResponse = await ctx.step(
+                send, name=model_step_name(m.provider, m.model_id), retry=policy
+            )
             return response
         except StepFailed as exc:
             if exc.error_type not in (_RATE, _OVERLOADED, _LAPSED):
@@ -199,7 +202,7 @@ async def call_model(
         asked = getattr(cause, "retry_after", None)
         wake_at: float = await ctx.step(
             functools.partial(_wake_at, engine.clock, asked, fallback),
-            name=f"rate:wait:{m.name}",
+            name=f"rate:wait:{m.provider}:{m.model_id}",
         )
         if max_rate_wait_s is not None and wake_at - held_since > max_rate_wait_s:
             held_since, max_rate_wait_s = await _ask_to_wait(

@@ -340,10 +340,13 @@ class Agent:
             run.state.tool_calls += 1
             run.session_bytes += len(outcome[0])
             if outcome[1]:
-                run.state.last_error = f"{call.name}: {outcome[0][:300]}"
+                run.state.last_error = _named(call.name, outcome[0][:300])
         turn.results = [_result(c, results.get(i)) for i, c in enumerate(calls)]
         if repaired and not todo:
-            self._count_repair(ctx, run)
+            # What the model was told last, and the call it was told about.
+            i, (message, _) = next((i, r) for i, r in reversed(results.items()) if r[1])
+            call = calls[i]
+            self._count_repair(ctx, run, message, f"{call.name or '?'}({call.arguments:.300})")
         else:
             run.failed_turns = 0
         return False, None
@@ -376,15 +379,19 @@ class Agent:
 
     def _repair(self, ctx: RunContext, run: _Run, turn: Turn, note: str) -> None:
         turn.note = note
-        self._count_repair(ctx, run)
+        self._count_repair(ctx, run, note, None)
 
-    def _count_repair(self, ctx: RunContext, run: _Run) -> None:
+    def _count_repair(self, ctx: RunContext, run: _Run, message: str, call: str | None) -> None:
+        """Count a turn with no usable action; past ``max_repairs`` in a row, fail the run
+        quoting the repair the model was last asked for (and the call it was about)."""
         run.failed_turns += 1
         run.state.repairs += 1
+        about = f" about the call {call}" if call else ""
         if run.failed_turns > self.max_repairs:
             raise ModelOutputError(
-                f"agent {self.name!r}: {run.failed_turns} turns in a row without a usable "
-                f"action (max_repairs={self.max_repairs}); last error: {run.state.last_error}",
+                f"agent {self.name!r}: the model could not produce a valid call: "
+                f"{run.failed_turns} turns in a row without a usable action "
+                f"(max_repairs={self.max_repairs}); the last repair asked{about}: {message!r}",
                 run_id=ctx.run_id,
             )
 
@@ -627,3 +634,12 @@ def _plan_item(data: dict[str, Any]) -> PlanItem:
 
 def _loop_detected(ctx: RunContext, why: str) -> Exception:
     return LoopDetected(f"the agent kept {why}, even after being told", run_id=ctx.run_id)
+
+
+def _named(tool: str, error: str) -> str:
+    """``tool: error``, unless the error names the tool already (``ValidationFailed:
+    get: ...``, ``get: interrupted ...``): a state's ``last_error`` says it once."""
+    _, sep, rest = error.partition(": ")
+    if error.startswith(f"{tool}:") or (sep and rest.startswith(f"{tool}:")):
+        return error
+    return f"{tool}: {error}"

@@ -12,9 +12,10 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Annotated, Any
+from datetime import UTC, datetime
+from typing import Annotated, Any, TypeVar
 from urllib.parse import urlsplit
 
 import typer
@@ -28,12 +29,17 @@ from ._load import load_app
 __all__ = [
     "AppOption",
     "DbOption",
+    "ErrorsOption",
     "JsonOption",
+    "LastOption",
+    "StepOption",
     "cli_errors",
     "console",
     "database_url",
+    "iso_time",
     "open_app",
     "open_existing_store",
+    "pick_steps",
     "print_json",
     "require_file",
     "sqlite_path",
@@ -54,6 +60,65 @@ AppOption = Annotated[
 JsonOption = Annotated[
     bool, typer.Option("--json", help="Print JSON to stdout instead of a table.")
 ]
+
+
+LastOption = Annotated[
+    int | None, typer.Option("--last", metavar="N", min=1, help="Only the last N steps.")
+]
+ErrorsOption = Annotated[
+    bool, typer.Option("--errors", help="Only the steps that failed or were retried.")
+]
+StepOption = Annotated[
+    str | None,
+    typer.Option(
+        "--step",
+        metavar="N|S:N",
+        help="Only this step: its seq in the run's current session, or session:seq.",
+    ),
+]
+
+T = TypeVar("T")
+
+
+def pick_steps(
+    items: list[T],
+    *,
+    where: Callable[[T], tuple[int, int]],
+    troubled: Callable[[T], bool],
+    session: int,
+    last: int | None,
+    errors: bool,
+    step: str | None,
+) -> list[T]:
+    """The steps ``--step``, ``--errors`` and ``--last`` keep, in that order, for runs of
+    hundreds of steps. ``where`` gives an item's ``(session, seq)``.
+
+    Raises:
+        ConfigError: ``--step`` is malformed or names no step of the run.
+    """
+    picked = items
+    if step is not None:
+        text = step.strip()
+        first, sep, second = text.partition(":")
+        try:
+            wanted = (int(first), int(second)) if sep else (session, int(first))
+        except ValueError:
+            raise ConfigError(f"--step takes N or SESSION:N, got {step!r}") from None
+        picked = [i for i in picked if where(i) == wanted]
+        if not picked:
+            raise ConfigError(f"the run has no step {wanted[0]}:{wanted[1]} (--step {step})")
+    if errors:
+        picked = [i for i in picked if troubled(i)]
+    if last is not None:
+        picked = picked[-last:]
+    return picked
+
+
+def iso_time(ts: float | None) -> str | None:
+    """``"2026-11-29T14:03:07.512Z"``: how ``--json`` prints a time (``None`` stays)."""
+    if ts is None:
+        return None
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 @contextmanager

@@ -1,8 +1,8 @@
 """``mainspring demo``: the migration example, crashed mid-import, finished exactly once.
 
 The demo is an operator of real processes: it submits one run of the staged migration in
-``examples/migration`` (export, validate, transform with a scripted model, a stage gate,
-import, reconcile), starts ``mainspring worker`` as a subprocess, answers the stage gate
+:mod:`mainspring.examples.migration` (export, validate, transform with a scripted model, a
+stage gate, import, reconcile), starts ``mainspring worker`` as a subprocess, answers the stage gate
 (a prompt, or ``--yes``), kills the worker with SIGKILL mid-import, starts a fresh worker
 that takes the run over when the dead worker's lease expires, and then checks the journal,
 the target's rows and its effect ledger instead of trusting the workers. Every claim in
@@ -41,7 +41,7 @@ from ..testing import EffectLedger
 
 __all__ = ["demo"]
 
-APP_MODULE = "examples.migration.worker_app"
+APP_MODULE = "mainspring.examples.migration.worker_app"
 APP_SPEC = f"{APP_MODULE}:app"
 TARGET_ENV = "MIGRATION_TARGET"  # read by the worker app
 LEASE_S = 2.0
@@ -235,17 +235,6 @@ def _prepare(directory: Path | None) -> Path:
     return folder
 
 
-def _source_root() -> Path:
-    """The checkout that holds ``examples/`` next to the ``mainspring`` package."""
-    root = Path(mainspring.__file__).resolve().parent.parent
-    if not (root / "examples" / "migration" / "worker_app.py").is_file():
-        raise DemoError(
-            f"the demo runs examples/migration from a source checkout (pip install -e .), "
-            f"and {root} has none"
-        )
-    return root
-
-
 class _Demo:
     app: mainspring.App
     ledger: EffectLedger
@@ -262,7 +251,6 @@ class _Demo:
         self.target_path = folder / "target.db"
         self.procs: list[subprocess.Popen[bytes]] = []
         self.run_id = ""
-        self.root = Path()
 
     def key(self, seq: int) -> str:
         return f"{self.run_id}:0:{seq}"
@@ -285,9 +273,6 @@ class _Demo:
             signal.signal(signal.SIGTERM, previous)
 
     def _load_app(self) -> ModuleType:
-        self.root = _source_root()
-        if str(self.root) not in sys.path:
-            sys.path.insert(0, str(self.root))
         # The workers read these; the App and target of this process must match theirs.
         os.environ["MAINSPRING_DATABASE_URL"] = self.url
         os.environ[TARGET_ENV] = str(self.target_path)
@@ -306,7 +291,7 @@ class _Demo:
             [
                 (
                     "workflow",
-                    f"{module.migrate_customers.name} ({self.root / 'examples/migration'})",
+                    f"{module.migrate_customers.name} ({Path(str(module.__file__)).parent})",
                 ),
                 (
                     "",
@@ -337,17 +322,18 @@ class _Demo:
 
     def _start_worker(self, n: int) -> subprocess.Popen[bytes]:
         args = ["worker", APP_SPEC, "--lease-s", f"{LEASE_S:g}"]
+        # The app ships in the package; the workers must import this very mainspring
+        # (a source checkout run as `python -m mainspring` is on no path by default).
+        home = str(Path(mainspring.__file__).resolve().parent.parent)
         env = {
             **os.environ,
-            "PYTHONPATH": os.pathsep.join(
-                p for p in (str(self.root), os.environ.get("PYTHONPATH")) if p
-            ),
+            "PYTHONPATH": os.pathsep.join(p for p in (home, os.environ.get("PYTHONPATH")) if p),
         }
         with open(self.folder / f"worker-{n}.log", "wb") as log:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "mainspring", *args],
                 env=env,
-                cwd=self.root,
+                cwd=self.folder,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,

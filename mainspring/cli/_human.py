@@ -32,7 +32,7 @@ def pending(
     """List the requests waiting for a human: what, why, since when."""
     with cli_errors(), open_app(db, app_spec) as app:
         if run_id is not None:
-            app.get_run(run_id)
+            run_id = app.resolve_run_id(run_id)  # a unique prefix will do
         requests = app.requests(run_id)
     if as_json:
         print_json([_request_json(r) for r in requests])
@@ -82,6 +82,7 @@ def approve(
         if reject is not None:
             decision = "reject"
         with open_app(db, app_spec) as app:
+            run_id = app.resolve_run_id(run_id)  # a unique prefix will do
             request = app.answer(
                 run_id,
                 request_id,
@@ -105,6 +106,7 @@ def answer(
 ) -> None:
     """Answer a question a run asked."""
     with cli_errors(), open_app(db, app_spec) as app:
+        run_id = app.resolve_run_id(run_id)  # a unique prefix will do
         request = app.answer(run_id, request_id, answer=text, by=local_user())
     _done(request, "answer", as_json)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -134,14 +136,46 @@ def run_target(
         typer.Option(metavar="DIR", help="Write report.md, report.html and PNG plots here."),
     ] = None,
     json_out: JsonOption = False,
+    live: Annotated[
+        bool,
+        typer.Option(
+            "--live",
+            help="Run the real write and irreversible tools (asks first; default: stubs).",
+        ),
+    ] = False,
+    yes: Annotated[bool, typer.Option("--yes", help="Do not ask before --live.")] = False,
+    stub: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--stub",
+            metavar="TOOL=JSON",
+            help="What a stubbed tool returns (repeatable), when no placeholder fits.",
+        ),
+    ] = None,
 ) -> None:
     """Run your own workflow or agent under faults for each policy and compare them.
 
-    Each trial runs on a fresh temporary SQLite store under simulated time.
+    Each trial runs on a fresh temporary SQLite store under simulated time. No real
+    effect is performed: write and irreversible tools run as stubs unless --live.
+    With --out DIR, each failed trial's store is kept in DIR/trials for `mainspring show`.
     """
     from ..lab import LabProfile, parse_json_args, parse_policies, run_workflow_lab
 
     with cli_errors():
+        stubs = _stubs(stub or [])
+        if live and not yes:
+            if not sys.stdin.isatty():
+                raise ConfigError(
+                    "--live runs the target's real write and irreversible tools many times; "
+                    "confirm with --yes (stdin is not a terminal to ask)"
+                )
+            if not typer.confirm(
+                f"--live: {trials} trials per policy will run the real write and "
+                "irreversible tools of "
+                f"{target!r} (approved automatically), and their effects will happen. Go on?",
+                default=False,
+            ):
+                raise typer.Exit(1)
         profile = LabProfile(
             model_error_rate=error_rate,
             tool_failure_rate=tool_failure_rate,
@@ -167,12 +201,30 @@ def run_target(
                 repeats=repeats,
                 seed=seed,
                 progress=lambda p, n: status.update(f"done: {p}"),
+                live=live,
+                stubs=stubs,
+                keep=out / "trials" if out is not None else None,
             )
         _show(result, out, json_out)
 
 
+def _stubs(given: list[str]) -> dict[str, object]:
+    """``--stub TOOL=JSON`` options, parsed."""
+    out: dict[str, object] = {}
+    for item in given:
+        name, sep, text = item.partition("=")
+        if not sep or not name.strip():
+            raise ConfigError(f"--stub takes TOOL=JSON, like --stub purge='\"ok\"', got {item!r}")
+        try:
+            out[name.strip()] = json.loads(text)
+        except ValueError as exc:
+            raise ConfigError(f"--stub {name.strip()}: {text!r} is not JSON ({exc})") from None
+    return out
+
+
 def _show(result: LabResult, out: Path | None, json_out: bool) -> None:
     from ..lab import html_report, markdown_report, plot_results, rich_table
+    from ..lab._report import failure_lines
 
     plots: list[str] = []
     if out is not None:
@@ -186,6 +238,16 @@ def _show(result: LabResult, out: Path | None, json_out: bool) -> None:
         print_json(result.to_dict())
         return
     console().print(rich_table(result))
+    if result.target is not None:
+        if result.live:
+            console().print("live: the real write and irreversible tools ran")
+        else:
+            stubbed = ", ".join(result.stubbed) or "none"
+            console().print(f"no real effects: these tools ran as stubs: {stubbed} (--live)")
+    if result.failures:
+        console().print(f"failed trials ({len(result.failures)}):", markup=False)
+        for line in failure_lines(result, limit=10):
+            console().print(line, markup=False, highlight=False, soft_wrap=True)
     if out is not None:
         console().print(
             f"report: {out / 'report.md'}, {out / 'report.html'}; plots: {', '.join(plots)}"

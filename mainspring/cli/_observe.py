@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from typing import Annotated, Any
@@ -13,7 +14,20 @@ from rich.tree import Tree
 from .._app import local_user
 from .._errors import ConfigError
 from ..observability import RunTrace, TraceEntry, progress
-from ._common import AppOption, DbOption, JsonOption, cli_errors, console, open_app, print_json
+from ._common import (
+    AppOption,
+    DbOption,
+    ErrorsOption,
+    JsonOption,
+    LastOption,
+    StepOption,
+    cli_errors,
+    console,
+    iso_time,
+    open_app,
+    pick_steps,
+    print_json,
+)
 
 __all__ = ["doctor", "fork", "retry", "tail", "trace"]
 
@@ -22,15 +36,43 @@ _STATUS_STYLE = {"started": "blue", "retrying": "yellow", "completed": "green", 
 
 
 def trace(
-    run_id: RunArg, db: DbOption = None, app_spec: AppOption = None, as_json: JsonOption = False
+    run_id: RunArg,
+    db: DbOption = None,
+    app_spec: AppOption = None,
+    as_json: JsonOption = False,
+    last: LastOption = None,
+    errors: ErrorsOption = False,
+    step: StepOption = None,
 ) -> None:
-    """A run's timeline: each step with its duration, tokens, cost and errors."""
+    """A run's timeline: each step with its duration, tokens, cost and errors.
+
+    --last, --errors and --step pick the steps shown; the totals stay the whole run's.
+    """
     with cli_errors(), open_app(db, app_spec) as app:
+        run_id = app.resolve_run_id(run_id)  # a unique prefix will do
         t = app.trace(run_id)
+        kept = pick_steps(
+            list(t.entries),
+            where=lambda e: (e.session, e.seq),
+            troubled=lambda e: e.status == "failed" or e.retries > 0 or e.error_class is not None,
+            session=t.run.session,
+            last=last,
+            errors=errors,
+            step=step,
+        )
     if as_json:
-        print_json(t.to_json())
+        data = t.to_json()
+        positions = {(e.session, e.seq) for e in kept}
+        data["steps"] = [s for s in data["steps"] if (s["session"], s["seq"]) in positions]
+        # Times as every command prints them: ISO-8601 UTC strings.
+        for row, keys in [(data["run"], ("created_at", "finished_at"))] + [
+            (step, ("started_at", "finished_at")) for step in data["steps"]
+        ]:
+            for k in keys:
+                row[k] = iso_time(row[k])
+        print_json(data)
         return
-    console().print(_tree(t))
+    console().print(_tree(t, kept))
 
 
 def tail(
@@ -38,21 +80,31 @@ def tail(
     db: DbOption = None,
     app_spec: AppOption = None,
     interval: Annotated[float, typer.Option(min=0.05, help="Seconds between looks.")] = 1.0,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="One JSON object per line (JSON Lines) per change.")
+    ] = False,
 ) -> None:
     """Follow a run live (step, plan items done, tokens, cost, status) until it finishes."""
     with cli_errors(), open_app(db, app_spec) as app:
+        run_id = app.resolve_run_id(run_id)  # a unique prefix will do
         out = console()
         last = None
         while True:
             t = app.trace(run_id)
             p = progress(t)
-            line = (
-                f"{p.status:<9} steps {p.steps:>4}  plan {p.plan_done}/{p.plan_total}  "
-                f"tokens {p.tokens_in:,} in / {p.tokens_out:,} out  ${p.cost_usd:.4f}  "
-                f"errors {p.errors}  at {p.current or '-'}"
-            )
+            if as_json:
+                line = json.dumps({"run_id": run_id, **dataclasses.asdict(p)}, default=str)
+            else:
+                line = (
+                    f"{p.status:<9} steps {p.steps:>4}  plan {p.plan_done}/{p.plan_total}  "
+                    f"tokens {p.tokens_in:,} in / {p.tokens_out:,} out  ${p.cost_usd:.4f}  "
+                    f"errors {p.errors}  at {p.current or '-'}"
+                )
             if line != last:
-                out.print(line)
+                if as_json:
+                    print(line, flush=True)  # a line per change, for a pipe
+                else:
+                    out.print(line)
                 last = line
             if t.run.finished:
                 break
@@ -72,6 +124,7 @@ def doctor(
 ) -> None:
     """Diagnose a stuck or failed run with the failure table, and say what to check next."""
     with cli_errors(), open_app(db, app_spec) as app:
+        run_id = app.resolve_run_id(run_id)  # a unique prefix will do
         d = app.diagnose(run_id, stall_after_s=stall_after)
     if as_json:
         print_json(d.to_json())
@@ -127,6 +180,7 @@ def fork(
                     f"--edit-state is not valid JSON ({exc}): {edit_state!r}"
                 ) from None
         with open_app(db, app_spec) as app:
+            run_id = app.resolve_run_id(run_id)  # a unique prefix will do
             handle = app.fork(
                 run_id,
                 from_step=from_step,
@@ -146,6 +200,7 @@ def fork(
 def retry(run_id: RunArg, db: DbOption = None, app_spec: AppOption = None) -> None:
     """Resume a failed run from its failing step (completed steps are not run again)."""
     with cli_errors(), open_app(db, app_spec) as app:
+        run_id = app.resolve_run_id(run_id)  # a unique prefix will do
         app.retry(run_id)
     console().print(f"run {run_id} queued again from its failing step; a worker resumes it")
 
@@ -153,7 +208,7 @@ def retry(run_id: RunArg, db: DbOption = None, app_spec: AppOption = None) -> No
 # -- rendering --------------------------------------------------------------------------
 
 
-def _tree(t: RunTrace) -> Tree:
+def _tree(t: RunTrace, entries: list[TraceEntry]) -> Tree:
     r = t.run
     took = f", {_secs(t.duration_s)}" if t.duration_s is not None else ""
     head = Text(f"run {r.id} {r.workflow} ", style="bold")
@@ -166,11 +221,13 @@ def _tree(t: RunTrace) -> Tree:
         f" · ${t.cost_usd:.4f}"
     )
     root = Tree(head)
-    sessions = sorted({e.session for e in t.entries})
+    if len(entries) < len(t.entries):
+        head.append(f" (showing {len(entries)} of them)")
+    sessions = sorted({e.session for e in entries})
     for session in sessions:
         branch = root.add(f"session {session}") if len(sessions) > 1 else root
         turn: Tree | None = None
-        for e in (e for e in t.entries if e.session == session):
+        for e in (e for e in entries if e.session == session):
             label = _line(e)
             if e.kind == "model":
                 turn = branch.add(label)

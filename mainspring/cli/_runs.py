@@ -21,7 +21,20 @@ from rich.text import Text
 
 from .._errors import ConfigError
 from ..storage import RunRecord, RunStatus, StepRecord, Store
-from ._common import AppOption, DbOption, JsonOption, cli_errors, console, open_app, print_json
+from ..storage._records import WAKE_NOW
+from ._common import (
+    AppOption,
+    DbOption,
+    ErrorsOption,
+    JsonOption,
+    LastOption,
+    StepOption,
+    cli_errors,
+    console,
+    open_app,
+    pick_steps,
+    print_json,
+)
 from ._load import load_app
 
 __all__ = ["cancel", "runs", "show", "signal", "submit"]
@@ -188,14 +201,27 @@ def show(
         typer.Option("--verbose", "-v", help="Full values and the tracebacks of errors."),
     ] = False,
     as_json: JsonOption = False,
+    last: LastOption = None,
+    errors: ErrorsOption = False,
+    step: StepOption = None,
 ) -> None:
     """Show one run: its state, input, result or error, and its journal of steps."""
     with cli_errors(), open_app(db, app_spec) as app:
+        run_id = app.resolve_run_id(run_id)  # a unique prefix will do
         record = app.get_run(run_id)
         steps = app.steps(run_id)
-    current = max(
-        (s for s in steps if s.session == record.session), key=lambda s: s.seq, default=None
-    )
+        current = max(
+            (s for s in steps if s.session == record.session), key=lambda s: s.seq, default=None
+        )
+        steps = pick_steps(
+            steps,
+            where=lambda s: (s.session, s.seq),
+            troubled=lambda s: s.status in ("failed", "retrying") or s.error is not None,
+            session=record.session,
+            last=last,
+            errors=errors,
+            step=step,
+        )
     if as_json:
         print_json({"run": _run_json(record, current), "steps": [_step_json(s) for s in steps]})
         return
@@ -240,6 +266,9 @@ def show(
     if verbose and isinstance(error, dict) and error.get("traceback"):
         out.print(Text("\nrun error traceback:", style="bold"))
         out.print(str(error["traceback"]).rstrip())
+    if not steps and (errors or step is not None or last is not None):
+        out.print("\nno step of the run matches --errors")  # --step and --last always match
+        return
     _print_steps(out, steps, now, verbose=verbose)
 
 
@@ -259,6 +288,7 @@ def signal(
     with cli_errors():
         value = _parse_json(payload, "PAYLOAD-JSON") if payload is not None else None
         with open_app(db, app_spec) as app:
+            run_id = app.resolve_run_id(run_id)  # a unique prefix will do
             app.get_run(run_id)  # names the database when the run is not there
             signal_id = app.signal(run_id, name, value)
             record = app.get_run(run_id)
@@ -284,6 +314,7 @@ def cancel(
 ) -> None:
     """Cancel a run. A running run stops at its next step boundary."""
     with cli_errors(), open_app(db, app_spec) as app:
+        run_id = app.resolve_run_id(run_id)  # a unique prefix will do
         before = app.get_run(run_id).status
         after = app.cancel(run_id, reason)
     if as_json:
@@ -480,7 +511,11 @@ def _wait_text(r: RunRecord, now: float) -> str:
     if r.status not in _SUSPENDED:
         return ""
     reason = r.wait_reason or r.status
-    return f"{reason}, wakes {_clock(r.wake_at, now)}" if r.wake_at is not None else reason
+    if r.wake_at is None:
+        return reason
+    if r.wake_at == WAKE_NOW:  # a signal made it due: the next worker's poll claims it
+        return f"{reason}, due now"
+    return f"{reason}, wakes {_clock(r.wake_at, now)}"
 
 
 def _error_line(error: Any, width: int | None) -> str:
@@ -512,7 +547,9 @@ def _print_steps(out: Console, steps: list[StepRecord], now: float, *, verbose: 
             ("took", "right"),
         )
         for column, justify in columns:
-            table.add_column(column, justify=justify)
+            # -v: values wrap onto more lines, never cut to the terminal's width.
+            wrap = verbose and column in ("last error", "output")
+            table.add_column(column, justify=justify, overflow="fold" if wrap else "ellipsis")
         rows = [s for s in steps if s.session == session]
         for s in rows:
             error = _decode(s.error)

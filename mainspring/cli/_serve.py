@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from .._errors import MissingExtra
 from ..storage import redact_url
 from ._load import load_app
 
@@ -69,9 +70,9 @@ def serve(
 
         from ..server import create_app
         from ..server._protocol import with_header_timeout
-    except ImportError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(2) from None
+    except ImportError as exc:  # the CLI prints MissingExtra as one line with the fix
+        raise MissingExtra("mainspring serve", "server", exc.name) from None
+
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

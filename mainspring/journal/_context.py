@@ -28,6 +28,7 @@ from .._errors import (
     LeaseLost,
     MainspringError,
     NondeterminismError,
+    SerializationError,
     StepFailed,
     StepInterrupted,
     StepTimeout,
@@ -37,6 +38,7 @@ from .._errors import (
 )
 from .._serde import decode, dumps, loads
 from .._signals import is_request_signal
+from .._stepnames import same_step_name
 from ..storage import RunRecord, RunTransition, RunWrite, StepKind, StepRecord, StepStatus
 from ..storage._records import WAIT_SIGNAL_SEP, join_wait_signals
 from ._engine import Engine, RunControl
@@ -52,7 +54,36 @@ log = logging.getLogger("mainspring.worker")
 T = TypeVar("T")
 StepMode = Literal["at_least_once", "at_most_once"]
 _MISSING: Any = object()
+log = logging.getLogger("mainspring.journal")
+
 _PLAIN = frozenset({str, int, bool, type(None)})
+
+
+def _journaled_error(text: str | None, exc: BaseException) -> str:
+    """``Type: message`` of an error as the journal holds it (secrets redacted)."""
+    error = loads(text) if text else None
+    if isinstance(error, dict):
+        return f"{type(exc).__name__}: {error.get('message', '')}"[:300]
+    return type(exc).__name__
+
+
+def _journaled(result: Any, ret_type: Any, step_name: str, info: StepInfo) -> tuple[str, Any]:
+    """A step's result as the journal will hold it, and as the workflow (and every
+    replay) will see it. Checked before the step is recorded as completed: a result that
+    cannot be stored or revived fails the step, saying that its effects did happen."""
+    what = f"output of step {step_name!r}"
+    try:
+        output = dumps(result, what=what)
+        if type(result) in _PLAIN and (ret_type is Any or ret_type is type(result)):
+            return output, result  # JSON gives back exactly this value: skip the round trip
+        return output, decode(output, ret_type, what=what)
+    except SerializationError as exc:
+        raise SerializationError(
+            f"{exc.message}. The step ran to its end (any effect it had was made under "
+            f"idempotency key {info.idempotency_key!r}), but its result cannot be journaled: "
+            "return JSON data (str, numbers, lists, dicts) or a dataclass, pydantic model "
+            "or TypedDict that matches the return annotation"
+        ) from None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -418,7 +449,7 @@ class RunContext:
                     result = await self._intercepted(fn, args, kwargs, info, timeout, is_coro)
                 else:
                     result = await self._invoke(fn, args, kwargs, info, timeout, is_coro)
-                output = dumps(result, what=f"output of step {step_name!r}")
+                output, value = _journaled(result, ret_type, step_name, info)
             except BaseException as exc:
                 # User code can raise anything (SystemExit from argparse, a stray
                 # CancelledError): all of it is a failed attempt, but for mainspring's
@@ -477,6 +508,14 @@ class RunContext:
                     wake_at=wake_at,
                 )
                 last_error = retrying.error  # as journaled (redacted)
+                log.info(
+                    "event=retry run=%s step=%s attempt=%d error=%r retry_in_s=%.3f",
+                    self.run_id,
+                    self._where(seq, step_name),
+                    attempt,
+                    _journaled_error(retrying.error, error),  # redacted, as journaled
+                    delay,
+                )
                 await self._wait_until(wake_at, reason=f"retry:{step_name}")
                 attempt += 1
                 continue
@@ -488,9 +527,7 @@ class RunContext:
             if done.output is not output:
                 # Secrets were redacted: the live run sees what a replay will see.
                 return decode(done.output, ret_type, what=f"output of step {step_name!r}")
-            if type(result) in _PLAIN and (ret_type is Any or ret_type is type(result)):
-                return result  # JSON gives back exactly this value: skip the round trip
-            return decode(output, ret_type, what=f"output of step {step_name!r}")
+            return value
 
     async def sleep(self, seconds: float) -> None:
         """Sleep durably. Long sleeps release the worker; the run wakes on time
@@ -735,7 +772,7 @@ class RunContext:
         self._seq += 1
         seq = self._seq
         rec = self._journal.get(seq)
-        if rec is not None and (rec.kind != kind or rec.name != name):
+        if rec is not None and (rec.kind != kind or not same_step_name(rec.name, name)):
             raise self._fail(
                 NondeterminismError(
                     f"replay expected {rec.kind} {rec.name!r} at position {seq} of session "

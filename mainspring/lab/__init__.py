@@ -16,8 +16,9 @@ from ._plots import plot_results
 from ._preflight import CHECKS, Finding, PreflightReport, preflight
 from ._profile import POLICIES, POLICY_TITLES, FailureCause, LabProfile, Policy, parse_policies
 from ._report import html_report, markdown_report, rich_table
-from ._run import PASS_K, Cell, LabResult, parse_steps, run_lab
+from ._run import PASS_K, Cell, LabResult, TrialFailure, parse_steps, run_lab
 from ._stats import pass_hat_k, theory_success, wilson
+from ._stubs import lab_stubs
 from ._target import LabTarget, parse_json_args, resolve_target, run_workflow_lab
 
 __all__ = [
@@ -35,7 +36,9 @@ __all__ = [
     "LabTarget",
     "Policy",
     "PreflightReport",
+    "TrialFailure",
     "html_report",
+    "lab_stubs",
     "markdown_report",
     "parse_json_args",
     "parse_policies",

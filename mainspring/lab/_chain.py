@@ -85,6 +85,8 @@ class TrialOutcome:
     tokens: int = 0
     cost_usd: float = 0.0
     sim_s: float = 0.0
+    run_id: str = ""  # `mainspring lab run`: the trial's run (its store is kept if asked)
+    error: str = ""  # why it failed, in a line (the run's error, or what stopped it)
     corrupt_at: int | None = field(default=None, repr=False)
     last_fault: FailureCause | None = field(default=None, repr=False)
 

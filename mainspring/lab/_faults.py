@@ -20,17 +20,19 @@ from __future__ import annotations
 
 import inspect
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final
 
-from .._errors import MainspringError, StepTimeout, TransientError
+from .._errors import ConfigError, MainspringError, StepTimeout, TransientError
 from ..journal import StepCall, StepInterceptor
 from ..models import ModelResponse
 from ..models._types import ToolCall
 from ..tools import ToolRegistry
+from ..tools._tool import tool_of
 from ._chain import InstantClock, _Draws
 from ._chain import _SimulatedCrash as SimulatedCrash
 from ._profile import FailureCause, LabProfile, Policy
+from ._stubs import Stub, stub_for
 
 __all__ = ["FaultHook", "SimulatedCrash"]
 
@@ -54,6 +56,11 @@ class FaultHook(StepInterceptor):
         clock: the trial's simulated clock (timeouts and lease expiries jump it).
         tools: the App's tool registry, to tell write tools from reads and keyed
             tools (``ctx: ToolContext``) from unkeyed ones.
+        stubs: tool name -> a function of the call's arguments that stands in for the
+            tool: its step returns that instead of running the tool (no real effect).
+            Faults are drawn and effects counted as if it had run.
+        stub_effects: stub every ``write`` and ``irreversible`` tool, those not in
+            ``stubs`` with a placeholder (:func:`~mainspring.lab._stubs.stub_for`).
     """
 
     def __init__(
@@ -66,8 +73,14 @@ class FaultHook(StepInterceptor):
         repeat: int,
         clock: InstantClock,
         tools: ToolRegistry | None = None,
+        stubs: Mapping[str, Stub] | None = None,
+        stub_effects: bool = False,
     ) -> None:
         self.p, self.policy, self.task, self.repeat = profile, policy, task, repeat
+        self.stubs = dict(stubs or {})
+        self.stub_effects = stub_effects
+        self.stubbed: set[str] = set()  # tools that ran as stubs in this trial
+        self.config_error: ConfigError | None = None  # a tool no stub could stand in for
         self.d = _Draws(seed)
         self.clock = clock
         self.tools = tools
@@ -126,7 +139,11 @@ class FaultHook(StepInterceptor):
             if fault == "timeout":
                 self.clock.jump(self.p.timeout_s)
             raise self._error(fault, info.name, attempt)
-        result = await proceed()
+        stub = None if model else self._stub(call)
+        if stub is not None:
+            result = stub(dict(call.args[0]) if call.args else {})  # no real effect
+        else:
+            result = await proceed()
         if model:
             result = self._model_answer(result, fault, attempt)
         else:
@@ -214,6 +231,21 @@ class FaultHook(StepInterceptor):
         elif fault == "malformed":
             self.last = None  # not a model reply: nothing to garble
         return result
+
+    def _stub(self, call: StepCall) -> Stub | None:
+        tool = tool_of(call.fn)
+        if tool is None or tool.effect == "read":
+            return None
+        stub = self.stubs.get(tool.name)
+        if stub is None and self.stub_effects:
+            try:
+                stub = self.stubs[tool.name] = stub_for(tool)
+            except ConfigError as exc:
+                self.config_error = exc  # the lab stops: an agent would take it as a tool error
+                raise
+        if stub is not None:
+            self.stubbed.add(tool.name)
+        return stub
 
     def _effect(self, call: StepCall, key: str) -> None:
         name = call.info.name

@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from .._errors import MissingExtra
 from ._profile import POLICIES
 from ._run import PASS_K, LabResult
 from ._stats import theory_success
@@ -17,7 +18,7 @@ def _pyplot() -> Any:
     try:
         import matplotlib
     except ImportError as exc:
-        raise ImportError("the lab's plots need matplotlib: pip install 'mainspring[lab]'") from exc
+        raise MissingExtra("the lab's plots", "lab", exc.name) from exc
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
 

@@ -18,6 +18,7 @@ from typing import Any, Literal
 from .._app import App
 from .._errors import ConfigError
 from .._imports import import_object
+from .._serde import return_type_problem
 from ..agent import Agent
 from ..journal import Workflow
 from ..limits import price_of
@@ -149,6 +150,8 @@ def preflight(
         name = spec_or_target
     else:
         target, name = spec_or_target, spec_or_target.name
+        if app is not None and app.workflows.get(name) is target and name in app.agents:
+            target = app.agents[name]  # the workflow app.agent() returned: check the agent
     if isinstance(target, Agent):
         return PreflightReport(target=name, kind="agent", findings=_check_agent(target))
     return PreflightReport(target=name, kind="workflow", findings=_check_workflow(target, app))
@@ -305,8 +308,15 @@ def _schema_gaps(t: Tool[Any, Any]) -> list[str]:
             continue
         if _untyped(hints.get(name, inspect.Signature.empty)):
             gaps.append(f"parameter {name!r} has no type")
-    if _untyped(_return_type(t.fn)):
+    returns = _return_type(t.fn)
+    if _untyped(returns):
         gaps.append("no return type")
+    elif (problem := return_type_problem(t.schema.return_type)) is not None:
+        # Recommending a typed result is only honest if the journal can give it back.
+        gaps.append(
+            f"its return type {returns!r} cannot be rebuilt from the journal, so a replay "
+            f"would see plain JSON ({problem})"
+        )
     return gaps
 
 

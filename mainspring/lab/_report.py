@@ -10,7 +10,7 @@ from rich.table import Table
 from ._profile import POLICY_TITLES
 from ._run import PASS_K, Cell, LabResult
 
-__all__ = ["HEADERS", "html_report", "markdown_report", "rich_table", "row"]
+__all__ = ["HEADERS", "failure_lines", "html_report", "markdown_report", "rich_table", "row"]
 
 HEADERS: tuple[str, ...] = (
     "policy",
@@ -100,8 +100,34 @@ def markdown_report(result: LabResult, plots: Sequence[str] = ()) -> str:
         _md_table(result.cells),
         "",
     ]
+    parts += _effects_lines(result)
     parts += [f"![{name}]({name})\n" for name in plots]
+    if result.failures:
+        parts += ["## Failed trials", "", *failure_lines(result), ""]
     return "\n".join(parts)
+
+
+def _effects_lines(result: LabResult) -> list[str]:
+    if result.target is None:
+        return []
+    if result.live:
+        return ["**Live**: the target's write and irreversible tools really ran.", ""]
+    stubbed = ", ".join(f"`{n}`" for n in result.stubbed) or "none"
+    return [f"No real effects: these tools ran as stubs: {stubbed}.", ""]
+
+
+def failure_lines(result: LabResult, limit: int | None = None) -> list[str]:
+    """One line per failed trial: policy, trial, cause, error, and how to inspect it."""
+    lines = []
+    for f in result.failures[:limit]:
+        where = f" (`mainspring show {f.run_id} --db {f.database}`)" if f.database else ""
+        lines.append(
+            f"- {f.policy}, task {f.task} trial {f.repeat}: **{f.cause}**: {f.error or '-'}; "
+            f"run {f.run_id}{where}"
+        )
+    if limit is not None and len(result.failures) > limit:
+        lines.append(f"- ... and {len(result.failures) - limit} more (--json lists them all)")
+    return lines
 
 
 def html_report(result: LabResult, plots: Sequence[str] = ()) -> str:
@@ -112,11 +138,15 @@ def html_report(result: LabResult, plots: Sequence[str] = ()) -> str:
         for c in result.cells
     )
     images = "".join(f'<p><img src="{html.escape(p)}" alt="{html.escape(p)}"></p>' for p in plots)
+    effects = "".join(f"<p>{html.escape(line)}</p>" for line in _effects_lines(result) if line)
+    failed = "".join(f"<li>{html.escape(line[2:])}</li>" for line in failure_lines(result))
+    if failed:
+        images += f"<h2>Failed trials</h2><ul>{failed}</ul>"
     return (
         "<!doctype html><html><head><meta charset='utf-8'><title>mainspring lab</title>"
         "<style>body{font-family:sans-serif}table{border-collapse:collapse}"
         "td,th{border:1px solid #ccc;padding:2px 6px;text-align:right}</style></head><body>"
         f"<h1>mainspring lab report</h1><p>{html.escape(_profile_line(result))}</p>"
-        f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>{images}"
+        f"{effects}<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>{images}"
         "</body></html>\n"
     )

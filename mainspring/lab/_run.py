@@ -12,7 +12,7 @@ from ._chain import TrialOutcome, run_trials
 from ._profile import POLICIES, LabProfile, Policy
 from ._stats import pass_hat_k, theory_success, wilson
 
-__all__ = ["PASS_K", "Cell", "LabResult", "parse_steps", "run_lab"]
+__all__ = ["PASS_K", "Cell", "LabResult", "TrialFailure", "parse_steps", "run_lab"]
 
 PASS_K: tuple[int, ...] = (1, 2, 4, 8)
 
@@ -53,6 +53,28 @@ class Cell:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class TrialFailure:
+    """One failed trial of ``mainspring lab run``: why, and the run to look at.
+
+    Attributes:
+        policy / task / repeat: which trial.
+        cause: the failure cause (as counted in the cell's ``causes``).
+        error: the run's error or what stopped the trial, in a line.
+        run_id: the trial's run.
+        database: the URL of the trial's store when it was kept (``keep=``, or the CLI's
+            ``--out``): ``mainspring show RUN --db URL`` shows it; ``None`` otherwise.
+    """
+
+    policy: Policy
+    task: int
+    repeat: int
+    cause: str
+    error: str
+    run_id: str
+    database: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class LabResult:
     """Every cell of one experiment, with what produced it."""
 
@@ -64,6 +86,9 @@ class LabResult:
     policies: tuple[Policy, ...]
     cells: tuple[Cell, ...] = field(default=())
     target: str | None = None  # the workflow run (`mainspring lab run`); None: the chain
+    live: bool = False  # `lab run`: the target's write/irreversible tools really ran
+    stubbed: tuple[str, ...] = ()  # `lab run`: the tools whose effects were stubbed
+    failures: tuple[TrialFailure, ...] = ()  # `lab run`: every failed trial, and why
 
     def cell(self, policy: Policy, steps: int) -> Cell:
         for c in self.cells:
@@ -85,6 +110,9 @@ class LabResult:
                 {**asdict(c), "pass_k": {str(k): v for k, v in c.pass_k.items()}}
                 for c in self.cells
             ],
+            "live": self.live,
+            "stubbed": list(self.stubbed),
+            "failures": [asdict(f) for f in self.failures],
         }
 
 

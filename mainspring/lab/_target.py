@@ -13,8 +13,9 @@ import asyncio
 import dataclasses
 import json
 import random
+import shutil
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,8 @@ from ..worker import Worker
 from ._chain import InstantClock, TrialOutcome, _quiet
 from ._faults import FaultHook
 from ._profile import POLICIES, FailureCause, LabProfile, Policy
-from ._run import Cell, LabResult, summarise
+from ._run import Cell, LabResult, TrialFailure, summarise
+from ._stubs import Stub, lab_stubs
 
 __all__ = ["LabTarget", "parse_json_args", "resolve_target", "run_workflow_lab"]
 
@@ -128,9 +130,11 @@ class _Trials:
         profile: LabProfile,
         seed: int,
         directory: Path,
+        stubs: Mapping[str, Stub] | None = None,
     ) -> None:
         self.target, self.policy, self.p, self.seed = target, policy, profile, seed
         self.directory = directory
+        self.stubs = stubs
         self.workflow = target.workflow
         self.agent = target.agent
         if target.agent is not None:
@@ -187,30 +191,39 @@ class _Trials:
             repeat=repeat,
             clock=clock,
             tools=tools,
+            stubs=self.stubs,
+            stub_effects=self.stubs is not None,
         )
         app = self.app(hook)
         out = TrialOutcome(task=task, repeat=repeat)
         try:
-            run_id = app.enqueue(self.workflow.name, args, kwargs).run_id
+            run_id = out.run_id = app.enqueue(self.workflow.name, args, kwargs).run_id
             stop = await _drive(app, run_id, hook)
+            if hook.config_error is not None:
+                raise hook.config_error
             record = app.get_run(run_id)
             cause: FailureCause | None = None
             if stop is not None:
                 cause = stop
+                out.error = _STOPS.get(stop, stop) + f" (run status {record.status})"
             elif record.status == "succeeded":
                 value = self.workflow.decode_output(record.output)
                 if isinstance(value, AgentResult) and value.status != "done":
                     cause = "partial"
+                    out.error = f"the agent ended {value.status}: {value.reason}"
                 elif (swallowed := hook.unrecovered()) is not None:
                     cause = swallowed  # done, but over a step that failed for good
+                    out.error = f"succeeded over a step that failed for good ({swallowed})"
                 elif check is not None and not check(value):
                     cause = "wrong_result"
+                    out.error = f"check() refused the result {record.output!s:.200}"
             else:
                 error = json.loads(record.error) if record.error else {}
                 message = str(error.get("message", "")) if isinstance(error, dict) else ""
                 dead = "without progress" in message
                 cause = "dead_letter" if dead else (hook.last or "workflow_error")
-                self.error = f"{record.status}: {error.get('type', '?')}: {message}"
+                kind = str(error.get("type", "?")).rsplit(".", 1)[-1]
+                self.error = out.error = f"{record.status}: {kind}: {message:.300}"
             out.success = cause is None
             out.cause = cause
         finally:
@@ -221,6 +234,10 @@ class _Trials:
         out.calls, out.tokens, out.cost_usd = hook.calls, hook.tokens, hook.cost_usd
         out.sim_s = clock.now() - start
         return out, hook
+
+    def database(self) -> Path:
+        """The store of the latest trial."""
+        return self.directory / f"{self.policy}-{self.count}.db"
 
 
 async def _drive(app: App, run_id: str, hook: FaultHook) -> FailureCause | None:
@@ -251,6 +268,12 @@ async def _drive(app: App, run_id: str, hook: FaultHook) -> FailureCause | None:
         worker.request_stop()
         await asyncio.gather(task, return_exceptions=True)
     return stop
+
+
+_STOPS: dict[str, str] = {
+    "worker_crash": "the worker died and this policy has no journal to resume from",
+    "stalled": "the run waits for something the lab cannot give (a question, a signal)",
+}
 
 
 def _agent_for(agent: Agent, policy: Policy) -> tuple[Agent, Workflow[Any, Any]]:
@@ -301,14 +324,30 @@ def run_workflow_lab(
     seed: int = 42,
     check: Callable[[Any], bool] | None = None,
     progress: Callable[[Policy, int], None] | None = None,
+    live: bool = False,
+    stubs: Mapping[str, Any] | None = None,
+    keep: str | Path | None = None,
 ) -> LabResult:
     """Run a workflow or agent under ``profile`` for ``trials`` seeded trials per policy.
+
+    The lab performs no real effect unless told to: every ``write`` and ``irreversible``
+    tool of the target's App is replaced, in every trial, by a stub (see
+    :func:`lab_stubs`); faults are drawn and duplicate effects counted as if it ran.
+    ``read`` tools, model calls and a workflow's plain ``ctx.step`` functions run as
+    they are (the lab cannot tell a plain step's reads from its writes: point the
+    workflow at test doubles). Irreversible tools are approved as a reviewer would.
 
     Args:
         target: ``"MODULE:OBJECT"``, a workflow (``@app.workflow``, ``app.agent``) or
             an App with ``workflow=`` naming the workflow.
         args / kwargs: the workflow's arguments (after ``ctx``); an agent takes the task.
         check: judges a successful run's result (``False``: a wrong result).
+        live: run the real write and irreversible tools, once or more per trial (the
+            CLI's ``--live`` asks for a confirmation first).
+        stubs: tool name -> the value its stub returns, or a function of the call's
+            arguments returning it (for tools no placeholder fits).
+        keep: a folder to copy each failed trial's store into, so that its run can be
+            inspected (``TrialFailure.database``).
         policies / trials / repeats / seed: as :func:`run_lab`; the trials are
             ``trials / repeats`` tasks (correlated faults are per task) tried
             ``repeats`` times.
@@ -332,9 +371,20 @@ def run_workflow_lab(
     found = resolve_target(target, workflow=workflow)
     named = dict(kwargs or {})
     found.workflow.encode_input(tuple(args), named)  # wrong arguments fail here
-    return asyncio.run(
-        _experiment(found, profile, args, named, policies, trials, repeats, seed, check, progress)
-    )
+    tools = list(found.app.tools) if found.app is not None else []
+    if found.agent is not None:  # an agent calls only the tools it is allowed
+        tools = [t for t in tools if t.name in found.agent.allowed]
+    # Checked now, for the tools the lab can see; a tool it cannot (a workflow passed
+    # without its App) is stubbed when its first step runs.
+    stand_ins = None if live else lab_stubs(tools, stubs)
+    kept = Path(keep) if keep is not None else None
+    result = asyncio.run(
+        _experiment(
+            found, profile, args, named, policies, trials, repeats, seed, check, progress,
+            stand_ins, kept,
+        )
+    )  # fmt: skip
+    return dataclasses.replace(result, live=live)
 
 
 async def _experiment(
@@ -348,12 +398,16 @@ async def _experiment(
     seed: int,
     check: Callable[[Any], bool] | None,
     progress: Callable[[Policy, int], None] | None,
+    stubs: Mapping[str, Stub] | None,
+    keep: Path | None,
 ) -> LabResult:
     tasks = trials // repeats
+    failures: list[TrialFailure] = []
+    stubbed: set[str] = set(stubs or ())
     with tempfile.TemporaryDirectory(prefix="mainspring-lab-") as tmp, _quiet():
         directory = Path(tmp)
         # A fault-free reference run: the step count, and whether the workflow works.
-        reference = _Trials(found, "mainspring", profile, seed, directory)
+        reference = _Trials(found, "mainspring", profile, seed, directory, stubs)
         clean, hook = await reference.trial(-1, -1, args, kwargs, check, LabProfile())
         if not clean.success:
             raise ConfigError(
@@ -362,14 +416,18 @@ async def _experiment(
                 "workflow that works before it breaks it"
             )
         names = list(hook.names)
+        stubbed |= hook.stubbed
         cells: list[Cell] = []
         for policy in policies:
-            runner = _Trials(found, policy, profile, seed, directory)
-            outs = [
-                (await runner.trial(t, r, args, kwargs, check))[0]
-                for t in range(tasks)
-                for r in range(repeats)
-            ]
+            runner = _Trials(found, policy, profile, seed, directory, stubs)
+            outs = []
+            for t in range(tasks):
+                for r in range(repeats):
+                    out, trial_hook = await runner.trial(t, r, args, kwargs, check)
+                    stubbed |= trial_hook.stubbed
+                    outs.append(out)
+                    if not out.success:
+                        failures.append(_failure(policy, out, runner.database(), keep))
             cell = summarise(policy, profile, len(names), outs)
             theory = _theory(policy, profile, names, found.agent is not None)
             cell = dataclasses.replace(cell, theory=theory)
@@ -387,4 +445,24 @@ async def _experiment(
         policies=tuple(policies),
         cells=tuple(cells),
         target=found.label,
+        stubbed=tuple(sorted(stubbed)),
+        failures=tuple(failures),
+    )
+
+
+def _failure(policy: Policy, out: TrialOutcome, database: Path, keep: Path | None) -> TrialFailure:
+    url = None
+    if keep is not None:  # the temporary folder goes: copy the store where it can be read
+        keep.mkdir(parents=True, exist_ok=True)
+        kept = keep / f"{policy}-task{out.task}-trial{out.repeat}.db"
+        shutil.copyfile(database, kept)
+        url = f"sqlite:///{kept.resolve()}"
+    return TrialFailure(
+        policy=policy,
+        task=out.task,
+        repeat=out.repeat,
+        cause=out.cause or "?",
+        error=out.error,
+        run_id=out.run_id,
+        database=url,
     )

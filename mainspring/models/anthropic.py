@@ -24,6 +24,7 @@ from .._errors import (
     ConfigError,
     ContextOverflow,
     MainspringError,
+    MissingExtra,
     Overloaded,
     PermissionDenied,
     QuotaExhausted,
@@ -49,9 +50,7 @@ from ._types import (
 try:
     import anthropic
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
-    raise ImportError(
-        "AnthropicModel needs the Anthropic SDK: pip install 'mainspring[anthropic]'"
-    ) from exc
+    raise MissingExtra("AnthropicModel", "anthropic", exc.name) from exc
 
 __all__ = [
     "AnthropicModel",
@@ -59,6 +58,9 @@ __all__ = [
     "messages_to_wire",
     "response_from_wire",
 ]
+
+# Local servers and keyless gateways ignore the key, but the SDK refuses to send without one.
+_LOCAL_API_KEY = "not-needed"
 
 _STOP: dict[str, FinishReason] = {
     "end_turn": "stop",
@@ -81,7 +83,10 @@ class AnthropicModel(Model):
         base_url: another endpoint of the same API (a proxy, a gateway, a fake server);
             ``None`` for Anthropic's.
         api_key: the key; ``None`` lets the SDK find it (``ANTHROPIC_API_KEY`` and the
-            SDK's other credential sources).
+            SDK's other credential sources). With a ``base_url`` (or
+            ``ANTHROPIC_BASE_URL``) and no key anywhere, a placeholder is sent, as
+            local servers and keyless gateways ask for none (the OpenAI adapter does
+            the same); a server that wants one answers 401: :class:`PermissionDenied`.
         timeout_s: the deadline of one request; past it, :class:`TransientError`.
         client: an ``anthropic.AsyncAnthropic`` to use instead of making one (its
             retries are turned off). Without it, one client is made per event loop.
@@ -120,8 +125,11 @@ class AnthropicModel(Model):
         )
 
     def _make_client(self) -> anthropic.AsyncAnthropic:
+        key = self._api_key or os.environ.get("ANTHROPIC_API_KEY")
+        if key is None and (self.base_url or os.environ.get("ANTHROPIC_BASE_URL")):
+            key = _LOCAL_API_KEY  # the SDK insists on credentials; a local server needs none
         return anthropic.AsyncAnthropic(
-            api_key=self._api_key or os.environ.get("ANTHROPIC_API_KEY"),
+            api_key=key,
             base_url=self.base_url,
             timeout=self.timeout_s,
             max_retries=0,

@@ -23,6 +23,7 @@ from .._errors import (
     ConfigError,
     ContextOverflow,
     MainspringError,
+    MissingExtra,
     Overloaded,
     PermissionDenied,
     QuotaExhausted,
@@ -48,7 +49,7 @@ from ._types import (
 try:
     import openai
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
-    raise ImportError("OpenAIModel needs the OpenAI SDK: pip install 'mainspring[openai]'") from exc
+    raise MissingExtra("OpenAIModel", "openai", exc.name) from exc
 
 __all__ = ["OpenAIModel", "map_status_error", "messages_to_wire", "response_from_wire"]
 
@@ -80,9 +81,12 @@ class OpenAIModel(Model):
     Args:
         model_id: the model's name at the endpoint (``"gpt-4.1-mini"``, ``"llama3"``).
         base_url: an OpenAI-compatible endpoint, ``/v1`` included
-            (``"http://127.0.0.1:11434/v1"``); ``None`` for OpenAI itself.
-        api_key: the key; ``None`` reads ``OPENAI_API_KEY`` (and needs none for a
-            ``base_url`` endpoint, as local servers ask for none).
+            (``"http://127.0.0.1:11434/v1"``); ``None`` reads ``OPENAI_BASE_URL``, else
+            OpenAI itself.
+        api_key: the key; ``None`` reads ``OPENAI_API_KEY``. With a ``base_url`` (or
+            ``OPENAI_BASE_URL``) and no key anywhere, a placeholder is sent, as local
+            servers ask for none; one that wants a key answers 401:
+            :class:`PermissionDenied`.
         timeout_s: the deadline of one request; past it, :class:`TransientError`.
         client: an ``openai.AsyncOpenAI`` to use instead of making one (its retries are
             turned off). Without it, one client is made per event loop.
@@ -119,12 +123,12 @@ class OpenAIModel(Model):
 
     def _make_client(self) -> openai.AsyncOpenAI:
         key = self._api_key or os.environ.get("OPENAI_API_KEY")
-        if key is None and self.base_url is not None:
-            key = _LOCAL_API_KEY
+        if key is None and (self.base_url is not None or os.environ.get("OPENAI_BASE_URL")):
+            key = _LOCAL_API_KEY  # a compatible server (base_url= or OPENAI_BASE_URL)
         if key is None:
             raise PermissionDenied(
                 f"{self.name}: no API key: set OPENAI_API_KEY or pass api_key=; for a local "
-                "OpenAI-compatible server give its base_url"
+                "OpenAI-compatible server give its base_url (or set OPENAI_BASE_URL)"
             )
         return openai.AsyncOpenAI(
             api_key=key, base_url=self.base_url, timeout=self.timeout_s, max_retries=0

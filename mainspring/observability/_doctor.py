@@ -15,6 +15,10 @@ ignored_tool_error            a tool failed and the run went on without that too
 context_bloat                 prompts growing turn after turn, or ``ContextOverflow``
 done_but_wrong                "done" with plan items still open, rejected answers, or
                               failed tool calls behind the answer
+invalid_calls                 the model could not produce a valid call: the run failed
+                              with ``ModelOutputError`` after ``max_repairs`` repairs
+nondeterminism                not the agent's failure but the runtime's: replay met a
+                              step other than the journaled one (``NondeterminismError``)
 ============================  ==========================================================
 
 Every finding cites the steps (``session:seq``) it rests on.
@@ -33,7 +37,14 @@ from ._trace import RunTrace, TraceEntry
 __all__ = ["Diagnosis", "Finding", "FindingKind", "Progress", "diagnose", "progress"]
 
 FindingKind = Literal[
-    "stalled", "looping", "stale_state", "ignored_tool_error", "context_bloat", "done_but_wrong"
+    "stalled",
+    "looping",
+    "stale_state",
+    "ignored_tool_error",
+    "context_bloat",
+    "done_but_wrong",
+    "invalid_calls",
+    "nondeterminism",
 ]
 
 TITLES: dict[str, str] = {
@@ -43,6 +54,8 @@ TITLES: dict[str, str] = {
     "ignored_tool_error": "tool error ignored",
     "context_bloat": "context bloated",
     "done_but_wrong": '"done" but possibly wrong',
+    "invalid_calls": "the model could not produce a valid call",
+    "nondeterminism": "the workflow's steps changed under the run (NondeterminismError)",
 }
 _TRANSIENT = frozenset(
     {"StepTimeout", "TimeoutError", "TransientError", "RateLimited", "WorkerLost", "DeadLettered"}
@@ -138,6 +151,8 @@ def diagnose(trace: RunTrace, *, now: float, stall_after_s: float = 600.0) -> Di
     findings = [
         f
         for f in (
+            _nondeterminism(trace),
+            _invalid_calls(trace),
             _stalled(trace, now, stall_after_s),
             _looping(trace, calls),
             _stale_state(trace, calls),
@@ -159,6 +174,49 @@ def diagnose(trace: RunTrace, *, now: float, stall_after_s: float = 600.0) -> Di
 
 
 # -- the table, row by row --------------------------------------------------------------
+
+
+def _invalid_calls(trace: RunTrace) -> Finding | None:
+    err = _loads(trace.run.error)
+    if trace.run.status != "failed" or not isinstance(err, dict):
+        return None
+    if _short(err.get("type")) != "ModelOutputError":
+        return None
+    return _finding(
+        "invalid_calls",
+        [str(err.get("message", ""))],
+        [
+            "read the last repair and the call it was about: a tool schema the model "
+            "misreads (rename or describe the parameter, add an example in the docstring), "
+            "a required argument it never has, or a model too weak for the tool set",
+            "raise max_repairs in app.agent(...) if the model gets there with more tries, "
+            f"then `mainspring retry {trace.run.id}`",
+        ],
+    )
+
+
+def _nondeterminism(trace: RunTrace) -> Finding | None:
+    err = _loads(trace.run.error)
+    if trace.run.status != "failed" or not isinstance(err, dict):
+        return None
+    if _short(err.get("type")) != "NondeterminismError":
+        return None
+    where = err.get("step") or "?"
+    return _finding(
+        "nondeterminism",
+        [f"{where}: {err.get('message', '')}"],
+        [
+            "the code (or a step name built from configuration) changed while the run was "
+            "in flight; a step's name must be what the workflow decided, never a URL, key "
+            "or setting (pass name= to ctx.step)",
+            "to finish it without paying again: deploy the code that started it, then "
+            f"`mainspring retry {trace.run.id}` (every step before {where} replays from the "
+            "journal)",
+            f"to keep the new code: `mainspring retry {trace.run.id}` drops the journal from "
+            f"{where} on and runs those steps again (their model calls are paid again), or "
+            f"`mainspring fork {trace.run.id} --from-step N` keeps steps 0..N in a new run",
+        ],
+    )
 
 
 def _stalled(trace: RunTrace, now: float, quiet_s: float) -> Finding | None:

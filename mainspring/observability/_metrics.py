@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from .._errors import MissingExtra
 from ..limits import Price
 from ..storage import FINISHED, Store
 from ._trace import trace_entries
@@ -39,11 +40,8 @@ def _prometheus() -> Any:
     try:
         import prometheus_client
         import prometheus_client.core
-    except ImportError:
-        raise ImportError(
-            "mainspring's Prometheus metrics need prometheus_client: "
-            "pip install 'mainspring[metrics]'"
-        ) from None
+    except ImportError as exc:
+        raise MissingExtra("mainspring's Prometheus metrics", "metrics", exc.name) from None
     return prometheus_client
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .._errors import MissingExtra
 from ._trace import RunTrace, TraceEntry
 
 __all__ = ["export_trace"]
@@ -26,10 +27,8 @@ def _otel() -> tuple[Any, Any]:
     try:
         from opentelemetry import trace
         from opentelemetry.trace import Status, StatusCode
-    except ImportError:
-        raise ImportError(
-            "OpenTelemetry export needs the otel extra: pip install 'mainspring[otel]'"
-        ) from None
+    except ImportError as exc:
+        raise MissingExtra("OpenTelemetry export", "otel", exc.name) from None
     return trace, (Status, StatusCode)
 
 

@@ -14,6 +14,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from .._stepnames import without_endpoint
 from ..limits import Price, cost_usd
 from ..models._types import Usage
 from ..storage import RunRecord, StepRecord
@@ -177,6 +178,10 @@ def trace_entries(
         fields: dict[str, Any] = {}
         if s.kind == "step" and s.name.startswith("model:"):
             kind = "model"
+            # Calls of the previous reply that no tool step took never ran (repaired,
+            # refused, over a budget): the tool steps after this reply are its calls.
+            for stale in [k for k in waiting if k[0] == s.run_id]:
+                del waiting[stale]
             fields = _model_fields(s, prices, waiting)
         elif s.kind == "step" and s.name.startswith("tool:"):
             kind = "tool"
@@ -215,8 +220,9 @@ def trace_entries(
 def _model_fields(
     s: StepRecord, prices: dict[str, Price] | None, waiting: dict[tuple[str, str], deque[str]]
 ) -> dict[str, Any]:
-    # "model:openai:gpt-4.1" -> "gpt-4.1": the id the price table knows.
-    model_id = s.name.split(":", 2)[-1]
+    # "model:openai:gpt-4.1" -> "gpt-4.1": the id the price table knows (an older
+    # journal's name may end in "@<endpoint URL>").
+    model_id = without_endpoint(s.name).split(":", 2)[-1]
     reply = _loads(s.output) if s.status == "completed" else None
     if not isinstance(reply, dict):
         return {"model": model_id}

@@ -4,15 +4,14 @@
 mount or to run under any ASGI server.
 """
 
+from .._errors import MissingExtra
+
 try:
     import fastapi  # noqa: F401
     import httpx  # noqa: F401
     import uvicorn  # noqa: F401
 except ImportError as exc:  # pragma: no cover - depends on the environment
-    raise ImportError(
-        f"the HTTP API needs the server extra ({exc.name} is missing): "
-        "pip install 'mainspring[server]'"
-    ) from exc
+    raise MissingExtra("the HTTP API", "server", exc.name) from exc
 
 from ._api import create_app
 from ._events import parse_event_id

@@ -614,7 +614,18 @@ def _errors(api: FastAPI, app: App) -> None:
         return response
 
     @api.exception_handler(RequestValidationError)
-    async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        sent = request.headers.get("content-type")
+        if _body_error(exc) and not _is_json(sent):
+            # The body was never read as JSON (curl -d sends a form type): say how to fix
+            # it rather than that the fields are missing. The API reads JSON only.
+            return body(
+                422,
+                "invalid_request",
+                f"body: the API reads JSON only, and this request's Content-Type is {sent!r}: "
+                "send the header 'Content-Type: application/json' "
+                "(with curl: -H 'content-type: application/json')",
+            )
         problems = []
         for e in exc.errors():
             where = ".".join(str(p) for p in e.get("loc", ()))
@@ -649,6 +660,20 @@ def _errors(api: FastAPI, app: App) -> None:
             if methods:
                 response.headers["Allow"] = ", ".join(sorted(methods))
         return response
+
+
+def _is_json(content_type: str | None) -> bool:
+    """Whether a Content-Type names JSON (``application/json``, ``application/x+json``)."""
+    if not content_type:
+        return False
+    media = content_type.split(";", 1)[0].strip().lower()
+    return media == "application/json" or (
+        media.startswith("application/") and media.endswith("+json")
+    )
+
+
+def _body_error(exc: RequestValidationError) -> bool:
+    return any(tuple(e.get("loc", ()))[:1] == ("body",) for e in exc.errors())
 
 
 def _decode(text: str | None) -> Any:

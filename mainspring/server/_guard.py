@@ -83,7 +83,10 @@ class BrowserGuard:
         if not dashboard and content_type is not None:
             media = content_type.split(";", 1)[0].strip().lower()
             if media != "application/json" and not media.endswith("+json"):
-                return 415, f"the API takes application/json bodies, not {media!r}"
+                return 415, (
+                    f"the API takes application/json bodies, not {media!r}: send the header"
+                    " 'Content-Type: application/json'"
+                )
         return None
 
 

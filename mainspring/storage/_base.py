@@ -390,6 +390,31 @@ class Store(ApiTables, ABC):
             cur.execute("SELECT status, COUNT(*) FROM ms_runs GROUP BY status")
             return {status: n for status, n in cur.fetchall()}
 
+    def run_ids_starting(self, prefix: str, limit: int = 2) -> list[str]:
+        """Ids of runs that start with ``prefix`` (up to ``limit``), for abbreviated ids."""
+        # LIKE with the prefix's own wildcards escaped: "a_" matches "a_...", not "ab...".
+        pattern = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+        with self._read() as cur:
+            cur.execute(
+                "SELECT id FROM ms_runs WHERE id LIKE ? ESCAPE '\\' ORDER BY id LIMIT ?",
+                [pattern, limit],
+            )
+            return [r[0] for r in cur.fetchall()]
+
+    def next_wake(self, workflows: Sequence[str] | None = None) -> float | None:
+        """The earliest ``wake_at`` of a sleeping or waiting run (of these workflows):
+        when a worker next has something to claim that nobody needs to send."""
+        names = list(workflows) if workflows is not None else None
+        wf_sql = f" AND workflow IN ({', '.join('?' * len(names))})" if names else ""
+        with self._read() as cur:
+            cur.execute(
+                "SELECT MIN(wake_at) FROM ms_runs WHERE status IN ('sleeping', 'waiting')"
+                f" AND wake_at IS NOT NULL{wf_sql}",
+                names or [],
+            )
+            row = cur.fetchone()
+            return None if row is None or row[0] is None else float(row[0])
+
     def run_stamps(self) -> list[tuple[str, str, str, float]]:
         """``(id, workflow, status, updated_at)`` of every run: what a metrics scrape
         needs to tell which runs changed."""

@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from functools import lru_cache
 from typing import Any, ClassVar
 
-from .._errors import ConfigError, StoreError, StoreUnavailable
+from .._errors import ConfigError, MissingExtra, StoreError, StoreUnavailable
 from ._base import Cursor, Heartbeat, Store
 from ._url import redact_url
 
@@ -27,9 +27,7 @@ try:
     import psycopg
     from psycopg_pool import ConnectionPool, PoolTimeout
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
-    raise ImportError(
-        "the PostgreSQL store needs psycopg 3 and psycopg_pool: pip install 'mainspring[postgres]'"
-    ) from exc
+    raise MissingExtra("the PostgreSQL store", "postgres", exc.name) from exc
 
 __all__ = ["PostgresStore"]
 

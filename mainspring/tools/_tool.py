@@ -7,6 +7,7 @@ import functools
 import inspect
 import math
 import re
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
@@ -22,7 +23,7 @@ from ._schema import ArgumentSchema, brief_signature, build_schema
 if TYPE_CHECKING:
     from ..journal import RunContext
 
-__all__ = ["NAME_PATTERN", "Tool", "Validator"]
+__all__ = ["NAME_PATTERN", "Tool", "Validator", "tool_of"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -33,6 +34,20 @@ error string (or ``False``) when it is not, or raises :class:`ValidationFailed`.
 
 NAME_PATTERN = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")  # what OpenAI and Anthropic accept
 _MIN_RESULT_CHARS = 64
+
+
+# Step function -> its tool: what an interceptor (the lab) reads to know a step's effect.
+_TOOL_OF_STEP: weakref.WeakKeyDictionary[Callable[..., Any], Tool[..., Any]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def tool_of(step_function: Callable[..., Any]) -> Tool[..., Any] | None:
+    """The tool whose :attr:`Tool.step_function` this is (``None`` for another step)."""
+    try:
+        return _TOOL_OF_STEP.get(step_function)
+    except TypeError:  # not weak-referenceable: not a tool's step function
+        return None
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)
@@ -310,6 +325,7 @@ class Tool(Generic[P, R]):
         step.__doc__ = f"Run the tool {self.name!r} as a step."
         # ctx.step decodes a replayed result to the return annotation: the tool's.
         step.__annotations__ = {"return": self.schema.return_type}
+        _TOOL_OF_STEP[step] = self
         return step
 
     # -- results ----------------------------------------------------------------------------

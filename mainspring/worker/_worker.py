@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import socket
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from .._clock import SystemClock
@@ -76,6 +78,7 @@ class Worker:
         batch: bool = True,
         shutdown_grace_s: float = 30.0,
         _run_id: str | None = None,
+        _return_on_wait: bool = False,
     ) -> None:
         if concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {concurrency!r}")
@@ -88,6 +91,7 @@ class Worker:
         self.shutdown_grace_s = shutdown_grace_s
         self.stats = WorkerStats()
         self._only = _run_id
+        self._return_on_wait = _return_on_wait  # app.run: a run waiting for a person
         self._active: dict[str, _Active] = {}
         self._stopping = False
         self._wakeup: asyncio.Event | None = None
@@ -120,9 +124,17 @@ class Worker:
         """Recoveries in a row after which a run is executed alone (see the module)."""
         return max(1, min(2, self.app.max_recoveries))
 
-    async def run(self, *, until_idle: bool = False) -> None:
-        """Work until :meth:`request_stop` (or, with ``until_idle``, until nothing is
-        runnable and nothing is executing).
+    async def run(self, *, until_idle: bool = False, idle_horizon_s: float = 5.0) -> None:
+        """Work until :meth:`request_stop`.
+
+        Args:
+            until_idle: return instead once nothing is runnable, nothing is executing
+                and no run sleeps (a timer, a back-off, a rate-limit slot, a wait's
+                timeout) until within ``idle_horizon_s`` of now: a run due that soon
+                is waited for and executed, so ``await run.result()`` after it returns.
+                Runs waiting for a person or a signal with no nearer timeout do not
+                hold it.
+            idle_horizon_s: see ``until_idle`` (seconds of the App's clock).
 
         Raises:
             DatabaseGone: the SQLite file was deleted or replaced under the worker;
@@ -171,7 +183,7 @@ class Worker:
 
         stop_listening = app.store.listen(pushed)
         try:
-            await self._claim_loop(engine, until_idle)
+            await self._claim_loop(engine, idle_horizon_s if until_idle else None)
         finally:
             if stop_listening is not None:
                 await asyncio.to_thread(stop_listening)
@@ -206,10 +218,11 @@ class Worker:
             delay = min(delay * 2, 5.0)
         return False
 
-    async def _claim_loop(self, engine: Engine, until_idle: bool) -> None:
+    async def _claim_loop(self, engine: Engine, idle_horizon_s: float | None) -> None:
         app = self.app
         assert self._wakeup is not None
         names = list(app.workflows)
+        idle_at: list[float] = []  # the clock at the last idle check (until_idle)
         while not self._stopping:
             self._wakeup.clear()
             claimed: list[RunRecord] = []
@@ -258,8 +271,11 @@ class Worker:
             if self._only is not None and not self._active and not claimed:
                 if self._finished_only():
                     return
-            elif until_idle and not self._active and not claimed:
-                return
+            elif idle_horizon_s is not None and not self._active and not claimed:
+                if not self._due_soon(names, idle_horizon_s, idle_at):
+                    return
+            else:
+                idle_at.clear()  # busy: the next idle spell starts afresh
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wakeup.wait(), app.poll_interval_s)
 
@@ -276,10 +292,40 @@ class Worker:
     def _finished_only(self) -> bool:
         assert self._only is not None
         record = self.app.store.get_run(self._only)
+        if self._return_on_wait and record is not None and record.status == "waiting":
+            return True  # app.run says what the run waits for instead of hanging
         return record is None or record.finished
+
+    def _due_soon(self, names: list[str], horizon_s: float, idle_at: list[float]) -> bool:
+        """Whether a sleeping run is due within ``horizon_s`` and waiting can reach it.
+
+        ``idle_at`` holds the clock's reading at the previous idle check: a clock that
+        did not move over a poll interval (a FakeClock) will not bring a run due by
+        itself, so waiting for it would hang.
+        """
+        now = self.app.clock.now()
+        if idle_at and now <= idle_at[0]:
+            return False
+        idle_at[:] = [now]
+        try:
+            wake = self.app.store.next_wake(names)
+        except (StoreUnavailable, StoreError) as exc:
+            log.warning("worker %s: reading the next wake-up failed: %s", self.worker_id, exc)
+            return True  # try again at the next poll rather than leave a run behind
+        return wake is not None and wake <= now + horizon_s
 
     def _start(self, engine: Engine, record: RunRecord) -> _Active:
         self.stats.claimed += 1
+        # One structured line per event (key=value), at INFO: what an operator greps.
+        log.info(
+            "event=%s worker=%s run=%s workflow=%s epoch=%d recoveries=%d",
+            "takeover" if record.recoveries else "claim",
+            self.worker_id,
+            record.id,
+            record.workflow,
+            record.epoch,
+            record.recoveries,
+        )
         stale = self._active.get(record.id)
         if stale is not None:
             # Our own lease ran out (a stall longer than the lease) and we claimed the
@@ -309,11 +355,31 @@ class Worker:
             else:
                 outcome = t.result()
             self.stats.outcomes[outcome] = self.stats.outcomes.get(outcome, 0) + 1
+            if log.isEnabledFor(logging.INFO):
+                self._log_outcome(run_id, outcome)
             if self._wakeup is not None:
                 self._wakeup.set()
 
         task.add_done_callback(done)
         return entry
+
+    def _log_outcome(self, run_id: str, outcome: str) -> None:
+        """The line that says how a run left this worker: done, failed (why), waiting or
+        sleeping (for what, until when), given back, or lost to another worker."""
+        fields = f"event={outcome} worker={self.worker_id} run={run_id}"
+        try:
+            record = self.app.store.get_run(run_id)
+        except (StoreUnavailable, StoreError):
+            record = None
+        if record is not None and outcome == "suspended":
+            fields = f"event={record.status} worker={self.worker_id} run={run_id}"
+            fields += f" reason={record.wait_reason!r}"
+            if record.wake_at:
+                fields += f" wake_at={_iso(record.wake_at)}"
+        elif record is not None and outcome == "failed" and record.error:
+            error = _error_line(record.error)
+            fields += f" error={error!r}"
+        (log.warning if outcome in ("failed", "abandoned") else log.info)("%s", fields)
 
     def _set_solo(self, engine: Engine) -> None:
         if isinstance(engine.committer, BatchCommitter):
@@ -364,3 +430,18 @@ class Worker:
                 self._interrupt(active, "shutdown")
         if pending:
             await asyncio.wait(pending)
+
+
+def _iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _error_line(text: str) -> str:
+    try:
+        error = json.loads(text)
+    except ValueError:
+        return text[:300]
+    if not isinstance(error, dict):
+        return str(error)[:300]
+    kind = str(error.get("type", "?")).rsplit(".", 1)[-1]
+    return f"{kind}: {error.get('message', '')}"[:300]

@@ -1,4 +1,4 @@
-"""``python -m examples.migration [--count N] [--reject] [--drop ID ...]``"""
+"""``python -m mainspring.examples.migration [--count N] [--reject] [--drop ID ...]``"""
 
 from __future__ import annotations
 
@@ -12,7 +12,9 @@ from .local import run_local
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m examples.migration", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m mainspring.examples.migration", description=__doc__
+    )
     parser.add_argument("--count", type=int, default=60, help="legacy rows to export")
     parser.add_argument("--reject", action="store_true", help="reject the stage gate")
     parser.add_argument(

@@ -1,4 +1,4 @@
-"""The migration for ``mainspring worker examples.migration.worker_app:app``.
+"""The migration for ``mainspring worker mainspring.examples.migration.worker_app:app``.
 
 ``mainspring demo`` starts workers on it. It reads ``MAINSPRING_DATABASE_URL`` (the
 store) and ``MIGRATION_TARGET`` (the target's SQLite file). The target answers with

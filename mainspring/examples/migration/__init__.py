@@ -6,7 +6,7 @@ gate holds the import until a reviewer has seen the counts and a sample, every w
 carries the step's idempotency key, and a reconciliation that does not add up undoes
 what the import wrote (compensation) before the run fails.
 
-``python -m examples.migration`` runs it in-process (SQLite in a temp dir, a FakeClock,
+``python -m mainspring.examples.migration`` runs it in-process (SQLite in a temp dir, a FakeClock,
 a scripted model); ``mainspring demo`` runs it in real worker processes and kills one.
 """
 

@@ -74,7 +74,7 @@ async def _run(
             steps=list(app.store.load_steps(run.run_id, 0)),
             target_rows=target.rows(),
             ledger=target.ledger.report(),
-            model_faults=dict(model.injected),
+            model_faults={str(kind): n for kind, n in model.injected.items()},
         )
     finally:
         app.close()

@@ -1,8 +1,8 @@
 """The migration workflow: five stages, a stage gate, idempotent writes, compensation.
 
 :func:`build` registers it on an App with the outside systems it talks to, so the same
-code runs in-process (``python -m examples.migration``, the tests) and in worker
-processes (``examples.migration.worker_app``, which ``mainspring demo`` starts).
+code runs in-process (``python -m mainspring.examples.migration``, the tests) and in worker
+processes (``mainspring.examples.migration.worker_app``, which ``mainspring demo`` starts).
 """
 
 from __future__ import annotations
