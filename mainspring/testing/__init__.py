@@ -1,7 +1,7 @@
 """Fakes that users' tests need too: a clock that moves on command, an effect ledger,
 deterministic and faulty models, fake OpenAI and Anthropic servers that speak the real
-wire protocols on 127.0.0.1, and the Store conformance suite
-(``mainspring.testing.conformance``)."""
+wire protocols on 127.0.0.1, a fault-injecting store wrapper, the engine's invariants
+written once, and the Store conformance suite (``mainspring.testing.conformance``)."""
 
 from .._clock import FakeClock
 from ..models.faulty import FaultProfile, FaultyModel
@@ -9,6 +9,8 @@ from ..models.scripted import ScriptedModel
 from ._fake_anthropic import FakeAnthropicServer
 from ._fake_common import FakeReply, FakeToolCall, RecordedRequest
 from ._fake_openai import FakeOpenAIServer
+from ._faults import Fault, FaultKind, FaultyStore, StoreCall
+from ._invariants import StoreHistory, Violation, assert_invariants, check_invariants
 from ._ledger import EffectLedger, LedgerReport
 
 __all__ = [
@@ -18,9 +20,17 @@ __all__ = [
     "FakeOpenAIServer",
     "FakeReply",
     "FakeToolCall",
+    "Fault",
+    "FaultKind",
     "FaultProfile",
     "FaultyModel",
+    "FaultyStore",
     "LedgerReport",
     "RecordedRequest",
     "ScriptedModel",
+    "StoreCall",
+    "StoreHistory",
+    "Violation",
+    "assert_invariants",
+    "check_invariants",
 ]
