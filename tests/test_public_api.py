@@ -33,7 +33,7 @@ def test_testing_names_are_pinned() -> None:
         "EffectLedger", "FakeAnthropicServer", "FakeClock", "FakeOpenAIServer", "FakeReply",
         "FakeToolCall", "FaultProfile", "FaultyModel", "LedgerReport", "RecordedRequest",
         "ScriptedModel", "Fault", "FaultKind", "FaultyStore", "StoreCall", "StoreHistory",
-        "Violation", "assert_invariants", "check_invariants",
+        "Violation", "assert_invariants", "check_invariants", "commits_with",
     }  # fmt: skip
 
 

@@ -9,7 +9,7 @@ from ..models.scripted import ScriptedModel
 from ._fake_anthropic import FakeAnthropicServer
 from ._fake_common import FakeReply, FakeToolCall, RecordedRequest
 from ._fake_openai import FakeOpenAIServer
-from ._faults import Fault, FaultKind, FaultyStore, StoreCall
+from ._faults import Fault, FaultKind, FaultyStore, StoreCall, commits_with
 from ._invariants import StoreHistory, Violation, assert_invariants, check_invariants
 from ._ledger import EffectLedger, LedgerReport
 
@@ -33,4 +33,5 @@ __all__ = [
     "Violation",
     "assert_invariants",
     "check_invariants",
+    "commits_with",
 ]

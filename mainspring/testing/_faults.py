@@ -31,10 +31,13 @@ from .._errors import StoreUnavailable
 from ..storage import RunWrite, Store, WriteResult
 from ..storage._base import Cursor
 
-__all__ = ["Fault", "FaultKind", "FaultyStore", "StoreCall"]
+__all__ = ["Fault", "FaultKind", "FaultyStore", "StoreCall", "commits_with"]
 
 FaultKind = Literal["busy", "locked", "ambiguous", "delay"]
 FAULT_KINDS: tuple[FaultKind, ...] = ("busy", "locked", "ambiguous", "delay")
+# Recorded but never faulted: ``listen`` only starts a thread whose connection
+# failures it handles itself (a fault aimed at it arms at the next call instead).
+UNFAULTED = frozenset({"listen"})
 
 
 @dataclass(slots=True, kw_only=True)
@@ -53,7 +56,9 @@ class Fault:
             sleep ``delay_s`` (and run ``during``) before making the call.
         at: index of the call in the store's whole call sequence (0-based).
         method: only calls of this method (``"commit"``, ``"claim"``, ...).
-        nth: with ``method`` and no ``at``: the ``nth`` call of that method (0-based).
+        nth: with ``method`` and no ``at``: the ``nth`` matching call (0-based).
+        when: only calls whose ``(args, kwargs)`` it accepts (a commit that carries a
+            ``next_session`` transition, a claim of one run, ...).
         times: how many matching calls to hit (busy for longer than the caller's
             retries, for instance).
         delay_s: real seconds a ``delay`` waits.
@@ -70,21 +75,26 @@ class Fault:
     times: int = 1
     delay_s: float = 0.05
     during: Callable[[], object] | None = None
+    when: Callable[[tuple[Any, ...], dict[str, Any]], bool] | None = None
     hits: int = field(default=0, init=False)
     _seen: int = field(default=0, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.kind not in FAULT_KINDS:
             raise ValueError(f"fault kind must be one of {FAULT_KINDS!r}, got {self.kind!r}")
-        if self.at is None and self.method is None:
-            raise ValueError("a Fault needs `at` (a call index), `method`, or both")
+        if self.at is None and self.method is None and self.when is None:
+            raise ValueError("a Fault needs `at` (a call index), `method` or `when`")
         if self.times < 1:
             raise ValueError(f"times must be >= 1, got {self.times!r}")
 
-    def _matches(self, index: int, method: str) -> bool:
-        if self.hits >= self.times:
+    def _matches(
+        self, index: int, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> bool:
+        if self.hits >= self.times or method in UNFAULTED:
             return False
         if self.method is not None and method != self.method:
+            return False
+        if self.when is not None and not self.when(args, kwargs):
             return False
         if self.hits:  # armed: every further matching call until `times` is spent
             return True
@@ -130,6 +140,8 @@ class FaultyStore(Store):
         after_call: called as ``after_call(method, args, kwargs, result)`` after each
             call that did not raise, in the caller's thread (an invariant recorder
             that reads what a commit wrote, for instance).
+
+    Commits are easiest to aim at with :func:`commits_with`.
 
     Every public Store method goes through the wrapper; anything else (``dialect``,
     ``path``, ...) is the inner store's.
@@ -184,7 +196,7 @@ class FaultyStore(Store):
     def _call(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         with self._lock:
             index = len(self.calls)
-            fault = next((f for f in self.faults if f._matches(index, method)), None)
+            fault = next((f for f in self.faults if f._matches(index, method, args, kwargs)), None)
             if fault is not None:
                 fault.hits += 1
             # Reserve the index now: calls from other threads get the next ones.
@@ -239,6 +251,29 @@ class FaultyStore(Store):
 
     def close(self) -> None:
         self.inner.close()
+
+
+def commits_with(
+    transition: str | None = None, *, step_status: str | None = None
+) -> Callable[[tuple[Any, ...], dict[str, Any]], bool]:
+    """A ``Fault.when`` that picks commits carrying a ``transition`` kind
+    (``"finish"``, ``"suspend"``, ``"next_session"``) and/or a journal row of
+    ``step_status`` (``"completed"``, ...)."""
+
+    def when(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        batch = kwargs.get("batch", args[0] if args else None)
+        if not isinstance(batch, list | tuple):
+            return False  # not a commit
+        return any(
+            isinstance(w, RunWrite)
+            and (
+                transition is None or (w.transition is not None and w.transition.kind == transition)
+            )
+            and (step_status is None or any(r.status == step_status for r in w.steps))
+            for w in batch
+        )
+
+    return when
 
 
 def _record(index: int, method: str, fault: Fault | None, error: str | None) -> StoreCall:

@@ -21,6 +21,8 @@ The invariants:
 * **effects once**: each effect key took effect once in the ledger.
 * **signals once**: each consumed signal was consumed by one wait, and each wait
   that completed with a signal consumed exactly one stored signal.
+* **events once**: a run's final webhook event (``run.succeeded`` ...) is queued once
+  per endpoint each time it finishes, never again for a re-sent write.
 * **nothing in flight after success**: a succeeded run has no journal row left
   ``started`` or ``retrying``.
 """
@@ -53,6 +55,7 @@ ViolationKind = Literal[
     "wait_without_signal",
     "signal_lost",
     "unended_row",
+    "duplicate_event",
 ]
 
 _RUN_SQL = (
@@ -166,6 +169,8 @@ class StoreHistory:
         self._completed: dict[tuple[str, int, int], tuple[Any, ...]] = {}
         self._finished: dict[str, tuple[Any, ...]] = {}
         self._reopened: set[str] = set()
+        self.reopened: set[str] = set()  # every run ever re-opened on purpose
+        self._reported: set[tuple[Any, ...]] = set()
         self._lock = threading.Lock()
         self.violations: list[Violation] = []
         self.captures = 0
@@ -174,6 +179,7 @@ class StoreHistory:
         """The test re-opens this finished run on purpose (``retry``): forget what it
         looked like finished. Call it before the retry."""
         with self._lock:
+            self.reopened.add(run_id)
             self._reopened.add(run_id)
             self._finished.pop(run_id, None)
 
@@ -195,9 +201,11 @@ class StoreHistory:
         """Compare the store with what was seen before; remember what is new.
         Returns the violations this capture found (they are also appended to
         :attr:`violations`)."""
-        runs, steps = _read_state(store, run_ids)
         found: list[Violation] = []
+        # Read under the lock too: a capture that read an older state must not be
+        # compared after one that read a newer state (it would look like a regression).
         with self._lock:
+            runs, steps = _read_state(store, run_ids)
             self.captures += 1
             for run_id, run in runs.items():
                 rows = steps.get(run_id, [])
@@ -222,7 +230,8 @@ class StoreHistory:
                     )
                 )
                 del self._completed[(rid, session, seq)]
-            elif row.fixed() != fixed:
+            elif row.fixed() != fixed and (rid, session, seq, row.fixed()) not in self._reported:
+                self._reported.add((rid, session, seq, row.fixed()))  # once per new value
                 found.append(
                     Violation(
                         kind="completed_row_changed",
@@ -230,7 +239,6 @@ class StoreHistory:
                         detail=f"completed row {session}:{seq} was {fixed!r}, now {row.fixed()!r}",
                     )
                 )
-                self._completed[(rid, session, seq)] = row.fixed()
         for r in rows:
             if r.status == "completed":
                 self._completed.setdefault((run_id, r.session, r.seq), r.fixed())
@@ -319,6 +327,7 @@ def check_invariants(
                         )
                     )
     found += _signals(store, steps, run_ids)
+    found += _events(store, run_ids, set() if history is None else history.reopened)
     if ledger is not None:
         report = ledger.report()
         for key, n in sorted(report.duplicate_effects.items()):
@@ -438,6 +447,31 @@ def _signals(
                         f"which holds {None if row is None else (row.name, row.status)!r}",
                     )
                 )
+    return found
+
+
+def _events(store: Store, run_ids: Collection[str] | None, reopened: set[str]) -> list[Violation]:
+    found: list[Violation] = []
+    last: dict[tuple[str, str], str] = {}
+    with store._read() as cur:
+        cur.execute(
+            "SELECT run_id, webhook_id, event FROM ms_outbox WHERE event IN"
+            " ('run.succeeded', 'run.failed', 'run.cancelled') ORDER BY id"
+        )
+        rows = cur.fetchall()
+    for rid, hook, event in rows:
+        if (run_ids is not None and rid not in run_ids) or rid in reopened:
+            continue
+        if (rid, hook) in last:
+            found.append(
+                Violation(
+                    kind="duplicate_event",
+                    run_id=rid,
+                    detail=f"{event!r} queued for webhook {hook!r} after {last[(rid, hook)]!r}: "
+                    "a run that finished once is announced once",
+                )
+            )
+        last[(rid, hook)] = event
     return found
 
 
