@@ -168,8 +168,10 @@ class StoreHistory:
     def __init__(self) -> None:
         self._completed: dict[tuple[str, int, int], tuple[Any, ...]] = {}
         self._finished: dict[str, tuple[Any, ...]] = {}
-        self._reopened: set[str] = set()
+        # run id -> its epoch when re-opened: skipped until claimed and finished again
+        self._reopened: dict[str, int] = {}
         self.reopened: set[str] = set()  # every run ever re-opened on purpose
+        self._epochs: dict[str, int] = {}  # the last epoch seen of each run
         self._reported: set[tuple[Any, ...]] = set()
         self._lock = threading.Lock()
         self.violations: list[Violation] = []
@@ -177,11 +179,14 @@ class StoreHistory:
 
     def reopen(self, run_id: str) -> None:
         """The test re-opens this finished run on purpose (``retry``): forget what it
-        looked like finished. Call it before the retry."""
+        looked like finished, until it is claimed again and finishes anew. Call it
+        before the retry, with the run's finish captured (the ``after_commit`` hook
+        captures every commit and claim)."""
         with self._lock:
             self.reopened.add(run_id)
-            self._reopened.add(run_id)
             self._finished.pop(run_id, None)
+            # Its epoch now: the retry does not move it, the claim after it does.
+            self._reopened[run_id] = self._epochs.get(run_id, -1)
 
     def after_commit(self, store: Store) -> Any:
         """A ``FaultyStore(after_call=...)`` hook that captures the runs each
@@ -208,6 +213,7 @@ class StoreHistory:
             runs, steps = _read_state(store, run_ids)
             self.captures += 1
             for run_id, run in runs.items():
+                self._epochs[run_id] = run.epoch
                 rows = steps.get(run_id, [])
                 found += self._compare_rows(run_id, rows)
                 found += self._compare_finished(run, rows)
@@ -246,9 +252,9 @@ class StoreHistory:
 
     def _compare_finished(self, run: _Run, rows: Sequence[_Row]) -> list[Violation]:
         if run.id in self._reopened:
-            if run.status in FINISHED and run.epoch > 0:
-                # Seen finished again after the retry: from now on it must hold still.
-                self._reopened.discard(run.id)
+            if run.status in FINISHED and run.epoch > self._reopened[run.id]:
+                # Claimed and finished again after the retry: from now on it holds still.
+                del self._reopened[run.id]
             else:
                 return []
         state = (
