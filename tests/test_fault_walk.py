@@ -317,6 +317,8 @@ def fault_for(kind: FaultKind, index: int, s_clock: list[ms.FakeClock]) -> Fault
         # A stall that outlives the lease: time moves on while the call hangs, and
         # the write lands after the run may have been taken over.
         return Fault(kind="delay", at=index, delay_s=0.0, during=lambda: s_clock[0].advance(TICK_S))
+    if kind == "locked":  # only a commit answers "locked": aim at the next one
+        return Fault(kind="locked", at=index, method="commit")
     return Fault(kind=kind, at=index)
 
 
