@@ -499,3 +499,46 @@ async def test_stall_past_the_lease_while_dead_lettered(stores: Stores) -> None:
     finally:
         ledger.close()
         inner.close()
+
+
+@pytest.mark.xfail(
+    reason="issue 12 item 4: a store outage reaches workflow code as an ordinary exception; "
+    "`except Exception` takes the failure branch and the run commits a wrong result",
+    strict=True,
+)
+async def test_a_store_outage_is_not_catchable_by_workflow_code(stores: Stores) -> None:
+    inner, _ = stores.fresh()
+    clock = ms.FakeClock()
+    # Busy for longer than a commit's retries: the store is down for a while.
+    outage = Fault(kind="busy", when=commits_with(step_status="started"), times=6)
+    app = ms.App(
+        FaultyStore(inner, [outage]),
+        clock=clock,
+        lease_s=LEASE_S,
+        inline_wait_s=0.0,
+        poll_interval_s=0.005,
+    )
+    ran: list[str] = []
+
+    def charge() -> str:
+        ran.append(ms.current_step().idempotency_key)
+        return "charged"
+
+    @app.workflow
+    async def guarded(ctx: ms.RunContext) -> str:
+        try:
+            return await ctx.step(charge)
+        except Exception as exc:  # what user code does; an engine failure must not land here
+            return f"took the failure branch: {type(exc).__name__}"
+
+    try:
+        run_id = app.submit(guarded).run_id
+        for _ in range(5):
+            await asyncio.wait_for(app.worker().run(until_idle=True), 60)
+            if inner.get_run(run_id).finished:  # type: ignore[union-attr]
+                break
+            clock.advance(TICK_S)  # abandoned to recovery: another claim takes it over
+        assert await app.result(run_id, timeout=5) == "charged"
+        assert len(ran) == 1
+    finally:
+        inner.close()
