@@ -166,7 +166,8 @@ class StoreHistory:
     """
 
     def __init__(self) -> None:
-        self._completed: dict[tuple[str, int, int], tuple[Any, ...]] = {}
+        # run id -> (session, seq) -> what that completed row must keep
+        self._completed: dict[str, dict[tuple[int, int], tuple[Any, ...]]] = {}
         self._finished: dict[str, tuple[Any, ...]] = {}
         # run id -> its epoch when re-opened: skipped until claimed and finished again
         self._reopened: dict[str, int] = {}
@@ -223,9 +224,8 @@ class StoreHistory:
     def _compare_rows(self, run_id: str, rows: Sequence[_Row]) -> list[Violation]:
         found: list[Violation] = []
         present = {(r.session, r.seq): r for r in rows}
-        for (rid, session, seq), fixed in list(self._completed.items()):
-            if rid != run_id:
-                continue
+        seen = self._completed.setdefault(run_id, {})
+        for (session, seq), fixed in list(seen.items()):
             row = present.get((session, seq))
             if row is None:
                 found.append(
@@ -235,9 +235,9 @@ class StoreHistory:
                         detail=f"completed row {session}:{seq} {fixed[1]!r} was deleted",
                     )
                 )
-                del self._completed[(rid, session, seq)]
-            elif row.fixed() != fixed and (rid, session, seq, row.fixed()) not in self._reported:
-                self._reported.add((rid, session, seq, row.fixed()))  # once per new value
+                del seen[(session, seq)]
+            elif row.fixed() != fixed and (run_id, session, seq, row.fixed()) not in self._reported:
+                self._reported.add((run_id, session, seq, row.fixed()))  # once per new value
                 found.append(
                     Violation(
                         kind="completed_row_changed",
@@ -247,7 +247,7 @@ class StoreHistory:
                 )
         for r in rows:
             if r.status == "completed":
-                self._completed.setdefault((run_id, r.session, r.seq), r.fixed())
+                seen.setdefault((r.session, r.seq), r.fixed())
         return found
 
     def _compare_finished(self, run: _Run, rows: Sequence[_Row]) -> list[Violation]:
