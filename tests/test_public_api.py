@@ -34,7 +34,8 @@ def test_testing_names_are_pinned() -> None:
     assert set(mainspring.testing.__all__) == {
         "EffectLedger", "FakeAnthropicServer", "FakeClock", "FakeOpenAIServer", "FakeReply",
         "FakeToolCall", "FaultProfile", "FaultyModel", "LedgerReport", "RecordedRequest",
-        "ScriptedModel", "SimulatedCrash",
+        "ScriptedModel", "SimulatedCrash", "Fault", "FaultKind", "FaultyStore", "StoreCall",
+        "StoreHistory", "Violation", "assert_invariants", "check_invariants", "commits_with",
     }  # fmt: skip
 
 

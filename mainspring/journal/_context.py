@@ -285,6 +285,9 @@ class RunContext:
         # lease, a store outage, a cancel, the run's outcome): every later use of the
         # context raises it again, whatever the workflow did with the first one.
         self._stop: BaseException | None = None
+        # The run is being finished (not suspended, released or continued) while step
+        # attempts may still run: those are cancelled and journaled as such.
+        self._ending = False
         try:
             self._main: asyncio.Task[Any] | None = asyncio.current_task()
         except RuntimeError:  # made outside an event loop
@@ -455,6 +458,24 @@ class RunContext:
                 # CancelledError): all of it is a failed attempt, but for mainspring's
                 # own control flow and a cancellation someone really asked for.
                 if self._passes_through(exc):
+                    if self._ending and isinstance(exc, asyncio.CancelledError):
+                        # The run ends without this attempt (a gather sibling failed and
+                        # the workflow returned): no row of a finished run stays started.
+                        self._put(
+                            started,
+                            status="failed",
+                            error=dumps(
+                                {
+                                    "type": "Cancelled",
+                                    "message": f"the run ended while attempt {attempt} of "
+                                    f"step {step_name!r} ran: it was cancelled, and may or "
+                                    "may not have taken effect",
+                                    "retryable": False,
+                                    "failures": failures + 1,
+                                }
+                            ),
+                            finished_at=self._now(),
+                        )
                     raise
                 error = exc
             finally:
@@ -1043,6 +1064,7 @@ class RunContext:
         finished (or suspended) run.
         """
         patient = isinstance(self._stop, _Release | _ContinueAsNew)
+        self._ending = not patient and not isinstance(self._stop, _Suspend)
         self._set_stop(_Closed())
         me = asyncio.current_task()
         try:

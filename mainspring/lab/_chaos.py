@@ -9,7 +9,10 @@ survivors finish and audits what happened instead of trusting the workers:
 * duplicated effects: idempotency keys whose effect took place more than once in the
   :class:`~mainspring.testing.EffectLedger`, and ``at_most_once`` steps called twice;
 * journal consistency: each run's journal is one row per position, every row ended,
-  every completed write applied exactly once, and the result adds up.
+  every completed write applied exactly once, and the result adds up;
+* the engine's invariants (:func:`mainspring.testing.check_invariants`), with the
+  journal captured after every kill so that a completed row or a finished run that
+  changed later is caught too.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from typing import Any
 
 from .._errors import ConfigError
 from ..storage import Store, open_store
-from ..testing import EffectLedger
+from ..testing import EffectLedger, StoreHistory, check_invariants
 from ._chaos_app import WORKFLOW, build_app
 
 __all__ = ["ChaosResult", "run_chaos"]
@@ -198,6 +201,7 @@ def _chaos(
     finally:
         app.close()
     store = open_store(url)
+    history = StoreHistory()
     pool = _Workers(env, where, concurrency=max(4, runs // workers + 1))
     started = time.monotonic()
     mid_run = 0
@@ -221,6 +225,7 @@ def _chaos(
             victim.send_signal(signal.SIGKILL)
             victim.wait(30)
             mid_run += bool(holders)
+            history.capture(store, ids)  # what is completed now must never change
             pool.start()  # a replacement, as a supervisor would
             if progress is not None:
                 progress(done, kills)
@@ -238,7 +243,7 @@ def _chaos(
     finally:
         pool.stop_all()
     try:
-        return _audit(store, url, ids, steps, ledger_path, kills, mid_run, wall)
+        return _audit(store, url, ids, steps, ledger_path, kills, mid_run, wall, history)
     finally:
         store.close()
 
@@ -269,10 +274,18 @@ def _audit(
     kills: int,
     mid_run: int,
     wall: float,
+    history: StoreHistory,
 ) -> ChaosResult:
     ledger = EffectLedger(ledger_path)
     report = ledger.report()
-    problems: list[str] = []
+    # The invariants every fault test checks: at most once, effects once, signals
+    # once, completed rows and finished runs unchanged since the captures above.
+    problems = [
+        str(v)
+        for v in check_invariants(
+            store, history=history, ledger=ledger, at_most_once_effects={"launch"}, run_ids=ids
+        )
+    ]
     succeeded = rows_seen = reexecuted = interrupted = 0
     expected_paid = sum(i for i in range(steps) if i % 10 != 9)
     for run_id in ids:
@@ -287,9 +300,7 @@ def _audit(
         for row in rows:
             key = f"{run_id}:{row.session}:{row.seq}"
             reexecuted += row.attempt > 1
-            if row.name.endswith("launch"):
-                if ledger.calls(key) > 1:
-                    problems.append(f"at_most_once step {key} was called {ledger.calls(key)}×")
+            if row.name.endswith("launch"):  # called at most once: an invariant above
                 if row.status == "failed":
                     interrupted += 1
                 elif row.status != "completed":

@@ -141,6 +141,14 @@ class EffectLedger:
         row = self._conn().execute("SELECT applied FROM effects WHERE key = ?", (key,)).fetchone()
         return int(row[0]) if row else 0
 
+    def calls_by_key(self, effect: str | None = None) -> dict[str, int]:
+        """How many times each key was called (only calls of ``effect`` when given)."""
+        sql = "SELECT key, COUNT(*) FROM calls"
+        params: tuple[str, ...] = ()
+        if effect is not None:
+            sql, params = sql + " WHERE effect = ?", (effect,)
+        return {k: int(n) for k, n in self._conn().execute(sql + " GROUP BY key", params)}
+
     def keys(self) -> set[str]:
         return {r[0] for r in self._conn().execute("SELECT key FROM effects")}
 

@@ -1,0 +1,500 @@
+"""The engine's promises, written once as checks over a store.
+
+Every fault, race and chaos test ends with the same question: did the engine keep
+its promises? :func:`check_invariants` answers it from what is durable (the store
+and, when the test has one, an :class:`~mainspring.testing.EffectLedger`), and
+:class:`StoreHistory` remembers what must never change so that a later look can
+tell that it did.
+
+The invariants:
+
+* **live**: every run has ended, or is legitimately waiting with a reason that will
+  fire: a sleeping run has a ``wake_at``; a waiting run has a ``wake_at`` or a
+  signal name; a stored, unconsumed signal for the name a run waits on has woken it
+  (``wake_at`` due); a run asked to cancel while parked has been woken to cancel.
+* **completed rows never change**: a journal row once ``completed`` keeps its kind,
+  name, attempt and output, and is never deleted while its run exists.
+* **a finished run is never modified**: its status, output, error, session, epoch
+  and journal stay as they were (a legitimate ``retry`` re-opens it: tell the
+  history with :meth:`StoreHistory.reopen`).
+* **at most once**: an ``at_most_once`` effect's key is called at most once.
+* **effects once**: each effect key took effect once in the ledger.
+* **signals once**: each consumed signal was consumed by one wait, and each wait
+  that completed with a signal consumed exactly one stored signal.
+* **events once**: a run's final webhook event (``run.succeeded`` ...) is queued once
+  per endpoint each time it finishes, never again for a re-sent write.
+* **nothing in flight after success**: a succeeded run has no journal row left
+  ``started`` or ``retrying``.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Collection, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from ..storage import FINISHED, Store
+from ._ledger import EffectLedger
+
+__all__ = ["StoreHistory", "Violation", "ViolationKind", "assert_invariants", "check_invariants"]
+
+ViolationKind = Literal[
+    "stuck",
+    "unwoken_signal",
+    "uncancelled",
+    "not_finished",
+    "completed_row_changed",
+    "completed_row_deleted",
+    "finished_run_modified",
+    "at_most_once_twice",
+    "duplicate_effect",
+    "signal_consumed_twice",
+    "wait_without_signal",
+    "signal_lost",
+    "unended_row",
+    "duplicate_event",
+]
+
+_RUN_SQL = (
+    "SELECT id, status, output, error, session, handoff, epoch, wake_at, wait_signal,"
+    " cancel_requested, lease_until FROM ms_runs"
+)
+_STEP_SQL = "SELECT run_id, session, seq, kind, name, status, attempt, epoch, output FROM ms_steps"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Violation:
+    """One broken promise.
+
+    Attributes:
+        kind: which invariant (see the module's docstring).
+        run_id: the run it concerns, when one does.
+        detail: what was found, with the values.
+    """
+
+    kind: ViolationKind
+    run_id: str | None
+    detail: str
+
+    def __str__(self) -> str:
+        where = f" run {self.run_id}" if self.run_id else ""
+        return f"[{self.kind}]{where}: {self.detail}"
+
+
+@dataclass(frozen=True, slots=True)
+class _Run:
+    id: str
+    status: str
+    output: str | None
+    error: str | None
+    session: int
+    handoff: str | None
+    epoch: int
+    wake_at: float | None
+    wait_signal: str | None
+    cancel_requested: bool
+    lease_until: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class _Row:
+    run_id: str
+    session: int
+    seq: int
+    kind: str
+    name: str
+    status: str
+    attempt: int
+    epoch: int
+    output: str | None
+
+    @property
+    def pos(self) -> str:
+        return f"{self.session}:{self.seq}"
+
+    def fixed(self) -> tuple[Any, ...]:
+        """What a completed row must keep for ever."""
+        return (self.kind, self.name, self.status, self.attempt, self.output)
+
+
+def _where(run_ids: Collection[str] | None, column: str) -> tuple[str, list[str]]:
+    if run_ids is None:
+        return "", []
+    return f" WHERE {column} IN ({', '.join('?' * len(run_ids))})", list(run_ids)
+
+
+def _read_state(
+    store: Store, run_ids: Collection[str] | None
+) -> tuple[dict[str, _Run], dict[str, list[_Row]]]:
+    """Runs and their journals, read in one snapshot: a retry moves a finished run's
+    status and journal together, and a capture must never see half of it."""
+    runs: dict[str, _Run] = {}
+    steps: dict[str, list[_Row]] = {}
+    ids = None if run_ids is None else sorted(set(run_ids))
+    if ids == []:
+        return runs, steps
+    for i in range(0, len(ids or [None]), 500):
+        chunk = None if ids is None else ids[i : i + 500]
+        with store._read() as cur:
+            begin = (
+                "BEGIN ISOLATION LEVEL REPEATABLE READ"
+                if store.dialect == "postgresql"
+                else "BEGIN"
+            )
+            cur.execute(begin)  # one snapshot for both statements
+            try:
+                _read_chunk(cur, chunk, runs, steps)
+            finally:
+                cur.execute("COMMIT")
+    return runs, steps
+
+
+def _read_chunk(
+    cur: Any, chunk: list[str] | None, runs: dict[str, _Run], steps: dict[str, list[_Row]]
+) -> None:
+    where, params = _where(chunk, "id")
+    cur.execute(_RUN_SQL + where, params)
+    for r in cur.fetchall():
+        runs[r[0]] = _Run(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8], bool(r[9]), r[10])
+    where, params = _where(chunk, "run_id")
+    cur.execute(_STEP_SQL + where + " ORDER BY run_id, session, seq", params)
+    for r in cur.fetchall():
+        steps.setdefault(r[0], []).append(_Row(*r))
+
+
+class StoreHistory:
+    """Remembers completed journal rows and finished runs, and reports any later
+    change to them.
+
+    Call :meth:`capture` at checkpoints (after each round of a test), or let a
+    :class:`~mainspring.testing.FaultyStore` call it after every commit::
+
+        history = StoreHistory()
+        store = FaultyStore(inner, after_call=history.after_commit(inner))
+
+    Thread-safe: captures from a committer thread and from the test serialise.
+    """
+
+    def __init__(self) -> None:
+        # run id -> (session, seq) -> what that completed row must keep
+        self._completed: dict[str, dict[tuple[int, int], tuple[Any, ...]]] = {}
+        self._finished: dict[str, tuple[Any, ...]] = {}
+        self.reopened: set[str] = set()  # every run the test re-opens on purpose
+        self._epochs: dict[str, int] = {}  # the last epoch seen of each run
+        self._reported: set[tuple[Any, ...]] = set()
+        self._lock = threading.Lock()
+        self.violations: list[Violation] = []
+        self.captures = 0
+
+    def reopen(self, run_id: str) -> None:
+        """The test re-opens this run on purpose (``retry``), now or once it has
+        finished: a change of the finished run that moved its epoch on (only a retry
+        re-opens a finished run, and a retry bumps the epoch) is then expected, and
+        the run is watched again from its next finish. A change at the same epoch is
+        still a violation. Call it before the retry."""
+        with self._lock:
+            self.reopened.add(run_id)
+
+    def after_commit(self, store: Store) -> Any:
+        """A ``FaultyStore(after_call=...)`` hook that captures the runs each
+        successful ``commit`` (and every run-changing call) touched, reading
+        ``store`` (the inner one, so the reads are neither counted nor faulted)."""
+
+        def hook(method: str, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any) -> None:
+            if method == "commit":
+                batch = kwargs.get("batch", args[0] if args else [])
+                self.capture(store, {w.run_id for w in batch})
+            elif method in ("cancel", "send_signal", "retry_run", "claim", "release"):
+                self.capture(store)
+
+        return hook
+
+    def capture(self, store: Store, run_ids: Collection[str] | None = None) -> list[Violation]:
+        """Compare the store with what was seen before; remember what is new.
+        Returns the violations this capture found (they are also appended to
+        :attr:`violations`)."""
+        found: list[Violation] = []
+        # Read under the lock too: a capture that read an older state must not be
+        # compared after one that read a newer state (it would look like a regression).
+        with self._lock:
+            runs, steps = _read_state(store, run_ids)
+            self.captures += 1
+            for run_id, run in runs.items():
+                self._epochs[run_id] = run.epoch
+                rows = steps.get(run_id, [])
+                found += self._compare_rows(run_id, rows)
+                found += self._compare_finished(run, rows)
+            self.violations += found
+        return found
+
+    def _compare_rows(self, run_id: str, rows: Sequence[_Row]) -> list[Violation]:
+        found: list[Violation] = []
+        present = {(r.session, r.seq): r for r in rows}
+        seen = self._completed.setdefault(run_id, {})
+        for (session, seq), fixed in list(seen.items()):
+            row = present.get((session, seq))
+            if row is None:
+                found.append(
+                    Violation(
+                        kind="completed_row_deleted",
+                        run_id=run_id,
+                        detail=f"completed row {session}:{seq} {fixed[1]!r} was deleted",
+                    )
+                )
+                del seen[(session, seq)]
+            elif row.fixed() != fixed and (run_id, session, seq, row.fixed()) not in self._reported:
+                self._reported.add((run_id, session, seq, row.fixed()))  # once per new value
+                found.append(
+                    Violation(
+                        kind="completed_row_changed",
+                        run_id=run_id,
+                        detail=f"completed row {session}:{seq} was {fixed!r}, now {row.fixed()!r}",
+                    )
+                )
+        for r in rows:
+            if r.status == "completed":
+                seen.setdefault((r.session, r.seq), r.fixed())
+        return found
+
+    def _compare_finished(self, run: _Run, rows: Sequence[_Row]) -> list[Violation]:
+        state = (
+            run.status,
+            run.output,
+            run.error,
+            run.session,
+            run.handoff,
+            run.epoch,
+            tuple((r.session, r.seq, r.status, r.output, r.attempt) for r in rows),
+        )
+        before = self._finished.get(run.id)
+        if before is None:
+            if run.status in FINISHED:
+                self._finished[run.id] = state
+            return []
+        if before == state:
+            return []
+        if run.id in self.reopened and run.epoch > before[5]:
+            # Re-opened on purpose (a retry moves the epoch on): watched again from its
+            # next finish.
+            if run.status in FINISHED:
+                self._finished[run.id] = state
+            else:
+                del self._finished[run.id]
+            return []
+        self._finished[run.id] = state
+        names = ("status", "output", "error", "session", "handoff", "epoch", "journal")
+        changed = [
+            f"{n}: {a!r} -> {b!r}" for n, a, b in zip(names, before, state, strict=True) if a != b
+        ]
+        return [
+            Violation(
+                kind="finished_run_modified",
+                run_id=run.id,
+                detail=f"{before[0]} run changed after it finished ({'; '.join(changed)[:600]})",
+            )
+        ]
+
+
+def check_invariants(
+    store: Store,
+    *,
+    history: StoreHistory | None = None,
+    ledger: EffectLedger | None = None,
+    at_most_once_effects: Iterable[str] = (),
+    run_ids: Collection[str] | None = None,
+    now: float | None = None,
+    settled: bool = False,
+) -> list[Violation]:
+    """Check the engine's invariants over ``store``; returns what is broken.
+
+    Args:
+        history: captures taken earlier (a last capture is taken now), for the
+            "completed rows never change" and "finished runs never modified" checks.
+        ledger: the effect ledger the test's steps applied their keys to.
+        at_most_once_effects: the ledger ``effect`` names of ``at_most_once`` steps:
+            each of their keys must have been called at most once.
+        run_ids: only these runs (all runs when None).
+        now: the engine's current time (``clock.now()`` with a fake clock); the
+            real time when None.
+        settled: the test has driven everything it could (no worker executing, the
+            clock moved past every lease and due time): a run that is queued, running
+            or due must not be left.
+    """
+    now = time.time() if now is None else now
+    found: list[Violation] = []
+    if history is not None:
+        history.capture(store, run_ids)
+        found += history.violations
+    runs, steps = _read_state(store, run_ids)
+    pending = _pending_signals(store, run_ids)
+    for run in runs.values():
+        found += _liveness(run, pending.get(run.id, set()), now, settled)
+        if run.status == "succeeded":
+            for r in steps.get(run.id, []):
+                if r.status in ("started", "retrying"):
+                    found.append(
+                        Violation(
+                            kind="unended_row",
+                            run_id=run.id,
+                            detail=f"succeeded with row {r.pos} {r.kind} {r.name!r} "
+                            f"still {r.status!r}",
+                        )
+                    )
+    found += _signals(store, steps, run_ids)
+    found += _events(store, run_ids, set() if history is None else history.reopened)
+    if ledger is not None:
+        report = ledger.report()
+        for key, n in sorted(report.duplicate_effects.items()):
+            found.append(
+                Violation(
+                    kind="duplicate_effect",
+                    run_id=key.split(":", 1)[0],
+                    detail=f"effect of key {key!r} took place {n} times",
+                )
+            )
+        for effect in at_most_once_effects:
+            for key, n in sorted(ledger.calls_by_key(effect).items()):
+                if n > 1:
+                    found.append(
+                        Violation(
+                            kind="at_most_once_twice",
+                            run_id=key.split(":", 1)[0],
+                            detail=f"at_most_once effect {effect!r} of key {key!r} was "
+                            f"called {n} times",
+                        )
+                    )
+    return found
+
+
+def assert_invariants(store: Store, **options: Any) -> None:
+    """:func:`check_invariants`, raising ``AssertionError`` listing every violation."""
+    found = check_invariants(store, **options)
+    if found:
+        lines = "\n".join(f"  {v}" for v in found[:50])
+        more = f"\n  ... and {len(found) - 50} more" if len(found) > 50 else ""
+        raise AssertionError(f"{len(found)} invariant violation(s):\n{lines}{more}")
+
+
+def _liveness(run: _Run, pending: set[str], now: float, settled: bool) -> list[Violation]:
+    if run.status in FINISHED:
+        return []
+    due = run.wake_at is not None and run.wake_at <= now
+
+    def bad(kind: ViolationKind, detail: str) -> list[Violation]:
+        return [Violation(kind=kind, run_id=run.id, detail=detail)]
+
+    if run.status in ("sleeping", "waiting"):
+        if run.wake_at is None and (run.status == "sleeping" or run.wait_signal is None):
+            return bad("stuck", f"{run.status} with no wake_at and no signal to wait for")
+        if run.wait_signal is not None and run.wait_signal in pending and not due:
+            return bad(
+                "unwoken_signal",
+                f"waits for {run.wait_signal!r}, a signal of that name is stored and "
+                f"unconsumed, yet wake_at is {run.wake_at!r}",
+            )
+        if run.cancel_requested and not due:
+            return bad("uncancelled", f"{run.status}, cancel requested, wake_at {run.wake_at!r}")
+        if settled and due:
+            return bad("not_finished", f"{run.status} and due (wake_at {run.wake_at!r}), not run")
+        return []
+    if settled:
+        return bad("not_finished", f"still {run.status} after the test drove every run")
+    return []
+
+
+def _pending_signals(store: Store, run_ids: Collection[str] | None) -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {}
+    with store._read() as cur:
+        cur.execute("SELECT DISTINCT run_id, name FROM ms_signals WHERE consumed_at IS NULL")
+        for rid, name in cur.fetchall():
+            if run_ids is None or rid in run_ids:
+                out.setdefault(rid, set()).add(name)
+    return out
+
+
+def _signals(
+    store: Store, steps: dict[str, list[_Row]], run_ids: Collection[str] | None
+) -> list[Violation]:
+    found: list[Violation] = []
+    consumed: dict[tuple[str, str], list[tuple[int, str]]] = {}
+    with store._read() as cur:
+        cur.execute(
+            "SELECT id, run_id, name, consumed_by FROM ms_signals WHERE consumed_at IS NOT NULL"
+        )
+        for sid, rid, name, by in cur.fetchall():
+            if run_ids is None or rid in run_ids:
+                consumed.setdefault((rid, str(by)), []).append((int(sid), name))
+    for (rid, by), sigs in consumed.items():
+        if len(sigs) > 1:
+            found.append(
+                Violation(
+                    kind="signal_consumed_twice",
+                    run_id=rid,
+                    detail=f"signals {[s for s, _ in sigs]!r} were all consumed by wait {by}",
+                )
+            )
+    for rid, rows in steps.items():
+        waits = {r.pos: r for r in rows if r.kind == "signal"}
+        for r in waits.values():
+            # Rows a fork copied (epoch 0) consumed their signals in the source run.
+            if r.status != "completed" or r.epoch == 0 or "signal" not in _json(r.output):
+                continue
+            if not consumed.get((rid, r.pos)):
+                found.append(
+                    Violation(
+                        kind="wait_without_signal",
+                        run_id=rid,
+                        detail=f"wait {r.pos} {r.name!r} completed with a signal but no "
+                        "stored signal was consumed by it (one signal given to two waits?)",
+                    )
+                )
+        for (crid, by), sigs in consumed.items():
+            if crid != rid:
+                continue
+            row = waits.get(by)
+            if row is None or row.status != "completed" or row.name != sigs[0][1]:
+                found.append(
+                    Violation(
+                        kind="signal_lost",
+                        run_id=rid,
+                        detail=f"signal {sigs[0][0]} {sigs[0][1]!r} consumed by position {by}, "
+                        f"which holds {None if row is None else (row.name, row.status)!r}",
+                    )
+                )
+    return found
+
+
+def _events(store: Store, run_ids: Collection[str] | None, reopened: set[str]) -> list[Violation]:
+    found: list[Violation] = []
+    last: dict[tuple[str, str], str] = {}
+    with store._read() as cur:
+        cur.execute(
+            "SELECT run_id, webhook_id, event FROM ms_outbox WHERE event IN"
+            " ('run.succeeded', 'run.failed', 'run.cancelled') ORDER BY id"
+        )
+        rows = cur.fetchall()
+    for rid, hook, event in rows:
+        if (run_ids is not None and rid not in run_ids) or rid in reopened:
+            continue
+        if (rid, hook) in last:
+            found.append(
+                Violation(
+                    kind="duplicate_event",
+                    run_id=rid,
+                    detail=f"{event!r} queued for webhook {hook!r} after {last[(rid, hook)]!r}: "
+                    "a run that finished once is announced once",
+                )
+            )
+        last[(rid, hook)] = event
+    return found
+
+
+def _json(text: str | None) -> Any:
+    try:
+        value = json.loads(text) if text else {}
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
