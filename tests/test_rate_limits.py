@@ -543,6 +543,27 @@ def test_a_probe_whose_run_ended_or_lapsed_lets_the_next_one_go(db_url: str) -> 
         store.close()
 
 
+def test_rebook_refunds_and_books_anew_in_one_go(db_url: str) -> None:
+    store = open_store(db_url)
+    try:
+        clock = FakeClock(NOW)
+        cold = RateLimits(period_s=60).limiter(store, clock, "openai", "m")
+        probe = cold.acquire(Cost(input_tokens=10))
+        # A re-sent probe is the probe again: nobody got the gate in between.
+        again = cold.rebook(probe)
+        assert (again.probe, again.retry, again.seq) == (True, False, probe.seq + 1)
+        assert cold.acquire(Cost(input_tokens=10)).retry
+        cold.settle(again, Cost(input_tokens=10), {})  # no limits announced: warm
+        rate = RateLimit(provider="openai", model="w", tpm=6000, headroom=0.0)
+        warm = StoreRateLimiter(rate, store, clock=clock)
+        full = warm.acquire(Cost(input_tokens=6000))
+        # The whole bucket given back and booked again: at once, not a minute later.
+        assert warm.rebook(full).waited_s == pytest.approx(0, abs=0.1)
+        assert warm.acquire(Cost(input_tokens=6000)).waited_s == pytest.approx(60, abs=0.1)
+    finally:
+        store.close()
+
+
 def test_every_reply_moves_the_bucket_towards_the_providers_view(db_url: str) -> None:
     store = open_store(db_url)
     try:

@@ -10,8 +10,9 @@ import pytest
 from _helpers import Crash, drain
 
 import mainspring as ms
-from mainspring.limits import RateLimit, RateLimits
+from mainspring.limits import Booking, Cost, RateLimit, RateLimits, StoreRateLimiter
 from mainspring.models import ModelResponse, Usage, UserMessage
+from mainspring.storage import Store
 from mainspring.testing import FakeClock, ScriptedModel
 
 NOW = 1_767_225_600.0
@@ -238,5 +239,87 @@ async def test_a_probe_whose_worker_dies_is_released_when_its_run_is_taken_over(
         assert (await hb.result()).answer == "ok"
         bookings = [s for s in app.steps(ha.run_id) if s.name.startswith("rate:")]
         assert len(bookings) == 1  # the journaled probe, re-sent under its new owner
+    finally:
+        app.close()
+
+
+class _Contended(RateLimits):
+    """Limits whose limiter lets another run book right after the first limiter call
+    made once ``contender`` is set: a worker elsewhere booking at the worst moment."""
+
+    contender: str | None = None
+    contended: Booking | None = None
+
+    def limiter(
+        self, store: Store, clock: ms.Clock, provider: str, model: str, account: str = "default"
+    ) -> StoreRateLimiter:
+        found = super().limiter(store, clock, provider, model, account)
+        if not isinstance(found, _ContendedLimiter):
+            found = _ContendedLimiter(found.rate, store, clock=clock, limits=self)
+            self._limiters[(id(store), found.key)] = found
+        return found
+
+
+class _ContendedLimiter(StoreRateLimiter):
+    def __init__(self, *args: Any, limits: _Contended, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.limits = limits
+
+    def _contend(self) -> None:
+        if self.limits.contender is not None and self.limits.contended is None:
+            other = Cost(input_tokens=10)
+            self.limits.contended = StoreRateLimiter.acquire(self, other, run=self.limits.contender)
+
+    def acquire(self, *args: Any, **kwargs: Any) -> Booking:
+        booking = super().acquire(*args, **kwargs)
+        self._contend()
+        return booking
+
+    def rebook(self, *args: Any, **kwargs: Any) -> Booking:
+        booking = super().rebook(*args, **kwargs)
+        self._contend()
+        return booking
+
+    def settle(self, *args: Any, **kwargs: Any) -> None:
+        super().settle(*args, **kwargs)
+        self._contend()
+
+
+async def test_a_re_sent_probe_keeps_the_gate_when_another_run_books_at_once(
+    db_url: str,
+) -> None:
+    """The worker that takes a dead probe's run over gives the probe back and books
+    it anew; a run booking right after its first limiter call finds the gate held.
+    (Refund and booking were two transactions: a run waiting behind the probe could
+    take it in between, and the re-sent probe waited in turn, about one time in
+    three in the test above.)"""
+    clock = FakeClock(NOW)
+    limits = _Contended(period_s=60)  # nothing declared: a cold start
+    app = ms.App(
+        db_url,
+        clock=clock,
+        poll_interval_s=0.01,
+        inline_wait_s=0.0,
+        lease_s=5.0,
+        rate_limits=limits,
+    )
+    a = app.agent("a", model=_DiesOnce([_finish()]), instructions="x")
+
+    @app.workflow
+    async def idle(ctx: ms.RunContext) -> None:
+        await ctx.sleep(3600)  # a live run (its bookings are not given back as ended)
+
+    try:
+        ha = app.submit(a, "t")
+        await drain(app)  # a holds the probe and dies mid-request
+        other = app.submit(idle)
+        await drain(app)
+        limits.contender = other.run_id
+        clock.advance(app.lease_s + 1)  # a's lease expires: another worker takes it over
+        await drain(app)
+        assert limits.contended is not None and limits.contended.retry  # the gate was held
+        assert app.get_run(ha.run_id).status == "succeeded"
+        bookings = [s for s in app.steps(ha.run_id) if s.name.startswith("rate:")]
+        assert len(bookings) == 1  # the probe went at once, under its new owner
     finally:
         app.close()

@@ -278,8 +278,9 @@ async def _send_booked(
 
     A request that starts late (a slow worker, a retry of the step) would overtake
     the bookings made after its own: its booking is refunded and a new one taken,
-    behind the others, and slept for in process if it is within ``inline_s`` (the
-    App's ``inline_wait_s``, as any short wait); if not, the step ends with
+    behind the others (in one transaction: see :meth:`StoreRateLimiter.rebook`),
+    and slept for in process if it is within ``inline_s`` (the App's
+    ``inline_wait_s``, as any short wait); if not, the step ends with
     :class:`SlotLapsed` and the caller waits for it durably. A refused request charged
     nothing: it is refunded, and the refusal's headers and ``retry-after`` (else
     ``fallback_wait``) tighten the limiter before the refusal goes up. ``warm`` runs
@@ -301,13 +302,10 @@ async def _send_booked(
     late_s = max(0.25 * rate.headroom, 0.005) * rate.period_s
     current = booking
     if attempt > 1 or clock.now() - current.wake_at > late_s:
-        await asyncio.to_thread(limiter.settle_quietly, current, None)
+        # One transaction: a refund, then a booking, would let a run waiting behind
+        # a cold limiter's probe take it in between (the re-sent probe then waits).
         run = current_step().run_id
-        current = await asyncio.to_thread(
-            functools.partial(
-                limiter.acquire, current.estimate, input_ratio=current.input_ratio, run=run
-            )
-        )
+        current = await asyncio.to_thread(functools.partial(limiter.rebook, current, run=run))
         wait = current.wake_at - clock.now()
         if wait > inline_s or current.retry:
             if not current.retry:

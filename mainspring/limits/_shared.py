@@ -156,10 +156,33 @@ class StoreRateLimiter(RateLimiter):
         While no limit is known (none declared, no reply yet), one request at a time
         is admitted across every worker: the *probe* (``Booking.probe``). The others
         book nothing and get ``Booking.retry``: ask again at ``wake_at``."""
+        return self._book(estimate, input_ratio, run, None)
+
+    def rebook(self, booking: Booking, *, run: str | None = None) -> Booking:
+        """Refund ``booking`` and book its estimate anew, behind the others, in one
+        transaction (a request that starts late, a retried one).
+
+        Settling it and then acquiring would leave a moment between the two in which
+        another worker books: on a cold limiter, a run waiting behind the probe
+        would take it from the run re-sending it, which would then wait in turn."""
+        booked: dict[Dimension, float] = {d: booking.charges.get(d, 0.0) for d in DIMENSIONS}
+        return self._book(booking.estimate, booking.input_ratio, run, (booking.seq, booked))
+
+    def _book(
+        self,
+        estimate: Cost,
+        input_ratio: float,
+        run: str | None,
+        replacing: tuple[int, Mapping[Dimension, float]] | None,
+    ) -> Booking:
         charges = charges_of(estimate, self.rate.provider)
         sqlite = self.table.store.dialect != "postgresql"
         start, now, seq, kind = self.table.book(
-            self.rate, charges, self.clock.now if sqlite else None, run=run
+            self.rate,
+            charges,
+            self.clock.now if sqlite else None,
+            run=run,
+            replacing=replacing,
         )
         waited = max(0.0, start - now)
         return Booking(

@@ -90,12 +90,16 @@ class RateTable:
         now: float | Callable[[], float] | None,
         *,
         run: str | None = None,
+        replacing: tuple[int, Mapping[Dimension, float]] | None = None,
     ) -> tuple[float, float, int, Literal["slot", "probe", "retry"]]:
         """Book ``charges``; ``(start, now, booking number, kind)`` on the clock the
         booking used. A callable ``now`` is read once the write lock is held: time
         spent waiting for the lock must not count as refill that was never there.
         On a cold limiter (no limit known) one booking at a time is the ``"probe"``;
         the others book nothing (``"retry"``, number 0) and ask again at ``start``.
+        ``replacing``: ``(number, charges)`` of a booking to refund first, in the
+        same transaction, so that no other booking comes between the two (a probe
+        given back and booked anew stays with its run).
 
         Raises:
             ConfigError: the request can never fit one of the limits.
@@ -103,6 +107,11 @@ class RateTable:
         self._ensure(rate.key)
         with self.store._write() as cur:
             state, at = self._lock(cur, rate.key, now)
+            if replacing is not None:
+                seq, booked = replacing
+                release_probe(state, seq)
+                unhold(state, seq)
+                settle(state, rate, {d: -v for d, v in booked.items()}, at, seq)
             ended = _ended(cur, waiting_runs(state, at))
             if state.probe_run in ended:
                 release_probe(state, state.probe_seq)
