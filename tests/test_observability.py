@@ -156,6 +156,22 @@ async def test_redaction_can_be_turned_off(db_url: str) -> None:
         app.close()
 
 
+def _families(app: ms.App) -> dict[str, Any]:
+    body, content_type = app.metrics().render()
+    assert content_type.startswith("text/plain")
+    return {f.name: f for f in text_string_to_metric_families(body.decode())}
+
+
+def _samples(families: dict[str, Any], name: str, sample: str | None = None) -> dict[Any, float]:
+    """``{label values: value}`` of one family's samples (``sample``: e.g. ``_total``)."""
+    fam = families[name]
+    return {
+        tuple(v for k, v in sorted(s.labels.items())): s.value
+        for s in fam.samples
+        if sample is None or s.name == sample
+    }
+
+
 async def test_metrics_parse_back(fapp: ms.App, clock: FakeClock) -> None:
     await _support_run(fapp, clock)
 
@@ -168,42 +184,123 @@ async def test_metrics_parse_back(fapp: ms.App, clock: FakeClock) -> None:
 
     fapp.submit(broken)
     await drain(fapp)
-    body, content_type = fapp.metrics().render()
-    assert content_type.startswith("text/plain")
-    families = {f.name: f for f in text_string_to_metric_families(body.decode())}
-    runs = {s.labels["status"]: s.value for s in families["mainspring_runs"].samples}
-    assert runs == {"succeeded": 1.0, "failed": 1.0}
-    tokens = {
-        (s.labels["workflow"], s.labels["direction"]): s.value
-        for s in families["mainspring_tokens"].samples
-        if s.name == "mainspring_tokens_total"
+    families = _families(fapp)
+    runs = _samples(families, "mainspring_runs")
+    # every status is reported, 0 when no run is in it
+    assert runs == {
+        ("succeeded",): 1.0,
+        ("failed",): 1.0,
+        **{(s,): 0.0 for s in ("queued", "running", "sleeping", "waiting", "cancelled")},
     }
+    assert families["mainspring_runs"].type == "gauge"
+    # store-wide values are gauges (N replicas report the same value, not N times it)
+    assert families["mainspring_store_tokens"].type == "gauge"
+    assert _samples(families, "mainspring_store_tokens") == {
+        ("input", "support"): 520.0,
+        ("output", "support"): 52.0,
+        ("input", "broken"): 0.0,
+        ("output", "broken"): 0.0,
+    }
+    # counters of what this process executed
+    tokens = _samples(families, "mainspring_tokens", "mainspring_tokens_total")
     assert tokens == {
-        ("support", "input"): 520.0,
-        ("support", "output"): 52.0,
-        ("broken", "input"): 0.0,
-        ("broken", "output"): 0.0,
+        ("input", "scripted:scripted", "support"): 520.0,
+        ("output", "scripted:scripted", "support"): 52.0,
     }
-    cost = {
-        s.labels["workflow"]: s.value
-        for s in families["mainspring_cost_usd"].samples
-        if s.name.endswith("_total")
-    }
-    assert cost["support"] == pytest.approx((520 + 104) / 1e6)
+    cost = _samples(families, "mainspring_cost_usd", "mainspring_cost_usd_total")
+    assert cost[("scripted:scripted", "support")] == pytest.approx((520 + 104) / 1e6)
     hist = {
         (s.name, s.labels.get("kind"), s.labels.get("le")): s.value
-        for s in families["mainspring_step_latency_seconds"].samples
+        for s in families["mainspring_step_seconds"].samples
     }
-    assert hist[("mainspring_step_latency_seconds_count", "tool", None)] == 2
-    assert hist[("mainspring_step_latency_seconds_bucket", "tool", "0.25")] == 1
-    assert hist[("mainspring_step_latency_seconds_bucket", "tool", "0.5")] == 2
-    assert hist[("mainspring_step_latency_seconds_sum", "tool", None)] == pytest.approx(0.75)
-    retries = {s.labels["kind"]: s.value for s in families["mainspring_step_retries"].samples}
-    limited = {s.labels["kind"]: s.value for s in families["mainspring_rate_limited"].samples}
-    assert retries["step"] == 1 and limited["step"] == 1
-    # A second scrape serves finished runs from the cache and agrees.
-    again = fapp.metrics().render()[0]
-    assert again == body
+    assert hist[("mainspring_step_seconds_count", "tool", None)] == 2
+    assert hist[("mainspring_step_seconds_bucket", "tool", "0.25")] == 1
+    assert hist[("mainspring_step_seconds_bucket", "tool", "0.5")] == 2
+    assert hist[("mainspring_step_seconds_sum", "tool", None)] == pytest.approx(0.75)
+    retries = _samples(families, "mainspring_step_retries", "mainspring_step_retries_total")
+    assert retries == {("step",): 1.0}
+    limited = _samples(families, "mainspring_rate_limited", "mainspring_rate_limited_total")
+    assert limited == {("step", ""): 2.0}  # both attempts were answered 429
+    steps = _samples(families, "mainspring_steps", "mainspring_steps_total")
+    assert steps[("tool", "completed")] == 2 and steps[("step", "failed")] == 1
+    finished = _samples(families, "mainspring_runs_finished", "mainspring_runs_finished_total")
+    assert finished == {("succeeded", "support"): 1.0, ("failed", "broken"): 1.0}
+    info = families["mainspring_build_info"].samples[0]
+    assert info.value == 1 and info.labels["python"]
+
+
+async def test_waits_have_their_own_histogram(fapp: ms.App, clock: FakeClock) -> None:
+    @fapp.workflow
+    async def patient(ctx: ms.RunContext) -> str:
+        await ctx.sleep(3600)  # an hour: not a slow step
+        return await ctx.step(lambda: "ok", name="quick")
+
+    run_id = fapp.submit(patient).run_id
+    await drain(fapp)
+    clock.advance(3601)
+    await drain(fapp)
+    assert fapp.get_run(run_id).status == "succeeded"
+    families = _families(fapp)
+    waits = {
+        (s.name, s.labels.get("reason"), s.labels.get("le")): s.value
+        for s in families["mainspring_wait_seconds"].samples
+    }
+    assert waits[("mainspring_wait_seconds_count", "sleep", None)] == 1
+    assert waits[("mainspring_wait_seconds_sum", "sleep", None)] >= 3600
+    steps = {
+        (s.name, s.labels.get("kind"), s.labels.get("le")): s.value
+        for s in families["mainspring_step_seconds"].samples
+    }
+    # the step's execution took no (fake) time: the hour of sleep is not in it
+    assert steps[("mainspring_step_seconds_sum", "step", None)] == 0.0
+    assert steps[("mainspring_step_seconds_bucket", "step", "0.005")] == 1
+
+
+async def test_counters_never_go_down_across_prune_retry_and_fork(
+    fapp: ms.App, clock: FakeClock, tmp_path: Path
+) -> None:
+    fail = {"charge1": True}
+    billing = _ledger_app(fapp, EffectLedger(tmp_path / "l.db"), fail)
+    model = ScriptedModel([_reply(call("finish", {"answer": "ok"}), 700, 30)] * 3)
+    agent = fapp.agent("helper", model=model, instructions="x", prices=PRICES)
+    seen: list[dict[tuple[str, Any], float]] = []
+
+    def scrape() -> dict[tuple[str, Any], float]:
+        values: dict[tuple[str, Any], float] = {}
+        for fam in _families(fapp).values():
+            if fam.type in ("counter", "histogram"):
+                for s in fam.samples:
+                    values[(s.name, tuple(sorted(s.labels.items())))] = s.value
+        for key, before in (seen[-1] if seen else {}).items():
+            assert values.get(key, 0.0) >= before, (key, before, values.get(key))
+        seen.append(values)
+        return values
+
+    failed = fapp.submit(billing, 3).run_id
+    source = fapp.submit(agent, "hi").run_id
+    await drain(fapp)
+    first = scrape()
+    fail.clear()
+    fapp.retry(failed)  # drops the failed step from the journal
+    scrape()
+    await drain(fapp)
+    scrape()
+    fork = fapp.fork(source, from_step=0)  # copies the model call: spent once only
+    await drain(fapp)
+    assert fapp.get_run(fork.run_id).status == "succeeded"
+    after_fork = scrape()
+    key = (
+        "mainspring_tokens_total",
+        (("direction", "input"), ("model", "scripted:scripted"), ("workflow", "helper")),
+    )
+    assert first[key] == 700 and after_fork[key] == 700  # the fork added no tokens
+    assert fapp.trace(fork.run_id).tokens_in == 0  # nor does its trace
+    assert fapp.trace(fork.run_id).entries[0].copied
+    clock.advance(10 * 86400)
+    pruned = fapp.store.prune(86400, clock.now())
+    assert pruned.runs == 3
+    scrape()  # counters kept; the store-wide gauges dropped with the runs
+    assert _samples(_families(fapp), "mainspring_runs")[("succeeded",)] == 0
 
 
 async def test_otel_spans_follow_genai_conventions(fapp: ms.App, clock: FakeClock) -> None:

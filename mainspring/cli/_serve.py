@@ -26,6 +26,13 @@ def serve(
     ] = True,
     max_body_bytes: Annotated[int, typer.Option(help="Larger request bodies get 413.")] = 1 << 20,
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")] = "INFO",
+    otel: Annotated[
+        bool,
+        typer.Option(
+            "--otel/--no-otel",
+            help="Export OpenTelemetry spans live (configured by the OTEL_* variables).",
+        ),
+    ] = False,
 ) -> None:
     """Serve the HTTP API (docs at /docs, OpenAPI at /openapi.json)."""
     try:
@@ -39,6 +46,8 @@ def serve(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     app = load_app(app_spec)
+    if otel:
+        app.enable_tracing()
     api = create_app(
         app,
         worker=worker,

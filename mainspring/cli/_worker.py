@@ -29,6 +29,13 @@ def worker(
         bool, typer.Option(help="Exit when nothing is runnable or running.")
     ] = False,
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")] = "INFO",
+    otel: Annotated[
+        bool,
+        typer.Option(
+            "--otel/--no-otel",
+            help="Export OpenTelemetry spans live (configured by the OTEL_* variables).",
+        ),
+    ] = False,
 ) -> None:
     """Execute runs: claim, replay, step, heartbeat. Stops gracefully on SIGTERM/SIGINT."""
     logging.basicConfig(
@@ -37,6 +44,8 @@ def worker(
     if lease_s is not None and lease_s <= 0:
         raise typer.BadParameter(f"must be > 0, got {lease_s!r}", param_hint="--lease-s")
     app = load_app(app_spec)
+    if otel:
+        app.enable_tracing()
     if lease_s is not None:
         app.lease_s = lease_s
         app.heartbeat_s = lease_s / 3

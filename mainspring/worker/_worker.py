@@ -115,8 +115,11 @@ class Worker:
             default_retry=app.default_retry,
             inline_wait_s=app.inline_wait_s,
             redact=app.redactor.redact_json if app.redactor is not None else None,
-            interceptors=app.interceptors,
+            # telemetry outermost: it times the attempt as the step's policy sees it
+            interceptors=(app.telemetry, *app.interceptors),
         )
+        committer.observers.append(app.telemetry.committed)
+        app.telemetry.worker_load(self.worker_id, 0, self.concurrency)
         heartbeat = asyncio.create_task(self._heartbeat_loop())
         loop = asyncio.get_running_loop()
         wakeup = self._wakeup
@@ -137,6 +140,7 @@ class Worker:
             await asyncio.gather(heartbeat, return_exceptions=True)
             await committer.close()
             threads.shutdown(wait=False, cancel_futures=True)
+            app.telemetry.worker_load(self.worker_id, 0, None)
 
     async def _claim_loop(self, engine: Engine, until_idle: bool) -> None:
         app = self.app
@@ -177,6 +181,7 @@ class Worker:
 
     def _start(self, engine: Engine, record: RunRecord) -> None:
         self.stats.claimed += 1
+        self.app.telemetry.run_claimed(record)
         stale = self._active.get(record.id)
         if stale is not None:
             # Our own lease ran out (a stall longer than the lease) and we claimed the
@@ -193,6 +198,7 @@ class Worker:
         def done(t: asyncio.Task[Outcome], run_id: str = record.id) -> None:
             if self._active.get(run_id) is entry:  # not a newer claim of the same run
                 del self._active[run_id]
+                self.app.telemetry.run_released(run_id)
             self._set_solo(engine)
             if t.cancelled():
                 outcome = "lost"
@@ -208,6 +214,7 @@ class Worker:
         task.add_done_callback(done)
 
     def _set_solo(self, engine: Engine) -> None:
+        self.app.telemetry.worker_load(self.worker_id, len(self._active), self.concurrency)
         if isinstance(engine.committer, BatchCommitter):
             engine.committer.solo = len(self._active) <= 1
 
