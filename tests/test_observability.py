@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 import mainspring as ms
 from mainspring.limits import Price
 from mainspring.models import ModelResponse, Usage
-from mainspring.observability import Redactor
+from mainspring.observability import Redactor, export_trace
 from mainspring.testing import EffectLedger, FakeClock, ScriptedModel
 
 call = ScriptedModel.call
@@ -331,6 +331,142 @@ async def test_otel_spans_follow_genai_conventions(fapp: ms.App, clock: FakeCloc
     assert all(s.parent is not None and s.parent.span_id == root.context.span_id for s in tools)
     assert abs(tools[0].end_time - tools[0].start_time - 250_000_000) < 1_000
     assert SECRET not in str(tools[1].attributes)
+
+
+def _memory_provider() -> tuple[Any, Any]:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return provider, exporter
+
+
+def _ids(spans: Any) -> set[tuple[str, int, int, int | None]]:
+    return {
+        (s.name, s.context.trace_id, s.context.span_id, s.parent.span_id if s.parent else None)
+        for s in spans
+    }
+
+
+async def test_live_spans_while_the_run_runs_and_backfill_gives_the_same_ids(
+    fapp: ms.App, clock: FakeClock
+) -> None:
+    from opentelemetry.trace import StatusCode
+
+    provider, exporter = _memory_provider()
+    fapp.enable_tracing(provider)
+    flaky = {"left": 1}
+
+    def charge() -> str:
+        if flaky["left"]:
+            flaky["left"] -= 1
+            raise ConnectionError("card service down, token sk-proj-" + "x" * 24)
+        return "charged"
+
+    @fapp.workflow
+    async def order(ctx: ms.RunContext) -> str:
+        got = await ctx.step(
+            charge, name="charge", retry=ms.RetryPolicy(max_attempts=3, initial_s=0.0, jitter=False)
+        )
+        await ctx.wait_for("shipped")
+        return got
+
+    run_id = fapp.submit(order).run_id
+    await drain(fapp)
+    assert fapp.get_run(run_id).status == "waiting"
+    # The run is still waiting: both attempts of its step were exported already.
+    live = exporter.get_finished_spans()
+    attempts = sorted(
+        (s for s in live if s.name == "step charge"),
+        key=lambda s: s.attributes["mainspring.step.attempt"],
+    )
+    assert [s.attributes["mainspring.step.attempt"] for s in attempts] == [1, 2]
+    failed, ok = attempts
+    assert failed.status.status_code == StatusCode.ERROR
+    assert failed.attributes["error.type"] == "ConnectionError"
+    (event,) = failed.events
+    assert event.name == "exception" and event.attributes["exception.type"] == "ConnectionError"
+    assert "sk-proj-" not in str(event.attributes)  # redacted like the journal
+    assert ok.status.status_code == StatusCode.OK and "error.type" not in ok.attributes
+    assert not any(s.parent is None for s in live)  # no root span for a running run
+    fapp.signal(run_id, "shipped")
+    await drain(fapp)
+    assert fapp.get_run(run_id).status == "succeeded"
+    spans = exporter.get_finished_spans()
+    (root,) = [s for s in spans if s.parent is None]
+    assert root.name == "workflow order" and root.status.status_code == StatusCode.OK
+    assert {s.context.trace_id for s in spans} == {root.context.trace_id}
+    assert all(s.parent.span_id == root.context.span_id for s in spans if s.parent)
+    assert any(s.name == "signal shipped" for s in spans)  # the wait, as its own span
+
+    # Back-filling the same run gives the same trace and span ids, twice over.
+    provider2, again = _memory_provider()
+    export_trace(fapp.trace(run_id), tracer_provider=provider2)
+    export_trace(fapp.trace(run_id), tracer_provider=provider2)
+    back = again.get_finished_spans()
+    assert _ids(back[: len(back) // 2]) == _ids(back[len(back) // 2 :])
+    # the journal keeps the last attempt only: it, the wait and the root agree with live
+    assert _ids(back) <= _ids(spans)
+    (charge_span,) = [s for s in back[: len(back) // 2] if s.name == "step charge"]
+    assert "error.type" not in charge_span.attributes
+    assert [e.name for e in charge_span.events] == ["previous_attempt_failed"]
+
+
+async def test_unfinished_steps_and_runs_are_not_exported(fapp: ms.App) -> None:
+    provider, exporter = _memory_provider()
+
+    def down() -> None:
+        raise ConnectionError("down")
+
+    @fapp.workflow
+    async def stuck(ctx: ms.RunContext) -> None:
+        await ctx.step(lambda: 1, name="first")
+        await ctx.step(down, retry=ms.RetryPolicy(max_attempts=5, initial_s=3600.0))
+
+    run_id = fapp.submit(stuck).run_id
+    await drain(fapp)
+    assert fapp.get_run(run_id).status == "sleeping"  # backing off before attempt 2
+    export_trace(fapp.trace(run_id), tracer_provider=provider)
+    assert [s.name for s in exporter.get_finished_spans()] == ["step first"]
+
+
+async def test_spans_carry_the_logical_model_never_the_url(fapp: ms.App, clock: FakeClock) -> None:
+    provider, exporter = _memory_provider()
+    fapp.enable_tracing(provider)
+    model = ScriptedModel([_reply(call("finish", {"answer": "ok"}), 10, 1)])
+    # an older journal's name: the endpoint URL (with credentials) after "@"
+    model.name = "openai:gpt-4.1@http://user:hunter2@proxy.internal/v1"
+    agent = fapp.agent("u", model=model, instructions="x")
+    await fapp.run(agent, "hi")
+    run_id = fapp.list_runs()[0].id
+    export_trace(fapp.trace(run_id), tracer_provider=provider)
+    spans = exporter.get_finished_spans()
+    chats = [s for s in spans if s.name.startswith("chat")]
+    assert {s.name for s in chats} == {"chat gpt-4.1"} and len(chats) == 2
+    assert chats[0].attributes["gen_ai.provider.name"] == "openai"
+    for s in spans:
+        text = s.name + str(dict(s.attributes or {}))
+        assert "hunter2" not in text and "proxy.internal" not in text, text
+    families = _families(fapp)
+    assert "hunter2" not in str([f.samples for f in families.values()])
+
+
+def test_tracing_without_an_exporter_says_so_once(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from mainspring.observability._spans import configured_provider
+
+    for var in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.delenv("OTEL_TRACES_EXPORTER", raising=False)
+    app = ms.App("sqlite:///:memory:")
+    with caplog.at_level("WARNING", logger="mainspring.observability"):
+        app.enable_tracing()
+    assert [r.message for r in caplog.records if "no exporter" in r.message]
+    assert configured_provider  # the one place that decides
 
 
 # -- fork and retry --------------------------------------------------------------------
