@@ -446,7 +446,9 @@ class App:
             prices = dict(PRICES)
             for spec in self.agents.values():
                 prices.update(spec.prices or {})
-            self._metrics = MetricsCollector(self.store, prices=prices, telemetry=self.telemetry)
+            self._metrics = MetricsCollector(
+                self.store, prices=prices, telemetry=self.telemetry, clock=self.clock.now
+            )
         return self._metrics
 
     def enable_tracing(self, tracer_provider: Any = None) -> None:

@@ -333,6 +333,73 @@ async def test_otel_spans_follow_genai_conventions(fapp: ms.App, clock: FakeCloc
     assert SECRET not in str(tools[1].attributes)
 
 
+async def test_operator_gauges_queue_age_waits_by_reason_dead_letters(
+    fapp: ms.App, clock: FakeClock
+) -> None:
+    @fapp.workflow
+    async def waits(ctx: ms.RunContext, what: str) -> None:
+        if what == "sleep":
+            await ctx.sleep(600)
+        elif what == "approval":
+            await ctx.wait_for("approval:refund")
+        else:
+            await ctx.wait_for("go")
+
+    for what in ("sleep", "approval", "go"):
+        fapp.submit(waits, what)
+    await drain(fapp)
+    clock.advance(30)
+    queued = fapp.submit(waits, "go").run_id
+    clock.advance(12)
+    # a run whose worker died twice over is dead-lettered by the next claim
+    doomed = fapp.submit(waits, "go").run_id
+    s = fapp.store
+    s.claim(worker="w1", now=clock.now(), lease_s=1, limit=1, workflows=None,
+            max_recoveries=5, run_id=doomed)  # fmt: skip
+    s.claim(worker="w2", now=clock.now() + 5, lease_s=1, limit=1, workflows=None,
+            max_recoveries=0, run_id=doomed)  # fmt: skip
+    assert fapp.get_run(doomed).status == "failed"
+    families = _families(fapp)
+    assert _samples(families, "mainspring_runs_waiting") == {
+        ("sleep",): 1.0,
+        ("approval",): 1.0,
+        ("signal",): 1.0,
+        **{(r,): 0.0 for r in ("retry", "rate_limit", "question", "budget")},
+    }
+    ages = _samples(families, "mainspring_store_oldest_run_age_seconds")
+    assert ages[("queued",)] == pytest.approx(12.0)  # the oldest queued run: submitted 12 s ago
+    assert ages[("waiting",)] == pytest.approx(42.0)
+    assert ages[("sleeping",)] == pytest.approx(42.0)
+    waited = _samples(families, "mainspring_store_oldest_wait_age_seconds")
+    assert waited[("approval",)] == pytest.approx(42.0) and waited[("question",)] == 0.0
+    assert _samples(families, "mainspring_store_dead_lettered_runs") == {(): 1.0}
+    assert fapp.get_run(queued).status == "queued"
+
+
+async def test_rate_limit_bookings_count_the_wait_per_model(clock: FakeClock) -> None:
+    from mainspring.journal import StepCall, StepInfo
+    from mainspring.limits import Booking
+    from mainspring.observability import Telemetry
+
+    telemetry = Telemetry(clock, prices=lambda _wf: None)
+    booking = Booking(key="openai:gpt-4.1:default", start=0.0, waited_s=2.5, wake_at=2.5)
+    info = StepInfo(run_id="r", session=0, seq=0, name="rate:openai:gpt-4.1:default", attempt=1)
+
+    async def book() -> Booking:
+        return booking
+
+    for _ in range(2):
+        assert await telemetry.execute_step(StepCall(info=info, fn=book), book) is booking
+    values = {
+        (s.name, tuple(s.labels.values())): s.value
+        for fam in telemetry.collect()
+        for s in fam.samples
+    }
+    assert values[("mainspring_rate_limit_wait_seconds_total", ("openai:gpt-4.1",))] == 5.0
+    assert values[("mainspring_rate_limit_bookings_total", ("openai:gpt-4.1",))] == 2.0
+    assert values[("mainspring_step_attempts_total", ("rate", "ok"))] == 2.0
+
+
 def _memory_provider() -> tuple[Any, Any]:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor

@@ -25,10 +25,10 @@ from typing import TYPE_CHECKING, Any
 from .._clock import Clock
 from .._errors import RateLimited
 from ..journal import StepCall, StepInterceptor
-from ..limits import Price, cost_usd
+from ..limits import Booking, Price, cost_usd
 from ..models._types import ModelResponse
 from ..storage import RunRecord, RunWrite, StepRecord, WriteResult
-from ._metrics import LATENCY_BUCKETS, _prometheus
+from ._metrics import LATENCY_BUCKETS, _prometheus, wait_reason_label
 from ._names import model_of, step_kind
 
 if TYPE_CHECKING:
@@ -147,7 +147,11 @@ class Telemetry(StepInterceptor):
         model = model_of(info.name) if kind == "model" else ""
         tokens_in = tokens_out = 0
         cost = 0.0
-        if isinstance(result, ModelResponse):
+        booked: tuple[str, float] | None = None
+        if isinstance(result, Booking):
+            # "provider:model:account" -> the logical model the wait was for
+            booked = (result.key.rsplit(":", 1)[0], max(0.0, result.waited_s))
+        elif isinstance(result, ModelResponse):
             tokens_in, tokens_out = result.usage.input_tokens, result.usage.output_tokens
             cost = cost_usd(model.split(":", 1)[-1], result.usage, self._prices(workflow))
         with self._lock:
@@ -157,6 +161,9 @@ class Telemetry(StepInterceptor):
             if isinstance(error, RateLimited):
                 self._inc("rate_limited", (kind, model))
             self._step_seconds.observe((kind,), max(0.0, end - start))
+            if booked is not None:
+                self._inc("rate_limit_bookings", (booked[0],))
+                self._inc("rate_limit_wait_seconds", (booked[0],), booked[1])
             if tokens_in or tokens_out:
                 self._inc("tokens", (workflow, model, "input"), tokens_in)
                 self._inc("tokens", (workflow, model, "output"), tokens_out)
@@ -253,8 +260,7 @@ def _wait_reason(row: StepRecord) -> str:
     if row.kind == "sleep":
         return "sleep"
     # approvals, questions and budget checks are signals named "<reason>:..."
-    head = row.name.split(":", 1)[0]
-    return head if head in ("approval", "question", "budget", "checkpoint") else "signal"
+    return wait_reason_label(f"signal:{row.name}")
 
 
 _COUNTERS: tuple[tuple[str, str, list[str]], ...] = (
@@ -268,6 +274,12 @@ _COUNTERS: tuple[tuple[str, str, list[str]], ...] = (
     ("rate_limited", "Attempts that ended in a rate limit (HTTP 429).", ["kind", "model"]),
     ("tokens", "Model tokens of executed calls.", ["workflow", "model", "direction"]),
     ("cost_usd", "Spend of executed model calls (price table).", ["workflow", "model"]),
+    ("rate_limit_bookings", "Rate-limiter slots booked before model calls.", ["model"]),
+    (
+        "rate_limit_wait_seconds",
+        "Seconds runs were told to wait for their rate-limit slot (rate(): runs waiting).",
+        ["model"],
+    ),
     ("runs_claimed", "Runs claimed by this process's workers.", ["workflow"]),
     (
         "lease_takeovers",

@@ -16,6 +16,7 @@ down while the process lives.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -60,10 +61,12 @@ class _Totals:
     tokens_in: int = 0
     tokens_out: int = 0
     cost_usd: float = 0.0
+    dead_lettered: int = 0
 
     def add(self, other: _Totals) -> None:
         for key, n in other.steps.items():
             self.steps[key] = self.steps.get(key, 0) + n
+        self.dead_lettered += other.dead_lettered
         self.tokens_in += other.tokens_in
         self.tokens_out += other.tokens_out
         self.cost_usd += other.cost_usd
@@ -116,7 +119,7 @@ class MetricsCollector(Collector):
     def collect(self) -> Iterator[Any]:
         core = _prometheus().core
         with self._lock:
-            counts, oldest, by_workflow, total = self._aggregate()
+            counts, oldest, waiting, by_workflow, total = self._aggregate()
         runs = core.GaugeMetricFamily(
             "mainspring_runs", "Runs in the store by status (store-wide gauge).", labels=["status"]
         )
@@ -134,6 +137,28 @@ class MetricsCollector(Collector):
             since = oldest.get(status)
             age.add_metric([status], 0.0 if since is None else max(0.0, now - since))
         yield age
+        by_reason = core.GaugeMetricFamily(
+            "mainspring_runs_waiting",
+            "Waiting and sleeping runs by what they wait for (store-wide gauge).",
+            labels=["reason"],
+        )
+        reason_age = core.GaugeMetricFamily(
+            "mainspring_store_oldest_wait_age_seconds",
+            "Seconds the oldest run waiting for this reason has waited (store-wide gauge).",
+            labels=["reason"],
+        )
+        for reason in sorted(set(WAIT_REASONS) | set(waiting)):
+            n, since = waiting.get(reason, (0, now))
+            by_reason.add_metric([reason], n)
+            reason_age.add_metric([reason], max(0.0, now - since))
+        yield by_reason
+        yield reason_age
+        dead = core.GaugeMetricFamily(
+            "mainspring_store_dead_lettered_runs",
+            "Failed runs that were dead-lettered: recovery failed too often (store-wide gauge).",
+        )
+        dead.add_metric([], total.dead_lettered)
+        yield dead
         steps = core.GaugeMetricFamily(
             "mainspring_store_steps",
             "Journal steps in the store by kind and status (store-wide gauge: pruning lowers it).",
@@ -165,7 +190,9 @@ class MetricsCollector(Collector):
 
     def _aggregate(
         self,
-    ) -> tuple[dict[str, int], dict[str, float], dict[str, _Totals], _Totals]:
+    ) -> tuple[
+        dict[str, int], dict[str, float], dict[str, tuple[int, float]], dict[str, _Totals], _Totals
+    ]:
         stamps = self.store.run_stamps()
         counts: dict[str, int] = {}
         oldest: dict[str, float] = {}
@@ -181,7 +208,7 @@ class MetricsCollector(Collector):
             if cached is not None and cached[0] == updated_at and cached[1] == status:
                 totals = cached[2]
             else:
-                totals = self._run_totals(run_id)
+                totals = self._run_totals(run_id, dead_letter_check=status == "failed")
                 if status in FINISHED:
                     self._cache[run_id] = (updated_at, status, totals)
                 else:
@@ -190,10 +217,21 @@ class MetricsCollector(Collector):
             total.add(totals)
         for gone in self._cache.keys() - seen:  # pruned
             del self._cache[gone]
-        return counts, oldest, by_workflow, total
+        waiting: dict[str, tuple[int, float]] = {}
+        n_suspended = counts.get("waiting", 0) + counts.get("sleeping", 0)
+        if n_suspended:
+            for r in self.store.list_runs(statuses=["waiting", "sleeping"], limit=n_suspended):
+                reason = wait_reason_label(r.wait_reason)
+                n, since = waiting.get(reason, (0, r.updated_at))
+                waiting[reason] = (n + 1, min(since, r.updated_at))
+        return counts, oldest, waiting, by_workflow, total
 
-    def _run_totals(self, run_id: str) -> _Totals:
+    def _run_totals(self, run_id: str, *, dead_letter_check: bool = False) -> _Totals:
         t = _Totals()
+        if dead_letter_check:  # once per failed run: finished runs are cached
+            record = self.store.get_run(run_id)
+            if record is not None and _error_type(record.error) == "DeadLettered":
+                t.dead_lettered = 1
         for e in trace_entries(self.store.load_steps(run_id), self.prices):
             kind = e.kind if e.kind in _KINDS else "step"
             t.steps[(kind, e.status)] = t.steps.get((kind, e.status), 0) + 1
@@ -201,6 +239,32 @@ class MetricsCollector(Collector):
             t.tokens_out += e.tokens_out
             t.cost_usd += e.cost_usd
         return t
+
+
+#: What ``mainspring_runs_waiting`` reports (always, 0 when none).
+WAIT_REASONS = ("sleep", "retry", "rate_limit", "signal", "approval", "question", "budget")
+_REQUESTS = ("approval", "question", "budget", "checkpoint", "resume")
+
+
+def wait_reason_label(reason: str | None) -> str:
+    """A suspended run's ``wait_reason`` (``"signal:approval:send"``, ``"retry:charge"``,
+    ``"sleep | signal:go"``) as a label of few values: its first wait's kind."""
+    first = (reason or "").split(" | ", 1)[0]
+    head, _, rest = first.partition(":")
+    if head == "signal":
+        request = rest.split(":", 1)[0]
+        return request if request in _REQUESTS else "signal"
+    return head or "unknown"
+
+
+def _error_type(error: str | None) -> str | None:
+    if not error:
+        return None
+    try:
+        value = json.loads(error)
+    except ValueError:
+        return None
+    return str(value.get("type")) if isinstance(value, dict) else None
 
 
 class _Families(Protocol):
