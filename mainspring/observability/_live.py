@@ -100,6 +100,11 @@ class Telemetry(StepInterceptor):
             configured_provider(tracer_provider), is_agent=is_agent, redact=redact
         )
 
+    def flush(self) -> None:
+        """Export the spans still batched (a stopping worker calls it)."""
+        if self.spans is not None:
+            self.spans.flush()
+
     # -- what the worker tells us ---------------------------------------------------------
 
     def run_claimed(self, record: RunRecord) -> None:

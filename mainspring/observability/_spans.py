@@ -281,6 +281,7 @@ class LiveSpans:
         is_agent: Callable[[str], bool],
         redact: Callable[[str], str] | None = None,
     ) -> None:
+        self.provider = tracer_provider
         self.emitter = SpanEmitter(tracer_provider)
         self._is_agent = is_agent
         # An exception's text is not journaled yet when its span is exported: it is
@@ -341,6 +342,16 @@ class LiveSpans:
                 record, status=transition.status, error=transition.error, finished_at=now
             )
             self._emit(record.id, run_span(final, agent=self._is_agent(record.workflow), end=now))
+
+    def flush(self, timeout_s: float = 5.0) -> None:
+        """Hand every finished span to the exporter now (a worker that stops must not
+        take the last batch with it)."""
+        force_flush = getattr(self.provider or otel().get_tracer_provider(), "force_flush", None)
+        if force_flush is not None:
+            try:
+                force_flush(int(timeout_s * 1000))
+            except Exception:  # telemetry never fails a worker
+                log.exception("could not flush OpenTelemetry spans")
 
     def _emit(self, run_id: str, span: SpanData) -> None:
         try:

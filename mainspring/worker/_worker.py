@@ -141,6 +141,7 @@ class Worker:
             await committer.close()
             threads.shutdown(wait=False, cancel_futures=True)
             app.telemetry.worker_load(self.worker_id, 0, None)
+            await asyncio.to_thread(app.telemetry.flush)
 
     async def _claim_loop(self, engine: Engine, until_idle: bool) -> None:
         app = self.app
