@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -374,6 +375,77 @@ async def test_operator_gauges_queue_age_waits_by_reason_dead_letters(
     assert waited[("approval",)] == pytest.approx(42.0) and waited[("question",)] == 0.0
     assert _samples(families, "mainspring_store_dead_lettered_runs") == {(): 1.0}
     assert fapp.get_run(queued).status == "queued"
+
+
+async def test_takeovers_saturation_run_duration_and_webhook_backlog(
+    fapp: ms.App, clock: FakeClock
+) -> None:
+    @fapp.workflow
+    async def short(ctx: ms.RunContext) -> str:
+        clock.advance(2)
+        return await ctx.step(lambda: "ok", name="only")
+
+    fapp.store.add_webhook("http://127.0.0.1:9/hook", clock.now())
+    taken = fapp.submit(short).run_id
+    # a worker claims it and dies: its lease runs out, and ours takes the run over
+    fapp.store.claim(worker="dead", now=clock.now(), lease_s=5, limit=1, workflows=None,
+                     max_recoveries=5, run_id=taken)  # fmt: skip
+    clock.advance(10)
+    fapp.submit(short)
+    worker = fapp.worker(concurrency=3)
+    await asyncio.wait_for(worker.run(until_idle=True), 30)
+    families = _families(fapp)
+    assert _samples(families, "mainspring_lease_takeovers", "mainspring_lease_takeovers_total") == {
+        ("short",): 1.0
+    }
+    assert _samples(families, "mainspring_runs_claimed", "mainspring_runs_claimed_total") == {
+        ("short",): 2.0
+    }
+    durations = {
+        s.name: s.value
+        for s in families["mainspring_run_duration_seconds"].samples
+        if s.labels.get("workflow") == "short" and "le" not in s.labels
+    }
+    # from submission to the end: the run taken over includes the 10 s lost to the dead
+    # worker, as the store's own timestamps say
+    assert durations["mainspring_run_duration_seconds_count"] == 2
+    runs = fapp.list_runs()
+    expected = sum((r.finished_at or 0.0) - r.created_at for r in runs)
+    assert expected > 10 and durations["mainspring_run_duration_seconds_sum"] == pytest.approx(
+        expected
+    )
+    # the worker stopped: nothing active, no capacity left in this process
+    assert _samples(families, "mainspring_worker_active_runs") == {(): 0.0}
+    assert _samples(families, "mainspring_worker_concurrency") == {(): 0.0}
+    # every finished run queued a webhook that nobody delivered yet
+    backlog = _samples(families, "mainspring_store_webhook_backlog")
+    assert backlog == {("pending",): 2.0, ("given_up",): 0.0}
+    clock.advance(60)
+    age = _samples(_families(fapp), "mainspring_store_webhook_oldest_pending_age_seconds")
+    assert age[()] == pytest.approx(60.0)
+
+
+async def test_worker_saturation_while_it_runs(fapp: ms.App) -> None:
+    seen: list[dict[Any, float]] = []
+    gate = asyncio.Event()
+
+    @fapp.workflow
+    async def busy(ctx: ms.RunContext) -> None:
+        async def look() -> None:
+            fams = _families(fapp)
+            seen.append(
+                {
+                    "active": _samples(fams, "mainspring_worker_active_runs")[()],
+                    "cap": _samples(fams, "mainspring_worker_concurrency")[()],
+                }
+            )
+            gate.set()
+
+        await ctx.step(look, name="look")
+
+    fapp.submit(busy)
+    await asyncio.wait_for(fapp.worker(concurrency=4).run(until_idle=True), 30)
+    assert gate.is_set() and seen == [{"active": 1.0, "cap": 4.0}]
 
 
 async def test_rate_limit_bookings_count_the_wait_per_model(clock: FakeClock) -> None:

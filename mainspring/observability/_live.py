@@ -81,6 +81,7 @@ class Telemetry(StepInterceptor):
         self._runs: dict[str, RunRecord] = {}
         self._counters: dict[str, dict[tuple[str, ...], float]] = {}
         self._step_seconds = _Histogram(LATENCY_BUCKETS)
+        self._model_seconds = _Histogram(LATENCY_BUCKETS)
         self._wait_seconds = _Histogram(WAIT_BUCKETS)
         self._run_seconds = _Histogram(WAIT_BUCKETS)
         self._workers: dict[str, tuple[int, int]] = {}  # worker id -> (active, concurrency)
@@ -119,6 +120,11 @@ class Telemetry(StepInterceptor):
     def run_released(self, run_id: str) -> None:
         with self._lock:
             self._runs.pop(run_id, None)
+
+    def http_request(self, method: str, route: str, status: int) -> None:
+        """The HTTP API answered a request (counted by route template)."""
+        with self._lock:
+            self._inc("http_requests", (method, route, str(status)))
 
     def worker_load(self, worker_id: str, active: int, concurrency: int | None) -> None:
         """``concurrency=None``: the worker stopped."""
@@ -166,6 +172,8 @@ class Telemetry(StepInterceptor):
             if isinstance(error, RateLimited):
                 self._inc("rate_limited", (kind, model))
             self._step_seconds.observe((kind,), max(0.0, end - start))
+            if kind == "model":
+                self._model_seconds.observe((model,), max(0.0, end - start))
             if booked is not None:
                 self._inc("rate_limit_bookings", (booked[0],))
                 self._inc("rate_limit_wait_seconds", (booked[0],), booked[1])
@@ -232,6 +240,12 @@ class Telemetry(StepInterceptor):
                 "Execution time of each executed step attempt (no waits, no back-off).",
                 ["kind"],
             )
+            yield self._model_seconds.family(
+                core,
+                "mainspring_model_seconds",
+                "Execution time of each model call attempt, by logical model.",
+                ["model"],
+            )
             yield self._wait_seconds.family(
                 core,
                 "mainspring_wait_seconds",
@@ -291,6 +305,7 @@ _COUNTERS: tuple[tuple[str, str, list[str]], ...] = (
         "Claims of a run whose previous holder's lease had expired.",
         ["workflow"],
     ),
+    ("http_requests", "HTTP API requests answered.", ["method", "route", "status"]),
     ("runs_finished", "Runs this process finished, by final status.", ["workflow", "status"]),
 )
 

@@ -159,6 +159,24 @@ class MetricsCollector(Collector):
         )
         dead.add_metric([], total.dead_lettered)
         yield dead
+        pending, oldest_pending, given_up = self.store.outbox_backlog()
+        backlog = core.GaugeMetricFamily(
+            "mainspring_store_webhook_backlog",
+            "Webhook deliveries not yet delivered: pending (due again) or given up"
+            " (store-wide gauge).",
+            labels=["state"],
+        )
+        backlog.add_metric(["pending"], pending)
+        backlog.add_metric(["given_up"], given_up)
+        yield backlog
+        backlog_age = core.GaugeMetricFamily(
+            "mainspring_store_webhook_oldest_pending_age_seconds",
+            "Age of the oldest pending webhook delivery, 0 when none (store-wide gauge).",
+        )
+        backlog_age.add_metric(
+            [], 0.0 if oldest_pending is None else max(0.0, now - oldest_pending)
+        )
+        yield backlog_age
         steps = core.GaugeMetricFamily(
             "mainspring_store_steps",
             "Journal steps in the store by kind and status (store-wide gauge: pruning lowers it).",

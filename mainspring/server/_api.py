@@ -34,6 +34,7 @@ from ..storage import RunRecord, StepRecord
 from ..storage._api import ApiKey, Scope
 from ..storage._records import FINISHED
 from ._events import event_stream, runs_stream
+from ._http_metrics import RequestCounter
 from ._limits import BodySizeLimit
 from ._schemas import (
     AnswerIn,
@@ -138,6 +139,7 @@ def create_app(
         lifespan=lifespan,
     )
     api.add_middleware(BodySizeLimit, max_bytes=max_body_bytes)
+    api.add_middleware(RequestCounter, record=app.telemetry.http_request)  # outermost
     _errors(api)
     api.include_router(dashboard_router(app))
 
