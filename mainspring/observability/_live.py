@@ -34,7 +34,7 @@ from ._names import model_of, step_kind
 if TYPE_CHECKING:
     from ._spans import LiveSpans  # imported when tracing is enabled: the otel extra
 
-__all__ = ["Telemetry"]
+__all__ = ["Telemetry", "serve_metrics"]
 
 #: Buckets of waits and run durations: seconds to days.
 WAIT_BUCKETS: tuple[float, ...] = (
@@ -316,3 +316,13 @@ def _build_info() -> tuple[str, str]:
     except importlib.metadata.PackageNotFoundError:
         version = "unknown"
     return version, platform.python_version()
+
+
+def serve_metrics(telemetry: Telemetry, host: str, port: int) -> None:
+    """Serve ``telemetry``'s counters at ``http://host:port/metrics`` from a daemon
+    thread: how a worker without the HTTP API is scraped. The store-wide gauges are
+    left to the server (every replica would report the same values)."""
+    prom = _prometheus()
+    registry = prom.CollectorRegistry(auto_describe=False)
+    registry.register(telemetry)
+    prom.start_http_server(port, addr=host, registry=registry)

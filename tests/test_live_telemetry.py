@@ -1,5 +1,5 @@
-"""End to end: a real worker process started with ``--otel`` and only the standard
-``OTEL_*`` variables exports spans over OTLP/HTTP while its run is still unfinished."""
+"""End to end with real worker processes: live OTLP export started with `--otel` and
+only the standard `OTEL_*` variables, and the counters a worker serves on `--metrics-port`."""
 
 from __future__ import annotations
 
@@ -135,4 +135,89 @@ def test_worker_process_exports_spans_over_otlp_while_the_run_is_unfinished(
     assert {s["trace_id"] for s in receiver.spans} == {pay["trace_id"]}
     assert pay["parent"] == root["span_id"] and root["parent"] == ""
     assert root["status"] == 1  # STATUS_CODE_OK
+    app.close()
+
+
+BLOCKING_APP = """
+import pathlib
+import time
+
+import mainspring as ms
+
+app = ms.App({url!r})
+
+
+@app.workflow
+async def slow(ctx: ms.RunContext) -> str:
+    def wait_for_file() -> str:
+        gate = pathlib.Path({gate!r})
+        while not gate.exists():  # the test scrapes meanwhile, then opens the gate
+            time.sleep(0.02)
+        return "ok"
+
+    return await ctx.step(wait_for_file, name="gate")
+"""
+
+
+def test_worker_metrics_port_serves_its_counters_while_it_runs(tmp_path: Path) -> None:
+    import socket
+    import time
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    url = f"sqlite:///{tmp_path / 'm.db'}"
+    gate = tmp_path / "gate"
+    (tmp_path / "slowapp.py").write_text(BLOCKING_APP.format(url=url, gate=str(gate)))
+    app = ms.App(url)
+
+    @app.workflow
+    async def slow(ctx: ms.RunContext) -> str:
+        raise AssertionError("executed by the worker process only")
+
+    run_id = app.submit(slow).run_id
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(
+            [str(tmp_path), str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
+        ),
+    }
+    cmd = [sys.executable, "-m", "mainspring", "worker", "slowapp:app", "--until-idle"]
+    proc = subprocess.Popen(
+        [*cmd, "--concurrency", "2", "--metrics-port", str(port)],
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        body = ""
+        while time.monotonic() < deadline:
+            try:
+                body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read()
+                body = body.decode()
+            except OSError:
+                time.sleep(0.05)
+                continue
+            if "mainspring_worker_active_runs 1.0" in body:
+                break
+            time.sleep(0.05)
+        families = {f.name: f for f in text_string_to_metric_families(body)}
+        assert families["mainspring_worker_active_runs"].samples[0].value == 1
+        assert families["mainspring_worker_concurrency"].samples[0].value == 2
+        claimed = families["mainspring_runs_claimed"].samples
+        assert [(s.labels, s.value) for s in claimed] == [({"workflow": "slow"}, 1.0)]
+        assert "mainspring_runs" not in families  # store-wide gauges are the server's
+        assert app.get_run(run_id).status == "running"
+        gate.touch()
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert app.get_run(run_id).status == "succeeded"
     app.close()
