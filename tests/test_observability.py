@@ -472,6 +472,26 @@ async def test_rate_limit_bookings_count_the_wait_per_model(clock: FakeClock) ->
     assert values[("mainspring_step_attempts_total", ("rate", "ok"))] == 2.0
 
 
+async def test_the_grafana_dashboard_uses_only_exported_metrics(
+    fapp: ms.App, clock: FakeClock
+) -> None:
+    import re
+
+    await _support_run(fapp, clock)
+    exported = set(_families(fapp))
+    dashboard = json.loads(
+        (Path(__file__).parent.parent / "docs/grafana-dashboard.json").read_text()
+    )
+    used = {
+        re.sub(r"_(total|bucket|sum|count)$", "", name)
+        for panel in dashboard["panels"]
+        for target in panel["targets"]
+        for name in re.findall(r"mainspring_[a-z_]+", target["expr"])
+    }
+    assert len(used) >= 15
+    assert used <= exported, used - exported
+
+
 def _memory_provider() -> tuple[Any, Any]:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
