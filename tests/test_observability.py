@@ -531,6 +531,8 @@ async def test_live_spans_while_the_run_runs_and_backfill_gives_the_same_ids(
             charge, name="charge", retry=ms.RetryPolicy(max_attempts=3, initial_s=0.0, jitter=False)
         )
         await ctx.wait_for("shipped")
+        ctx.now()  # a recorded value: no span, live or back-filled
+        await ctx.step(lambda: 1, name="rate:openai:gpt-4.1:default")
         return got
 
     run_id = fapp.submit(order).run_id
@@ -569,6 +571,8 @@ async def test_live_spans_while_the_run_runs_and_backfill_gives_the_same_ids(
     assert _ids(back[: len(back) // 2]) == _ids(back[len(back) // 2 :])
     # the journal keeps the last attempt only: it, the wait and the root agree with live
     assert _ids(back) <= _ids(spans)
+    assert _ids(spans) - _ids(back) == {x for x in _ids(spans) if x[2] == failed.context.span_id}
+    assert "rate rate:openai:gpt-4.1:default" in {s.name for s in back}
     (charge_span,) = [s for s in back[: len(back) // 2] if s.name == "step charge"]
     assert "error.type" not in charge_span.attributes
     assert [e.name for e in charge_span.events] == ["previous_attempt_failed"]

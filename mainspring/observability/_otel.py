@@ -19,10 +19,13 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from ._names import step_kind
 from ._spans import SpanData, SpanEmitter, run_span, step_span
 from ._trace import RunTrace
 
 __all__ = ["export_trace"]
+
+_RECORDED = ("now", "uuid", "random")
 
 
 def export_trace(
@@ -44,9 +47,11 @@ def export_trace(
     for e in entries:
         if e.finished_at is None or e.status not in ("completed", "failed"):
             continue  # still running (or backing off): not a finished span yet
+        if e.kind in _RECORDED:
+            continue  # a recorded value, not work: live export has no span for it either
         failed = e.status == "failed"
         span = step_span(
-            kind=e.kind,
+            kind=step_kind(e.name) if e.kind == "step" else e.kind,
             name=e.name,
             session=e.session,
             seq=e.seq,
