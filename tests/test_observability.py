@@ -448,6 +448,36 @@ async def test_worker_saturation_while_it_runs(fapp: ms.App) -> None:
     assert gate.is_set() and seen == [{"active": 1.0, "cap": 4.0}]
 
 
+async def test_a_scrape_reads_only_running_and_changed_journals(
+    fapp: ms.App, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    @fapp.workflow
+    async def parked(ctx: ms.RunContext) -> None:
+        await ctx.step(lambda: 1, name="one")
+        await ctx.wait_for("go")
+
+    ids = [fapp.submit(parked).run_id for _ in range(3)]
+    await drain(fapp)
+    read: list[str] = []
+    load_steps = fapp.store.load_steps
+
+    def counting(run_id: str, *args: Any, **kwargs: Any) -> Any:
+        read.append(run_id)
+        return load_steps(run_id, *args, **kwargs)
+
+    monkeypatch.setattr(fapp.store, "load_steps", counting)
+    first = _samples(_families(fapp), "mainspring_store_steps")
+    assert sorted(read) == sorted(ids)
+    read.clear()
+    assert _samples(_families(fapp), "mainspring_store_steps") == first
+    assert read == []  # three waiting runs, unchanged: no journal read again
+    fapp.signal(ids[0], "go")
+    await drain(fapp)
+    read.clear()
+    _families(fapp)
+    assert read == [ids[0]]  # the one that moved
+
+
 async def test_rate_limit_bookings_count_the_wait_per_model(clock: FakeClock) -> None:
     from mainspring.journal import StepCall, StepInfo
     from mainspring.limits import Booking

@@ -6,7 +6,7 @@ runs by status, the age of the oldest queued and waiting runs, and the journal's
 steps, tokens and cost: **gauges**, because they describe the store (pruning lowers
 them, and N server replicas report the same value, not N times it). A finished run's
 aggregate is cached until the run changes, so a scrape reads the journals of
-unfinished and newly changed runs only.
+running and newly changed runs only.
 
 Counters (steps, attempts, retries, 429s, tokens, cost, claims, takeovers) and
 histograms (step execution time, wait time, run duration) come from the process's
@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, get_args
 
 from ..limits import Price
-from ..storage import FINISHED, RunStatus, Store
+from ..storage import RunStatus, Store
 from ._trace import trace_entries
 
 if TYPE_CHECKING:
@@ -227,7 +227,12 @@ class MetricsCollector(Collector):
                 totals = cached[2]
             else:
                 totals = self._run_totals(run_id, dead_letter_check=status == "failed")
-                if status in FINISHED:
+                if status != "running":
+                    # Only a running run's journal changes without its row changing
+                    # (step commits leave updated_at alone); a queued, waiting or
+                    # finished run's journal moves only with its status or updated_at.
+                    # So a scrape reads the journals of running and changed runs only:
+                    # bounded by the fleet's concurrency, not by the runs stored.
                     self._cache[run_id] = (updated_at, status, totals)
                 else:
                     self._cache.pop(run_id, None)
