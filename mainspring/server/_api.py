@@ -414,8 +414,9 @@ def create_app(
         },
     )
     def metrics(_key: Read) -> Response:
-        """Runs by status, step latency, tokens, cost, retries and 429s, for Prometheus
-        (scrape with the key as a bearer token)."""
+        """Store-wide gauges (runs by status, oldest queued and waiting runs, webhook
+        backlog) and this process's counters (HTTP requests; steps, tokens, cost and
+        429s of an embedded worker), for Prometheus (the key as a bearer token)."""
         with metrics_lock:  # the collector caches finished runs: one scrape at a time
             text, content_type = app.metrics().render()
         return Response(content=text, media_type=content_type)
