@@ -257,6 +257,44 @@ async def test_waits_have_their_own_histogram(fapp: ms.App, clock: FakeClock) ->
     assert steps[("mainspring_step_seconds_bucket", "step", "0.005")] == 1
 
 
+async def test_retry_back_off_is_a_wait_not_step_time(fapp: ms.App, clock: FakeClock) -> None:
+    failures = {"left": 1}
+
+    def flaky() -> str:
+        clock.advance(0.5)  # the attempt itself takes half a second
+        if failures["left"]:
+            failures["left"] -= 1
+            raise ConnectionError("reset")
+        return "ok"
+
+    @fapp.workflow
+    async def backoff(ctx: ms.RunContext) -> str:
+        policy = ms.RetryPolicy(max_attempts=2, initial_s=30.0, jitter=False)
+        return await ctx.step(flaky, name="flaky", retry=policy)
+
+    run_id = fapp.submit(backoff).run_id
+    await drain(fapp)
+    assert fapp.get_run(run_id).status == "sleeping"  # the back-off released the worker
+    clock.advance(30)
+    await drain(fapp)
+    assert fapp.get_run(run_id).status == "succeeded"
+    families = _families(fapp)
+    waits = {
+        (s.name, s.labels.get("reason")): s.value
+        for s in families["mainspring_wait_seconds"].samples
+        if "le" not in s.labels
+    }
+    assert waits[("mainspring_wait_seconds_count", "retry")] == 1
+    assert waits[("mainspring_wait_seconds_sum", "retry")] == pytest.approx(30.0)
+    steps = {
+        s.name: s.value
+        for s in families["mainspring_step_seconds"].samples
+        if s.labels.get("kind") == "step" and "le" not in s.labels
+    }
+    assert steps["mainspring_step_seconds_count"] == 2  # two attempts of half a second
+    assert steps["mainspring_step_seconds_sum"] == pytest.approx(1.0)
+
+
 async def test_counters_never_go_down_across_prune_retry_and_fork(
     fapp: ms.App, clock: FakeClock, tmp_path: Path
 ) -> None:
@@ -647,19 +685,29 @@ async def test_spans_carry_the_logical_model_never_the_url(fapp: ms.App, clock: 
     assert "hunter2" not in str([f.samples for f in families.values()])
 
 
-def test_tracing_without_an_exporter_says_so_once(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+async def test_tracing_without_an_exporter_says_so_once(
+    fapp: ms.App, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from mainspring.observability._spans import configured_provider
+    import threading
+
+    from mainspring.observability import _spans
 
     for var in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.delenv("OTEL_TRACES_EXPORTER", raising=False)
-    app = ms.App("sqlite:///:memory:")
+    monkeypatch.setattr(_spans, "_warned", threading.Event())  # a fresh process
+
+    @fapp.workflow
+    async def one(ctx: ms.RunContext) -> int:
+        return await ctx.step(lambda: 1, name="one")
+
     with caplog.at_level("WARNING", logger="mainspring.observability"):
-        app.enable_tracing()
-    assert [r.message for r in caplog.records if "no exporter" in r.message]
-    assert configured_provider  # the one place that decides
+        fapp.enable_tracing()
+        await fapp.run(one)
+        export_trace(fapp.trace(fapp.list_runs()[0].id))  # no provider: not silent either
+        fapp.enable_tracing()
+    said = [r.message for r in caplog.records if "spans go nowhere" in r.message]
+    assert len(said) == 1, said
 
 
 # -- fork and retry --------------------------------------------------------------------

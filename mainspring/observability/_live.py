@@ -41,6 +41,7 @@ WAIT_BUCKETS: tuple[float, ...] = (
     0.1, 1.0, 5.0, 30.0, 60.0, 300.0, 900.0, 3600.0, 4 * 3600.0, 86400.0, 7 * 86400.0,
 )  # fmt: skip
 _WAIT_KINDS = ("sleep", "signal")
+_MAX_BACKOFFS = 10_000  # runs whose failed attempt's end is remembered
 
 
 @dataclass(slots=True)
@@ -85,6 +86,11 @@ class Telemetry(StepInterceptor):
         self._wait_seconds = _Histogram(WAIT_BUCKETS)
         self._run_seconds = _Histogram(WAIT_BUCKETS)
         self._workers: dict[str, tuple[int, int]] = {}  # worker id -> (active, concurrency)
+        # run -> (session, seq) -> when its last failed attempt ended: the back-off to
+        # the next attempt is a wait ("retry"), not step time. Kept while the run sleeps
+        # through a long back-off (it comes back to this process, mostly), dropped when
+        # it finishes, and capped: a run resumed elsewhere leaves an entry behind.
+        self._failed_at: dict[str, dict[tuple[int, int], float]] = {}
         self.spans: LiveSpans | None = None
 
     def enable_tracing(
@@ -166,6 +172,14 @@ class Telemetry(StepInterceptor):
             tokens_in, tokens_out = result.usage.input_tokens, result.usage.output_tokens
             cost = cost_usd(model.split(":", 1)[-1], result.usage, self._prices(workflow))
         with self._lock:
+            step = (info.session, info.seq)
+            failed_at = self._failed_at.get(info.run_id, {}).pop(step, None)
+            if failed_at is not None:
+                self._wait_seconds.observe(("retry",), max(0.0, start - failed_at))
+            if error is not None:
+                if info.run_id not in self._failed_at and len(self._failed_at) >= _MAX_BACKOFFS:
+                    del self._failed_at[next(iter(self._failed_at))]  # the oldest
+                self._failed_at.setdefault(info.run_id, {})[step] = end
             self._inc("step_attempts", (kind, "error" if error is not None else "ok"))
             if info.attempt > 1:
                 self._inc("step_retries", (kind,))
@@ -212,6 +226,7 @@ class Telemetry(StepInterceptor):
                     self._inc("steps", (step_kind(row.name), row.status))
             t = write.transition
             if t is not None and t.kind == "finish" and t.status is not None:
+                self._failed_at.pop(write.run_id, None)
                 self._inc("runs_finished", (workflow, t.status))
                 if record is not None:
                     self._run_seconds.observe((workflow,), self.clock.now() - record.created_at)

@@ -60,7 +60,7 @@ def configured_provider(tracer_provider: Any) -> Any:
     if tracer_provider is not None:
         return tracer_provider
     current = trace.get_tracer_provider()
-    if type(current).__name__ not in ("ProxyTracerProvider", "NoOpTracerProvider"):
+    if not _unconfigured(current):
         return current  # the application configured OpenTelemetry itself
     wanted = os.environ.get("OTEL_TRACES_EXPORTER", "")
     if wanted == "none" or not (
@@ -68,10 +68,7 @@ def configured_provider(tracer_provider: Any) -> Any:
         or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
         or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
     ):
-        log.warning(
-            "OpenTelemetry tracing is on but no exporter is configured: set "
-            "OTEL_EXPORTER_OTLP_ENDPOINT, or pass a TracerProvider; spans go nowhere"
-        )
+        warn_no_exporter()
         return current
     try:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import (  # type: ignore[import-not-found,unused-ignore]
@@ -91,6 +88,24 @@ def configured_provider(tracer_provider: Any) -> Any:
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
     trace.set_tracer_provider(provider)
     return provider
+
+
+_warned = threading.Event()
+
+
+def warn_no_exporter() -> None:
+    """Say once per process that spans go nowhere (rather than drop them in silence)."""
+    if not _warned.is_set():
+        _warned.set()
+        log.warning(
+            "OpenTelemetry spans go nowhere: no tracer provider is configured. Set "
+            "OTEL_EXPORTER_OTLP_ENDPOINT (with app.enable_tracing() or --otel), or pass "
+            "tracer_provider="
+        )
+
+
+def _unconfigured(provider: Any) -> bool:
+    return type(provider).__name__ in ("ProxyTracerProvider", "NoOpTracerProvider")
 
 
 class _NextIds:
@@ -130,6 +145,8 @@ class SpanEmitter:
 
     def __init__(self, tracer_provider: Any = None) -> None:
         self._trace = otel()
+        if tracer_provider is None and _unconfigured(self._trace.get_tracer_provider()):
+            warn_no_exporter()
         self._tracer = self._trace.get_tracer("mainspring", tracer_provider=tracer_provider)
         self._ids = _NextIds()
         # The SDK's Tracer reads its id generator per span; without the SDK (a no-op
