@@ -451,7 +451,7 @@ class App:
             )
         return self._metrics
 
-    def enable_tracing(self, tracer_provider: Any = None) -> None:
+    def enable_tracing(self, tracer_provider: Any = None, *, capture_content: bool = False) -> None:
         """Export OpenTelemetry spans live from this process's workers: each step
         attempt as it ends, each wait as it completes, a run's root span when it
         finishes. Ids derive from the run, so :func:`~mainspring.observability.export_trace`
@@ -462,12 +462,17 @@ class App:
                 is set and ``OTEL_EXPORTER_OTLP_ENDPOINT`` is, an OTLP/HTTP exporter
                 is set up from the standard ``OTEL_*`` variables. A missing exporter
                 is logged once. Needs the ``[otel]`` extra.
+            capture_content: also export each step's input and output (tool arguments
+                and results, the model's reply) as ``input.value`` / ``output.value``,
+                redacted by the App's redactor and capped at 2,000 characters. Off by
+                default: spans often leave the trust boundary of the journal.
         """
         redactor = self.redactor
         self.telemetry.enable_tracing(
             tracer_provider,
             is_agent=lambda workflow: workflow in self.agents,
-            redact=redactor.redact_text if redactor is not None else None,
+            redact=redactor.redact_json if redactor is not None else None,
+            capture_content=capture_content,
         )
 
     def fork(self, run_id: str, *, from_step: int | str, edit: Any = _NO_EDIT) -> RunHandle:

@@ -621,6 +621,7 @@ async def test_live_spans_while_the_run_runs_and_backfill_gives_the_same_ids(
     assert "sk-proj-" not in str(event.attributes)  # redacted like the journal
     assert ok.status.status_code == StatusCode.OK and "error.type" not in ok.attributes
     assert not any(s.parent is None for s in live)  # no root span for a running run
+    assert not any("input.value" in s.attributes or "output.value" in s.attributes for s in live)
     fapp.signal(run_id, "shipped")
     await drain(fapp)
     assert fapp.get_run(run_id).status == "succeeded"
@@ -644,6 +645,33 @@ async def test_live_spans_while_the_run_runs_and_backfill_gives_the_same_ids(
     (charge_span,) = [s for s in back[: len(back) // 2] if s.name == "step charge"]
     assert "error.type" not in charge_span.attributes
     assert [e.name for e in charge_span.events] == ["previous_attempt_failed"]
+
+
+async def test_content_capture_is_opt_in_redacted_and_capped(
+    fapp: ms.App, clock: FakeClock
+) -> None:
+    provider, exporter = _memory_provider()
+    fapp.enable_tracing(provider, capture_content=True)
+    fapp.telemetry.spans.content_max_chars = 30  # type: ignore[union-attr]
+    second, _ = await _support_run(fapp, clock)
+    spans = exporter.get_finished_spans()
+    assert all(s.attributes["session.id"] == second for s in spans)
+    login = next(s for s in spans if s.name == "execute_tool login")
+    assert '"password":"[R' in login.attributes["input.value"]  # redacted, then capped
+    lookup = next(s for s in spans if s.name == "execute_tool lookup_ticket")
+    assert lookup.attributes["output.value"].endswith("…")  # capped
+    assert len(lookup.attributes["output.value"]) == 30
+    assert lookup.attributes["gen_ai.tool.call.result"] == lookup.attributes["output.value"]
+    chat = next(s for s in spans if s.name == "chat scripted")
+    assert chat.attributes["output.value"].startswith("update_state(")
+    everything = str([dict(s.attributes) for s in spans])
+    assert SECRET not in everything
+
+    provider, exporter = _memory_provider()
+    export_trace(fapp.trace(second), tracer_provider=provider, capture_content=True)
+    back = exporter.get_finished_spans()
+    login = next(s for s in back if s.name == "execute_tool login")
+    assert "[REDACTED]" in login.attributes["input.value"] and SECRET not in str(back[0].attributes)
 
 
 async def test_unfinished_steps_and_runs_are_not_exported(fapp: ms.App) -> None:

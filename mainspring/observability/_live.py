@@ -99,12 +99,16 @@ class Telemetry(StepInterceptor):
         *,
         is_agent: Callable[[str], bool],
         redact: Callable[[str], str] | None,
+        capture_content: bool = False,
     ) -> None:
         """Export spans live through ``tracer_provider`` (see :meth:`App.enable_tracing`)."""
         from ._spans import LiveSpans, configured_provider
 
         self.spans = LiveSpans(
-            configured_provider(tracer_provider), is_agent=is_agent, redact=redact
+            configured_provider(tracer_provider),
+            is_agent=is_agent,
+            redact=redact,
+            capture_content=capture_content,
         )
 
     def flush(self) -> None:
@@ -205,6 +209,8 @@ class Telemetry(StepInterceptor):
                 end=end,
                 error=error,
                 usage=(tokens_in, tokens_out, cost),
+                arguments=(call.args, call.kwargs),
+                result=result,
             )
 
     def committed(self, write: RunWrite, result: WriteResult) -> None:

@@ -29,7 +29,11 @@ _RECORDED = ("now", "uuid", "random")
 
 
 def export_trace(
-    trace: RunTrace, *, tracer_provider: Any = None, agent: bool | None = None
+    trace: RunTrace,
+    *,
+    tracer_provider: Any = None,
+    agent: bool | None = None,
+    capture_content: bool = False,
 ) -> None:
     """Emit ``trace`` as OpenTelemetry spans through ``tracer_provider`` (default: the
     global one). Its span processors export them (batching, OTLP, ...). For back-filling
@@ -40,6 +44,8 @@ def export_trace(
         tracer_provider: an ``opentelemetry.sdk.trace.TracerProvider``.
         agent: whether the run is an agent's (root span ``invoke_agent``); by default
             a run with model calls is taken for one.
+        capture_content: add each step's input and output summaries (redacted when
+            journaled, 160 characters at most) as ``input.value`` / ``output.value``.
     """
     emitter = SpanEmitter(tracer_provider)
     run = trace.run
@@ -63,6 +69,8 @@ def export_trace(
             tokens=(e.tokens_in, e.tokens_out, e.cost_usd) if e.kind == "model" else None,
             tool_arguments=e.input_summary if e.kind == "tool" else None,
             copied=e.copied,
+            run_id=run.id,
+            content=(e.input_summary, e.output_summary) if capture_content else None,
         )
         if not failed and e.attempt > 1 and e.error_class:
             # The journal keeps the last attempt only, with why the one before failed:

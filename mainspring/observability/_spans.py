@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ..journal import StepInfo
+from ..models._types import ModelResponse
 from ..storage import RunRecord, RunTransition, StepRecord
 from ._names import model_of
 
@@ -206,16 +207,28 @@ def step_span(
     tokens: tuple[int, int, float] | None = None,
     tool_arguments: str | None = None,
     copied: bool = False,
+    run_id: str | None = None,
+    content: tuple[str | None, str | None] | None = None,
 ) -> SpanData:
-    """The span of one step attempt, the same whether exported live or back-filled."""
+    """The span of one step attempt, the same whether exported live or back-filled.
+    ``content``: ``(input, output)`` text, redacted and capped, when capture is on."""
     attrs: dict[str, Any] = {
         "mainspring.step.position": f"{session}:{seq}",
         "mainspring.step.kind": kind,
         "mainspring.step.status": status,
         "mainspring.step.attempt": attempt,
     }
+    if run_id is not None:
+        attrs["session.id"] = run_id  # OpenInference: Phoenix groups a run's spans by it
     if copied:
         attrs["mainspring.step.copied"] = True
+    if content is not None:
+        if content[0]:
+            attrs["input.value"] = content[0]
+        if content[1]:
+            attrs["output.value"] = content[1]
+            if kind == "tool":
+                attrs["gen_ai.tool.call.result"] = content[1]
     if error is not None:
         attrs["error.type"] = error[0]  # only on the span of the attempt that failed
     span_name = f"{kind} {name}"
@@ -266,6 +279,7 @@ def run_span(
     op = "invoke_agent" if agent else "workflow"
     attrs: dict[str, Any] = {
         "gen_ai.operation.name": op,
+        "session.id": record.id,
         "mainspring.run.id": record.id,
         "mainspring.run.status": record.status,
         "mainspring.workflow": record.workflow,
@@ -297,6 +311,8 @@ class LiveSpans:
         *,
         is_agent: Callable[[str], bool],
         redact: Callable[[str], str] | None = None,
+        capture_content: bool = False,
+        content_max_chars: int = 2000,
     ) -> None:
         self.provider = tracer_provider
         self.emitter = SpanEmitter(tracer_provider)
@@ -304,6 +320,8 @@ class LiveSpans:
         # An exception's text is not journaled yet when its span is exported: it is
         # redacted here like the journal's copy will be.
         self._redact = redact
+        self.capture_content = capture_content
+        self.content_max_chars = content_max_chars
 
     def attempt(
         self,
@@ -315,6 +333,8 @@ class LiveSpans:
         end: float,
         error: BaseException | None,
         usage: tuple[int, int, float],
+        arguments: tuple[tuple[Any, ...], dict[str, Any]] = ((), {}),
+        result: Any = None,
     ) -> None:
         err = None
         if error is not None:
@@ -331,8 +351,38 @@ class LiveSpans:
             status="failed" if err else "completed",
             error=err,
             tokens=usage if kind == "model" else None,
+            run_id=info.run_id,
+            content=self._content(kind, arguments, result, err is None),
         )
         self._emit(info.run_id, span)
+
+    def _content(
+        self,
+        kind: str,
+        arguments: tuple[tuple[Any, ...], dict[str, Any]],
+        result: Any,
+        ok: bool,
+    ) -> tuple[str | None, str | None] | None:
+        if not self.capture_content:
+            return None
+        args, kwargs = arguments
+        # A model step's function takes no arguments (the messages are in its closure).
+        given = None if kind == "model" or not (args or kwargs) else (kwargs or list(args))
+        out = None
+        if ok and isinstance(result, ModelResponse):
+            calls = [f"{c.name}({c.arguments})" for c in result.tool_calls]
+            out = " ".join(p for p in [result.text or "", *calls] if p)
+        elif ok and result is not None:
+            out = _json(result)
+        return self._clean(None if given is None else _json(given)), self._clean(out)
+
+    def _clean(self, text: str | None) -> str | None:
+        if not text:
+            return None
+        if self._redact is not None:
+            text = self._redact(text)
+        cap = self.content_max_chars
+        return text if len(text) <= cap else text[: cap - 1] + "…"
 
     def committed(
         self,
@@ -352,6 +402,7 @@ class LiveSpans:
                     start=row.started_at,
                     end=row.finished_at,
                     status=row.status,
+                    run_id=record.id,
                 )
                 self._emit(record.id, span)
         if transition is not None and transition.kind == "finish" and transition.status:
@@ -375,6 +426,13 @@ class LiveSpans:
             self.emitter.emit(run_id, span, root=span.key == "run")
         except Exception:  # telemetry never fails a run
             log.exception("could not export span %r of run %s", span.name, run_id)
+
+
+def _json(value: Any) -> str:
+    try:
+        return json.dumps(value, default=str, ensure_ascii=False)
+    except (TypeError, ValueError):
+        return _safe_str(ValueError(repr(value)))
 
 
 def _error_text(error: str | None) -> str:
