@@ -33,7 +33,15 @@ from .journal import RetryPolicy, RunContext, StepInterceptor, Workflow
 from .limits import PRICES, Limits, Price, RateLimit, RateLimits, load_rate_limits, price_of
 from .models import Model, resolve_model
 from .models._types import Message, ModelResponse, ModelSettings, ToolSpec
-from .observability import Diagnosis, MetricsCollector, Redactor, RunTrace, build_trace, diagnose
+from .observability import (
+    Diagnosis,
+    MetricsCollector,
+    Redactor,
+    RunTrace,
+    Telemetry,
+    build_trace,
+    diagnose,
+)
 from .storage import RunRecord, StepRecord, Store, open_store, redact_url
 from .tools import Effect, Tool, ToolRegistry, Validator
 from .tools import tool as make_tool
@@ -135,6 +143,8 @@ class App:
         self.poll_interval_s = poll_interval_s
         self.redactor = redact
         self._metrics: MetricsCollector | None = None
+        # what this process's workers execute, counted as it happens (see observability)
+        self.telemetry = Telemetry(self.clock, prices=self._prices)
         self.workflows: dict[str, Workflow[Any, Any]] = {}
         self.tools = ToolRegistry()
         self.agents: dict[str, Agent] = {}
@@ -605,8 +615,34 @@ class App:
             prices = dict(PRICES)
             for spec in self.agents.values():
                 prices.update(spec.prices or {})
-            self._metrics = MetricsCollector(self.store, prices=prices)
+            self._metrics = MetricsCollector(
+                self.store, prices=prices, telemetry=self.telemetry, clock=self.clock.now
+            )
         return self._metrics
+
+    def enable_tracing(self, tracer_provider: Any = None, *, capture_content: bool = False) -> None:
+        """Export OpenTelemetry spans live from this process's workers: each step
+        attempt as it ends, each wait as it completes, a run's root span when it
+        finishes. Ids derive from the run, so :func:`~mainspring.observability.export_trace`
+        back-fills the same spans.
+
+        Args:
+            tracer_provider: where spans go. By default the global provider; if none
+                is set and ``OTEL_EXPORTER_OTLP_ENDPOINT`` is, an OTLP/HTTP exporter
+                is set up from the standard ``OTEL_*`` variables. A missing exporter
+                is logged once. Needs the ``[otel]`` extra.
+            capture_content: also export each step's input and output (tool arguments
+                and results, the model's reply) as ``input.value`` / ``output.value``,
+                redacted by the App's redactor and capped at 2,000 characters. Off by
+                default: spans often leave the trust boundary of the journal.
+        """
+        redactor = self.redactor
+        self.telemetry.enable_tracing(
+            tracer_provider,
+            is_agent=lambda workflow: workflow in self.agents,
+            redact=redactor.redact_json if redactor is not None else None,
+            capture_content=capture_content,
+        )
 
     def fork(
         self,

@@ -71,6 +71,9 @@ def test_watch_a_run_live_and_approve_it(stack: Any, browser: Any) -> None:
         "() => document.getElementById('run-status')?.textContent === 'succeeded'"
     )
     assert "published v2 (approved by ops)" in page.text_content("#output")
+    # The run's status and its last rows are separate events of one commit: the row
+    # may arrive a moment after the status.
+    page.wait_for_function("() => document.querySelectorAll('#steps tr.step').length >= 11")
     names = page.locator("#steps tr.step td:nth-child(3)").all_text_contents()
     assert names == ["go", *(f"check-{i}" for i in range(8)), "approval:publish", "publish"]
     page.screenshot(path=str(ARTIFACTS / "run-done.png"), full_page=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 import mainspring as ms
 from mainspring.limits import Price
 from mainspring.models import ModelResponse, Usage
-from mainspring.observability import Redactor
+from mainspring.observability import Redactor, export_trace
 from mainspring.testing import EffectLedger, FakeClock, ScriptedModel
 
 call = ScriptedModel.call
@@ -156,6 +157,22 @@ async def test_redaction_can_be_turned_off(db_url: str) -> None:
         app.close()
 
 
+def _families(app: ms.App) -> dict[str, Any]:
+    body, content_type = app.metrics().render()
+    assert content_type.startswith("text/plain")
+    return {f.name: f for f in text_string_to_metric_families(body.decode())}
+
+
+def _samples(families: dict[str, Any], name: str, sample: str | None = None) -> dict[Any, float]:
+    """``{label values: value}`` of one family's samples (``sample``: e.g. ``_total``)."""
+    fam = families[name]
+    return {
+        tuple(v for k, v in sorted(s.labels.items())): s.value
+        for s in fam.samples
+        if sample is None or s.name == sample
+    }
+
+
 async def test_metrics_parse_back(fapp: ms.App, clock: FakeClock) -> None:
     await _support_run(fapp, clock)
 
@@ -168,42 +185,161 @@ async def test_metrics_parse_back(fapp: ms.App, clock: FakeClock) -> None:
 
     fapp.submit(broken)
     await drain(fapp)
-    body, content_type = fapp.metrics().render()
-    assert content_type.startswith("text/plain")
-    families = {f.name: f for f in text_string_to_metric_families(body.decode())}
-    runs = {s.labels["status"]: s.value for s in families["mainspring_runs"].samples}
-    assert runs == {"succeeded": 1.0, "failed": 1.0}
-    tokens = {
-        (s.labels["workflow"], s.labels["direction"]): s.value
-        for s in families["mainspring_tokens"].samples
-        if s.name == "mainspring_tokens_total"
+    families = _families(fapp)
+    runs = _samples(families, "mainspring_runs")
+    # every status is reported, 0 when no run is in it
+    assert runs == {
+        ("succeeded",): 1.0,
+        ("failed",): 1.0,
+        **{(s,): 0.0 for s in ("queued", "running", "sleeping", "waiting", "cancelled")},
     }
+    assert families["mainspring_runs"].type == "gauge"
+    # store-wide values are gauges (N replicas report the same value, not N times it)
+    assert families["mainspring_store_tokens"].type == "gauge"
+    assert _samples(families, "mainspring_store_tokens") == {
+        ("input", "support"): 520.0,
+        ("output", "support"): 52.0,
+        ("input", "broken"): 0.0,
+        ("output", "broken"): 0.0,
+    }
+    # counters of what this process executed
+    tokens = _samples(families, "mainspring_tokens", "mainspring_tokens_total")
     assert tokens == {
-        ("support", "input"): 520.0,
-        ("support", "output"): 52.0,
-        ("broken", "input"): 0.0,
-        ("broken", "output"): 0.0,
+        ("input", "scripted:scripted", "support"): 520.0,
+        ("output", "scripted:scripted", "support"): 52.0,
     }
-    cost = {
-        s.labels["workflow"]: s.value
-        for s in families["mainspring_cost_usd"].samples
-        if s.name.endswith("_total")
-    }
-    assert cost["support"] == pytest.approx((520 + 104) / 1e6)
+    cost = _samples(families, "mainspring_cost_usd", "mainspring_cost_usd_total")
+    assert cost[("scripted:scripted", "support")] == pytest.approx((520 + 104) / 1e6)
     hist = {
         (s.name, s.labels.get("kind"), s.labels.get("le")): s.value
-        for s in families["mainspring_step_latency_seconds"].samples
+        for s in families["mainspring_step_seconds"].samples
     }
-    assert hist[("mainspring_step_latency_seconds_count", "tool", None)] == 2
-    assert hist[("mainspring_step_latency_seconds_bucket", "tool", "0.25")] == 1
-    assert hist[("mainspring_step_latency_seconds_bucket", "tool", "0.5")] == 2
-    assert hist[("mainspring_step_latency_seconds_sum", "tool", None)] == pytest.approx(0.75)
-    retries = {s.labels["kind"]: s.value for s in families["mainspring_step_retries"].samples}
-    limited = {s.labels["kind"]: s.value for s in families["mainspring_rate_limited"].samples}
-    assert retries["step"] == 1 and limited["step"] == 1
-    # A second scrape serves finished runs from the cache and agrees.
-    again = fapp.metrics().render()[0]
-    assert again == body
+    assert hist[("mainspring_step_seconds_count", "tool", None)] == 2
+    assert hist[("mainspring_step_seconds_bucket", "tool", "0.25")] == 1
+    assert hist[("mainspring_step_seconds_bucket", "tool", "0.5")] == 2
+    assert hist[("mainspring_step_seconds_sum", "tool", None)] == pytest.approx(0.75)
+    retries = _samples(families, "mainspring_step_retries", "mainspring_step_retries_total")
+    assert retries == {("step",): 1.0}
+    limited = _samples(families, "mainspring_rate_limited", "mainspring_rate_limited_total")
+    assert limited == {("step", ""): 2.0}  # both attempts were answered 429
+    steps = _samples(families, "mainspring_steps", "mainspring_steps_total")
+    assert steps[("tool", "completed")] == 2 and steps[("step", "failed")] == 1
+    finished = _samples(families, "mainspring_runs_finished", "mainspring_runs_finished_total")
+    assert finished == {("succeeded", "support"): 1.0, ("failed", "broken"): 1.0}
+    info = families["mainspring_build_info"].samples[0]
+    assert info.value == 1 and info.labels["python"]
+
+
+async def test_waits_have_their_own_histogram(fapp: ms.App, clock: FakeClock) -> None:
+    @fapp.workflow
+    async def patient(ctx: ms.RunContext) -> str:
+        await ctx.sleep(3600)  # an hour: not a slow step
+        return await ctx.step(lambda: "ok", name="quick")
+
+    run_id = fapp.submit(patient).run_id
+    await drain(fapp)
+    clock.advance(3601)
+    await drain(fapp)
+    assert fapp.get_run(run_id).status == "succeeded"
+    families = _families(fapp)
+    waits = {
+        (s.name, s.labels.get("reason"), s.labels.get("le")): s.value
+        for s in families["mainspring_wait_seconds"].samples
+    }
+    assert waits[("mainspring_wait_seconds_count", "sleep", None)] == 1
+    assert waits[("mainspring_wait_seconds_sum", "sleep", None)] >= 3600
+    steps = {
+        (s.name, s.labels.get("kind"), s.labels.get("le")): s.value
+        for s in families["mainspring_step_seconds"].samples
+    }
+    # the step's execution took no (fake) time: the hour of sleep is not in it
+    assert steps[("mainspring_step_seconds_sum", "step", None)] == 0.0
+    assert steps[("mainspring_step_seconds_bucket", "step", "0.005")] == 1
+
+
+async def test_retry_back_off_is_a_wait_not_step_time(fapp: ms.App, clock: FakeClock) -> None:
+    failures = {"left": 1}
+
+    def flaky() -> str:
+        clock.advance(0.5)  # the attempt itself takes half a second
+        if failures["left"]:
+            failures["left"] -= 1
+            raise ConnectionError("reset")
+        return "ok"
+
+    @fapp.workflow
+    async def backoff(ctx: ms.RunContext) -> str:
+        policy = ms.RetryPolicy(max_attempts=2, initial_s=30.0, jitter=False)
+        return await ctx.step(flaky, name="flaky", retry=policy)
+
+    run_id = fapp.submit(backoff).run_id
+    await drain(fapp)
+    assert fapp.get_run(run_id).status == "sleeping"  # the back-off released the worker
+    clock.advance(30)
+    await drain(fapp)
+    assert fapp.get_run(run_id).status == "succeeded"
+    families = _families(fapp)
+    waits = {
+        (s.name, s.labels.get("reason")): s.value
+        for s in families["mainspring_wait_seconds"].samples
+        if "le" not in s.labels
+    }
+    assert waits[("mainspring_wait_seconds_count", "retry")] == 1
+    assert waits[("mainspring_wait_seconds_sum", "retry")] == pytest.approx(30.0)
+    steps = {
+        s.name: s.value
+        for s in families["mainspring_step_seconds"].samples
+        if s.labels.get("kind") == "step" and "le" not in s.labels
+    }
+    assert steps["mainspring_step_seconds_count"] == 2  # two attempts of half a second
+    assert steps["mainspring_step_seconds_sum"] == pytest.approx(1.0)
+
+
+async def test_counters_never_go_down_across_prune_retry_and_fork(
+    fapp: ms.App, clock: FakeClock, tmp_path: Path
+) -> None:
+    fail = {"charge1": True}
+    billing = _ledger_app(fapp, EffectLedger(tmp_path / "l.db"), fail)
+    model = ScriptedModel([_reply(call("finish", {"answer": "ok"}), 700, 30)] * 3)
+    agent = fapp.agent("helper", model=model, instructions="x", prices=PRICES)
+    seen: list[dict[tuple[str, Any], float]] = []
+
+    def scrape() -> dict[tuple[str, Any], float]:
+        values: dict[tuple[str, Any], float] = {}
+        for fam in _families(fapp).values():
+            if fam.type in ("counter", "histogram"):
+                for s in fam.samples:
+                    values[(s.name, tuple(sorted(s.labels.items())))] = s.value
+        for key, before in (seen[-1] if seen else {}).items():
+            assert values.get(key, 0.0) >= before, (key, before, values.get(key))
+        seen.append(values)
+        return values
+
+    failed = fapp.submit(billing, 3).run_id
+    source = fapp.submit(agent, "hi").run_id
+    await drain(fapp)
+    first = scrape()
+    fail.clear()
+    fapp.retry(failed)  # drops the failed step from the journal
+    scrape()
+    await drain(fapp)
+    scrape()
+    fork = fapp.fork(source, from_step=0)  # copies the model call: spent once only
+    await drain(fapp)
+    assert fapp.get_run(fork.run_id).status == "succeeded"
+    after_fork = scrape()
+    key = (
+        "mainspring_tokens_total",
+        (("direction", "input"), ("model", "scripted:scripted"), ("workflow", "helper")),
+    )
+    assert first[key] == 700 and after_fork[key] == 700  # the fork added no tokens
+    assert fapp.trace(fork.run_id).tokens_in == 0  # nor does its trace
+    assert fapp.trace(fork.run_id).entries[0].copied
+    clock.advance(10 * 86400)
+    pruned = fapp.store.prune(86400, clock.now())
+    assert pruned.runs == 3
+    scrape()  # counters kept; the store-wide gauges dropped with the runs
+    assert _samples(_families(fapp), "mainspring_runs")[("succeeded",)] == 0
 
 
 async def test_otel_spans_follow_genai_conventions(fapp: ms.App, clock: FakeClock) -> None:
@@ -234,6 +370,381 @@ async def test_otel_spans_follow_genai_conventions(fapp: ms.App, clock: FakeCloc
     assert all(s.parent is not None and s.parent.span_id == root.context.span_id for s in tools)
     assert abs(tools[0].end_time - tools[0].start_time - 250_000_000) < 1_000
     assert SECRET not in str(tools[1].attributes)
+
+
+async def test_operator_gauges_queue_age_waits_by_reason_dead_letters(
+    fapp: ms.App, clock: FakeClock
+) -> None:
+    @fapp.workflow
+    async def waits(ctx: ms.RunContext, what: str) -> None:
+        if what == "sleep":
+            await ctx.sleep(600)
+        elif what == "approval":
+            await ctx.approval("refund")
+        else:
+            await ctx.wait_for("go")
+
+    for what in ("sleep", "approval", "go"):
+        fapp.submit(waits, what)
+    await drain(fapp)
+    clock.advance(30)
+    queued = fapp.submit(waits, "go").run_id
+    clock.advance(12)
+    # a run whose worker died twice over is dead-lettered by the next claim
+    doomed = fapp.submit(waits, "go").run_id
+    s = fapp.store
+    s.claim(worker="w1", now=clock.now(), lease_s=1, limit=1, workflows=None,
+            max_recoveries=5, run_id=doomed)  # fmt: skip
+    s.claim(worker="w2", now=clock.now() + 5, lease_s=1, limit=1, workflows=None,
+            max_recoveries=0, run_id=doomed)  # fmt: skip
+    assert fapp.get_run(doomed).status == "failed"
+    families = _families(fapp)
+    assert _samples(families, "mainspring_runs_waiting") == {
+        ("sleep",): 1.0,
+        ("approval",): 1.0,
+        ("signal",): 1.0,
+        **{(r,): 0.0 for r in ("retry", "rate_limit", "question", "budget")},
+    }
+    ages = _samples(families, "mainspring_store_oldest_run_age_seconds")
+    assert ages[("queued",)] == pytest.approx(12.0)  # the oldest queued run: submitted 12 s ago
+    assert ages[("waiting",)] == pytest.approx(42.0)
+    assert ages[("sleeping",)] == pytest.approx(42.0)
+    waited = _samples(families, "mainspring_store_oldest_wait_age_seconds")
+    assert waited[("approval",)] == pytest.approx(42.0) and waited[("question",)] == 0.0
+    assert _samples(families, "mainspring_store_dead_lettered_runs") == {(): 1.0}
+    assert fapp.get_run(queued).status == "queued"
+
+
+async def test_takeovers_saturation_run_duration_and_webhook_backlog(
+    fapp: ms.App, clock: FakeClock
+) -> None:
+    @fapp.workflow
+    async def short(ctx: ms.RunContext) -> str:
+        clock.advance(2)
+        return await ctx.step(lambda: "ok", name="only")
+
+    fapp.store.add_webhook("http://127.0.0.1:9/hook", clock.now())
+    taken = fapp.submit(short).run_id
+    # a worker claims it and dies: its lease runs out, and ours takes the run over
+    fapp.store.claim(worker="dead", now=clock.now(), lease_s=5, limit=1, workflows=None,
+                     max_recoveries=5, run_id=taken)  # fmt: skip
+    clock.advance(10)
+    fapp.submit(short)
+    worker = fapp.worker(concurrency=3)
+    await asyncio.wait_for(worker.run(until_idle=True), 30)
+    families = _families(fapp)
+    assert _samples(families, "mainspring_lease_takeovers", "mainspring_lease_takeovers_total") == {
+        ("short",): 1.0
+    }
+    assert _samples(families, "mainspring_runs_claimed", "mainspring_runs_claimed_total") == {
+        ("short",): 2.0
+    }
+    durations = {
+        s.name: s.value
+        for s in families["mainspring_run_duration_seconds"].samples
+        if s.labels.get("workflow") == "short" and "le" not in s.labels
+    }
+    # from submission to the end: the run taken over includes the 10 s lost to the dead
+    # worker, as the store's own timestamps say
+    assert durations["mainspring_run_duration_seconds_count"] == 2
+    runs = fapp.list_runs()
+    expected = sum((r.finished_at or 0.0) - r.created_at for r in runs)
+    assert expected > 10 and durations["mainspring_run_duration_seconds_sum"] == pytest.approx(
+        expected
+    )
+    # the worker stopped: nothing active, no capacity left in this process
+    assert _samples(families, "mainspring_worker_active_runs") == {(): 0.0}
+    assert _samples(families, "mainspring_worker_concurrency") == {(): 0.0}
+    # every finished run queued a webhook that nobody delivered yet
+    backlog = _samples(families, "mainspring_store_webhook_backlog")
+    assert backlog == {("pending",): 2.0, ("given_up",): 0.0}
+    clock.advance(60)
+    age = _samples(_families(fapp), "mainspring_store_webhook_oldest_pending_age_seconds")
+    assert age[()] == pytest.approx(60.0)
+
+
+async def test_worker_saturation_while_it_runs(fapp: ms.App) -> None:
+    seen: list[dict[Any, float]] = []
+    gate = asyncio.Event()
+
+    @fapp.workflow
+    async def busy(ctx: ms.RunContext) -> None:
+        async def look() -> None:
+            fams = _families(fapp)
+            seen.append(
+                {
+                    "active": _samples(fams, "mainspring_worker_active_runs")[()],
+                    "cap": _samples(fams, "mainspring_worker_concurrency")[()],
+                }
+            )
+            gate.set()
+
+        await ctx.step(look, name="look")
+
+    fapp.submit(busy)
+    await asyncio.wait_for(fapp.worker(concurrency=4).run(until_idle=True), 30)
+    assert gate.is_set() and seen == [{"active": 1.0, "cap": 4.0}]
+
+
+async def test_a_scrape_reads_only_running_and_changed_journals(
+    fapp: ms.App, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    @fapp.workflow
+    async def parked(ctx: ms.RunContext) -> None:
+        await ctx.step(lambda: 1, name="one")
+        await ctx.wait_for("go")
+
+    ids = [fapp.submit(parked).run_id for _ in range(3)]
+    await drain(fapp)
+    read: list[str] = []
+    load_steps = fapp.store.load_steps
+
+    def counting(run_id: str, *args: Any, **kwargs: Any) -> Any:
+        read.append(run_id)
+        return load_steps(run_id, *args, **kwargs)
+
+    monkeypatch.setattr(fapp.store, "load_steps", counting)
+    first = _samples(_families(fapp), "mainspring_store_steps")
+    assert sorted(read) == sorted(ids)
+    read.clear()
+    assert _samples(_families(fapp), "mainspring_store_steps") == first
+    assert read == []  # three waiting runs, unchanged: no journal read again
+    fapp.signal(ids[0], "go")
+    await drain(fapp)
+    read.clear()
+    _families(fapp)
+    assert read == [ids[0]]  # the one that moved
+
+
+async def test_rate_limit_bookings_count_the_wait_per_model(clock: FakeClock) -> None:
+    from mainspring.journal import StepCall, StepInfo
+    from mainspring.limits import Booking
+    from mainspring.observability import Telemetry
+
+    telemetry = Telemetry(clock, prices=lambda _wf: None)
+    booking = Booking(key="openai:gpt-4.1:default", start=0.0, waited_s=2.5, wake_at=2.5)
+    info = StepInfo(run_id="r", session=0, seq=0, name="rate:openai:gpt-4.1:default", attempt=1)
+
+    async def book() -> Booking:
+        return booking
+
+    for _ in range(2):
+        assert await telemetry.execute_step(StepCall(info=info, fn=book), book) is booking
+    values = {
+        (s.name, tuple(s.labels.values())): s.value
+        for fam in telemetry.collect()
+        for s in fam.samples
+    }
+    assert values[("mainspring_rate_limit_wait_seconds_total", ("openai:gpt-4.1",))] == 5.0
+    assert values[("mainspring_rate_limit_bookings_total", ("openai:gpt-4.1",))] == 2.0
+    assert values[("mainspring_step_attempts_total", ("rate", "ok"))] == 2.0
+
+
+async def test_the_grafana_dashboard_uses_only_exported_metrics(
+    fapp: ms.App, clock: FakeClock
+) -> None:
+    import re
+
+    await _support_run(fapp, clock)
+    exported = set(_families(fapp))
+    dashboard = json.loads(
+        (Path(__file__).parent.parent / "docs/grafana-dashboard.json").read_text()
+    )
+    used = {
+        re.sub(r"_(total|bucket|sum|count)$", "", name)
+        for panel in dashboard["panels"]
+        for target in panel["targets"]
+        for name in re.findall(r"mainspring_[a-z_]+", target["expr"])
+    }
+    assert len(used) >= 15
+    assert used <= exported, used - exported
+
+
+def _memory_provider() -> tuple[Any, Any]:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return provider, exporter
+
+
+def _ids(spans: Any) -> set[tuple[str, int, int, int | None]]:
+    return {
+        (s.name, s.context.trace_id, s.context.span_id, s.parent.span_id if s.parent else None)
+        for s in spans
+    }
+
+
+async def test_live_spans_while_the_run_runs_and_backfill_gives_the_same_ids(
+    fapp: ms.App, clock: FakeClock
+) -> None:
+    from opentelemetry.trace import StatusCode
+
+    provider, exporter = _memory_provider()
+    fapp.enable_tracing(provider)
+    flaky = {"left": 1}
+
+    def charge() -> str:
+        if flaky["left"]:
+            flaky["left"] -= 1
+            raise ConnectionError("card service down, token sk-proj-" + "x" * 24)
+        return "charged"
+
+    @fapp.workflow
+    async def order(ctx: ms.RunContext) -> str:
+        got = await ctx.step(
+            charge, name="charge", retry=ms.RetryPolicy(max_attempts=3, initial_s=0.0, jitter=False)
+        )
+        await ctx.wait_for("shipped")
+        ctx.now()  # a recorded value: no span, live or back-filled
+        await ctx.step(lambda: 1, name="rate:openai:gpt-4.1:default")
+        return got
+
+    run_id = fapp.submit(order).run_id
+    await drain(fapp)
+    assert fapp.get_run(run_id).status == "waiting"
+    # The run is still waiting: both attempts of its step were exported already.
+    live = exporter.get_finished_spans()
+    attempts = sorted(
+        (s for s in live if s.name == "step charge"),
+        key=lambda s: s.attributes["mainspring.step.attempt"],
+    )
+    assert [s.attributes["mainspring.step.attempt"] for s in attempts] == [1, 2]
+    failed, ok = attempts
+    assert failed.status.status_code == StatusCode.ERROR
+    assert failed.attributes["error.type"] == "ConnectionError"
+    (event,) = failed.events
+    assert event.name == "exception" and event.attributes["exception.type"] == "ConnectionError"
+    assert "sk-proj-" not in str(event.attributes)  # redacted like the journal
+    assert ok.status.status_code == StatusCode.OK and "error.type" not in ok.attributes
+    assert not any(s.parent is None for s in live)  # no root span for a running run
+    assert not any("input.value" in s.attributes or "output.value" in s.attributes for s in live)
+    fapp.signal(run_id, "shipped")
+    await drain(fapp)
+    assert fapp.get_run(run_id).status == "succeeded"
+    spans = exporter.get_finished_spans()
+    (root,) = [s for s in spans if s.parent is None]
+    assert root.name == "workflow order" and root.status.status_code == StatusCode.OK
+    assert {s.context.trace_id for s in spans} == {root.context.trace_id}
+    assert all(s.parent.span_id == root.context.span_id for s in spans if s.parent)
+    assert any(s.name == "signal shipped" for s in spans)  # the wait, as its own span
+
+    # Back-filling the same run gives the same trace and span ids, twice over.
+    provider2, again = _memory_provider()
+    export_trace(fapp.trace(run_id), tracer_provider=provider2)
+    export_trace(fapp.trace(run_id), tracer_provider=provider2)
+    back = again.get_finished_spans()
+    assert _ids(back[: len(back) // 2]) == _ids(back[len(back) // 2 :])
+    # the journal keeps the last attempt only: it, the wait and the root agree with live
+    assert _ids(back) <= _ids(spans)
+    assert _ids(spans) - _ids(back) == {x for x in _ids(spans) if x[2] == failed.context.span_id}
+    assert "rate rate:openai:gpt-4.1:default" in {s.name for s in back}
+    (charge_span,) = [s for s in back[: len(back) // 2] if s.name == "step charge"]
+    assert "error.type" not in charge_span.attributes
+    assert [e.name for e in charge_span.events] == ["previous_attempt_failed"]
+
+
+async def test_content_capture_is_opt_in_redacted_and_capped(
+    fapp: ms.App, clock: FakeClock
+) -> None:
+    provider, exporter = _memory_provider()
+    fapp.enable_tracing(provider, capture_content=True)
+    fapp.telemetry.spans.content_max_chars = 30  # type: ignore[union-attr]
+    second, _ = await _support_run(fapp, clock)
+    spans = exporter.get_finished_spans()
+    assert all(s.attributes["session.id"] == second for s in spans)
+    login = next(s for s in spans if s.name == "execute_tool login")
+    assert '"password":"[R' in login.attributes["input.value"]  # redacted, then capped
+    lookup = next(s for s in spans if s.name == "execute_tool lookup_ticket")
+    assert lookup.attributes["output.value"].endswith("…")  # capped
+    assert len(lookup.attributes["output.value"]) == 30
+    assert lookup.attributes["gen_ai.tool.call.result"] == lookup.attributes["output.value"]
+    chat = next(s for s in spans if s.name == "chat scripted")
+    assert chat.attributes["output.value"].startswith("update_state(")
+    everything = str([dict(s.attributes) for s in spans])
+    assert SECRET not in everything
+
+    provider, exporter = _memory_provider()
+    export_trace(fapp.trace(second), tracer_provider=provider, capture_content=True)
+    back = exporter.get_finished_spans()
+    login = next(s for s in back if s.name == "execute_tool login")
+    assert "[REDACTED]" in login.attributes["input.value"] and SECRET not in str(back[0].attributes)
+
+
+async def test_unfinished_steps_and_runs_are_not_exported(fapp: ms.App) -> None:
+    provider, exporter = _memory_provider()
+
+    def down() -> None:
+        raise ConnectionError("down")
+
+    @fapp.workflow
+    async def stuck(ctx: ms.RunContext) -> None:
+        await ctx.step(lambda: 1, name="first")
+        await ctx.step(down, retry=ms.RetryPolicy(max_attempts=5, initial_s=3600.0))
+
+    run_id = fapp.submit(stuck).run_id
+    await drain(fapp)
+    assert fapp.get_run(run_id).status == "sleeping"  # backing off before attempt 2
+    export_trace(fapp.trace(run_id), tracer_provider=provider)
+    assert [s.name for s in exporter.get_finished_spans()] == ["step first"]
+
+
+async def test_spans_carry_the_logical_model_never_the_url(
+    fapp: ms.App, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import mainspring.agent._call as call_module
+
+    provider, exporter = _memory_provider()
+    fapp.enable_tracing(provider)
+    model = ScriptedModel([_reply(call("finish", {"answer": "ok"}), 10, 1)])
+    model.provider, model.model_id = "openai", "gpt-4.1"
+    # an older journal's name: the endpoint URL (with credentials) after "@"
+    monkeypatch.setattr(
+        call_module,
+        "model_step_name",
+        lambda p, m: f"model:{p}:{m}@http://user:hunter2@proxy.internal/v1",
+    )
+    agent = fapp.agent("u", model=model, instructions="x")
+    await fapp.run(agent, "hi")
+    run_id = fapp.list_runs()[0].id
+    export_trace(fapp.trace(run_id), tracer_provider=provider)
+    spans = exporter.get_finished_spans()
+    chats = [s for s in spans if s.name.startswith("chat")]
+    assert {s.name for s in chats} == {"chat gpt-4.1"} and len(chats) == 2
+    assert chats[0].attributes["gen_ai.provider.name"] == "openai"
+    for s in spans:
+        text = s.name + str(dict(s.attributes or {}))
+        assert "hunter2" not in text and "proxy.internal" not in text, text
+    families = _families(fapp)
+    assert "hunter2" not in str([f.samples for f in families.values()])
+
+
+async def test_tracing_without_an_exporter_says_so_once(
+    fapp: ms.App, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import threading
+
+    from mainspring.observability import _spans
+
+    for var in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.delenv("OTEL_TRACES_EXPORTER", raising=False)
+    monkeypatch.setattr(_spans, "_warned", threading.Event())  # a fresh process
+
+    @fapp.workflow
+    async def one(ctx: ms.RunContext) -> int:
+        return await ctx.step(lambda: 1, name="one")
+
+    with caplog.at_level("WARNING", logger="mainspring.observability"):
+        fapp.enable_tracing()
+        await fapp.run(one)
+        export_trace(fapp.trace(fapp.list_runs()[0].id))  # no provider: not silent either
+        fapp.enable_tracing()
+    said = [r.message for r in caplog.records if "spans go nowhere" in r.message]
+    assert len(said) == 1, said
 
 
 # -- fork and retry --------------------------------------------------------------------

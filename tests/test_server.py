@@ -275,6 +275,18 @@ def test_metrics_fork_and_retry_over_http(stack: Stack) -> None:
         if s.name.endswith("runs") and "status" in s.labels
     }
     assert runs.get("failed") == 1 and runs.get("waiting") == 2, runs
+    # the server process's own counters: requests by route template, its embedded worker
+    http = {
+        (s.labels["method"], s.labels["route"], s.labels["status"]): s.value
+        for s in families["mainspring_http_requests"].samples
+        if s.name == "mainspring_http_requests_total"
+    }
+    assert http[("POST", "/runs/{run_id}/fork", "202")] == 1
+    assert http[("POST", "/runs/{run_id}/fork", "422")] == 1
+    assert http[("POST", "/runs/{run_id}/retry", "403")] == 1
+    assert not any(source in route for _, route, _ in http)  # templates, not run ids
+    cap = families["mainspring_worker_concurrency"].samples[0].value
+    assert cap >= 1 and families["mainspring_runs_claimed"].type == "counter"
 
 
 def test_slow_clients_are_cut_off(stack: Stack) -> None:

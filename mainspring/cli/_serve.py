@@ -63,6 +63,13 @@ def serve(
             "automatic with --ssl-certfile).",
         ),
     ] = False,
+    otel: Annotated[
+        bool,
+        typer.Option(
+            "--otel/--no-otel",
+            help="Export OpenTelemetry spans live (configured by the OTEL_* variables).",
+        ),
+    ] = False,
 ) -> None:
     """Serve the HTTP API (OpenAPI at /openapi.json; Swagger UI at /docs with --docs)."""
     try:
@@ -77,6 +84,8 @@ def serve(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     app = load_app(app_spec)
+    if otel:
+        app.enable_tracing()
     api = create_app(
         app,
         worker=worker,

@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 
+from ..observability import serve_metrics
 from ..storage import redact_url
 from ._load import load_app
 
@@ -29,6 +30,18 @@ def worker(
         bool, typer.Option(help="Exit when nothing is runnable or running.")
     ] = False,
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")] = "INFO",
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(help="Serve this worker's Prometheus counters on this port (/metrics)."),
+    ] = None,
+    metrics_host: Annotated[str, typer.Option(help="Interface for --metrics-port.")] = "127.0.0.1",
+    otel: Annotated[
+        bool,
+        typer.Option(
+            "--otel/--no-otel",
+            help="Export OpenTelemetry spans live (configured by the OTEL_* variables).",
+        ),
+    ] = False,
 ) -> None:
     """Execute runs: claim, replay, step, heartbeat. Stops gracefully on SIGTERM/SIGINT."""
     logging.basicConfig(
@@ -37,6 +50,10 @@ def worker(
     if lease_s is not None and lease_s <= 0:
         raise typer.BadParameter(f"must be > 0, got {lease_s!r}", param_hint="--lease-s")
     app = load_app(app_spec)
+    if otel:
+        app.enable_tracing()
+    if metrics_port is not None:
+        serve_metrics(app.telemetry, metrics_host, metrics_port)
     if lease_s is not None:
         app.lease_s = lease_s
         app.heartbeat_s = lease_s / 3

@@ -39,7 +39,7 @@ class BatchCommitter(Committer):
         if self.solo and not self._queue and not self._inflight:
             self.batches += 1
             self.writes += 1
-            return self.store.commit([write], self.clock.now())[0]
+            return self.observed(write, self.store.commit([write], self.clock.now())[0])
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[WriteResult] = loop.create_future()
         with self._cv:
@@ -52,7 +52,7 @@ class BatchCommitter(Committer):
                 self._thread.start()
             self._queue.append((write, fut, loop))
             self._cv.notify()
-        return await fut
+        return self.observed(write, await fut)
 
     async def close(self) -> None:
         with self._cv:

@@ -26,9 +26,17 @@ class Committer:
     def __init__(self, store: Store, clock: Clock) -> None:
         self.store = store
         self.clock = clock
+        # Called in the run's event loop after each commit (telemetry counts what
+        # became durable here; a fork's copied rows and replays never pass by).
+        self.observers: list[Callable[[RunWrite, WriteResult], None]] = []
 
     async def commit(self, write: RunWrite) -> WriteResult:
-        return self.store.commit([write], self.clock.now())[0]
+        return self.observed(write, self.store.commit([write], self.clock.now())[0])
+
+    def observed(self, write: RunWrite, result: WriteResult) -> WriteResult:
+        for observe in self.observers:
+            observe(write, result)
+        return result
 
     async def close(self) -> None:
         return None

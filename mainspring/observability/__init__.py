@@ -7,6 +7,7 @@ export, and ``doctor``'s diagnosis by the failure table.
 """
 
 from ._doctor import Diagnosis, Finding, FindingKind, Progress, diagnose, progress
+from ._live import Telemetry, serve_metrics
 from ._metrics import LATENCY_BUCKETS, MetricsCollector, metrics_text
 from ._otel import export_trace
 from ._redact import BUILTIN_PATTERNS, SECRET_KEYS, Redactor
@@ -23,6 +24,7 @@ __all__ = [
     "Progress",
     "Redactor",
     "RunTrace",
+    "Telemetry",
     "TraceEntry",
     "TraceKind",
     "build_trace",
@@ -30,5 +32,6 @@ __all__ = [
     "export_trace",
     "metrics_text",
     "progress",
+    "serve_metrics",
     "trace_entries",
 ]

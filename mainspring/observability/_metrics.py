@@ -1,26 +1,31 @@
-"""Prometheus metrics read from the store: what every worker journaled, in one place.
+"""Prometheus metrics: store-wide gauges read from the store, and the counters of
+what this process executed.
 
 A :class:`MetricsCollector` is a ``prometheus_client`` collector. Each scrape counts
-runs by status and aggregates the journal: step latency, tokens, cost, retries and
-rate-limit errors. Workers need no metrics port of their own and the numbers agree
-with ``mainspring trace``. A finished run's aggregate is cached until the run
-changes (a retry, a fork, pruning), so a scrape reads the journals of unfinished
-and newly changed runs only.
+runs by status, the age of the oldest queued and waiting runs, and the journal's
+steps, tokens and cost: **gauges**, because they describe the store (pruning lowers
+them, and N server replicas report the same value, not N times it). A finished run's
+aggregate is cached until the run changes, so a scrape reads the journals of
+running and newly changed runs only.
 
-Counters are totals over the runs the store holds: pruning old runs lowers them,
-which Prometheus reads as a counter reset (as it does a process restart).
+Counters (steps, attempts, retries, 429s, tokens, cost, claims, takeovers) and
+histograms (step execution time, wait time, run duration) come from the process's
+:class:`~mainspring.observability.Telemetry`, counted as events happen: they never go
+down while the process lives.
 """
 
 from __future__ import annotations
 
+import json
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, get_args
 
 from .._errors import MissingExtra
 from ..limits import Price
-from ..storage import FINISHED, Store
+from ..storage import RunStatus, Store
 from ._trace import trace_entries
 
 if TYPE_CHECKING:
@@ -30,6 +35,7 @@ else:
 
 __all__ = ["LATENCY_BUCKETS", "MetricsCollector", "metrics_text"]
 
+#: Buckets of step execution time (seconds).
 LATENCY_BUCKETS: tuple[float, ...] = (
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
 )  # fmt: skip
@@ -47,31 +53,18 @@ def _prometheus() -> Any:
 
 @dataclass(slots=True)
 class _Totals:
-    """One run's (or the sum of all runs') step aggregates."""
+    """One run's (or the sum of all runs') journal aggregates."""
 
-    # (kind) -> counts per bucket (cumulative at render), sum of latencies
-    buckets: dict[str, list[int]] = field(default_factory=dict)
-    latency_sum: dict[str, float] = field(default_factory=dict)
     steps: dict[tuple[str, str], int] = field(default_factory=dict)  # (kind, status)
-    retries: dict[str, int] = field(default_factory=dict)
-    rate_limited: dict[str, int] = field(default_factory=dict)
     tokens_in: int = 0
     tokens_out: int = 0
     cost_usd: float = 0.0
+    dead_lettered: int = 0
 
     def add(self, other: _Totals) -> None:
-        for kind, counts in other.buckets.items():
-            mine = self.buckets.setdefault(kind, [0] * (len(LATENCY_BUCKETS) + 1))
-            for i, n in enumerate(counts):
-                mine[i] += n
-        for kind, s in other.latency_sum.items():
-            self.latency_sum[kind] = self.latency_sum.get(kind, 0.0) + s
         for key, n in other.steps.items():
             self.steps[key] = self.steps.get(key, 0) + n
-        for kind, n in other.retries.items():
-            self.retries[kind] = self.retries.get(kind, 0) + n
-        for kind, n in other.rate_limited.items():
-            self.rate_limited[kind] = self.rate_limited.get(kind, 0) + n
+        self.dead_lettered += other.dead_lettered
         self.tokens_in += other.tokens_in
         self.tokens_out += other.tokens_out
         self.cost_usd += other.cost_usd
@@ -84,18 +77,29 @@ class MetricsCollector(Collector):
     Args:
         store: the database every worker writes to.
         prices: USD per million tokens by model id (default: ``limits.PRICES``).
+        telemetry: the process's :class:`~mainspring.observability.Telemetry`,
+            whose counters (what this process executed) are served beside the
+            store-wide gauges.
 
-    Metrics: ``mainspring_runs{status}``, ``mainspring_steps_total{kind,status}``,
-    ``mainspring_step_latency_seconds{kind}`` (histogram of a step's last attempt),
-    ``mainspring_step_retries_total{kind}``, ``mainspring_rate_limited_total{kind}``
-    (steps whose journaled error is a rate limit, a 429), ``mainspring_tokens_total
-    {workflow,direction}`` and ``mainspring_cost_usd_total{workflow}``.
+    Store-wide values are **gauges** named ``mainspring_store_*`` (and
+    ``mainspring_runs``): every replica reading one store reports the same value, so
+    aggregate them with ``max``, never ``sum``. Counters and histograms come from
+    ``telemetry`` only: monotonic per process, summed across processes.
     """
 
-    def __init__(self, store: Store, *, prices: dict[str, Price] | None = None) -> None:
+    def __init__(
+        self,
+        store: Store,
+        *,
+        prices: dict[str, Price] | None = None,
+        telemetry: _Families | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         _prometheus()
         self.store = store
         self.prices = prices
+        self.telemetry = telemetry
+        self._clock = clock
         self._cache: dict[str, tuple[float, str, _Totals]] = {}
         self._lock = threading.Lock()
 
@@ -113,49 +117,82 @@ class MetricsCollector(Collector):
     def collect(self) -> Iterator[Any]:
         core = _prometheus().core
         with self._lock:
-            counts, by_workflow, total = self._aggregate()
-        runs = core.GaugeMetricFamily("mainspring_runs", "Runs by status.", labels=["status"])
-        for status in sorted(counts):
-            runs.add_metric([status], counts[status])
+            counts, oldest, waiting, by_workflow, total = self._aggregate()
+        runs = core.GaugeMetricFamily(
+            "mainspring_runs", "Runs in the store by status (store-wide gauge).", labels=["status"]
+        )
+        for status in sorted(set(get_args(RunStatus)) | set(counts)):
+            runs.add_metric([status], counts.get(status, 0))  # 0, not absent
         yield runs
-        steps = core.CounterMetricFamily(
-            "mainspring_steps", "Journaled steps by kind and status.", labels=["kind", "status"]
+        age = core.GaugeMetricFamily(
+            "mainspring_store_oldest_run_age_seconds",
+            "Seconds since the oldest run in this status entered it (queued: waiting for a"
+            " worker; waiting/sleeping: suspended); 0 when there is none (store-wide gauge).",
+            labels=["status"],
+        )
+        now = self._clock()
+        for status in ("queued", "waiting", "sleeping"):
+            since = oldest.get(status)
+            age.add_metric([status], 0.0 if since is None else max(0.0, now - since))
+        yield age
+        by_reason = core.GaugeMetricFamily(
+            "mainspring_runs_waiting",
+            "Waiting and sleeping runs by what they wait for (store-wide gauge).",
+            labels=["reason"],
+        )
+        reason_age = core.GaugeMetricFamily(
+            "mainspring_store_oldest_wait_age_seconds",
+            "Seconds the oldest run waiting for this reason has waited (store-wide gauge).",
+            labels=["reason"],
+        )
+        for reason in sorted(set(WAIT_REASONS) | set(waiting)):
+            n, since = waiting.get(reason, (0, now))
+            by_reason.add_metric([reason], n)
+            reason_age.add_metric([reason], max(0.0, now - since))
+        yield by_reason
+        yield reason_age
+        dead = core.GaugeMetricFamily(
+            "mainspring_store_dead_lettered_runs",
+            "Failed runs that were dead-lettered: recovery failed too often (store-wide gauge).",
+        )
+        dead.add_metric([], total.dead_lettered)
+        yield dead
+        pending, oldest_pending, given_up = self.store.outbox_backlog()
+        backlog = core.GaugeMetricFamily(
+            "mainspring_store_webhook_backlog",
+            "Webhook deliveries not yet delivered: pending (due again) or given up"
+            " (store-wide gauge).",
+            labels=["state"],
+        )
+        backlog.add_metric(["pending"], pending)
+        backlog.add_metric(["given_up"], given_up)
+        yield backlog
+        backlog_age = core.GaugeMetricFamily(
+            "mainspring_store_webhook_oldest_pending_age_seconds",
+            "Age of the oldest pending webhook delivery, 0 when none (store-wide gauge).",
+        )
+        backlog_age.add_metric(
+            [], 0.0 if oldest_pending is None else max(0.0, now - oldest_pending)
+        )
+        yield backlog_age
+        steps = core.GaugeMetricFamily(
+            "mainspring_store_steps",
+            "Journal steps in the store by kind and status (store-wide gauge: pruning lowers it).",
+            labels=["kind", "status"],
         )
         for (kind, status), n in sorted(total.steps.items()):
             steps.add_metric([kind, status], n)
         yield steps
-        latency = core.HistogramMetricFamily(
-            "mainspring_step_latency_seconds",
-            "Latency of a step's last attempt.",
-            labels=["kind"],
+        tokens = core.GaugeMetricFamily(
+            "mainspring_store_tokens",
+            "Model tokens journaled by the runs in the store, a fork's copied steps not"
+            " counted again (store-wide gauge).",
+            labels=["workflow", "direction"],
         )
-        for kind in sorted(total.buckets):
-            cumulative, acc = [], 0
-            for bound, n in zip(
-                [*map(str, LATENCY_BUCKETS), "+Inf"], total.buckets[kind], strict=True
-            ):
-                acc += n
-                cumulative.append((bound, acc))
-            latency.add_metric([kind], cumulative, sum_value=total.latency_sum.get(kind, 0.0))
-        yield latency
-        retries = core.CounterMetricFamily(
-            "mainspring_step_retries", "Attempts beyond the first.", labels=["kind"]
-        )
-        limited = core.CounterMetricFamily(
-            "mainspring_rate_limited",
-            "Steps whose journaled error is a rate limit (HTTP 429).",
-            labels=["kind"],
-        )
-        for kind in _KINDS:
-            retries.add_metric([kind], total.retries.get(kind, 0))
-            limited.add_metric([kind], total.rate_limited.get(kind, 0))
-        yield retries
-        yield limited
-        tokens = core.CounterMetricFamily(
-            "mainspring_tokens", "Model tokens.", labels=["workflow", "direction"]
-        )
-        cost = core.CounterMetricFamily(
-            "mainspring_cost_usd", "Model spend in USD (price table).", labels=["workflow"]
+        cost = core.GaugeMetricFamily(
+            "mainspring_store_cost_usd",
+            "Spend of the runs in the store, copied steps not counted (store-wide gauge).",
+            labels=["workflow"],
         )
         for wf in sorted(by_workflow):
             t = by_workflow[wf]
@@ -164,22 +201,36 @@ class MetricsCollector(Collector):
             cost.add_metric([wf], t.cost_usd)
         yield tokens
         yield cost
+        if self.telemetry is not None:
+            yield from self.telemetry.collect()
 
-    def _aggregate(self) -> tuple[dict[str, int], dict[str, _Totals], _Totals]:
+    def _aggregate(
+        self,
+    ) -> tuple[
+        dict[str, int], dict[str, float], dict[str, tuple[int, float]], dict[str, _Totals], _Totals
+    ]:
         stamps = self.store.run_stamps()
         counts: dict[str, int] = {}
+        oldest: dict[str, float] = {}
         by_workflow: dict[str, _Totals] = {}
         total = _Totals()
         seen: set[str] = set()
         for run_id, workflow, status, updated_at in stamps:
             seen.add(run_id)
             counts[status] = counts.get(status, 0) + 1
+            if status in ("queued", "waiting", "sleeping"):
+                oldest[status] = min(oldest.get(status, updated_at), updated_at)
             cached = self._cache.get(run_id)
             if cached is not None and cached[0] == updated_at and cached[1] == status:
                 totals = cached[2]
             else:
-                totals = self._run_totals(run_id)
-                if status in FINISHED:
+                totals = self._run_totals(run_id, dead_letter_check=status == "failed")
+                if status != "running":
+                    # Only a running run's journal changes without its row changing
+                    # (step commits leave updated_at alone); a queued, waiting or
+                    # finished run's journal moves only with its status or updated_at.
+                    # So a scrape reads the journals of running and changed runs only:
+                    # bounded by the fleet's concurrency, not by the runs stored.
                     self._cache[run_id] = (updated_at, status, totals)
                 else:
                     self._cache.pop(run_id, None)
@@ -187,33 +238,62 @@ class MetricsCollector(Collector):
             total.add(totals)
         for gone in self._cache.keys() - seen:  # pruned
             del self._cache[gone]
-        return counts, by_workflow, total
+        waiting: dict[str, tuple[int, float]] = {}
+        n_suspended = counts.get("waiting", 0) + counts.get("sleeping", 0)
+        if n_suspended:
+            for r in self.store.list_runs(statuses=["waiting", "sleeping"], limit=n_suspended):
+                reason = wait_reason_label(r.wait_reason)
+                n, since = waiting.get(reason, (0, r.updated_at))
+                waiting[reason] = (n + 1, min(since, r.updated_at))
+        return counts, oldest, waiting, by_workflow, total
 
-    def _run_totals(self, run_id: str) -> _Totals:
+    def _run_totals(self, run_id: str, *, dead_letter_check: bool = False) -> _Totals:
         t = _Totals()
+        if dead_letter_check:  # once per failed run: finished runs are cached
+            record = self.store.get_run(run_id)
+            if record is not None and _error_type(record.error) == "DeadLettered":
+                t.dead_lettered = 1
         for e in trace_entries(self.store.load_steps(run_id), self.prices):
             kind = e.kind if e.kind in _KINDS else "step"
             t.steps[(kind, e.status)] = t.steps.get((kind, e.status), 0) + 1
-            if e.latency_s is not None:
-                counts = t.buckets.setdefault(kind, [0] * (len(LATENCY_BUCKETS) + 1))
-                i = next(
-                    (i for i, b in enumerate(LATENCY_BUCKETS) if e.latency_s <= b),
-                    len(LATENCY_BUCKETS),
-                )
-                counts[i] += 1
-                t.latency_sum[kind] = t.latency_sum.get(kind, 0.0) + e.latency_s
-            if e.retries:
-                t.retries[kind] = t.retries.get(kind, 0) + e.retries
-            if e.error_class == "RateLimited":
-                t.rate_limited[kind] = t.rate_limited.get(kind, 0) + 1
-            t.tokens_in += e.tokens_in
+            t.tokens_in += e.tokens_in  # 0 for a fork's copied steps: spent by the source
             t.tokens_out += e.tokens_out
             t.cost_usd += e.cost_usd
         return t
 
 
+#: What ``mainspring_runs_waiting`` reports (always, 0 when none).
+WAIT_REASONS = ("sleep", "retry", "rate_limit", "signal", "approval", "question", "budget")
+_REQUESTS = ("approval", "question", "budget", "checkpoint", "resume")
+
+
+def wait_reason_label(reason: str | None) -> str:
+    """A suspended run's ``wait_reason`` (``"signal:approval:send"``, ``"retry:charge"``,
+    ``"sleep | signal:go"``) as a label of few values: its first wait's kind."""
+    first = (reason or "").split(" | ", 1)[0]
+    head, _, rest = first.partition(":")
+    if head == "signal":
+        request = rest.split(":", 1)[0]
+        return request if request in _REQUESTS else "signal"
+    return head or "unknown"
+
+
+def _error_type(error: str | None) -> str | None:
+    if not error:
+        return None
+    try:
+        value = json.loads(error)
+    except ValueError:
+        return None
+    return str(value.get("type")) if isinstance(value, dict) else None
+
+
+class _Families(Protocol):
+    def collect(self) -> Iterator[Any]: ...
+
+
 def metrics_text(store: Store, *, prices: dict[str, Price] | None = None) -> str:
-    """The Prometheus text of ``store`` once (a long-lived server keeps one
-    :class:`MetricsCollector` instead, which caches finished runs)."""
+    """The store-wide Prometheus gauges of ``store`` once (a long-lived server keeps
+    one :class:`MetricsCollector` instead, which caches finished runs)."""
     body, _ = MetricsCollector(store, prices=prices).render()
     return body.decode()

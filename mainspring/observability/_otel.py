@@ -1,124 +1,101 @@
 """OpenTelemetry export of a run's trace, following the GenAI semantic conventions.
 
 One OpenTelemetry trace per run: a root span for the run (``invoke_agent`` for an
-agent, ``workflow`` otherwise) and a child span per journaled step, with the
+agent, ``workflow`` otherwise) and a child span per journaled step attempt, with the
 journal's own start and end times. Model calls are ``chat`` spans carrying
 ``gen_ai.request.model`` and ``gen_ai.usage.input_tokens/output_tokens``; tool calls
-are ``execute_tool`` spans carrying ``gen_ai.tool.name``. Exporting reads the
-journal (already redacted), so it can run anywhere: after a run finishes, from a
-cron job, or for a run from last week.
+are ``execute_tool`` spans carrying ``gen_ai.tool.name``.
+
+Ids are derived from the run id and the step (see ``_spans``): exporting a run twice,
+or back-filling a run a worker already exported live, gives the same spans. Steps
+that have not ended are not exported (a running step is not a 0 ms span), nor is the
+root span of an unfinished run.
 
 Needs the ``[otel]`` extra (``opentelemetry-api`` and ``opentelemetry-sdk``).
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
-from .._errors import MissingExtra
-from ._trace import RunTrace, TraceEntry
+from ._names import step_kind
+from ._spans import SpanData, SpanEmitter, run_span, step_span
+from ._trace import RunTrace
 
 __all__ = ["export_trace"]
 
-_NS = 1_000_000_000
-
-
-def _otel() -> tuple[Any, Any]:
-    try:
-        from opentelemetry import trace
-        from opentelemetry.trace import Status, StatusCode
-    except ImportError as exc:
-        raise MissingExtra("OpenTelemetry export", "otel", exc.name) from None
-    return trace, (Status, StatusCode)
+_RECORDED = ("now", "uuid", "random")
 
 
 def export_trace(
-    trace: RunTrace, *, tracer_provider: Any = None, agent: bool | None = None
+    trace: RunTrace,
+    *,
+    tracer_provider: Any = None,
+    agent: bool | None = None,
+    capture_content: bool = False,
 ) -> None:
     """Emit ``trace`` as OpenTelemetry spans through ``tracer_provider`` (default: the
-    global one). Its span processors export them (batching, OTLP, ...).
+    global one). Its span processors export them (batching, OTLP, ...). For back-filling
+    runs that ran without live export (see :meth:`App.enable_tracing`).
 
     Args:
         trace: from :meth:`App.trace`.
         tracer_provider: an ``opentelemetry.sdk.trace.TracerProvider``.
         agent: whether the run is an agent's (root span ``invoke_agent``); by default
             a run with model calls is taken for one.
+        capture_content: add each step's input and output summaries (redacted when
+            journaled, 160 characters at most) as ``input.value`` / ``output.value``.
     """
-    otel_trace, (Status, StatusCode) = _otel()
-    tracer = otel_trace.get_tracer("mainspring", tracer_provider=tracer_provider)
+    emitter = SpanEmitter(tracer_provider)
     run = trace.run
     entries = trace.entries
+    for e in entries:
+        if e.finished_at is None or e.status not in ("completed", "failed"):
+            continue  # still running (or backing off): not a finished span yet
+        if e.kind in _RECORDED:
+            continue  # a recorded value, not work: live export has no span for it either
+        failed = e.status == "failed"
+        span = step_span(
+            kind=step_kind(e.name) if e.kind == "step" else e.kind,
+            name=e.name,
+            session=e.session,
+            seq=e.seq,
+            attempt=e.attempt,
+            start=e.started_at,
+            end=e.finished_at,
+            status=e.status,
+            error=(e.error_class or "Error", e.error_message or "") if failed else None,
+            tokens=(e.tokens_in, e.tokens_out, e.cost_usd) if e.kind == "model" else None,
+            tool_arguments=e.input_summary if e.kind == "tool" else None,
+            copied=e.copied,
+            run_id=run.id,
+            content=(e.input_summary, e.output_summary) if capture_content else None,
+        )
+        if not failed and e.attempt > 1 and e.error_class:
+            # The journal keeps the last attempt only, with why the one before failed:
+            # say so on the span rather than leave an unexplained gap.
+            span = _with_event(
+                span,
+                "previous_attempt_failed",
+                e.started_at,
+                {
+                    "exception.type": e.error_class,
+                    "exception.message": e.error_message or "",
+                    "mainspring.step.attempt": e.attempt - 1,
+                },
+            )
+        emitter.emit(run.id, span)
+    if run.finished_at is None:
+        return  # the root span is exported when the run ends
     is_agent = agent if agent is not None else any(e.kind == "model" for e in entries)
-    op = "invoke_agent" if is_agent else "workflow"
-    end = run.finished_at or max(
-        [run.updated_at, *(e.finished_at or e.started_at for e in entries)]
-    )
-    root_attrs: dict[str, Any] = {
-        "gen_ai.operation.name": op,
-        "mainspring.run.id": run.id,
-        "mainspring.run.status": run.status,
-        "mainspring.workflow": run.workflow,
+    extra = {
         "gen_ai.usage.input_tokens": trace.tokens_in,
         "gen_ai.usage.output_tokens": trace.tokens_out,
         "mainspring.cost_usd": trace.cost_usd,
     }
-    if is_agent:
-        root_attrs["gen_ai.agent.name"] = run.workflow
-    root = tracer.start_span(
-        f"{op} {run.workflow}",
-        start_time=_ns(run.created_at),
-        attributes=root_attrs,
-        kind=otel_trace.SpanKind.INTERNAL,
-    )
-    parent = otel_trace.set_span_in_context(root)
-    for e in entries:
-        name, attrs = _span_of(e)
-        span = tracer.start_span(
-            name,
-            context=parent,
-            start_time=_ns(e.started_at),
-            attributes=attrs,
-            kind=otel_trace.SpanKind.CLIENT if e.kind == "model" else otel_trace.SpanKind.INTERNAL,
-        )
-        if e.status == "failed":
-            span.set_status(Status(StatusCode.ERROR, e.error_message or e.error_class or ""))
-        span.end(end_time=_ns(e.finished_at or end))
-    if run.status in ("failed", "cancelled"):
-        root.set_status(Status(StatusCode.ERROR, run.status))
-    root.end(end_time=_ns(end))
+    emitter.emit(run.id, run_span(run, agent=is_agent, end=run.finished_at, extra=extra), root=True)
 
 
-def _span_of(e: TraceEntry) -> tuple[str, dict[str, Any]]:
-    attrs: dict[str, Any] = {
-        "mainspring.step.position": e.position,
-        "mainspring.step.name": e.name,
-        "mainspring.step.status": e.status,
-        "mainspring.step.attempt": e.attempt,
-    }
-    if e.error_class:
-        attrs["error.type"] = e.error_class
-    if e.kind == "model":
-        provider = e.name.split(":")[1] if e.name.count(":") >= 2 else None
-        attrs.update(
-            {
-                "gen_ai.operation.name": "chat",
-                "gen_ai.request.model": e.model or "",
-                "gen_ai.usage.input_tokens": e.tokens_in,
-                "gen_ai.usage.output_tokens": e.tokens_out,
-                "mainspring.cost_usd": e.cost_usd,
-            }
-        )
-        if provider:
-            attrs["gen_ai.provider.name"] = provider
-        return f"chat {e.model}", attrs
-    if e.kind == "tool":
-        attrs.update({"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": e.tool or ""})
-        if e.input_summary:
-            attrs["gen_ai.tool.call.arguments"] = e.input_summary
-        return f"execute_tool {e.tool}", attrs
-    return f"{e.kind} {e.name}", attrs
-
-
-def _ns(seconds: float) -> int:
-    whole = int(seconds)  # apart, so the fraction keeps its precision
-    return whole * _NS + round((seconds - whole) * _NS)
+def _with_event(span: SpanData, name: str, at: float, attrs: dict[str, Any]) -> SpanData:
+    return replace(span, events=(*span.events, (name, at, attrs)))

@@ -14,10 +14,10 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from .._stepnames import without_endpoint
 from ..limits import Price, cost_usd
 from ..models._types import Usage
 from ..storage import RunRecord, StepRecord
+from ._names import model_of
 
 __all__ = ["RunTrace", "TraceEntry", "TraceKind", "build_trace", "trace_entries"]
 
@@ -45,6 +45,8 @@ class TraceEntry:
         calls: a model step's requested tool calls, ``(name, arguments JSON)``.
         error_class / error_message: the step's journaled error: why it failed, or
             why its previous attempt did (for a step that then succeeded).
+        copied: a fork copied this step from its source run and replays it: its
+            tokens and cost were spent by the source, so they are 0 here.
     """
 
     session: int
@@ -66,6 +68,7 @@ class TraceEntry:
     error_class: str | None = None
     error_message: str | None = None
     calls: tuple[tuple[str, str], ...] = ()
+    copied: bool = False
 
     @property
     def position(self) -> str:
@@ -146,6 +149,7 @@ class RunTrace:
                     "error_class": e.error_class,
                     "error_message": e.error_message,
                     "tool_calls": [{"name": n, "arguments": a} for n, a in e.calls],
+                    "copied": e.copied,
                 }
                 for e in self.entries
             ],
@@ -183,6 +187,10 @@ def trace_entries(
             for stale in [k for k in waiting if k[0] == s.run_id]:
                 del waiting[stale]
             fields = _model_fields(s, prices, waiting)
+            if s.epoch == 0:
+                # Epoch 0 is no worker's: the row was copied by a fork (every claim
+                # bumps the epoch to 1 or more before anything is journaled).
+                fields.update(tokens_in=0, tokens_out=0, cost_usd=0.0)
         elif s.kind == "step" and s.name.startswith("tool:"):
             kind = "tool"
             tool = s.name[5:]
@@ -211,6 +219,7 @@ def trace_entries(
                 latency_s=latency,
                 error_class=error_class,
                 error_message=error_message,
+                copied=s.epoch == 0,
                 **fields,
             )
         )
@@ -221,8 +230,8 @@ def _model_fields(
     s: StepRecord, prices: dict[str, Price] | None, waiting: dict[tuple[str, str], deque[str]]
 ) -> dict[str, Any]:
     # "model:openai:gpt-4.1" -> "gpt-4.1": the id the price table knows (an older
-    # journal's name may end in "@<endpoint URL>").
-    model_id = without_endpoint(s.name).split(":", 2)[-1]
+    # journal's "@http://user:pass@proxy" suffix is not part of it).
+    model_id = model_of(s.name).split(":", 1)[-1]
     reply = _loads(s.output) if s.status == "completed" else None
     if not isinstance(reply, dict):
         return {"model": model_id}

@@ -38,6 +38,7 @@ from ..storage._api import ApiKey, Scope
 from ..storage._records import FINISHED
 from ._events import event_stream, runs_stream
 from ._guard import BrowserGuard
+from ._http_metrics import RequestCounter
 from ._limits import BodySizeLimit
 from ._schemas import (
     AnswerIn,
@@ -176,6 +177,7 @@ def create_app(
     )
     api.add_middleware(BodySizeLimit, max_bytes=max_body_bytes, timeout_s=body_timeout_s)
     api.add_middleware(BrowserGuard, cookie=COOKIE)
+    api.add_middleware(RequestCounter, record=app.telemetry.http_request)  # outermost
     _errors(api, app)
     sessions = Sessions()
     api.include_router(dashboard_router(app, sessions, secure_cookies=secure_cookies))
@@ -494,8 +496,9 @@ def create_app(
         },
     )
     def metrics(_key: Read) -> Response:
-        """Runs by status, step latency, tokens, cost, retries and 429s, for Prometheus
-        (scrape with the key as a bearer token)."""
+        """Store-wide gauges (runs by status, oldest queued and waiting runs, webhook
+        backlog) and this process's counters (HTTP requests; steps, tokens, cost and
+        429s of an embedded worker), for Prometheus (the key as a bearer token)."""
         with metrics_lock:  # the collector caches finished runs: one scrape at a time
             text, content_type = app.metrics().render()
         return Response(content=text, media_type=content_type)

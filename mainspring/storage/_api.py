@@ -455,6 +455,22 @@ class ApiTables(ABC):
                     (retry_at, error, delivery_id),
                 )
 
+    def outbox_backlog(self) -> tuple[int, float | None, int]:
+        """``(pending, created_at of the oldest pending, given up)`` webhook deliveries:
+        what ``/metrics`` reports (pending: not delivered and due again; given up:
+        attempts exhausted or the webhook removed)."""
+        with self._read() as cur:
+            cur.execute(
+                "SELECT COUNT(*), MIN(created_at) FROM ms_outbox"
+                " WHERE delivered_at IS NULL AND next_at IS NOT NULL"
+            )
+            pending, oldest = cur.fetchone()
+            cur.execute(
+                "SELECT COUNT(*) FROM ms_outbox WHERE delivered_at IS NULL AND next_at IS NULL"
+            )
+            (given_up,) = cur.fetchone()
+        return int(pending), oldest, int(given_up)
+
     def outbox(self, run_id: str | None = None) -> list[dict[str, Any]]:
         """Outbox rows (for operators and tests): event, endpoint, attempts, state."""
         where = " WHERE run_id = ?" if run_id is not None else ""

@@ -157,8 +157,11 @@ class Worker:
             default_retry=app.default_retry,
             inline_wait_s=app.inline_wait_s,
             redact=app.redactor.redact_json if app.redactor is not None else None,
-            interceptors=app.interceptors,
+            # telemetry outermost: it times the attempt as the step's policy sees it
+            interceptors=(app.telemetry, *app.interceptors),
         )
+        committer.observers.append(app.telemetry.committed)
+        app.telemetry.worker_load(self.worker_id, 0, self.concurrency)
         loop = asyncio.get_running_loop()
         beater = self._beater = Beater(
             store=app.store,
@@ -193,6 +196,8 @@ class Worker:
             await beater.stop()
             await committer.close()
             threads.shutdown(wait=False, cancel_futures=True)
+            app.telemetry.worker_load(self.worker_id, 0, None)
+            await asyncio.to_thread(app.telemetry.flush)
         if self._fatal is not None:
             raise self._fatal
 
@@ -326,6 +331,7 @@ class Worker:
             record.epoch,
             record.recoveries,
         )
+        self.app.telemetry.run_claimed(record)
         stale = self._active.get(record.id)
         if stale is not None:
             # Our own lease ran out (a stall longer than the lease) and we claimed the
@@ -346,6 +352,7 @@ class Worker:
                 del self._active[run_id]
             if self._beater is not None:
                 self._beater.drop(run_id, record.epoch)
+                self.app.telemetry.run_released(run_id)
             self._set_solo(engine)
             if t.cancelled():
                 outcome = "lost"
@@ -382,6 +389,7 @@ class Worker:
         (log.warning if outcome in ("failed", "abandoned") else log.info)("%s", fields)
 
     def _set_solo(self, engine: Engine) -> None:
+        self.app.telemetry.worker_load(self.worker_id, len(self._active), self.concurrency)
         if isinstance(engine.committer, BatchCommitter):
             engine.committer.solo = len(self._active) <= 1
 

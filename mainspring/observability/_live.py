@@ -1,0 +1,349 @@
+"""Process telemetry counted as events happen: what this process's workers executed.
+
+:class:`Telemetry` is fed by the worker while runs execute: as the outermost step
+interceptor it sees every *executed* attempt (a replayed or fork-copied step runs
+nothing, so it is never counted as work or spend again), and as a commit observer it
+sees every journal row and run transition this process made durable. Its counters
+therefore only ever go up for the life of the process (pruning, ``retry`` and
+``fork`` cannot lower them), as Prometheus expects of a counter; a restart is a
+counter reset, as for any process.
+
+Execution time (the step function running) and waiting time (sleeps, signals,
+approvals, retry back-offs) are kept apart: a step that waited two days for a human
+does not make model calls look slow.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import platform
+import threading
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .._clock import Clock
+from .._errors import RateLimited
+from ..journal import StepCall, StepInterceptor
+from ..limits import Booking, Price, cost_usd
+from ..models._types import ModelResponse
+from ..storage import RunRecord, RunWrite, StepRecord, WriteResult
+from ._metrics import LATENCY_BUCKETS, _prometheus, wait_reason_label
+from ._names import model_of, step_kind
+
+if TYPE_CHECKING:
+    from ._spans import LiveSpans  # imported when tracing is enabled: the otel extra
+
+__all__ = ["Telemetry", "serve_metrics"]
+
+#: Buckets of waits and run durations: seconds to days.
+WAIT_BUCKETS: tuple[float, ...] = (
+    0.1, 1.0, 5.0, 30.0, 60.0, 300.0, 900.0, 3600.0, 4 * 3600.0, 86400.0, 7 * 86400.0,
+)  # fmt: skip
+_WAIT_KINDS = ("sleep", "signal")
+_MAX_BACKOFFS = 10_000  # runs whose failed attempt's end is remembered
+
+
+@dataclass(slots=True)
+class _Histogram:
+    bounds: tuple[float, ...]
+    counts: dict[tuple[str, ...], list[int]] = field(default_factory=dict)
+    sums: dict[tuple[str, ...], float] = field(default_factory=dict)
+
+    def observe(self, labels: tuple[str, ...], value: float) -> None:
+        counts = self.counts.setdefault(labels, [0] * (len(self.bounds) + 1))
+        i = next((i for i, b in enumerate(self.bounds) if value <= b), len(self.bounds))
+        counts[i] += 1
+        self.sums[labels] = self.sums.get(labels, 0.0) + value
+
+    def family(self, core: Any, name: str, doc: str, labels: list[str]) -> Any:
+        fam = core.HistogramMetricFamily(name, doc, labels=labels)
+        for key in sorted(self.counts):
+            cumulative, acc = [], 0
+            for bound, n in zip([*map(str, self.bounds), "+Inf"], self.counts[key], strict=True):
+                acc += n
+                cumulative.append((bound, acc))
+            fam.add_metric(list(key), cumulative, sum_value=self.sums[key])
+        return fam
+
+
+class Telemetry(StepInterceptor):
+    """Counters, histograms and live spans of what this process executes.
+
+    Every :class:`~mainspring.App` has one (``app.telemetry``); its workers feed it.
+    ``app.metrics()`` serves it beside the store-wide gauges. You rarely need this
+    class directly: call :meth:`App.enable_tracing` to export spans live.
+    """
+
+    def __init__(self, clock: Clock, *, prices: Callable[[str], dict[str, Price] | None]) -> None:
+        self.clock = clock
+        self._prices = prices
+        self._lock = threading.Lock()
+        self._runs: dict[str, RunRecord] = {}
+        self._counters: dict[str, dict[tuple[str, ...], float]] = {}
+        self._step_seconds = _Histogram(LATENCY_BUCKETS)
+        self._model_seconds = _Histogram(LATENCY_BUCKETS)
+        self._wait_seconds = _Histogram(WAIT_BUCKETS)
+        self._run_seconds = _Histogram(WAIT_BUCKETS)
+        self._workers: dict[str, tuple[int, int]] = {}  # worker id -> (active, concurrency)
+        # run -> (session, seq) -> when its last failed attempt ended: the back-off to
+        # the next attempt is a wait ("retry"), not step time. Kept while the run sleeps
+        # through a long back-off (it comes back to this process, mostly), dropped when
+        # it finishes, and capped: a run resumed elsewhere leaves an entry behind.
+        self._failed_at: dict[str, dict[tuple[int, int], float]] = {}
+        self.spans: LiveSpans | None = None
+
+    def enable_tracing(
+        self,
+        tracer_provider: Any = None,
+        *,
+        is_agent: Callable[[str], bool],
+        redact: Callable[[str], str] | None,
+        capture_content: bool = False,
+    ) -> None:
+        """Export spans live through ``tracer_provider`` (see :meth:`App.enable_tracing`)."""
+        from ._spans import LiveSpans, configured_provider
+
+        self.spans = LiveSpans(
+            configured_provider(tracer_provider),
+            is_agent=is_agent,
+            redact=redact,
+            capture_content=capture_content,
+        )
+
+    def flush(self) -> None:
+        """Export the spans still batched (a stopping worker calls it)."""
+        if self.spans is not None:
+            self.spans.flush()
+
+    # -- what the worker tells us ---------------------------------------------------------
+
+    def run_claimed(self, record: RunRecord) -> None:
+        """A worker of this process claimed ``record`` (a takeover when the run had
+        been running under a lease that expired)."""
+        with self._lock:
+            self._runs[record.id] = record
+            self._inc("runs_claimed", (record.workflow,))
+            if record.recoveries > 0:
+                self._inc("lease_takeovers", (record.workflow,))
+
+    def run_released(self, run_id: str) -> None:
+        with self._lock:
+            self._runs.pop(run_id, None)
+
+    def http_request(self, method: str, route: str, status: int) -> None:
+        """The HTTP API answered a request (counted by route template)."""
+        with self._lock:
+            self._inc("http_requests", (method, route, str(status)))
+
+    def worker_load(self, worker_id: str, active: int, concurrency: int | None) -> None:
+        """``concurrency=None``: the worker stopped."""
+        with self._lock:
+            if concurrency is None:
+                self._workers.pop(worker_id, None)
+            else:
+                self._workers[worker_id] = (active, concurrency)
+
+    # -- events -----------------------------------------------------------------------------
+
+    async def execute_step(self, call: StepCall, proceed: Callable[[], Awaitable[Any]]) -> Any:
+        info = call.info
+        kind = step_kind(info.name)
+        start = self.clock.now()
+        try:
+            result = await proceed()
+        except BaseException as exc:
+            self._attempt(call, kind, start, None, exc)
+            raise
+        self._attempt(call, kind, start, result, None)
+        return result
+
+    def _attempt(
+        self, call: StepCall, kind: str, start: float, result: Any, error: BaseException | None
+    ) -> None:
+        info = call.info
+        end = self.clock.now()
+        record = self._runs.get(info.run_id)
+        workflow = record.workflow if record is not None else ""
+        model = model_of(info.name) if kind == "model" else ""
+        tokens_in = tokens_out = 0
+        cost = 0.0
+        booked: tuple[str, float] | None = None
+        if isinstance(result, Booking):
+            # "provider:model:account" -> the logical model the wait was for
+            booked = (result.key.rsplit(":", 1)[0], max(0.0, result.waited_s))
+        elif isinstance(result, ModelResponse):
+            tokens_in, tokens_out = result.usage.input_tokens, result.usage.output_tokens
+            cost = cost_usd(model.split(":", 1)[-1], result.usage, self._prices(workflow))
+        with self._lock:
+            step = (info.session, info.seq)
+            failed_at = self._failed_at.get(info.run_id, {}).pop(step, None)
+            if failed_at is not None:
+                self._wait_seconds.observe(("retry",), max(0.0, start - failed_at))
+            if error is not None:
+                if info.run_id not in self._failed_at and len(self._failed_at) >= _MAX_BACKOFFS:
+                    del self._failed_at[next(iter(self._failed_at))]  # the oldest
+                self._failed_at.setdefault(info.run_id, {})[step] = end
+            self._inc("step_attempts", (kind, "error" if error is not None else "ok"))
+            if info.attempt > 1:
+                self._inc("step_retries", (kind,))
+            if isinstance(error, RateLimited):
+                self._inc("rate_limited", (kind, model))
+            self._step_seconds.observe((kind,), max(0.0, end - start))
+            if kind == "model":
+                self._model_seconds.observe((model,), max(0.0, end - start))
+            if booked is not None:
+                self._inc("rate_limit_bookings", (booked[0],))
+                self._inc("rate_limit_wait_seconds", (booked[0],), booked[1])
+            if tokens_in or tokens_out:
+                self._inc("tokens", (workflow, model, "input"), tokens_in)
+                self._inc("tokens", (workflow, model, "output"), tokens_out)
+                self._inc("cost_usd", (workflow, model), cost)
+        spans = self.spans
+        if spans is not None:
+            spans.attempt(
+                record,
+                info,
+                kind=kind,
+                start=start,
+                end=end,
+                error=error,
+                usage=(tokens_in, tokens_out, cost),
+                arguments=(call.args, call.kwargs),
+                result=result,
+            )
+
+    def committed(self, write: RunWrite, result: WriteResult) -> None:
+        """A write of this process was made durable (``result.ok``) or refused."""
+        if not result.ok or result.already:
+            return
+        record = self._runs.get(write.run_id)
+        workflow = record.workflow if record is not None else ""
+        ended: list[StepRecord] = []
+        with self._lock:
+            for row in write.steps:
+                if row.status not in ("completed", "failed") or row.finished_at is None:
+                    continue
+                ended.append(row)
+                if row.kind in _WAIT_KINDS:
+                    wait = _wait_reason(row)
+                    self._wait_seconds.observe((wait,), max(0.0, row.finished_at - row.started_at))
+                elif row.kind == "step":
+                    self._inc("steps", (step_kind(row.name), row.status))
+            t = write.transition
+            if t is not None and t.kind == "finish" and t.status is not None:
+                self._failed_at.pop(write.run_id, None)
+                self._inc("runs_finished", (workflow, t.status))
+                if record is not None:
+                    self._run_seconds.observe((workflow,), self.clock.now() - record.created_at)
+        spans = self.spans
+        if spans is not None and record is not None:
+            spans.committed(record, ended, write.transition, self.clock.now())
+
+    # -- Prometheus -------------------------------------------------------------------------
+
+    def _inc(self, name: str, labels: tuple[str, ...], by: float = 1) -> None:
+        fam = self._counters.setdefault(name, {})
+        fam[labels] = fam.get(labels, 0) + by
+
+    def collect(self) -> Iterator[Any]:
+        """The process's metric families (``prometheus_client`` core objects)."""
+        core = _prometheus().core
+        with self._lock:
+            for name, doc, labels in _COUNTERS:
+                fam = core.CounterMetricFamily(f"mainspring_{name}", doc, labels=labels)
+                for key, value in sorted(self._counters.get(name, {}).items()):
+                    fam.add_metric(list(key), value)
+                yield fam
+            yield self._step_seconds.family(
+                core,
+                "mainspring_step_seconds",
+                "Execution time of each executed step attempt (no waits, no back-off).",
+                ["kind"],
+            )
+            yield self._model_seconds.family(
+                core,
+                "mainspring_model_seconds",
+                "Execution time of each model call attempt, by logical model.",
+                ["model"],
+            )
+            yield self._wait_seconds.family(
+                core,
+                "mainspring_wait_seconds",
+                "How long durable waits lasted: sleeps, signals, approvals.",
+                ["reason"],
+            )
+            yield self._run_seconds.family(
+                core,
+                "mainspring_run_duration_seconds",
+                "From submission to the end, for runs this process finished.",
+                ["workflow"],
+            )
+            active = core.GaugeMetricFamily(
+                "mainspring_worker_active_runs", "Runs this process's workers execute now."
+            )
+            active.add_metric([], sum(a for a, _ in self._workers.values()))
+            yield active
+            cap = core.GaugeMetricFamily(
+                "mainspring_worker_concurrency", "Runs this process's workers may execute at once."
+            )
+            cap.add_metric([], sum(c for _, c in self._workers.values()))
+            yield cap
+        info = core.GaugeMetricFamily(
+            "mainspring_build_info", "Always 1: the versions serving.", labels=["version", "python"]
+        )
+        info.add_metric(list(_build_info()), 1)
+        yield info
+
+
+def _wait_reason(row: StepRecord) -> str:
+    if row.kind == "sleep":
+        return "sleep"
+    # approvals, questions and budget checks are signals named "<reason>:..."
+    return wait_reason_label(f"signal:{row.name}")
+
+
+_COUNTERS: tuple[tuple[str, str, list[str]], ...] = (
+    (
+        "steps",
+        "Steps (ctx.step, model and tool calls) that ended in this process.",
+        ["kind", "status"],
+    ),
+    ("step_attempts", "Executed step attempts by outcome.", ["kind", "outcome"]),
+    ("step_retries", "Executed attempts beyond the first.", ["kind"]),
+    ("rate_limited", "Attempts that ended in a rate limit (HTTP 429).", ["kind", "model"]),
+    ("tokens", "Model tokens of executed calls.", ["workflow", "model", "direction"]),
+    ("cost_usd", "Spend of executed model calls (price table).", ["workflow", "model"]),
+    ("rate_limit_bookings", "Rate-limiter slots booked before model calls.", ["model"]),
+    (
+        "rate_limit_wait_seconds",
+        "Seconds runs were told to wait for their rate-limit slot (rate(): runs waiting).",
+        ["model"],
+    ),
+    ("runs_claimed", "Runs claimed by this process's workers.", ["workflow"]),
+    (
+        "lease_takeovers",
+        "Claims of a run whose previous holder's lease had expired.",
+        ["workflow"],
+    ),
+    ("http_requests", "HTTP API requests answered.", ["method", "route", "status"]),
+    ("runs_finished", "Runs this process finished, by final status.", ["workflow", "status"]),
+)
+
+
+def _build_info() -> tuple[str, str]:
+    try:
+        version = importlib.metadata.version("mainspring")
+    except importlib.metadata.PackageNotFoundError:
+        version = "unknown"
+    return version, platform.python_version()
+
+
+def serve_metrics(telemetry: Telemetry, host: str, port: int) -> None:
+    """Serve ``telemetry``'s counters at ``http://host:port/metrics`` from a daemon
+    thread: how a worker without the HTTP API is scraped. The store-wide gauges are
+    left to the server (every replica would report the same values)."""
+    prom = _prometheus()
+    registry = prom.CollectorRegistry(auto_describe=False)
+    registry.register(telemetry)
+    prom.start_http_server(port, addr=host, registry=registry)

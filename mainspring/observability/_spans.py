@@ -1,0 +1,458 @@
+"""OpenTelemetry spans with ids derived from the run, shared by live export and
+back-fill.
+
+A run's trace id is a hash of its run id; the run's root span id a hash of
+``(run id, "run")``; a step attempt's span id a hash of ``(run id, session, seq,
+attempt)``. So the spans a worker exports live and the spans :func:`export_trace`
+back-fills later are the *same* spans (a backend de-duplicates or overwrites them),
+and a step span can name its run's root span as parent long before the run ends and
+the root span itself is exported.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from .._errors import MissingExtra
+from ..journal import StepInfo
+from ..models._types import ModelResponse
+from ..storage import RunRecord, RunTransition, StepRecord
+from ._names import model_of
+
+__all__ = ["LiveSpans", "SpanEmitter", "span_id_of", "trace_id_of"]
+
+log = logging.getLogger("mainspring.observability")
+
+_NS = 1_000_000_000
+
+
+def otel() -> Any:
+    try:
+        import opentelemetry.trace
+    except ImportError as exc:
+        raise MissingExtra("OpenTelemetry export", "otel", exc.name) from None
+    return opentelemetry.trace
+
+
+def trace_id_of(run_id: str) -> int:
+    """The OpenTelemetry trace id of a run (128 bits, never 0)."""
+    return int.from_bytes(hashlib.sha256(f"mainspring:{run_id}".encode()).digest()[:16]) or 1
+
+
+def span_id_of(run_id: str, key: str) -> int:
+    """The span id of ``key`` (``"run"`` or ``"session:seq:attempt"``) in a run."""
+    digest = hashlib.sha256(f"mainspring:{run_id}:{key}".encode()).digest()
+    return int.from_bytes(digest[:8]) or 1
+
+
+def configured_provider(tracer_provider: Any) -> Any:
+    """``tracer_provider``, else the global one, else (with ``OTEL_EXPORTER_OTLP_*`` or
+    ``OTEL_TRACES_EXPORTER`` set) an SDK provider exporting over OTLP. Says once, in
+    the log, when spans would go nowhere."""
+    trace = otel()
+    if tracer_provider is not None:
+        return tracer_provider
+    current = trace.get_tracer_provider()
+    if not _unconfigured(current):
+        return current  # the application configured OpenTelemetry itself
+    wanted = os.environ.get("OTEL_TRACES_EXPORTER", "")
+    if wanted == "none" or not (
+        wanted
+        or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+        or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+    ):
+        warn_no_exporter()
+        return current
+    try:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import (  # type: ignore[import-not-found,unused-ignore]
+            OTLPSpanExporter,
+        )
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    except ImportError:
+        log.warning(
+            "OTEL_EXPORTER_OTLP_ENDPOINT is set but the OTLP exporter is not installed "
+            "(pip install 'mainspring[otel]' opentelemetry-exporter-otlp-proto-http); "
+            "spans go nowhere"
+        )
+        return current
+    provider = TracerProvider(resource=Resource.create())  # reads OTEL_SERVICE_NAME etc.
+    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+    trace.set_tracer_provider(provider)
+    return provider
+
+
+_warned = threading.Event()
+
+
+def warn_no_exporter() -> None:
+    """Say once per process that spans go nowhere (rather than drop them in silence)."""
+    if not _warned.is_set():
+        _warned.set()
+        log.warning(
+            "OpenTelemetry spans go nowhere: no tracer provider is configured. Set "
+            "OTEL_EXPORTER_OTLP_ENDPOINT (with app.enable_tracing() or --otel), or pass "
+            "tracer_provider="
+        )
+
+
+def _unconfigured(provider: Any) -> bool:
+    return type(provider).__name__ in ("ProxyTracerProvider", "NoOpTracerProvider")
+
+
+class _NextIds:
+    """An SDK ``IdGenerator`` that hands out the ids set just before a span starts."""
+
+    trace_id = 1
+    span_id = 1
+
+    def generate_trace_id(self) -> int:
+        return self.trace_id
+
+    def generate_span_id(self) -> int:
+        return self.span_id
+
+    def is_trace_id_random(self) -> bool:
+        return False  # a hash of the run id: W3C's "random" trace flag stays off
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SpanData:
+    """One span to emit: its place in the run, times (seconds), what it is."""
+
+    key: str
+    name: str
+    start: float
+    end: float
+    attributes: dict[str, Any]
+    client: bool = False
+    ok: bool = True
+    error: tuple[str, str] | None = None  # (type, message): a failed span's exception
+    events: tuple[tuple[str, float, dict[str, Any]], ...] = ()
+
+
+class SpanEmitter:
+    """Starts and ends spans with derived ids through a tracer provider (the global
+    one by default). One lock: the ids are handed to the SDK through the tracer."""
+
+    def __init__(self, tracer_provider: Any = None) -> None:
+        self._trace = otel()
+        if tracer_provider is None and _unconfigured(self._trace.get_tracer_provider()):
+            warn_no_exporter()
+        self._tracer = self._trace.get_tracer("mainspring", tracer_provider=tracer_provider)
+        self._ids = _NextIds()
+        # The SDK's Tracer reads its id generator per span; without the SDK (a no-op
+        # provider) there is nothing to export and no ids to choose.
+        if hasattr(self._tracer, "id_generator"):
+            self._tracer.id_generator = self._ids
+        self._lock = threading.Lock()
+
+    def emit(self, run_id: str, span: SpanData, *, root: bool = False) -> None:
+        t = self._trace
+        trace_id = trace_id_of(run_id)
+        with self._lock:
+            self._ids.trace_id = trace_id
+            self._ids.span_id = span_id_of(run_id, span.key)
+            context = None
+            if not root:
+                parent = t.SpanContext(
+                    trace_id,
+                    span_id_of(run_id, "run"),
+                    is_remote=False,
+                    trace_flags=t.TraceFlags(t.TraceFlags.SAMPLED),
+                )
+                context = t.set_span_in_context(t.NonRecordingSpan(parent))
+            otel_span = self._tracer.start_span(
+                span.name,
+                context=context,
+                start_time=_ns(span.start),
+                attributes=span.attributes,
+                kind=t.SpanKind.CLIENT if span.client else t.SpanKind.INTERNAL,
+            )
+        for name, at, attrs in span.events:
+            otel_span.add_event(name, attrs, timestamp=_ns(at))
+        if span.error is not None:
+            kind, message = span.error
+            otel_span.add_event(
+                "exception",
+                {"exception.type": kind, "exception.message": message},
+                timestamp=_ns(span.end),
+            )
+            otel_span.set_status(t.Status(t.StatusCode.ERROR, message or kind))
+        elif span.ok:
+            otel_span.set_status(t.Status(t.StatusCode.OK))
+        otel_span.end(end_time=_ns(span.end))
+
+
+def step_span(
+    *,
+    kind: str,
+    name: str,
+    session: int,
+    seq: int,
+    attempt: int,
+    start: float,
+    end: float,
+    status: str,
+    error: tuple[str, str] | None = None,
+    tokens: tuple[int, int, float] | None = None,
+    tool_arguments: str | None = None,
+    copied: bool = False,
+    run_id: str | None = None,
+    content: tuple[str | None, str | None] | None = None,
+) -> SpanData:
+    """The span of one step attempt, the same whether exported live or back-filled.
+    ``content``: ``(input, output)`` text, redacted and capped, when capture is on."""
+    attrs: dict[str, Any] = {
+        "mainspring.step.position": f"{session}:{seq}",
+        "mainspring.step.kind": kind,
+        "mainspring.step.status": status,
+        "mainspring.step.attempt": attempt,
+    }
+    if run_id is not None:
+        attrs["session.id"] = run_id  # OpenInference: Phoenix groups a run's spans by it
+    if copied:
+        attrs["mainspring.step.copied"] = True
+    if content is not None:
+        if content[0]:
+            attrs["input.value"] = content[0]
+        if content[1]:
+            attrs["output.value"] = content[1]
+            if kind == "tool":
+                attrs["gen_ai.tool.call.result"] = content[1]
+    if error is not None:
+        attrs["error.type"] = error[0]  # only on the span of the attempt that failed
+    span_name = f"{kind} {name}"
+    client = False
+    if kind == "model":
+        logical = model_of(name)
+        provider, _, model = logical.rpartition(":")
+        attrs.update({"gen_ai.operation.name": "chat", "gen_ai.request.model": model})
+        if provider:
+            attrs["gen_ai.provider.name"] = provider
+            attrs["gen_ai.system"] = provider
+        attrs["mainspring.step.name"] = f"model:{logical}"  # never the endpoint URL
+        if tokens is not None:
+            attrs["gen_ai.usage.input_tokens"] = tokens[0]
+            attrs["gen_ai.usage.output_tokens"] = tokens[1]
+            attrs["mainspring.cost_usd"] = tokens[2]
+        span_name, client = f"chat {model}", True
+    elif kind == "tool":
+        tool = name.split(":", 1)[1]
+        attrs.update(
+            {
+                "gen_ai.operation.name": "execute_tool",
+                "gen_ai.tool.name": tool,
+                "mainspring.step.name": name,
+            }
+        )
+        if tool_arguments:
+            attrs["gen_ai.tool.call.arguments"] = tool_arguments
+        span_name = f"execute_tool {tool}"
+    else:
+        attrs["mainspring.step.name"] = name
+    return SpanData(
+        key=f"{session}:{seq}:{attempt}",
+        name=span_name,
+        start=start,
+        end=end,
+        attributes=attrs,
+        client=client,
+        ok=error is None,
+        error=error,
+    )
+
+
+def run_span(
+    record: RunRecord, *, agent: bool, end: float, extra: dict[str, Any] | None = None
+) -> SpanData:
+    """The root span of a finished run."""
+    op = "invoke_agent" if agent else "workflow"
+    attrs: dict[str, Any] = {
+        "gen_ai.operation.name": op,
+        "session.id": record.id,
+        "mainspring.run.id": record.id,
+        "mainspring.run.status": record.status,
+        "mainspring.workflow": record.workflow,
+        **(extra or {}),
+    }
+    if agent:
+        attrs["gen_ai.agent.name"] = record.workflow
+    error = None
+    if record.status in ("failed", "cancelled"):
+        error = (record.status, _error_text(record.error))
+    return SpanData(
+        key="run",
+        name=f"{op} {record.workflow}",
+        start=record.created_at,
+        end=end,
+        attributes=attrs,
+        ok=error is None,
+        error=error,
+    )
+
+
+class LiveSpans:
+    """Exports spans while runs execute: each step attempt as it ends, each durable
+    wait as it completes, and a run's root span when it finishes."""
+
+    def __init__(
+        self,
+        tracer_provider: Any,
+        *,
+        is_agent: Callable[[str], bool],
+        redact: Callable[[str], str] | None = None,
+        capture_content: bool = False,
+        content_max_chars: int = 2000,
+    ) -> None:
+        self.provider = tracer_provider
+        self.emitter = SpanEmitter(tracer_provider)
+        self._is_agent = is_agent
+        # An exception's text is not journaled yet when its span is exported: it is
+        # redacted here like the journal's copy will be.
+        self._redact = redact
+        self.capture_content = capture_content
+        self.content_max_chars = content_max_chars
+
+    def attempt(
+        self,
+        record: RunRecord | None,
+        info: StepInfo,
+        *,
+        kind: str,
+        start: float,
+        end: float,
+        error: BaseException | None,
+        usage: tuple[int, int, float],
+        arguments: tuple[tuple[Any, ...], dict[str, Any]] = ((), {}),
+        result: Any = None,
+    ) -> None:
+        err = None
+        if error is not None:
+            text = _safe_str(error)
+            err = (type(error).__name__, self._redact(text) if self._redact else text)
+        span = step_span(
+            kind=kind,
+            name=info.name,
+            session=info.session,
+            seq=info.seq,
+            attempt=info.attempt,
+            start=start,
+            end=end,
+            status="failed" if err else "completed",
+            error=err,
+            tokens=usage if kind == "model" else None,
+            run_id=info.run_id,
+            content=self._content(kind, arguments, result, err is None),
+        )
+        self._emit(info.run_id, span)
+
+    def _content(
+        self,
+        kind: str,
+        arguments: tuple[tuple[Any, ...], dict[str, Any]],
+        result: Any,
+        ok: bool,
+    ) -> tuple[str | None, str | None] | None:
+        if not self.capture_content:
+            return None
+        args, kwargs = arguments
+        # A model step's function takes no arguments (the messages are in its closure).
+        given = None if kind == "model" or not (args or kwargs) else (kwargs or list(args))
+        out = None
+        if ok and isinstance(result, ModelResponse):
+            calls = [f"{c.name}({c.arguments})" for c in result.tool_calls]
+            out = " ".join(p for p in [result.text or "", *calls] if p)
+        elif ok and result is not None:
+            out = _json(result)
+        return self._clean(None if given is None else _json(given)), self._clean(out)
+
+    def _clean(self, text: str | None) -> str | None:
+        if not text:
+            return None
+        if self._redact is not None:
+            text = self._redact(text)
+        cap = self.content_max_chars
+        return text if len(text) <= cap else text[: cap - 1] + "…"
+
+    def committed(
+        self,
+        record: RunRecord,
+        ended: list[StepRecord],
+        transition: RunTransition | None,
+        now: float,
+    ) -> None:
+        for row in ended:
+            if row.kind in ("sleep", "signal") and row.finished_at is not None:
+                span = step_span(
+                    kind=row.kind,
+                    name=row.name,
+                    session=row.session,
+                    seq=row.seq,
+                    attempt=row.attempt,
+                    start=row.started_at,
+                    end=row.finished_at,
+                    status=row.status,
+                    run_id=record.id,
+                )
+                self._emit(record.id, span)
+        if transition is not None and transition.kind == "finish" and transition.status:
+            final = replace(
+                record, status=transition.status, error=transition.error, finished_at=now
+            )
+            self._emit(record.id, run_span(final, agent=self._is_agent(record.workflow), end=now))
+
+    def flush(self, timeout_s: float = 5.0) -> None:
+        """Hand every finished span to the exporter now (a worker that stops must not
+        take the last batch with it)."""
+        force_flush = getattr(self.provider or otel().get_tracer_provider(), "force_flush", None)
+        if force_flush is not None:
+            try:
+                force_flush(int(timeout_s * 1000))
+            except Exception:  # telemetry never fails a worker
+                log.exception("could not flush OpenTelemetry spans")
+
+    def _emit(self, run_id: str, span: SpanData) -> None:
+        try:
+            self.emitter.emit(run_id, span, root=span.key == "run")
+        except Exception:  # telemetry never fails a run
+            log.exception("could not export span %r of run %s", span.name, run_id)
+
+
+def _json(value: Any) -> str:
+    try:
+        return json.dumps(value, default=str, ensure_ascii=False)
+    except (TypeError, ValueError):
+        return _safe_str(ValueError(repr(value)))
+
+
+def _error_text(error: str | None) -> str:
+    if not error:
+        return ""
+    try:
+        value = json.loads(error)
+    except ValueError:
+        return error
+    if isinstance(value, dict):
+        return f"{value.get('type', 'Error')}: {value.get('message', '')}"
+    return str(value)
+
+
+def _safe_str(exc: BaseException) -> str:
+    try:
+        return str(exc)[:500]
+    except Exception:
+        return f"<{type(exc).__name__}>"
+
+
+def _ns(seconds: float) -> int:
+    whole = int(seconds)  # apart, so the fraction keeps its precision
+    return whole * _NS + round((seconds - whole) * _NS)

@@ -1,0 +1,39 @@
+"""Counts HTTP requests by route template, method and status for ``/metrics``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+__all__ = ["RequestCounter"]
+
+
+class RequestCounter:
+    """ASGI middleware: after each response starts, ``record(method, route, status)``.
+
+    ``route`` is the matched route's template (``/runs/{run_id}``), never the raw
+    path, so run ids do not become label values; an unmatched path is ``unmatched``.
+    """
+
+    def __init__(self, app: ASGIApp, *, record: Callable[[str, str, int], None]) -> None:
+        self.app = app
+        self.record = record
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        status = 500  # an exception before any response is a server error
+
+        async def watch(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watch)
+        finally:
+            route = getattr(scope.get("route"), "path", None) or "unmatched"
+            self.record(scope.get("method", ""), route, status)

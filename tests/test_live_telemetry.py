@@ -1,0 +1,223 @@
+"""End to end with real worker processes: live OTLP export started with `--otel` and
+only the standard `OTEL_*` variables, and the counters a worker serves on `--metrics-port`."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("opentelemetry.exporter.otlp.proto.http.trace_exporter")
+
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+
+import mainspring as ms
+
+ROOT = Path(__file__).resolve().parent.parent
+
+APP = """
+import mainspring as ms
+
+app = ms.App({url!r})
+
+
+@app.workflow
+async def order(ctx: ms.RunContext) -> str:
+    await ctx.step(lambda: "paid", name="pay")
+    await ctx.wait_for("shipped")
+    return await ctx.step(lambda: "done", name="close")
+"""
+
+
+class _Receiver:
+    """An OTLP/HTTP trace receiver: what a collector, Jaeger or Phoenix would get."""
+
+    def __init__(self) -> None:
+        self.spans: list[dict[str, Any]] = []
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                request = trace_service_pb2.ExportTraceServiceRequest()
+                request.ParseFromString(body)
+                for rs in request.resource_spans:
+                    for ss in rs.scope_spans:
+                        for span in ss.spans:
+                            receiver.spans.append(
+                                {
+                                    "path": self.path,
+                                    "name": span.name,
+                                    "trace_id": span.trace_id.hex(),
+                                    "span_id": span.span_id.hex(),
+                                    "parent": span.parent_span_id.hex(),
+                                    "status": span.status.code,
+                                }
+                            )
+                reply = trace_service_pb2.ExportTraceServiceResponse().SerializeToString()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", str(len(reply)))
+                self.end_headers()
+                self.wfile.write(reply)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def receiver() -> Iterator[_Receiver]:
+    r = _Receiver()
+    yield r
+    r.close()
+
+
+def _worker(tmp_path: Path, endpoint: str) -> None:
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(
+            [str(tmp_path), str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
+        ),
+        "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
+        "OTEL_SERVICE_NAME": "orders",
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "mainspring", "worker", "liveapp:app", "--otel", "--until-idle"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+
+
+def test_worker_process_exports_spans_over_otlp_while_the_run_is_unfinished(
+    tmp_path: Path, receiver: _Receiver
+) -> None:
+    url = f"sqlite:///{tmp_path / 'live.db'}"
+    (tmp_path / "liveapp.py").write_text(textwrap.dedent(APP.format(url=url)))
+    app = ms.App(url)
+
+    @app.workflow
+    async def order(ctx: ms.RunContext) -> str:  # the same workflow, to submit it
+        raise AssertionError("executed by the worker process only")
+
+    run_id = app.submit(order).run_id
+    _worker(tmp_path, receiver.url)
+    assert app.get_run(run_id).status == "waiting"
+    # The run is unfinished, and its first step is already in the receiver.
+    assert [(s["path"], s["name"]) for s in receiver.spans] == [("/v1/traces", "step pay")]
+    (pay,) = receiver.spans
+    app.signal(run_id, "shipped")
+    _worker(tmp_path, receiver.url)
+    assert app.get_run(run_id).status == "succeeded"
+    names = sorted(s["name"] for s in receiver.spans)
+    assert names == ["signal shipped", "step close", "step pay", "workflow order"]
+    (root,) = [s for s in receiver.spans if s["name"] == "workflow order"]
+    # two processes, one trace: ids derive from the run
+    assert {s["trace_id"] for s in receiver.spans} == {pay["trace_id"]}
+    assert pay["parent"] == root["span_id"] and root["parent"] == ""
+    assert root["status"] == 1  # STATUS_CODE_OK
+    app.close()
+
+
+BLOCKING_APP = """
+import pathlib
+import time
+
+import mainspring as ms
+
+app = ms.App({url!r})
+
+
+@app.workflow
+async def slow(ctx: ms.RunContext) -> str:
+    def wait_for_file() -> str:
+        gate = pathlib.Path({gate!r})
+        while not gate.exists():  # the test scrapes meanwhile, then opens the gate
+            time.sleep(0.02)
+        return "ok"
+
+    return await ctx.step(wait_for_file, name="gate")
+"""
+
+
+def test_worker_metrics_port_serves_its_counters_while_it_runs(tmp_path: Path) -> None:
+    import socket
+    import time
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    url = f"sqlite:///{tmp_path / 'm.db'}"
+    gate = tmp_path / "gate"
+    (tmp_path / "slowapp.py").write_text(BLOCKING_APP.format(url=url, gate=str(gate)))
+    app = ms.App(url)
+
+    @app.workflow
+    async def slow(ctx: ms.RunContext) -> str:
+        raise AssertionError("executed by the worker process only")
+
+    run_id = app.submit(slow).run_id
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(
+            [str(tmp_path), str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
+        ),
+    }
+    cmd = [sys.executable, "-m", "mainspring", "worker", "slowapp:app", "--until-idle"]
+    proc = subprocess.Popen(
+        [*cmd, "--concurrency", "2", "--metrics-port", str(port)],
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        body = ""
+        while time.monotonic() < deadline:
+            try:
+                body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read()
+                body = body.decode()
+            except OSError:
+                time.sleep(0.05)
+                continue
+            if "mainspring_worker_active_runs 1.0" in body:
+                break
+            time.sleep(0.05)
+        families = {f.name: f for f in text_string_to_metric_families(body)}
+        assert families["mainspring_worker_active_runs"].samples[0].value == 1
+        assert families["mainspring_worker_concurrency"].samples[0].value == 2
+        claimed = families["mainspring_runs_claimed"].samples
+        assert [(s.labels, s.value) for s in claimed] == [({"workflow": "slow"}, 1.0)]
+        assert "mainspring_runs" not in families  # store-wide gauges are the server's
+        assert app.get_run(run_id).status == "running"
+        gate.touch()
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert app.get_run(run_id).status == "succeeded"
+    app.close()
