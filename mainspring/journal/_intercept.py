@@ -53,5 +53,7 @@ async def intercept(
     """Run ``proceed`` inside ``interceptors`` (the first is the outermost)."""
     if not interceptors:
         return await proceed()
+    if len(interceptors) == 1:  # the common case (telemetry alone): no extra frame
+        return await interceptors[0].execute_step(call, proceed)
     first, rest = interceptors[0], interceptors[1:]
     return await first.execute_step(call, lambda: intercept(rest, call, proceed))
