@@ -647,6 +647,83 @@ async def test_live_spans_while_the_run_runs_and_backfill_gives_the_same_ids(
     assert [e.name for e in charge_span.events] == ["previous_attempt_failed"]
 
 
+CALLER_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
+CALLER_SPAN = "00f067aa0ba902b7"
+
+
+@pytest.mark.parametrize(
+    ("header", "valid"),
+    [
+        (f"00-{CALLER_TRACE}-{CALLER_SPAN}-01", True),
+        (f"01-{CALLER_TRACE}-{CALLER_SPAN}-00-later-fields", True),  # a later version
+        (f"00-{CALLER_TRACE}-{CALLER_SPAN}-01-extra", False),  # version 00: four fields
+        (f"ff-{CALLER_TRACE}-{CALLER_SPAN}-01", False),
+        (f"00-{'0' * 32}-{CALLER_SPAN}-01", False),
+        (f"00-{CALLER_TRACE}-{'0' * 16}-01", False),
+        (f"00-{CALLER_TRACE.upper()}-{CALLER_SPAN}-01", False),
+        ("", False),
+    ],
+)
+def test_traceparent_parsing_follows_w3c(header: str, valid: bool) -> None:
+    from mainspring.observability._traceparent import parse_traceparent
+
+    assert (parse_traceparent(header) is not None) is valid
+
+
+async def test_traceparent_on_submit_puts_the_run_in_the_callers_trace(
+    fapp: ms.App, tmp_path: Path
+) -> None:
+    from fastapi.testclient import TestClient
+
+    from mainspring.server import create_app
+
+    provider, exporter = _memory_provider()
+    fapp.enable_tracing(provider)
+
+    @fapp.workflow
+    async def order(ctx: ms.RunContext) -> str:
+        await ctx.wait_for("shipped")
+        return await ctx.step(lambda: "done", name="close")
+
+    _, token = fapp.store.create_api_key("svc", ["submit"], 0.0)
+    auth = {"Authorization": f"Bearer {token}"}
+    with TestClient(create_app(fapp, webhooks=False)) as client:
+        linked = client.post(
+            "/runs",
+            json={"workflow": "order"},
+            headers={**auth, "traceparent": f"00-{CALLER_TRACE}-{CALLER_SPAN}-01"},
+        ).json()["id"]
+        # A malformed header is ignored (W3C): the run is a trace of its own.
+        alone = client.post(
+            "/runs", json={"workflow": "order"}, headers={**auth, "traceparent": "00-zz-1-01"}
+        ).json()["id"]
+    assert fapp.get_run(linked).traceparent == f"00-{CALLER_TRACE}-{CALLER_SPAN}-01"
+    assert fapp.get_run(alone).traceparent is None
+    for run_id in (linked, alone):
+        await drain(fapp)
+        fapp.signal(run_id, "shipped")
+    await drain(fapp)
+
+    def of(spans: Any, run_id: str) -> list[Any]:
+        return [s for s in spans if s.attributes.get("session.id") == run_id]
+
+    live = exporter.get_finished_spans()
+    mine = of(live, linked)
+    (root,) = [s for s in mine if s.name == "workflow order"]
+    assert {s.context.trace_id for s in mine} == {int(CALLER_TRACE, 16)}
+    assert root.parent is not None and root.parent.span_id == int(CALLER_SPAN, 16)
+    assert root.parent.is_remote
+    assert all(s.parent.span_id == root.context.span_id for s in mine if s is not root)
+    (own_root,) = [s for s in of(live, alone) if s.name == "workflow order"]
+    assert own_root.parent is None and own_root.context.trace_id != int(CALLER_TRACE, 16)
+
+    # Back-fill links the same way: the same ids, the same parent.
+    provider2, again = _memory_provider()
+    export_trace(fapp.trace(linked), tracer_provider=provider2)
+    back = again.get_finished_spans()
+    assert _ids(back) == _ids(mine)
+
+
 async def test_content_capture_is_opt_in_redacted_and_capped(
     fapp: ms.App, clock: FakeClock
 ) -> None:

@@ -247,11 +247,15 @@ def create_app(
         response: Response,
         _key: Submit,
         idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
+        traceparent: Annotated[str | None, Header(max_length=200)] = None,
     ) -> SubmitOut:
         """Start a run; returns at once with its id (202) and its URL in Location.
-        An idempotency key (body or header) makes retries of this request safe."""
+        An idempotency key (body or header) makes retries of this request safe. A W3C
+        ``traceparent`` header puts the run's spans in the caller's trace."""
         key = body.key or idempotency_key or None
-        handle = app.enqueue(body.workflow, body.args, body.kwargs, key=key)
+        handle = app.enqueue(
+            body.workflow, body.args, body.kwargs, key=key, traceparent=traceparent
+        )
         url = f"/runs/{handle.run_id}"
         response.headers["Location"] = url
         if not handle.created:
