@@ -486,6 +486,63 @@ async def test_worker_saturation_while_it_runs(fapp: ms.App) -> None:
     assert gate.is_set() and seen == [{"active": 1.0, "cap": 4.0}]
 
 
+async def test_worker_heartbeat_age_grows_while_its_beats_fail(
+    db_url: str, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from mainspring import StoreUnavailable
+
+    app = ms.App(db_url, clock=clock, poll_interval_s=0.01, inline_wait_s=0.0, heartbeat_s=0.01)
+    release = asyncio.Event()
+    beats: list[bool] = []  # each heartbeat, and whether it failed
+    failing = False
+    heartbeat = app.store.heartbeat
+
+    def beating(**kwargs: Any) -> Any:
+        beats.append(failing)
+        if failing:
+            raise StoreUnavailable("database unreachable")
+        return heartbeat(**kwargs)
+
+    monkeypatch.setattr(app.store, "heartbeat", beating)
+
+    @app.workflow
+    async def held(ctx: ms.RunContext) -> None:
+        async def hold() -> None:
+            await release.wait()
+
+        await ctx.step(hold, name="hold")
+
+    async def more_beats(n: int) -> None:
+        # every beat before these has returned (one thread beats in turn)
+        wanted = len(beats) + n
+        for _ in range(3000):
+            if len(beats) >= wanted:
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError(f"the worker made {len(beats)} heartbeats, wanted {wanted}")
+
+    def age() -> dict[Any, float]:
+        return _samples(_families(app), "mainspring_worker_heartbeat_age_seconds")
+
+    app.submit(held)
+    worker = app.worker()
+    task = asyncio.create_task(worker.run(until_idle=True))
+    await more_beats(2)
+    assert age() == {(worker.worker_id,): 0.0}
+    failing = True
+    await more_beats(2)
+    clock.advance(5)
+    await more_beats(1)
+    assert age() == {(worker.worker_id,): 5.0}  # stuck: the last good beat is 5 s old
+    failing = False
+    await more_beats(2)
+    assert age() == {(worker.worker_id,): 0.0}
+    release.set()
+    await asyncio.wait_for(task, 30)
+    assert age() == {}  # a stopped worker is not reported
+    app.close()
+
+
 async def test_a_scrape_reads_only_running_and_changed_journals(
     fapp: ms.App, monkeypatch: pytest.MonkeyPatch
 ) -> None:
