@@ -573,6 +573,57 @@ async def test_a_scrape_reads_only_running_and_changed_journals(
     assert read == [ids[0]]  # the one that moved
 
 
+async def test_a_scrape_reads_the_rows_that_changed_not_every_run(
+    fapp: ms.App, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    @fapp.workflow
+    async def parked(ctx: ms.RunContext) -> None:
+        await ctx.step(lambda: 1, name="one")
+        await ctx.wait_for("go")
+
+    @fapp.workflow
+    async def quick(ctx: ms.RunContext) -> int:
+        return await ctx.step(lambda: 2, name="two")
+
+    for _ in range(20):
+        fapp.submit(quick)
+    waiting = fapp.submit(parked).run_id
+    await drain(fapp)
+    rows: list[int] = []
+    run_changes = fapp.store.run_changes
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        got = run_changes(*args, **kwargs)
+        rows.append(len(got))
+        return got
+
+    monkeypatch.setattr(fapp.store, "run_changes", counting)
+    assert _samples(_families(fapp), "mainspring_runs")[("succeeded",)] == 20
+    assert rows == [21]  # the first scrape reads every run once
+    clock.advance(600)  # well past the look-back for late commits
+    fapp.signal(waiting, "go")
+    await drain(fapp)
+    _families(fapp)  # also re-reads the rows of the minute before the last scrape
+    rows.clear()
+    fams = _families(fapp)
+    assert rows == [1]  # the run that moved last, not the 20 that finished long ago
+    assert _samples(fams, "mainspring_runs")[("succeeded",)] == 21
+    assert _samples(fams, "mainspring_runs")[("waiting",)] == 0
+    assert _samples(fams, "mainspring_store_steps")[("step", "completed")] == 22
+    # Pruning deletes rows without changing any: seen by the oldest finish time alone.
+    clock.advance(1)
+    fapp.store.prune(300, clock.now())
+    rows.clear()
+    fams = _families(fapp)
+    assert rows == [1]  # the same recent one, in the look-back: none of the 20 pruned
+    assert _samples(fams, "mainspring_runs")[("succeeded",)] == 1
+    assert _samples(fams, "mainspring_store_steps")[("step", "completed")] == 2
+    assert _samples(fams, "mainspring_store_tokens") == {
+        ("input", "parked"): 0.0,
+        ("output", "parked"): 0.0,
+    }
+
+
 async def test_rate_limit_bookings_count_the_wait_per_model(clock: FakeClock) -> None:
     from mainspring.journal import StepCall, StepInfo
     from mainspring.limits import Booking

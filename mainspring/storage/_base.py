@@ -431,6 +431,28 @@ class Store(ApiTables, ABC):
             cur.execute("SELECT id, workflow, status, updated_at FROM ms_runs")
             return [(r[0], r[1], r[2], r[3]) for r in cur.fetchall()]
 
+    def run_changes(
+        self, after: float | None = None
+    ) -> list[tuple[str, str, str, float, float | None, str | None]]:
+        """``(id, workflow, status, updated_at, finished_at, wait_reason)`` of the runs
+        whose row changed after ``after`` (every run when ``None``): how a metrics
+        scrape keeps its aggregates without reading every run (``ms_runs_updated``)."""
+        sql = "SELECT id, workflow, status, updated_at, finished_at, wait_reason FROM ms_runs"
+        with self._read() as cur:
+            if after is None:
+                cur.execute(sql)
+            else:
+                cur.execute(sql + " WHERE updated_at > ?", (after,))
+            return [(r[0], r[1], r[2], r[3], r[4], r[5]) for r in cur.fetchall()]
+
+    def oldest_finished_at(self) -> float | None:
+        """The earliest ``finished_at`` in the store (``ms_runs_finished`` index): it
+        rises when :meth:`prune` deletes runs, which delete oldest first."""
+        with self._read() as cur:
+            cur.execute("SELECT MIN(finished_at) FROM ms_runs WHERE finished_at IS NOT NULL")
+            row = cur.fetchone()
+            return None if row is None or row[0] is None else float(row[0])
+
     def fork_run(
         self,
         source: RunRecord,
