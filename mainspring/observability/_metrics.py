@@ -235,7 +235,7 @@ class MetricsCollector(Collector):
             t = by_workflow[wf]
             tokens.add_metric([wf, "input"], t.tokens_in)
             tokens.add_metric([wf, "output"], t.tokens_out)
-            cost.add_metric([wf], t.cost_usd)
+            cost.add_metric([wf], round(t.cost_usd, 9))  # no residue of the sums kept
         yield tokens
         yield cost
         if self.telemetry is not None:
