@@ -1,12 +1,13 @@
 """``/metrics`` render time with 1,000, 10,000 and 100,000 runs in the store.
 
 Fills a SQLite store with N runs (90 % succeeded, 4 % waiting, 3 % queued, 3 %
-failed), each with a three-step journal (a model call with tokens, a tool call, a
-plain step), written with bulk INSERTs so that filling stays quick. Then times what a
-server does per scrape with one kept collector (``app.metrics().render()``): the first
-scrape (every journal read once) and later scrapes (median of ``--repeat``), beside a
-bare ``SELECT id, workflow, status, updated_at FROM ms_runs`` (the floor of any scrape
-that looks at every run), as a ratio. A report: nothing is asserted.
+failed, changed one after another over the past day), each with a three-step journal
+(a model call with tokens, a tool call, a plain step), written with bulk INSERTs so
+that filling stays quick. Then times what a server does per scrape with one kept
+collector (``app.metrics().render()``): the first scrape (every journal read once) and
+later scrapes (median of ``--repeat``), beside a bare ``SELECT id, workflow, status,
+updated_at FROM ms_runs`` (the floor of any scrape that looks at every run, which a
+kept collector no longer does), as a ratio. A report: nothing is asserted.
 ``python bench/metrics_scrape.py [--sizes 1000,10000,100000] [--repeat 5]``
 """
 
@@ -37,9 +38,12 @@ def _fill(path: Path, n: int) -> ms.App:
         status = (
             "succeeded" if r < 90 else "waiting" if r < 94 else "queued" if r < 97 else "failed"
         )
-        finished = now if status in ("succeeded", "failed") else None
+        # Runs changed over the past day, one after another (as a fleet makes them):
+        # what a scrape's look-back for late commits re-reads is the last minute's.
+        changed = now - 86400 + 86400 * (i + 1) / n
+        finished = changed if status in ("succeeded", "failed") else None
         reason = "signal:go" if status == "waiting" else None
-        runs.append((run_id, "bench", status, "[]", now - 60, now - 30, finished, reason))
+        runs.append((run_id, "bench", status, "[]", changed - 30, changed, finished, reason))
         if status == "queued":
             continue
         for seq, (name, output) in enumerate(

@@ -42,6 +42,7 @@ from .observability import (
     build_trace,
     diagnose,
 )
+from .observability._traceparent import parse_traceparent
 from .storage import RunRecord, StepRecord, Store, open_store, redact_url
 from .tools import Effect, Tool, ToolRegistry, Validator
 from .tools import tool as make_tool
@@ -409,9 +410,11 @@ class App:
         kwargs: dict[str, Any] | None = None,
         *,
         key: str | None = None,
+        traceparent: str | None = None,
     ) -> RunHandle:
         """:meth:`submit` with the arguments as values (any keyword names, ``key``
-        included): what the HTTP API calls.
+        included): what the HTTP API calls. ``traceparent``: the caller's W3C trace
+        context; the run's spans join that trace (a malformed one is ignored).
 
         Raises:
             UnknownWorkflow: no workflow of that name.
@@ -421,7 +424,15 @@ class App:
         wf = self.get_workflow(workflow)
         encoded = self._redact(wf.encode_input(tuple(args), dict(kwargs or {})))
         record, created = self.store.create_run(
-            run_id=_new_id(), workflow=wf.name, input=encoded, key=key, now=self.clock.now()
+            run_id=_new_id(),
+            workflow=wf.name,
+            input=encoded,
+            key=key,
+            now=self.clock.now(),
+            # Kept only when valid, so every span exporter can trust what it reads back.
+            traceparent=traceparent.strip()
+            if traceparent and parse_traceparent(traceparent)
+            else None,
         )
         if not created and loads(record.input) != loads(encoded):
             # Not the other run's input: the caller may not be allowed to read it.

@@ -486,6 +486,63 @@ async def test_worker_saturation_while_it_runs(fapp: ms.App) -> None:
     assert gate.is_set() and seen == [{"active": 1.0, "cap": 4.0}]
 
 
+async def test_worker_heartbeat_age_grows_while_its_beats_fail(
+    db_url: str, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from mainspring import StoreUnavailable
+
+    app = ms.App(db_url, clock=clock, poll_interval_s=0.01, inline_wait_s=0.0, heartbeat_s=0.01)
+    release = asyncio.Event()
+    beats: list[bool] = []  # each heartbeat, and whether it failed
+    failing = False
+    heartbeat = app.store.heartbeat
+
+    def beating(**kwargs: Any) -> Any:
+        beats.append(failing)
+        if failing:
+            raise StoreUnavailable("database unreachable")
+        return heartbeat(**kwargs)
+
+    monkeypatch.setattr(app.store, "heartbeat", beating)
+
+    @app.workflow
+    async def held(ctx: ms.RunContext) -> None:
+        async def hold() -> None:
+            await release.wait()
+
+        await ctx.step(hold, name="hold")
+
+    async def more_beats(n: int) -> None:
+        # every beat before these has returned (one thread beats in turn)
+        wanted = len(beats) + n
+        for _ in range(3000):
+            if len(beats) >= wanted:
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError(f"the worker made {len(beats)} heartbeats, wanted {wanted}")
+
+    def age() -> dict[Any, float]:
+        return _samples(_families(app), "mainspring_worker_heartbeat_age_seconds")
+
+    app.submit(held)
+    worker = app.worker()
+    task = asyncio.create_task(worker.run(until_idle=True))
+    await more_beats(2)
+    assert age() == {(worker.worker_id,): 0.0}
+    failing = True
+    await more_beats(2)
+    clock.advance(5)
+    await more_beats(1)
+    assert age() == {(worker.worker_id,): 5.0}  # stuck: the last good beat is 5 s old
+    failing = False
+    await more_beats(2)
+    assert age() == {(worker.worker_id,): 0.0}
+    release.set()
+    await asyncio.wait_for(task, 30)
+    assert age() == {}  # a stopped worker is not reported
+    app.close()
+
+
 async def test_a_scrape_reads_only_running_and_changed_journals(
     fapp: ms.App, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -514,6 +571,57 @@ async def test_a_scrape_reads_only_running_and_changed_journals(
     read.clear()
     _families(fapp)
     assert read == [ids[0]]  # the one that moved
+
+
+async def test_a_scrape_reads_the_rows_that_changed_not_every_run(
+    fapp: ms.App, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    @fapp.workflow
+    async def parked(ctx: ms.RunContext) -> None:
+        await ctx.step(lambda: 1, name="one")
+        await ctx.wait_for("go")
+
+    @fapp.workflow
+    async def quick(ctx: ms.RunContext) -> int:
+        return await ctx.step(lambda: 2, name="two")
+
+    for _ in range(20):
+        fapp.submit(quick)
+    waiting = fapp.submit(parked).run_id
+    await drain(fapp)
+    rows: list[int] = []
+    run_changes = fapp.store.run_changes
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        got = run_changes(*args, **kwargs)
+        rows.append(len(got))
+        return got
+
+    monkeypatch.setattr(fapp.store, "run_changes", counting)
+    assert _samples(_families(fapp), "mainspring_runs")[("succeeded",)] == 20
+    assert rows == [21]  # the first scrape reads every run once
+    clock.advance(600)  # well past the look-back for late commits
+    fapp.signal(waiting, "go")
+    await drain(fapp)
+    _families(fapp)  # also re-reads the rows of the minute before the last scrape
+    rows.clear()
+    fams = _families(fapp)
+    assert rows == [1]  # the run that moved last, not the 20 that finished long ago
+    assert _samples(fams, "mainspring_runs")[("succeeded",)] == 21
+    assert _samples(fams, "mainspring_runs")[("waiting",)] == 0
+    assert _samples(fams, "mainspring_store_steps")[("step", "completed")] == 22
+    # Pruning deletes rows without changing any: seen by the oldest finish time alone.
+    clock.advance(1)
+    fapp.store.prune(300, clock.now())
+    rows.clear()
+    fams = _families(fapp)
+    assert rows == [1]  # the same recent one, in the look-back: none of the 20 pruned
+    assert _samples(fams, "mainspring_runs")[("succeeded",)] == 1
+    assert _samples(fams, "mainspring_store_steps")[("step", "completed")] == 2
+    assert _samples(fams, "mainspring_store_tokens") == {
+        ("input", "parked"): 0.0,
+        ("output", "parked"): 0.0,
+    }
 
 
 async def test_rate_limit_bookings_count_the_wait_per_model(clock: FakeClock) -> None:
@@ -645,6 +753,83 @@ async def test_live_spans_while_the_run_runs_and_backfill_gives_the_same_ids(
     (charge_span,) = [s for s in back[: len(back) // 2] if s.name == "step charge"]
     assert "error.type" not in charge_span.attributes
     assert [e.name for e in charge_span.events] == ["previous_attempt_failed"]
+
+
+CALLER_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
+CALLER_SPAN = "00f067aa0ba902b7"
+
+
+@pytest.mark.parametrize(
+    ("header", "valid"),
+    [
+        (f"00-{CALLER_TRACE}-{CALLER_SPAN}-01", True),
+        (f"01-{CALLER_TRACE}-{CALLER_SPAN}-00-later-fields", True),  # a later version
+        (f"00-{CALLER_TRACE}-{CALLER_SPAN}-01-extra", False),  # version 00: four fields
+        (f"ff-{CALLER_TRACE}-{CALLER_SPAN}-01", False),
+        (f"00-{'0' * 32}-{CALLER_SPAN}-01", False),
+        (f"00-{CALLER_TRACE}-{'0' * 16}-01", False),
+        (f"00-{CALLER_TRACE.upper()}-{CALLER_SPAN}-01", False),
+        ("", False),
+    ],
+)
+def test_traceparent_parsing_follows_w3c(header: str, valid: bool) -> None:
+    from mainspring.observability._traceparent import parse_traceparent
+
+    assert (parse_traceparent(header) is not None) is valid
+
+
+async def test_traceparent_on_submit_puts_the_run_in_the_callers_trace(
+    fapp: ms.App, tmp_path: Path
+) -> None:
+    from fastapi.testclient import TestClient
+
+    from mainspring.server import create_app
+
+    provider, exporter = _memory_provider()
+    fapp.enable_tracing(provider)
+
+    @fapp.workflow
+    async def order(ctx: ms.RunContext) -> str:
+        await ctx.wait_for("shipped")
+        return await ctx.step(lambda: "done", name="close")
+
+    _, token = fapp.store.create_api_key("svc", ["submit"], 0.0)
+    auth = {"Authorization": f"Bearer {token}"}
+    with TestClient(create_app(fapp, webhooks=False)) as client:
+        linked = client.post(
+            "/runs",
+            json={"workflow": "order"},
+            headers={**auth, "traceparent": f"00-{CALLER_TRACE}-{CALLER_SPAN}-01"},
+        ).json()["id"]
+        # A malformed header is ignored (W3C): the run is a trace of its own.
+        alone = client.post(
+            "/runs", json={"workflow": "order"}, headers={**auth, "traceparent": "00-zz-1-01"}
+        ).json()["id"]
+    assert fapp.get_run(linked).traceparent == f"00-{CALLER_TRACE}-{CALLER_SPAN}-01"
+    assert fapp.get_run(alone).traceparent is None
+    for run_id in (linked, alone):
+        await drain(fapp)
+        fapp.signal(run_id, "shipped")
+    await drain(fapp)
+
+    def of(spans: Any, run_id: str) -> list[Any]:
+        return [s for s in spans if s.attributes.get("session.id") == run_id]
+
+    live = exporter.get_finished_spans()
+    mine = of(live, linked)
+    (root,) = [s for s in mine if s.name == "workflow order"]
+    assert {s.context.trace_id for s in mine} == {int(CALLER_TRACE, 16)}
+    assert root.parent is not None and root.parent.span_id == int(CALLER_SPAN, 16)
+    assert root.parent.is_remote
+    assert all(s.parent.span_id == root.context.span_id for s in mine if s is not root)
+    (own_root,) = [s for s in of(live, alone) if s.name == "workflow order"]
+    assert own_root.parent is None and own_root.context.trace_id != int(CALLER_TRACE, 16)
+
+    # Back-fill links the same way: the same ids, the same parent.
+    provider2, again = _memory_provider()
+    export_trace(fapp.trace(linked), tracer_provider=provider2)
+    back = again.get_finished_spans()
+    assert _ids(back) == _ids(mine)
 
 
 async def test_content_capture_is_opt_in_redacted_and_capped(

@@ -48,8 +48,9 @@ class Fixture:
 
 
 Call = tuple[str, dict[str, Any] | None]  # (url, JSON body)
-# "METHOD path" -> (scope needed or None, status when allowed, a fresh request)
-MATRIX: dict[str, tuple[str | None, int, Callable[[Fixture], Call]]] = {
+# "METHOD path" -> (scope needed, or scopes any of which is enough, or None; status when
+# allowed; a fresh request)
+MATRIX: dict[str, tuple[str | tuple[str, ...] | None, int, Callable[[Fixture], Call]]] = {
     "GET /healthz": (None, 200, lambda f: ("/healthz", None)),
     "POST /runs": ("submit", 202, lambda f: ("/runs", {"workflow": "plain"})),
     "GET /runs": ("read", 200, lambda f: ("/runs", None)),
@@ -86,7 +87,7 @@ MATRIX: dict[str, tuple[str | None, int, Callable[[Fixture], Call]]] = {
         202,
         lambda f: (f"/runs/{f.fresh('boom', run=True)}/retry", None),
     ),
-    "GET /metrics": ("read", 200, lambda f: ("/metrics", None)),
+    "GET /metrics": (("metrics", "read"), 200, lambda f: ("/metrics", None)),
     "GET /webhooks": ("admin", 200, lambda f: ("/webhooks", None)),
     "POST /webhooks": (
         "admin",
@@ -181,12 +182,23 @@ def test_every_operation_has_an_entry() -> None:
     )
 
 
-def _expected(credential: str, scope: str | None, ok: int) -> int:
+def _expected(credential: str, scope: str | tuple[str, ...] | None, ok: int) -> int:
     if scope is None:
         return ok
     if credential in ("none", "wrong", "revoked"):
         return 401
-    return ok if credential in (scope, "admin") else 403
+    enough = (scope,) if isinstance(scope, str) else scope
+    return ok if credential in (*enough, "admin") else 403
+
+
+def test_the_metrics_scope_is_in_the_matrix() -> None:
+    # A key holding only "metrics" is one of the credentials every route is tried with:
+    # it may scrape /metrics and gets 403 everywhere else.
+    assert "metrics" in CREDENTIALS
+    assert [op for op, (scope, _, _) in MATRIX.items() if _expected("metrics", scope, 1) == 1] == [
+        "GET /healthz",
+        "GET /metrics",
+    ]
 
 
 @pytest.mark.parametrize("operation", sorted(MATRIX))

@@ -41,7 +41,8 @@ def keys_create(
         list[str],
         typer.Option(
             "--scope",
-            help=f"Repeatable or comma-separated: {', '.join(SCOPES)} (admin implies all).",
+            help=f"Repeatable or comma-separated: {', '.join(SCOPES)} (admin implies all;"
+            " metrics can scrape /metrics and nothing else).",
         ),
     ],
     db: DbOption = None,

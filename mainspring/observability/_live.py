@@ -86,6 +86,8 @@ class Telemetry(StepInterceptor):
         self._wait_seconds = _Histogram(WAIT_BUCKETS)
         self._run_seconds = _Histogram(WAIT_BUCKETS)
         self._workers: dict[str, tuple[int, int]] = {}  # worker id -> (active, concurrency)
+        # worker id -> when its heartbeat last succeeded (the App's clock): liveness
+        self._beats: dict[str, float] = {}
         # run -> (session, seq) -> when its last failed attempt ended: the back-off to
         # the next attempt is a wait ("retry"), not step time. Kept while the run sleeps
         # through a long back-off (it comes back to this process, mostly), dropped when
@@ -141,8 +143,18 @@ class Telemetry(StepInterceptor):
         with self._lock:
             if concurrency is None:
                 self._workers.pop(worker_id, None)
+                self._beats.pop(worker_id, None)
             else:
                 self._workers[worker_id] = (active, concurrency)
+                # a starting worker counts as alive until its first beat is due
+                self._beats.setdefault(worker_id, self.clock.now())
+
+    def worker_alive(self, worker_id: str, now: float) -> None:
+        """The heartbeat of ``worker_id`` succeeded at ``now`` (from its heartbeat
+        thread)."""
+        with self._lock:
+            if worker_id in self._workers:  # not after the worker stopped
+                self._beats[worker_id] = now
 
     # -- events -----------------------------------------------------------------------------
 
@@ -289,6 +301,16 @@ class Telemetry(StepInterceptor):
             )
             cap.add_metric([], sum(c for _, c in self._workers.values()))
             yield cap
+            beat = core.GaugeMetricFamily(
+                "mainspring_worker_heartbeat_age_seconds",
+                "Seconds since each running worker of this process last renewed its leases "
+                "(or, idle, last found its loop alive): it grows when the worker is stuck.",
+                labels=["worker"],
+            )
+            now = self.clock.now()
+            for worker_id, at in sorted(self._beats.items()):
+                beat.add_metric([worker_id], max(0.0, now - at))
+            yield beat
         info = core.GaugeMetricFamily(
             "mainspring_build_info", "Always 1: the versions serving.", labels=["version", "python"]
         )

@@ -4,9 +4,9 @@ what this process executed.
 A :class:`MetricsCollector` is a ``prometheus_client`` collector. Each scrape counts
 runs by status, the age of the oldest queued and waiting runs, and the journal's
 steps, tokens and cost: **gauges**, because they describe the store (pruning lowers
-them, and N server replicas report the same value, not N times it). A finished run's
-aggregate is cached until the run changes, so a scrape reads the journals of
-running and newly changed runs only.
+them, and N server replicas report the same value, not N times it). The collector
+keeps every run's aggregate and their sums, so a scrape reads only the rows changed
+since the last one and the journals of running runs (see ``_refresh``).
 
 Counters (steps, attempts, retries, 429s, tokens, cost, claims, takeovers) and
 histograms (step execution time, wait time, run duration) come from the process's
@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Protocol, get_args
 
 from .._errors import MissingExtra
 from ..limits import Price
-from ..storage import RunStatus, Store
+from ..storage import FINISHED, RunStatus, Store
 from ._trace import trace_entries
 
 if TYPE_CHECKING:
@@ -61,13 +61,37 @@ class _Totals:
     cost_usd: float = 0.0
     dead_lettered: int = 0
 
-    def add(self, other: _Totals) -> None:
+    runs: int = 0
+
+    def add(self, other: _Totals, sign: int = 1) -> None:
         for key, n in other.steps.items():
-            self.steps[key] = self.steps.get(key, 0) + n
-        self.dead_lettered += other.dead_lettered
-        self.tokens_in += other.tokens_in
-        self.tokens_out += other.tokens_out
-        self.cost_usd += other.cost_usd
+            left = self.steps.get(key, 0) + sign * n
+            if left:
+                self.steps[key] = left
+            else:
+                self.steps.pop(key, None)  # a kind/status no run has any more
+        self.runs += sign * other.runs
+        self.dead_lettered += sign * other.dead_lettered
+        self.tokens_in += sign * other.tokens_in
+        self.tokens_out += sign * other.tokens_out
+        self.cost_usd += sign * other.cost_usd
+        if not self.runs:
+            self.cost_usd = 0.0  # no float residue once the last run is gone
+
+    def sub(self, other: _Totals) -> None:
+        self.add(other, -1)
+
+
+@dataclass(slots=True)
+class _Entry:
+    """What a collector keeps of one run between scrapes."""
+
+    workflow: str
+    status: str
+    updated: float
+    finished: float | None
+    wait_reason: str | None
+    totals: _Totals
 
 
 class MetricsCollector(Collector):
@@ -94,14 +118,27 @@ class MetricsCollector(Collector):
         prices: dict[str, Price] | None = None,
         telemetry: _Families | None = None,
         clock: Callable[[], float] = time.time,
+        full_every_s: float = 300.0,
+        lookback_s: float = 60.0,
     ) -> None:
         _prometheus()
         self.store = store
         self.prices = prices
         self.telemetry = telemetry
         self._clock = clock
-        self._cache: dict[str, tuple[float, str, _Totals]] = {}
+        self.full_every_s = full_every_s
+        self.lookback_s = lookback_s
         self._lock = threading.Lock()
+        # Every run's aggregate, and their sums kept as runs come, change and go: a
+        # scrape adds and takes away what changed instead of summing every run.
+        self._runs: dict[str, _Entry] = {}
+        self._unfinished: set[str] = set()
+        self._counts: dict[str, int] = {}
+        self._by_workflow: dict[str, _Totals] = {}
+        self._total = _Totals()
+        self._watermark: float | None = None  # the latest updated_at seen
+        self._full_at = 0.0
+        self._oldest_finished: float | None = None
 
     def render(self) -> tuple[bytes, str]:
         """``(body, content type)`` of the Prometheus text format: what ``/metrics``
@@ -198,7 +235,7 @@ class MetricsCollector(Collector):
             t = by_workflow[wf]
             tokens.add_metric([wf, "input"], t.tokens_in)
             tokens.add_metric([wf, "output"], t.tokens_out)
-            cost.add_metric([wf], t.cost_usd)
+            cost.add_metric([wf], round(t.cost_usd, 9))  # no residue of the sums kept
         yield tokens
         yield cost
         if self.telemetry is not None:
@@ -209,43 +246,95 @@ class MetricsCollector(Collector):
     ) -> tuple[
         dict[str, int], dict[str, float], dict[str, tuple[int, float]], dict[str, _Totals], _Totals
     ]:
-        stamps = self.store.run_stamps()
-        counts: dict[str, int] = {}
+        self._refresh()
         oldest: dict[str, float] = {}
-        by_workflow: dict[str, _Totals] = {}
-        total = _Totals()
-        seen: set[str] = set()
-        for run_id, workflow, status, updated_at in stamps:
-            seen.add(run_id)
-            counts[status] = counts.get(status, 0) + 1
-            if status in ("queued", "waiting", "sleeping"):
-                oldest[status] = min(oldest.get(status, updated_at), updated_at)
-            cached = self._cache.get(run_id)
-            if cached is not None and cached[0] == updated_at and cached[1] == status:
-                totals = cached[2]
-            else:
-                totals = self._run_totals(run_id, dead_letter_check=status == "failed")
-                if status != "running":
-                    # Only a running run's journal changes without its row changing
-                    # (step commits leave updated_at alone); a queued, waiting or
-                    # finished run's journal moves only with its status or updated_at.
-                    # So a scrape reads the journals of running and changed runs only:
-                    # bounded by the fleet's concurrency, not by the runs stored.
-                    self._cache[run_id] = (updated_at, status, totals)
-                else:
-                    self._cache.pop(run_id, None)
-            by_workflow.setdefault(workflow, _Totals()).add(totals)
-            total.add(totals)
-        for gone in self._cache.keys() - seen:  # pruned
-            del self._cache[gone]
         waiting: dict[str, tuple[int, float]] = {}
-        n_suspended = counts.get("waiting", 0) + counts.get("sleeping", 0)
-        if n_suspended:
-            for r in self.store.list_runs(statuses=["waiting", "sleeping"], limit=n_suspended):
-                reason = wait_reason_label(r.wait_reason)
-                n, since = waiting.get(reason, (0, r.updated_at))
-                waiting[reason] = (n + 1, min(since, r.updated_at))
-        return counts, oldest, waiting, by_workflow, total
+        for run_id in self._unfinished:  # kept in memory: no query
+            entry = self._runs[run_id]
+            if entry.status in ("queued", "waiting", "sleeping"):
+                oldest[entry.status] = min(oldest.get(entry.status, entry.updated), entry.updated)
+            if entry.status in ("waiting", "sleeping"):
+                reason = wait_reason_label(entry.wait_reason)
+                n, since = waiting.get(reason, (0, entry.updated))
+                waiting[reason] = (n + 1, min(since, entry.updated))
+        counts = {k: n for k, n in self._counts.items() if n}
+        by_workflow = {wf: t for wf, t in self._by_workflow.items() if t.runs}
+        return counts, oldest, waiting, by_workflow, self._total
+
+    def _refresh(self) -> None:
+        """Bring the kept aggregates up to date with what changed since the last scrape.
+
+        A scrape reads the rows changed since the last one (``updated_at``, with a
+        look-back for commits that land late or come from a skewed clock), re-reads
+        the journals of running runs (their steps commit without touching the row)
+        and checks for pruning with one indexed ``MIN``: its cost follows the runs
+        that changed or run, not the runs stored. Every ``full_every_s`` it reads
+        every row once more (no journal that did not change), a backstop for
+        deletions :meth:`Store.prune` did not make oldest first."""
+        mono = time.monotonic()
+        if self._watermark is None or mono - self._full_at >= self.full_every_s:
+            rows = self.store.run_changes()
+            seen = {r[0] for r in rows}
+            for run_id in [r for r in self._runs if r not in seen]:
+                self._drop(run_id)
+            self._full_at = mono
+        else:
+            rows = self.store.run_changes(self._watermark - self.lookback_s)
+            oldest = self.store.oldest_finished_at()
+            if oldest != self._oldest_finished:
+                # Pruned (oldest first): a run finished before the oldest left is gone.
+                gone = [
+                    run_id
+                    for run_id, e in self._runs.items()
+                    if e.finished is not None and (oldest is None or e.finished < oldest)
+                ]
+                for run_id in gone:
+                    self._drop(run_id)
+        changed = {r[0] for r in rows}
+        for run_id, workflow, status, updated, finished, reason in rows:
+            self._put(run_id, workflow, status, updated, finished, reason)
+            if self._watermark is None or updated > self._watermark:
+                self._watermark = updated
+        for run_id in [r for r in self._unfinished if r not in changed]:
+            entry = self._runs[run_id]
+            if entry.status == "running":  # its journal moves while its row stands still
+                self._put(run_id, entry.workflow, "running", entry.updated, None, None, force=True)
+        self._oldest_finished = self.store.oldest_finished_at()
+
+    def _put(
+        self,
+        run_id: str,
+        workflow: str,
+        status: str,
+        updated: float,
+        finished: float | None,
+        wait_reason: str | None,
+        *,
+        force: bool = False,
+    ) -> None:
+        entry = self._runs.get(run_id)
+        if entry is not None and not force and (entry.updated, entry.status) == (updated, status):
+            entry.finished, entry.wait_reason = finished, wait_reason
+            return  # unchanged: a queued, waiting or finished run's journal stands still
+        if entry is not None:
+            self._drop(run_id)
+        totals = self._run_totals(run_id, dead_letter_check=status == "failed")
+        totals.runs = 1
+        self._runs[run_id] = _Entry(workflow, status, updated, finished, wait_reason, totals)
+        self._counts[status] = self._counts.get(status, 0) + 1
+        self._by_workflow.setdefault(workflow, _Totals()).add(totals)
+        self._total.add(totals)
+        if status in FINISHED:
+            self._unfinished.discard(run_id)
+        else:
+            self._unfinished.add(run_id)
+
+    def _drop(self, run_id: str) -> None:
+        entry = self._runs.pop(run_id)
+        self._counts[entry.status] -= 1
+        self._by_workflow[entry.workflow].sub(entry.totals)
+        self._total.sub(entry.totals)
+        self._unfinished.discard(run_id)
 
     def _run_totals(self, run_id: str, *, dead_letter_check: bool = False) -> _Totals:
         t = _Totals()

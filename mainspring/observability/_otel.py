@@ -85,7 +85,7 @@ def export_trace(
                     "mainspring.step.attempt": e.attempt - 1,
                 },
             )
-        emitter.emit(run.id, span)
+        emitter.emit(run.id, span, traceparent=run.traceparent)
     if run.finished_at is None:
         return  # the root span is exported when the run ends
     is_agent = agent if agent is not None else any(e.kind == "model" for e in entries)
@@ -94,7 +94,8 @@ def export_trace(
         "gen_ai.usage.output_tokens": trace.tokens_out,
         "mainspring.cost_usd": trace.cost_usd,
     }
-    emitter.emit(run.id, run_span(run, agent=is_agent, end=run.finished_at, extra=extra), root=True)
+    root = run_span(run, agent=is_agent, end=run.finished_at, extra=extra)
+    emitter.emit(run.id, root, root=True, traceparent=run.traceparent)
 
 
 def _with_event(span: SpanData, name: str, at: float, attrs: dict[str, Any]) -> SpanData:

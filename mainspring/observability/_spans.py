@@ -25,6 +25,7 @@ from ..journal import StepInfo
 from ..models._types import ModelResponse
 from ..storage import RunRecord, RunTransition, StepRecord
 from ._names import model_of
+from ._traceparent import parse_traceparent
 
 __all__ = ["LiveSpans", "SpanEmitter", "span_id_of", "trace_id_of"]
 
@@ -42,7 +43,8 @@ def otel() -> Any:
 
 
 def trace_id_of(run_id: str) -> int:
-    """The OpenTelemetry trace id of a run (128 bits, never 0)."""
+    """The OpenTelemetry trace id of a run submitted without a ``traceparent`` (128
+    bits, never 0); a run submitted with one is in the caller's trace."""
     return int.from_bytes(hashlib.sha256(f"mainspring:{run_id}".encode()).digest()[:16]) or 1
 
 
@@ -155,20 +157,28 @@ class SpanEmitter:
             self._tracer.id_generator = self._ids
         self._lock = threading.Lock()
 
-    def emit(self, run_id: str, span: SpanData, *, root: bool = False) -> None:
+    def emit(
+        self, run_id: str, span: SpanData, *, root: bool = False, traceparent: str | None = None
+    ) -> None:
+        """Start and end ``span`` of ``run_id``. ``traceparent``: the W3C trace context
+        the run was submitted with; the run's spans then belong to the caller's trace,
+        its root span a child of the caller's span."""
         t = self._trace
-        trace_id = trace_id_of(run_id)
+        caller = parse_traceparent(traceparent)
+        trace_id = caller.trace_id if caller is not None else trace_id_of(run_id)
+        # The caller's sampling decision holds for the whole run.
+        flags = t.TraceFlags(caller.flags & 1 if caller is not None else t.TraceFlags.SAMPLED)
         with self._lock:
             self._ids.trace_id = trace_id
             self._ids.span_id = span_id_of(run_id, span.key)
             context = None
             if not root:
                 parent = t.SpanContext(
-                    trace_id,
-                    span_id_of(run_id, "run"),
-                    is_remote=False,
-                    trace_flags=t.TraceFlags(t.TraceFlags.SAMPLED),
+                    trace_id, span_id_of(run_id, "run"), is_remote=False, trace_flags=flags
                 )
+                context = t.set_span_in_context(t.NonRecordingSpan(parent))
+            elif caller is not None:
+                parent = t.SpanContext(trace_id, caller.span_id, is_remote=True, trace_flags=flags)
                 context = t.set_span_in_context(t.NonRecordingSpan(parent))
             otel_span = self._tracer.start_span(
                 span.name,
@@ -353,7 +363,7 @@ class LiveSpans:
             run_id=info.run_id,
             content=self._content(kind, arguments, result, err is None),
         )
-        self._emit(info.run_id, span)
+        self._emit(info.run_id, span, record.traceparent if record is not None else None)
 
     def _content(
         self,
@@ -403,12 +413,13 @@ class LiveSpans:
                     status=row.status,
                     run_id=record.id,
                 )
-                self._emit(record.id, span)
+                self._emit(record.id, span, record.traceparent)
         if transition is not None and transition.kind == "finish" and transition.status:
             final = replace(
                 record, status=transition.status, error=transition.error, finished_at=now
             )
-            self._emit(record.id, run_span(final, agent=self._is_agent(record.workflow), end=now))
+            root = run_span(final, agent=self._is_agent(record.workflow), end=now)
+            self._emit(record.id, root, record.traceparent)
 
     def flush(self, timeout_s: float = 5.0) -> None:
         """Hand every finished span to the exporter now (a worker that stops must not
@@ -420,9 +431,9 @@ class LiveSpans:
             except Exception:  # telemetry never fails a worker
                 log.exception("could not flush OpenTelemetry spans")
 
-    def _emit(self, run_id: str, span: SpanData) -> None:
+    def _emit(self, run_id: str, span: SpanData, traceparent: str | None) -> None:
         try:
-            self.emitter.emit(run_id, span, root=span.key == "run")
+            self.emitter.emit(run_id, span, root=span.key == "run", traceparent=traceparent)
         except Exception:  # telemetry never fails a run
             log.exception("could not export span %r of run %s", span.name, run_id)
 

@@ -186,7 +186,9 @@ def create_app(
     def home() -> RedirectResponse:
         return RedirectResponse("/ui/", status_code=307)
 
-    def key_with(scope: Scope) -> Callable[..., ApiKey]:
+    def key_with(scope: Scope, *also: Scope) -> Callable[..., ApiKey]:
+        """A dependency admitting a key with ``scope`` (or any of ``also``)."""
+
         def check(
             bearer: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
             header: Annotated[str | None, Depends(_header)],
@@ -209,11 +211,11 @@ def create_app(
             if key.revoked_at is not None:
                 audit.warning("API request with the revoked key %r refused", key.id)
                 raise _AuthError(401, f"the API key {key.id!r} was revoked")
-            if not key.allows(scope):
+            if not any(key.allows(s) for s in (scope, *also)):
+                needs = " or ".join(repr(s) for s in (scope, *also))
                 raise _AuthError(
                     403,
-                    f"the API key {key.name!r} has scopes {list(key.scopes)!r};"
-                    f" this needs {scope!r}",
+                    f"the API key {key.name!r} has scopes {list(key.scopes)!r}; this needs {needs}",
                 )
             return key
 
@@ -225,6 +227,8 @@ def create_app(
     Submit = Annotated[ApiKey, Depends(key_with("submit"))]
     Approve = Annotated[ApiKey, Depends(key_with("approve"))]
     Admin = Annotated[ApiKey, Depends(key_with("admin"))]
+    # A scrape key needs only "metrics"; read keys kept scraping before that scope existed.
+    Scrape = Annotated[ApiKey, Depends(key_with("metrics", "read"))]
 
     @api.get("/healthz", response_model=Health, tags=["service"], responses={503: _ERRORS[503]})
     def healthz() -> Health:
@@ -243,11 +247,15 @@ def create_app(
         response: Response,
         _key: Submit,
         idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
+        traceparent: Annotated[str | None, Header(max_length=200)] = None,
     ) -> SubmitOut:
         """Start a run; returns at once with its id (202) and its URL in Location.
-        An idempotency key (body or header) makes retries of this request safe."""
+        An idempotency key (body or header) makes retries of this request safe. A W3C
+        ``traceparent`` header puts the run's spans in the caller's trace."""
         key = body.key or idempotency_key or None
-        handle = app.enqueue(body.workflow, body.args, body.kwargs, key=key)
+        handle = app.enqueue(
+            body.workflow, body.args, body.kwargs, key=key, traceparent=traceparent
+        )
         url = f"/runs/{handle.run_id}"
         response.headers["Location"] = url
         if not handle.created:
@@ -495,10 +503,11 @@ def create_app(
             **_responses(),
         },
     )
-    def metrics(_key: Read) -> Response:
+    def metrics(_key: Scrape) -> Response:
         """Store-wide gauges (runs by status, oldest queued and waiting runs, webhook
         backlog) and this process's counters (HTTP requests; steps, tokens, cost and
-        429s of an embedded worker), for Prometheus (the key as a bearer token)."""
+        429s of an embedded worker), for Prometheus (a ``metrics`` or ``read`` key as a
+        bearer token)."""
         with metrics_lock:  # the collector caches finished runs: one scrape at a time
             text, content_type = app.metrics().render()
         return Response(content=text, media_type=content_type)

@@ -33,8 +33,10 @@ __all__ = [
     "WebhookEvent",
 ]
 
-Scope = Literal["read", "submit", "approve", "admin"]
-SCOPES: tuple[Scope, ...] = ("read", "submit", "approve", "admin")
+# "metrics" reads /metrics and nothing else (a Prometheus scrape key); appended last so
+# the stored order of existing keys' scopes does not change.
+Scope = Literal["read", "submit", "approve", "admin", "metrics"]
+SCOPES: tuple[Scope, ...] = ("read", "submit", "approve", "admin", "metrics")
 WebhookEvent = Literal["run.waiting", "run.succeeded", "run.failed", "run.cancelled"]
 WEBHOOK_EVENTS: tuple[WebhookEvent, ...] = (
     "run.waiting",

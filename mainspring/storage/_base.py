@@ -35,7 +35,7 @@ __all__ = ["WAKE_NOW", "Cursor", "Heartbeat", "PruneResult", "Store"]
 _RUN_COLUMNS = (
     "id, workflow, idem_key, status, input, output, error, session, handoff, epoch, owner,"
     " lease_until, wake_at, wait_reason, recoveries, cancel_requested, created_at, updated_at,"
-    " finished_at"
+    " finished_at, traceparent"
 )
 # The same, without the large values (input, output, hand-off): what lists need.
 _RUN_SUMMARY_COLUMNS = _RUN_COLUMNS.replace("input, output,", "NULL, NULL,").replace(
@@ -115,6 +115,7 @@ def _run(row: Sequence[Any]) -> RunRecord:
         created_at=row[16],
         updated_at=row[17],
         finished_at=row[18],
+        traceparent=row[19],
     )
 
 
@@ -289,9 +290,17 @@ class Store(ApiTables, ABC):
     # -- runs -------------------------------------------------------------------------
 
     def create_run(
-        self, *, run_id: str, workflow: str, input: str, key: str | None, now: float
+        self,
+        *,
+        run_id: str,
+        workflow: str,
+        input: str,
+        key: str | None,
+        now: float,
+        traceparent: str | None = None,
     ) -> tuple[RunRecord, bool]:
         """Insert a queued run, or return the existing run with that ``key``.
+        ``traceparent``: the caller's W3C trace context, kept with the run.
 
         Returns ``(run, created)``.
         """
@@ -299,8 +308,8 @@ class Store(ApiTables, ABC):
             if key is None:
                 cur.execute(
                     "INSERT INTO ms_runs (id, workflow, idem_key, status, input, created_at,"
-                    " updated_at) VALUES (?, ?, NULL, 'queued', ?, ?, ?)",
-                    (run_id, workflow, input, now, now),
+                    " updated_at, traceparent) VALUES (?, ?, NULL, 'queued', ?, ?, ?, ?)",
+                    (run_id, workflow, input, now, now, traceparent),
                 )
                 created = True
             else:
@@ -309,9 +318,9 @@ class Store(ApiTables, ABC):
                 # PostgreSQL the loser waits for the winner's commit, then selects it.
                 cur.execute(
                     "INSERT INTO ms_runs (id, workflow, idem_key, status, input, created_at,"
-                    " updated_at) VALUES (?, ?, ?, 'queued', ?, ?, ?)"
+                    " updated_at, traceparent) VALUES (?, ?, ?, 'queued', ?, ?, ?, ?)"
                     " ON CONFLICT (idem_key) DO NOTHING",
-                    (run_id, workflow, key, input, now, now),
+                    (run_id, workflow, key, input, now, now, traceparent),
                 )
                 created = cur.rowcount == 1
             if not created:
@@ -421,6 +430,28 @@ class Store(ApiTables, ABC):
         with self._read() as cur:
             cur.execute("SELECT id, workflow, status, updated_at FROM ms_runs")
             return [(r[0], r[1], r[2], r[3]) for r in cur.fetchall()]
+
+    def run_changes(
+        self, after: float | None = None
+    ) -> list[tuple[str, str, str, float, float | None, str | None]]:
+        """``(id, workflow, status, updated_at, finished_at, wait_reason)`` of the runs
+        whose row changed after ``after`` (every run when ``None``): how a metrics
+        scrape keeps its aggregates without reading every run (``ms_runs_updated``)."""
+        sql = "SELECT id, workflow, status, updated_at, finished_at, wait_reason FROM ms_runs"
+        with self._read() as cur:
+            if after is None:
+                cur.execute(sql)
+            else:
+                cur.execute(sql + " WHERE updated_at > ?", (after,))
+            return [(r[0], r[1], r[2], r[3], r[4], r[5]) for r in cur.fetchall()]
+
+    def oldest_finished_at(self) -> float | None:
+        """The earliest ``finished_at`` in the store (``ms_runs_finished`` index): it
+        rises when :meth:`prune` deletes runs, which delete oldest first."""
+        with self._read() as cur:
+            cur.execute("SELECT MIN(finished_at) FROM ms_runs WHERE finished_at IS NOT NULL")
+            row = cur.fetchone()
+            return None if row is None or row[0] is None else float(row[0])
 
     def fork_run(
         self,

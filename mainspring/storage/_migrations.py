@@ -151,6 +151,11 @@ ALTER TABLE ms_rate_limits ADD COLUMN probe_seq INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE ms_rate_limits ADD COLUMN probe_until {float} NOT NULL DEFAULT 0;
 ALTER TABLE ms_rate_limits ADD COLUMN probe_run TEXT;
 """,
+    # The W3C traceparent a run was submitted with (POST /runs): its spans join the
+    # caller's trace. NULL: the run is a trace of its own.
+    7: """
+ALTER TABLE ms_runs ADD COLUMN traceparent TEXT;
+""",
 }
 
 LATEST = max(MIGRATIONS)

@@ -70,6 +70,8 @@ class RunRecord:
     created_at: float
     updated_at: float
     finished_at: float | None
+    # The caller's W3C ``traceparent`` from submission: the run's spans join its trace.
+    traceparent: str | None = None
 
     @property
     def finished(self) -> bool:

@@ -38,7 +38,8 @@ class Beater:
     ``on_beat(beat, held)`` runs in the loop after each beat (``held``: the
     ``run_id -> epoch`` pairs the beat was for); ``on_expired()`` when beats have
     failed for longer than a lease; ``on_fatal(exc)`` when the store says it must not
-    be used any more.
+    be used any more. ``on_alive(now)`` runs in this thread after each successful beat
+    (or each idle round while the loop ticks): what the liveness gauge shows.
     """
 
     def __init__(
@@ -54,6 +55,7 @@ class Beater:
         on_beat: Callable[[Heartbeat, Held], None],
         on_expired: Callable[[], None],
         on_fatal: Callable[[DatabaseGone], None],
+        on_alive: Callable[[float], None] | None = None,
     ) -> None:
         self.store = store
         self.clock = clock
@@ -65,6 +67,7 @@ class Beater:
         self._on_beat = on_beat
         self._on_expired = on_expired
         self._on_fatal = on_fatal
+        self._on_alive = on_alive
         self._held: Held = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -111,10 +114,12 @@ class Beater:
         while not self._stop.wait(self.every_s):
             with self._lock:
                 held = dict(self._held)
+            since = time.monotonic() - self._tick
             if not held:
                 last_ok = self.clock.now()
+                if since <= self.lease_s:  # idle, with a live loop: nothing to extend
+                    self._alive(last_ok)
                 continue
-            since = time.monotonic() - self._tick
             if since > self.lease_s:
                 if not stalled:
                     log.error(
@@ -144,7 +149,15 @@ class Beater:
                     self._call(self._on_expired)
                 continue
             last_ok = self.clock.now()
+            self._alive(last_ok)
             self._call(self._on_beat, beat, held)
+
+    def _alive(self, now: float) -> None:
+        if self._on_alive is not None:
+            try:
+                self._on_alive(now)
+            except Exception:  # telemetry never stops the heartbeat
+                log.exception("worker %s: liveness callback failed", self.worker_id)
 
     def _call(self, fn: Callable[..., None], *args: object) -> None:
         with contextlib.suppress(RuntimeError):  # the loop may have closed already

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -174,6 +175,7 @@ class Worker:
             on_beat=self._on_beat,
             on_expired=self._on_expired,
             on_fatal=self._on_fatal,
+            on_alive=functools.partial(app.telemetry.worker_alive, self.worker_id),
         )
         beater.start()
         ticking = asyncio.create_task(beater.ticking())
