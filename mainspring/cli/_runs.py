@@ -20,6 +20,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .._errors import ConfigError
+from ..observability import build_trace
 from ..storage import RunRecord, RunStatus, StepRecord, Store
 from ..storage._records import WAKE_NOW
 from ._common import (
@@ -213,6 +214,8 @@ def show(
         current = max(
             (s for s in steps if s.session == record.session), key=lambda s: s.seq, default=None
         )
+        # The whole run's, whatever --last/--errors/--step pick: 429s and rate waits.
+        rate = build_trace(record, steps)
         steps = pick_steps(
             steps,
             where=lambda s: (s.session, s.seq),
@@ -223,7 +226,13 @@ def show(
             step=step,
         )
     if as_json:
-        print_json({"run": _run_json(record, current), "steps": [_step_json(s) for s in steps]})
+        run_json = _run_json(record, current)
+        run_json["rate_limit"] = {
+            "refused": rate.rate_limited,
+            "waits": rate.rate_waits,
+            "waited_s": round(rate.rate_wait_s, 3),
+        }
+        print_json({"run": run_json, "steps": [_step_json(s) for s in steps]})
         return
     out = console()
     now = time.time()
@@ -248,6 +257,14 @@ def show(
     if record.finished_at is not None:
         times += f", finished {_clock(record.finished_at, now)}"
     facts.append(("times (UTC)", times))
+    if rate.rate_limited or rate.rate_waits:
+        facts.append(
+            (
+                "rate limit",
+                f"{rate.rate_limited} refused (429), {rate.rate_waits} wait(s),"
+                f" {rate.rate_wait_s:.1f}s waited",
+            )
+        )
     facts.append(("input", _clip(record.input, width)))
     if record.handoff is not None:
         facts.append(("hand-off", _clip(record.handoff, width)))

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Protocol, get_args
 from .._errors import MissingExtra
 from ..limits import Price
 from ..storage import RunStatus, Store
+from ._names import model_of
 from ._trace import trace_entries
 
 if TYPE_CHECKING:
@@ -60,10 +61,17 @@ class _Totals:
     tokens_out: int = 0
     cost_usd: float = 0.0
     dead_lettered: int = 0
+    rate_limited: dict[str, int] = field(default_factory=dict)  # 429s by logical model
+    rate_waits: dict[str, tuple[int, float]] = field(default_factory=dict)  # (n, seconds)
 
     def add(self, other: _Totals) -> None:
         for key, n in other.steps.items():
             self.steps[key] = self.steps.get(key, 0) + n
+        for model, n in other.rate_limited.items():
+            self.rate_limited[model] = self.rate_limited.get(model, 0) + n
+        for model, (n, secs) in other.rate_waits.items():
+            had, waited = self.rate_waits.get(model, (0, 0.0))
+            self.rate_waits[model] = (had + n, waited + secs)
         self.dead_lettered += other.dead_lettered
         self.tokens_in += other.tokens_in
         self.tokens_out += other.tokens_out
@@ -201,6 +209,33 @@ class MetricsCollector(Collector):
             cost.add_metric([wf], t.cost_usd)
         yield tokens
         yield cost
+        refused = core.GaugeMetricFamily(
+            "mainspring_store_rate_limited",
+            "Model calls refused for rate (HTTP 429) journaled by the runs in the store,"
+            " by logical model (store-wide gauge; mainspring_rate_limited_total counts"
+            " this process's).",
+            labels=["model"],
+        )
+        for model, n in sorted(total.rate_limited.items()):
+            refused.add_metric([model], n)
+        yield refused
+        waits = core.GaugeMetricFamily(
+            "mainspring_store_rate_limit_waits",
+            "Waits for a rate limit journaled by the runs in the store (a slot not yet"
+            " free, a refusal's retry-after), by logical model (store-wide gauge).",
+            labels=["model"],
+        )
+        waited = core.GaugeMetricFamily(
+            "mainspring_store_rate_limit_wait_seconds",
+            "Seconds the runs in the store waited for a rate limit, by logical model"
+            " (store-wide gauge).",
+            labels=["model"],
+        )
+        for model, (n, secs) in sorted(total.rate_waits.items()):
+            waits.add_metric([model], n)
+            waited.add_metric([model], secs)
+        yield waits
+        yield waited
         if self.telemetry is not None:
             yield from self.telemetry.collect()
 
@@ -259,7 +294,24 @@ class MetricsCollector(Collector):
             t.tokens_in += e.tokens_in  # 0 for a fork's copied steps: spent by the source
             t.tokens_out += e.tokens_out
             t.cost_usd += e.cost_usd
+            if e.copied:
+                continue  # a fork's copy: the source run was refused and waited
+            if e.rate_limited:
+                model = model_of(e.name)
+                t.rate_limited[model] = t.rate_limited.get(model, 0) + 1
+            if e.rate_wait_s > 0:
+                model = _rate_model(e.name)
+                n, secs = t.rate_waits.get(model, (0, 0.0))
+                t.rate_waits[model] = (n + 1, secs + e.rate_wait_s)
         return t
+
+
+def _rate_model(name: str) -> str:
+    """The logical model of a rate step: ``rate:wait:openai:gpt-4.1`` and
+    ``rate:openai:gpt-4.1:ACCOUNT`` -> ``openai:gpt-4.1``."""
+    if name.startswith("rate:wait:"):
+        return name[len("rate:wait:") :]
+    return name[len("rate:") :].rsplit(":", 1)[0]
 
 
 #: What ``mainspring_runs_waiting`` reports (always, 0 when none).
