@@ -130,6 +130,7 @@ async def call_model(
     base = retry or DEFAULT_MODEL_RETRY
     policy = dataclasses.replace(base, non_retryable=(*base.non_retryable, RateLimited, Overloaded))
     max_tokens = settings.max_tokens if settings is not None else None
+    trim = max_tokens is None  # the reservation below is a default: a limit may cap it
     if max_tokens is None:
         max_tokens = getattr(model, "max_tokens", None)  # Anthropic's default cap
     if limiter is not None and prompt_tokens is None:
@@ -145,7 +146,7 @@ async def call_model(
     while True:
         booking: Booking | None = None
         if limiter is not None:
-            booking = await _book(ctx, limiter, prompt_tokens or 0, max_tokens)
+            booking = await _book(ctx, limiter, prompt_tokens or 0, max_tokens, trim)
             if booking.retry:  # a cold limiter: another request is learning the limits
                 await ctx._wait_until(booking.wake_at, reason="rate_limit")
                 continue
@@ -224,13 +225,20 @@ def _wake_at(clock: Clock, asked: float | None, fallback: float) -> float:
 
 
 async def _book(
-    ctx: RunContext, limiter: StoreRateLimiter, prompt_tokens: int, max_tokens: int | None
+    ctx: RunContext,
+    limiter: StoreRateLimiter,
+    prompt_tokens: int,
+    max_tokens: int | None,
+    trim: bool,
 ) -> Booking:
     """Book a slot for the next model call (a journaled step: a replay does not book
-    again)."""
+    again). ``trim``: ``max_tokens`` is a default, not the caller's: a smaller token
+    limit caps the output reserved (see :meth:`StoreRateLimiter.reserve`)."""
 
     def book_slot() -> Booking:
-        return limiter.reserve(prompt_tokens=prompt_tokens, max_tokens=max_tokens, run=ctx.run_id)
+        return limiter.reserve(
+            prompt_tokens=prompt_tokens, max_tokens=max_tokens, run=ctx.run_id, trim_output=trim
+        )
 
     booking: Booking = await ctx.step(book_slot, name=f"rate:{limiter.key}")
     return booking
