@@ -36,7 +36,7 @@ from .._stepnames import model_step_name
 from ..context import counter_for
 from ..hitl._wait import approval
 from ..journal import RetryPolicy, RunContext, current_step
-from ..limits import Booking, Cost, RateLimits, StoreRateLimiter
+from ..limits import Booking, Cost, Price, RateLimits, StoreRateLimiter, cost_usd, price_of
 from ..models import resolve_model
 from ..models._base import Model
 from ..models._types import Message, ModelResponse, ModelSettings, ToolSpec
@@ -83,6 +83,7 @@ async def call_model(
     retry: RetryPolicy | None = None,
     max_rate_wait_s: float | None = None,
     prompt_tokens: int | None = None,
+    prices: dict[str, Price] | None = None,
 ) -> ModelResponse:
     """Call ``model`` as a journaled step, through the shared rate limiter.
 
@@ -109,6 +110,9 @@ async def call_model(
         max_rate_wait_s: how long refusals may hold this call back before the run
             pauses and asks a human (``budget:max_rate_wait_s``); ``None``: no bound.
         prompt_tokens: the prompt's token count if already known (else counted).
+        prices: USD per million tokens by model id (default: ``limits.PRICES``): the
+            reply's ``cost_usd`` is journaled with it, so that ``show``/``trace`` with
+            only ``--db`` see the cost the caller's table gave.
 
     Raises:
         StepFailed: the call failed for good (not for rate: that only waits).
@@ -140,8 +144,11 @@ async def call_model(
     refusals = 0
     m = model  # for the closures (mypy does not narrow ``model`` inside them)
 
-    def request() -> Awaitable[ModelResponse]:
-        return m.request(messages, tools=tools, settings=settings)
+    async def request() -> ModelResponse:
+        reply = await m.request(messages, tools=tools, settings=settings)
+        if price_of(m.model_id, prices) is None:
+            return reply
+        return dataclasses.replace(reply, cost_usd=cost_usd(m.model_id, reply.usage, prices))
 
     while True:
         booking: Booking | None = None

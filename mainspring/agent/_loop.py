@@ -233,6 +233,7 @@ class Agent:
                 retry=self.model_retry,
                 max_rate_wait_s=run.limits.max_rate_wait_s,
                 prompt_tokens=estimated if self.rate_limits is not None else None,
+                prices=self.prices,
             )
         except StepFailed as exc:
             kind = exc.error_type.rsplit(".", 1)[-1]

@@ -287,7 +287,11 @@ def _model_fields(
         "model": model_id,
         "tokens_in": usage.input_tokens,
         "tokens_out": usage.output_tokens,
-        "cost_usd": cost_usd(model_id, usage, prices),
+        # The cost journaled with the reply (the caller's price table at the time),
+        # else priced now from ``prices``.
+        "cost_usd": journaled
+        if isinstance(journaled := reply.get("cost_usd"), int | float)
+        else cost_usd(model_id, usage, prices),
         "output_summary": _clip(summary) if summary else None,
         "calls": tuple((str(c.get("name", "")), str(c.get("arguments", ""))) for c in calls),
     }
