@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from _helpers import drain
+from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 from typer.testing import CliRunner
 
@@ -16,6 +17,7 @@ import mainspring as ms
 from mainspring.cli import cli
 from mainspring.models import OpenAIModel, Usage
 from mainspring.observability import MetricsCollector, build_trace
+from mainspring.server import create_app
 from mainspring.testing import FakeClock, FakeOpenAIServer
 
 NOW = 1_767_225_600.0
@@ -72,6 +74,10 @@ async def test_429s_and_rate_waits_are_counted_alike_everywhere(tmp_path: Path) 
             # This process's counter, and the store-wide gauges of a server with --db.
             live = _gauges(app.metrics().render()[0])
             assert live[("mainspring_rate_limited_total", MODEL)] == refused
+            # The dashboard's run page.
+            pages = _dashboard(app, ids)
+            assert sum(p.count('<span class="error">429</span>') for p in pages) == refused
+            assert sum(p.count('id="rate-limit"') for p in pages) >= 1
             await model.aclose()
         finally:
             app.close()
@@ -95,6 +101,22 @@ async def test_429s_and_rate_waits_are_counted_alike_everywhere(tmp_path: Path) 
             assert f"{shown['refused']} refused (429)" in text
             assert "429 (no attempt spent)" in _cli("trace", run_id, "--db", db)
     assert (cli_refused, cli_waits) == (refused, refused)
+
+
+def _dashboard(app: ms.App, ids: list[str]) -> list[str]:
+    _, admin = app.store.create_api_key("ops", ["admin"], app.clock.now())
+    with TestClient(create_app(app, webhooks=False)) as client:
+        r = client.post(
+            "/ui/login",
+            content=f"key={admin}",
+            headers={
+                "Origin": "http://testserver",
+                "Content-Type": "application/x-www-form-urlencoded",
+            },
+            follow_redirects=False,
+        )
+        assert r.status_code in (302, 303), r.text
+        return [client.get(f"/ui/runs/{run_id}").text for run_id in ids]
 
 
 def _cli(*args: str) -> str:

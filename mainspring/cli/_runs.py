@@ -253,6 +253,8 @@ def show(
     facts.append(("epoch", f"{record.epoch}, {holder}"))
     if record.recoveries:
         facts.append(("recoveries", str(record.recoveries)))
+    if record.parent is not None:
+        facts.append(("forked from", f"run {record.parent}, step {record.parent_step}"))
     times = f"created {_clock(record.created_at, now)}, updated {_clock(record.updated_at, now)}"
     if record.finished_at is not None:
         times += f", finished {_clock(record.finished_at, now)}"
@@ -435,6 +437,8 @@ def _run_json(r: RunRecord, current: StepRecord | None) -> dict[str, Any]:
         "wake_at": _iso(r.wake_at) if suspended else None,
         "recoveries": r.recoveries,
         "cancel_requested": r.cancel_requested,
+        # A fork's lineage: the run and step it was forked from.
+        "parent": None if r.parent is None else {"run": r.parent, "step": r.parent_step},
         "created_at": _iso(r.created_at),
         "updated_at": _iso(r.updated_at),
         "finished_at": _iso(r.finished_at),

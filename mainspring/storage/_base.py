@@ -35,7 +35,7 @@ __all__ = ["WAKE_NOW", "Cursor", "Heartbeat", "PruneResult", "Store"]
 _RUN_COLUMNS = (
     "id, workflow, idem_key, status, input, output, error, session, handoff, epoch, owner,"
     " lease_until, wake_at, wait_reason, recoveries, cancel_requested, created_at, updated_at,"
-    " finished_at"
+    " finished_at, parent, parent_step"
 )
 # The same, without the large values (input, output, hand-off): what lists need.
 _RUN_SUMMARY_COLUMNS = _RUN_COLUMNS.replace("input, output,", "NULL, NULL,").replace(
@@ -115,6 +115,8 @@ def _run(row: Sequence[Any]) -> RunRecord:
         created_at=row[16],
         updated_at=row[17],
         finished_at=row[18],
+        parent=row[19],
+        parent_step=row[20],
     )
 
 
@@ -432,9 +434,12 @@ class Store(ApiTables, ABC):
         output: str | None,
         now: float,
         outputs: Mapping[int, str] | None = None,
+        parent_step: str | None = None,
     ) -> RunRecord:
         """A new queued run of ``source``'s workflow and input whose journal is a copy
         of ``source``'s session ``session`` up to and including ``upto_seq``.
+        The new run's ``parent`` is ``source.id``, its ``parent_step`` the step it was
+        forked from (``"session:seq"``; default: ``upto_seq``'s).
 
         ``output`` replaces the journaled output of that last step (``None``: kept);
         ``outputs`` replaces the outputs of the steps it names by seq.
@@ -465,7 +470,8 @@ class Store(ApiTables, ABC):
                 )
             cur.execute(
                 "INSERT INTO ms_runs (id, workflow, status, input, session, handoff,"
-                " created_at, updated_at) VALUES (?, ?, 'queued', ?, ?, ?, ?, ?)",
+                " created_at, updated_at, parent, parent_step)"
+                " VALUES (?, ?, 'queued', ?, ?, ?, ?, ?, ?, ?)",
                 (
                     run_id,
                     source.workflow,
@@ -474,6 +480,8 @@ class Store(ApiTables, ABC):
                     handoff if session else None,
                     now,
                     now,
+                    source.id,
+                    parent_step if parent_step is not None else f"{session}:{upto_seq}",
                 ),
             )
             cur.execute(

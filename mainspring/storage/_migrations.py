@@ -151,6 +151,11 @@ ALTER TABLE ms_rate_limits ADD COLUMN probe_seq INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE ms_rate_limits ADD COLUMN probe_until {float} NOT NULL DEFAULT 0;
 ALTER TABLE ms_rate_limits ADD COLUMN probe_run TEXT;
 """,
+    # Fork lineage: the run a fork was made from and the step ("session:seq").
+    7: """
+ALTER TABLE ms_runs ADD COLUMN parent TEXT;
+ALTER TABLE ms_runs ADD COLUMN parent_step TEXT;
+""",
 }
 
 LATEST = max(MIGRATIONS)

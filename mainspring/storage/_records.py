@@ -49,7 +49,11 @@ StepStatus = Literal["started", "retrying", "completed", "failed"]
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RunRecord:
-    """One row of ``ms_runs``."""
+    """One row of ``ms_runs``.
+
+    ``parent`` / ``parent_step``: a fork's lineage, the run it was forked from and
+    that run's step (``"session:seq"``); ``None`` for a run that is no fork.
+    """
 
     id: str
     workflow: str
@@ -70,6 +74,8 @@ class RunRecord:
     created_at: float
     updated_at: float
     finished_at: float | None
+    parent: str | None = None
+    parent_step: str | None = None
 
     @property
     def finished(self) -> bool:
