@@ -749,6 +749,7 @@ class App:
             output=None,
             outputs=outputs,
             now=self.clock.now(),
+            parent_step=f"{session}:{seq}",
         )
         return RunHandle(self, record.id, True)
 

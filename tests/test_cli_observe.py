@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,8 @@ from typer.testing import CliRunner
 
 import mainspring as ms
 from mainspring.cli import cli
+from mainspring.limits import Price
+from mainspring.models import Usage
 from mainspring.testing import ScriptedModel
 
 call = ScriptedModel.call
@@ -140,3 +143,24 @@ async def test_runs_filters(db: str) -> None:
     assert data["runs"] == []
     result = _invoke("runs", "--db", db, "--search", "zzz")
     assert "no runs match" in result.output
+
+
+async def test_an_agents_own_prices_are_journaled_so_db_alone_shows_the_cost(db: str) -> None:
+    # "scripted" is in no price table but this agent's: only the journal can tell a
+    # `trace --db` (which loads no app) what the run cost.
+    app = ms.App(db)
+    usage = Usage(input_tokens=1000, output_tokens=100)
+    finish = ScriptedModel.call("finish", {"answer": "ok"})
+    model = ScriptedModel([dataclasses.replace(finish, usage=usage)])
+    agent = app.agent(
+        "priced", model=model, instructions="x", prices={"scripted": Price(2.0, 10.0)}
+    )
+    try:
+        result = await app.run(agent, "go")
+    finally:
+        app.close()
+    assert result.cost_usd == pytest.approx(0.003)
+    run_id = ms.App(db).list_runs()[0].id
+    data = json.loads(_invoke("trace", run_id, "--db", db, "--json").stdout)
+    assert data["totals"]["cost_usd"] == pytest.approx(0.003)
+    assert "$0.0030" in _invoke("trace", run_id, "--db", db).output

@@ -300,6 +300,25 @@ async def test_budget_pause_is_a_request_the_edit_sets_the_new_cap(fapp: ms.App)
     assert (await fapp.result(handle.run_id)).answer == 4
 
 
+async def test_a_budget_edit_not_above_what_is_used_is_refused(fapp: ms.App) -> None:
+    model = ScriptedModel(
+        [call("update_state", {"note": str(i)}) for i in range(4)] + [call("finish", {"answer": 4})]
+    )
+    agent = fapp.agent("capped", model=model, instructions="x", limits=ms.Limits(max_steps=2))
+    handle = fapp.submit(agent, "go")
+    await drain(fapp)
+    [request] = fapp.requests()
+    assert request.preview["used"] == 2
+    for low in (1, 2, "lots"):
+        # Accepted, it would only ask again at once: refused, and still pending.
+        with pytest.raises(ms.InvalidAnswer, match=r"budget:max_steps"):
+            fapp.answer(handle.run_id, request.id, decision="edit", arguments={"limit": low})
+    assert [r.id for r in fapp.requests()] == ["budget:max_steps"]
+    fapp.answer(handle.run_id, request.id, decision="edit", arguments={"limit": 3})
+    await drain(fapp)
+    assert fapp.get_run(handle.run_id).status != "failed"
+
+
 def test_a_raw_signal_without_a_decision_does_not_approve() -> None:
     from mainspring.hitl import approval_from
 

@@ -36,7 +36,7 @@ from .._stepnames import model_step_name
 from ..context import counter_for
 from ..hitl._wait import approval
 from ..journal import RetryPolicy, RunContext, current_step
-from ..limits import Booking, Cost, RateLimits, StoreRateLimiter
+from ..limits import Booking, Cost, Price, RateLimits, StoreRateLimiter, cost_usd, price_of
 from ..models import resolve_model
 from ..models._base import Model
 from ..models._types import Message, ModelResponse, ModelSettings, ToolSpec
@@ -83,6 +83,7 @@ async def call_model(
     retry: RetryPolicy | None = None,
     max_rate_wait_s: float | None = None,
     prompt_tokens: int | None = None,
+    prices: dict[str, Price] | None = None,
 ) -> ModelResponse:
     """Call ``model`` as a journaled step, through the shared rate limiter.
 
@@ -109,6 +110,9 @@ async def call_model(
         max_rate_wait_s: how long refusals may hold this call back before the run
             pauses and asks a human (``budget:max_rate_wait_s``); ``None``: no bound.
         prompt_tokens: the prompt's token count if already known (else counted).
+        prices: USD per million tokens by model id (default: ``limits.PRICES``): the
+            reply's ``cost_usd`` is journaled with it, so that ``show``/``trace`` with
+            only ``--db`` see the cost the caller's table gave.
 
     Raises:
         StepFailed: the call failed for good (not for rate: that only waits).
@@ -130,6 +134,7 @@ async def call_model(
     base = retry or DEFAULT_MODEL_RETRY
     policy = dataclasses.replace(base, non_retryable=(*base.non_retryable, RateLimited, Overloaded))
     max_tokens = settings.max_tokens if settings is not None else None
+    trim = max_tokens is None  # the reservation below is a default: a limit may cap it
     if max_tokens is None:
         max_tokens = getattr(model, "max_tokens", None)  # Anthropic's default cap
     if limiter is not None and prompt_tokens is None:
@@ -139,13 +144,16 @@ async def call_model(
     refusals = 0
     m = model  # for the closures (mypy does not narrow ``model`` inside them)
 
-    def request() -> Awaitable[ModelResponse]:
-        return m.request(messages, tools=tools, settings=settings)
+    async def request() -> ModelResponse:
+        reply = await m.request(messages, tools=tools, settings=settings)
+        if price_of(m.model_id, prices) is None:
+            return reply
+        return dataclasses.replace(reply, cost_usd=cost_usd(m.model_id, reply.usage, prices))
 
     while True:
         booking: Booking | None = None
         if limiter is not None:
-            booking = await _book(ctx, limiter, prompt_tokens or 0, max_tokens)
+            booking = await _book(ctx, limiter, prompt_tokens or 0, max_tokens, trim)
             if booking.retry:  # a cold limiter: another request is learning the limits
                 await ctx._wait_until(booking.wake_at, reason="rate_limit")
                 continue
@@ -224,13 +232,20 @@ def _wake_at(clock: Clock, asked: float | None, fallback: float) -> float:
 
 
 async def _book(
-    ctx: RunContext, limiter: StoreRateLimiter, prompt_tokens: int, max_tokens: int | None
+    ctx: RunContext,
+    limiter: StoreRateLimiter,
+    prompt_tokens: int,
+    max_tokens: int | None,
+    trim: bool,
 ) -> Booking:
     """Book a slot for the next model call (a journaled step: a replay does not book
-    again)."""
+    again). ``trim``: ``max_tokens`` is a default, not the caller's: a smaller token
+    limit caps the output reserved (see :meth:`StoreRateLimiter.reserve`)."""
 
     def book_slot() -> Booking:
-        return limiter.reserve(prompt_tokens=prompt_tokens, max_tokens=max_tokens, run=ctx.run_id)
+        return limiter.reserve(
+            prompt_tokens=prompt_tokens, max_tokens=max_tokens, run=ctx.run_id, trim_output=trim
+        )
 
     booking: Booking = await ctx.step(book_slot, name=f"rate:{limiter.key}")
     return booking

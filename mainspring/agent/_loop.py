@@ -233,6 +233,7 @@ class Agent:
                 retry=self.model_retry,
                 max_rate_wait_s=run.limits.max_rate_wait_s,
                 prompt_tokens=estimated if self.rate_limits is not None else None,
+                prices=self.prices,
             )
         except StepFailed as exc:
             kind = exc.error_type.rsplit(".", 1)[-1]
@@ -456,16 +457,22 @@ class Agent:
             exceeded = self._exceeded(ctx, run)
             if exceeded is None:
                 return None
-            which, text = exceeded
+            which, text, used = exceeded
             if run.limits.on_exceeded == "stop":
                 return text
             # Pause and ask: approve (edit {"limit": 80} to set the new cap) or reject.
+            # "used": an edit must set the cap above it (see hitl.answer_payload).
             current = getattr(run.limits, which)
             decision = await approval(
                 ctx,
                 f"budget:{which}",
                 title=f"{text}: continue?",
-                preview={"limit": which, "cap": current, "state": run.state.block()},
+                preview={
+                    "limit": which,
+                    "cap": current,
+                    "used": used,
+                    "state": run.state.block(),
+                },
             )
             if not decision.approved:
                 return f"{text}; stopped by a human"
@@ -497,7 +504,7 @@ class Agent:
                 s.checkpoint_tokens = int(mark)
         return None
 
-    def _exceeded(self, ctx: RunContext, run: _Run) -> tuple[str, str] | None:
+    def _exceeded(self, ctx: RunContext, run: _Run) -> tuple[str, str, float] | None:
         s, lim = run.state, run.limits
         checks: list[tuple[str, float | None, float]] = [
             ("max_steps", lim.max_steps, s.turns),
@@ -509,7 +516,7 @@ class Agent:
             checks.append(("max_wall_s", lim.max_wall_s, ctx.now().timestamp() - run.started))
         for which, cap, used in checks:
             if cap is not None and used >= cap:
-                return which, f"{which} reached ({used:g} of {cap:g})"
+                return which, f"{which} reached ({used:g} of {cap:g})", used
         return None
 
     def _session_over(self, ctx: RunContext, run: _Run) -> bool:

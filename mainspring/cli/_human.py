@@ -9,7 +9,7 @@ import typer
 from rich.table import Table
 
 from .._app import local_user
-from .._errors import ConfigError
+from .._errors import ConfigError, MainspringError
 from ..hitl import Request
 from ._common import AppOption, DbOption, JsonOption, cli_errors, console, open_app, print_json
 from ._runs import _parse_json
@@ -53,10 +53,13 @@ def pending(
 
 
 def approve(
-    run_id: Annotated[str, typer.Argument(metavar="RUN", help="The run's id.")],
+    run_id: Annotated[
+        str | None, typer.Argument(metavar="RUN", help="The run's id (not with --all-pending).")
+    ] = None,
     request_id: Annotated[
-        str, typer.Argument(metavar="REQUEST", help="The request's id (see `mainspring pending`).")
-    ],
+        str | None,
+        typer.Argument(metavar="REQUEST", help="The request's id (see `mainspring pending`)."),
+    ] = None,
     edit: Annotated[
         str | None,
         typer.Option("--edit", metavar="JSON", help="Approve with these arguments instead."),
@@ -65,12 +68,30 @@ def approve(
         str | None,
         typer.Option("--reject", metavar="REASON", help="Reject, with a reason the run sees."),
     ] = None,
+    all_pending: Annotated[
+        bool,
+        typer.Option(
+            "--all-pending",
+            help="Decide every pending approval:... request (not questions, budgets,"
+            " checkpoints or resumes: each needs its own answer).",
+        ),
+    ] = False,
+    workflow: Annotated[
+        str | None,
+        typer.Option(
+            "--workflow", metavar="NAME", help="With --all-pending: only this workflow's."
+        ),
+    ] = None,
+    yes: Annotated[
+        bool, typer.Option("--yes", "-y", help="With --all-pending: do not ask to confirm.")
+    ] = False,
     db: DbOption = None,
     app_spec: AppOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """Approve a request (or --reject REASON, or approve with --edit JSON arguments).
-    The decision is recorded as your user name's."""
+    The decision is recorded as your user name's. ``--all-pending`` decides every
+    pending approval at once (``--workflow`` narrows it), after listing them."""
     with cli_errors():
         if edit is not None and reject is not None:
             raise ConfigError("choose one of --edit and --reject")
@@ -81,6 +102,19 @@ def approve(
             decision = "edit"
         if reject is not None:
             decision = "reject"
+        if all_pending:
+            if run_id is not None or request_id is not None:
+                raise ConfigError("--all-pending decides every pending approval: give no RUN")
+            if edit is not None:
+                raise ConfigError("--edit applies to one request: name it, not --all-pending")
+            _decide_all(decision, reject, workflow, yes, db, app_spec, as_json)
+            return
+        if workflow is not None or yes:
+            raise ConfigError("--workflow and --yes go with --all-pending")
+        if run_id is None or request_id is None:
+            raise ConfigError(
+                "name the run and the request (see `mainspring pending`), or pass --all-pending"
+            )
         with open_app(db, app_spec) as app:
             run_id = app.resolve_run_id(run_id)  # a unique prefix will do
             request = app.answer(
@@ -92,6 +126,64 @@ def approve(
                 by=local_user(),
             )
     _done(request, decision, as_json)
+
+
+def _decide_all(
+    decision: str,
+    reason: str | None,
+    workflow: str | None,
+    yes: bool,
+    db: str | None,
+    app_spec: str | None,
+    as_json: bool,
+) -> None:
+    """Approve (or reject) every pending approval, one by one: one answered meanwhile
+    (by someone else, or a run that ended) is reported and the others still decided."""
+    out = console()
+    decided: list[dict[str, Any]] = []
+    with open_app(db, app_spec) as app:
+        chosen = [
+            r
+            for r in app.requests()
+            # Approvals only: a budget, checkpoint or resume request is a decision
+            # about money or a broken key, each worth its own look.
+            if r.id.startswith("approval:") and (workflow is None or r.workflow == workflow)
+        ]
+        if not chosen:
+            if as_json:
+                print_json({"decision": decision, "decided": [], "failed": []})
+            else:
+                out.print("no pending approvals" + (f" of {workflow!r}" if workflow else ""))
+            return
+        if not yes:
+            for r in chosen:
+                out.print(f"  {r.run_id}  {r.id}  {r.title}")
+            if not typer.confirm(f"{decision} these {len(chosen)} request(s)?"):
+                raise typer.Exit(1)
+        failed: list[dict[str, Any]] = []
+        for r in chosen:
+            try:
+                app.answer(
+                    r.run_id,
+                    r.id,
+                    decision=decision,  # type: ignore[arg-type]
+                    reason=reason,
+                    by=local_user(),
+                )
+            except MainspringError as exc:
+                failed.append({"run_id": r.run_id, "request": r.id, "error": str(exc)})
+                continue
+            decided.append({"run_id": r.run_id, "request": r.id})
+    if as_json:
+        print_json({"decision": decision, "decided": decided, "failed": failed})
+    else:
+        for d in decided:
+            out.print(f"{decision}: request {d['request']!r} of run {d['run_id']}")
+        for f in failed:
+            out.print(f"not decided: request {f['request']!r} of run {f['run_id']}: {f['error']}")
+        out.print(f"{len(decided)} decided; the runs resume on the next free workers")
+    if failed:
+        raise typer.Exit(2)
 
 
 def answer(

@@ -220,6 +220,12 @@ def _tree(t: RunTrace, entries: list[TraceEntry]) -> Tree:
         f"{took} · {len(t.entries)} steps · tokens {t.tokens_in:,} in / {t.tokens_out:,} out"
         f" · ${t.cost_usd:.4f}"
     )
+    if t.rate_limited or t.rate_waits:
+        head.append(
+            f" · rate limit: {t.rate_limited} refused (429), {t.rate_waits} wait(s)"
+            f" {_secs(t.rate_wait_s)}",
+            style="yellow",
+        )
     root = Tree(head)
     if len(entries) < len(t.entries):
         head.append(f" (showing {len(entries)} of them)")
@@ -255,6 +261,10 @@ def _line(e: TraceEntry) -> Text:
         out.append(f" attempt {e.attempt}", style="yellow")
     if e.tokens_in or e.tokens_out:
         out.append(f" {e.tokens_in:,}→{e.tokens_out:,} tok ${e.cost_usd:.4f}", style="cyan")
+    if e.rate_limited:
+        out.append(" 429 (no attempt spent)", style="yellow")
+    if e.rate_wait_s > 0:
+        out.append(f" rate-limit wait {_secs(e.rate_wait_s)}", style="yellow")
     if e.input_summary:
         out.append(f" in {e.input_summary[:60]}", style="dim")
     if e.output_summary:

@@ -20,6 +20,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .._errors import ConfigError
+from ..observability import build_trace
 from ..storage import RunRecord, RunStatus, StepRecord, Store
 from ..storage._records import WAKE_NOW
 from ._common import (
@@ -213,6 +214,8 @@ def show(
         current = max(
             (s for s in steps if s.session == record.session), key=lambda s: s.seq, default=None
         )
+        # The whole run's, whatever --last/--errors/--step pick: 429s and rate waits.
+        rate = build_trace(record, steps)
         steps = pick_steps(
             steps,
             where=lambda s: (s.session, s.seq),
@@ -223,7 +226,13 @@ def show(
             step=step,
         )
     if as_json:
-        print_json({"run": _run_json(record, current), "steps": [_step_json(s) for s in steps]})
+        run_json = _run_json(record, current)
+        run_json["rate_limit"] = {
+            "refused": rate.rate_limited,
+            "waits": rate.rate_waits,
+            "waited_s": round(rate.rate_wait_s, 3),
+        }
+        print_json({"run": run_json, "steps": [_step_json(s) for s in steps]})
         return
     out = console()
     now = time.time()
@@ -244,10 +253,20 @@ def show(
     facts.append(("epoch", f"{record.epoch}, {holder}"))
     if record.recoveries:
         facts.append(("recoveries", str(record.recoveries)))
+    if record.parent is not None:
+        facts.append(("forked from", f"run {record.parent}, step {record.parent_step}"))
     times = f"created {_clock(record.created_at, now)}, updated {_clock(record.updated_at, now)}"
     if record.finished_at is not None:
         times += f", finished {_clock(record.finished_at, now)}"
     facts.append(("times (UTC)", times))
+    if rate.rate_limited or rate.rate_waits:
+        facts.append(
+            (
+                "rate limit",
+                f"{rate.rate_limited} refused (429), {rate.rate_waits} wait(s),"
+                f" {rate.rate_wait_s:.1f}s waited",
+            )
+        )
     facts.append(("input", _clip(record.input, width)))
     if record.handoff is not None:
         facts.append(("hand-off", _clip(record.handoff, width)))
@@ -418,6 +437,8 @@ def _run_json(r: RunRecord, current: StepRecord | None) -> dict[str, Any]:
         "wake_at": _iso(r.wake_at) if suspended else None,
         "recoveries": r.recoveries,
         "cancel_requested": r.cancel_requested,
+        # A fork's lineage: the run and step it was forked from.
+        "parent": None if r.parent is None else {"run": r.parent, "step": r.parent_step},
         "created_at": _iso(r.created_at),
         "updated_at": _iso(r.updated_at),
         "finished_at": _iso(r.finished_at),

@@ -267,6 +267,7 @@ def dashboard_router(
             "run.html",
             key=key,
             run=record,
+            trace=trace,
             entries=trace.entries,
             findings=diagnosis.findings if diagnosis else (),
             longest=max(durations, default=0.0) or 0.001,

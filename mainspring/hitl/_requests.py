@@ -164,6 +164,7 @@ def answer_payload(
             )
         if decision != "edit" and arguments is not None:
             raise InvalidAnswer(f"{where}: 'arguments' are only allowed with decision 'edit'")
+        _check_budget_edit(request, where, decision, arguments)
         body = {"decision": decision}
         if arguments is not None:
             body["arguments"] = arguments
@@ -172,6 +173,25 @@ def answer_payload(
     if by is not None:
         body["by"] = by
     return json.dumps(body, separators=(",", ":"), ensure_ascii=False)
+
+
+def _check_budget_edit(request: Request, where: str, decision: str, arguments: Any) -> None:
+    """A budget request (``budget:<limit>``) edited to a limit no higher than what the
+    run has already used would be accepted and asked again at once: refuse it."""
+    if not request.id.startswith("budget:"):
+        return
+    preview = request.preview if isinstance(request.preview, dict) else {}
+    used = preview.get("used")
+    limit = (arguments or {}).get("limit") if decision == "edit" else None
+    if limit is None:
+        return
+    if isinstance(limit, bool) or not isinstance(limit, int | float):
+        raise InvalidAnswer(f"{where}: 'limit' must be a number, not {limit!r}")
+    if isinstance(used, int | float) and limit <= used:
+        raise InvalidAnswer(
+            f"{where}: the new {preview.get('limit', 'limit')} {limit!r} is not above the"
+            f" {used:g} already used; set a higher limit, or reject to stop"
+        )
 
 
 def request_from_row(

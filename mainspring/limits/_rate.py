@@ -51,6 +51,7 @@ __all__ = [
     "RateLimiter",
     "book",
     "charges_of",
+    "fit_output",
     "give_back",
     "hold",
     "is_cold",
@@ -352,6 +353,26 @@ def _interval(limit: float, rate: RateLimit, outside: float = 0.0) -> float:
     this limiter keeps at least a tenth of the limit)."""
     ours = max(limit * (1.0 - rate.headroom) - outside, 0.1 * limit)
     return rate.period_s / ours
+
+
+def fit_output(
+    state: BucketState, rate: RateLimit, charges: Mapping[Dimension, float], trimmable: float
+) -> float:
+    """How many of the ``trimmable`` output tokens of ``charges`` (a default output
+    reservation, not a ``max_tokens`` the caller set) to drop so that the request fits
+    the token limits' buckets: a limit learned from the provider's headers may be
+    smaller than the default reservation, and a reservation is only a guess (settling
+    charges what the reply used). 0 when it fits, or when dropping cannot make it."""
+    if trimmable <= 0:
+        return 0.0
+    limits = effective_limits(rate.limits(), state.learned)
+    trim = 0.0
+    for d in ("tpm", "otpm"):
+        limit = limits[d]
+        if limit is not None:
+            capacity = math.floor(rate.burst * limit * (1.0 - rate.headroom))
+            trim = max(trim, charges.get(d, 0.0) - capacity)
+    return min(float(math.ceil(trim)), trimmable) if trim > 0 else 0.0
 
 
 def book(

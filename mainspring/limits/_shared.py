@@ -3,6 +3,7 @@ configuration file that declares them."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -140,11 +141,23 @@ class StoreRateLimiter(RateLimiter):
         return Cost(input_tokens=math.ceil(prompt_tokens * ratio), output_tokens=output), ratio
 
     def reserve(
-        self, *, prompt_tokens: int, max_tokens: int | None = None, run: str | None = None
+        self,
+        *,
+        prompt_tokens: int,
+        max_tokens: int | None = None,
+        run: str | None = None,
+        trim_output: bool | None = None,
     ) -> Booking:
-        """Estimate a request (see :meth:`estimate`) and book it (see :meth:`acquire`)."""
+        """Estimate a request (see :meth:`estimate`) and book it (see :meth:`acquire`).
+
+        ``trim_output`` (default: when ``max_tokens`` is None): the output reserved is
+        only a default, so a token limit smaller than it (one learned from the
+        provider's headers, say) caps the reservation instead of refusing the request
+        with :class:`~mainspring.ConfigError`; the booking's ``estimate`` says what was
+        reserved. A ``max_tokens`` the caller set is reserved whole."""
         cost, ratio = self._estimate(prompt_tokens, max_tokens)
-        return self.acquire(cost, input_ratio=ratio, run=run)
+        trim = max_tokens is None if trim_output is None else trim_output
+        return self._book(cost, ratio, run, None, cost.output_tokens if trim else 0)
 
     def acquire(
         self, estimate: Cost, *, input_ratio: float = 1.0, run: str | None = None
@@ -166,6 +179,7 @@ class StoreRateLimiter(RateLimiter):
         another worker books: on a cold limiter, a run waiting behind the probe
         would take it from the run re-sending it, which would then wait in turn."""
         booked: dict[Dimension, float] = {d: booking.charges.get(d, 0.0) for d in DIMENSIONS}
+        # The estimate is what was reserved: a capped output stays capped (see reserve).
         return self._book(booking.estimate, booking.input_ratio, run, (booking.seq, booked))
 
     def _book(
@@ -174,16 +188,23 @@ class StoreRateLimiter(RateLimiter):
         input_ratio: float,
         run: str | None,
         replacing: tuple[int, Mapping[Dimension, float]] | None,
+        trimmable: int = 0,
     ) -> Booking:
         charges = charges_of(estimate, self.rate.provider)
         sqlite = self.table.store.dialect != "postgresql"
-        start, now, seq, kind = self.table.book(
+        start, now, seq, kind, trimmed = self.table.book(
             self.rate,
             charges,
             self.clock.now if sqlite else None,
             run=run,
             replacing=replacing,
+            trimmable=trimmable,
         )
+        if trimmed:
+            estimate = dataclasses.replace(
+                estimate, output_tokens=estimate.output_tokens - int(trimmed)
+            )
+            charges = charges_of(estimate, self.rate.provider)
         waited = max(0.0, start - now)
         return Booking(
             key=self.key,

@@ -25,6 +25,7 @@ from ._rate import (
     RateLimit,
     book,
     effective_limits,
+    fit_output,
     give_back,
     hold,
     note_refusal,
@@ -91,7 +92,8 @@ class RateTable:
         *,
         run: str | None = None,
         replacing: tuple[int, Mapping[Dimension, float]] | None = None,
-    ) -> tuple[float, float, int, Literal["slot", "probe", "retry"]]:
+        trimmable: float = 0.0,
+    ) -> tuple[float, float, int, Literal["slot", "probe", "retry"], float]:
         """Book ``charges``; ``(start, now, booking number, kind)`` on the clock the
         booking used. A callable ``now`` is read once the write lock is held: time
         spent waiting for the lock must not count as refill that was never there.
@@ -99,7 +101,9 @@ class RateTable:
         the others book nothing (``"retry"``, number 0) and ask again at ``start``.
         ``replacing``: ``(number, charges)`` of a booking to refund first, in the
         same transaction, so that no other booking comes between the two (a probe
-        given back and booked anew stays with its run).
+        given back and booked anew stays with its run). ``trimmable``: output tokens
+        of ``charges`` that may be dropped to fit a learned limit (see
+        :func:`fit_output`); how many were is the tuple's last value.
 
         Raises:
             ConfigError: the request can never fit one of the limits.
@@ -119,13 +123,18 @@ class RateTable:
             again = probe_gate(state, rate, at, run)
             if again is not None:
                 _save(cur, rate.key, state)
-                return again, at, 0, "retry"
+                return again, at, 0, "retry", 0.0
             probing = state.probe_seq == state.seq + 1
+            trimmed = fit_output(state, rate, charges, trimmable)
+            if trimmed:
+                charges = {
+                    d: v - trimmed if d in ("tpm", "otpm") else v for d, v in charges.items()
+                }
             start = book(state, rate, charges, at)
             if run is not None:
                 hold(state, run, start, charges)
             _save(cur, rate.key, state, last_start=start)
-        return start, at, state.seq, "probe" if probing else "slot"
+        return start, at, state.seq, "probe" if probing else "slot", trimmed
 
     def _lock(
         self, cur: Cursor, key: str, now: float | Callable[[], float] | None

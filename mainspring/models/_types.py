@@ -113,6 +113,9 @@ class ModelResponse:
         rate_limit: the response's rate-limit headers (``x-ratelimit-*``,
             ``anthropic-ratelimit-*``, ``retry-after``), lower-cased names.
         latency_s: wall time of the request.
+        cost_usd: what the reply cost in USD by the caller's price table, set when
+            the call is journaled (``call_model``); ``None``: not priced then (the
+            model is not in the table), and readers price it from theirs.
     """
 
     text: str | None = None
@@ -122,3 +125,4 @@ class ModelResponse:
     model: str = ""
     rate_limit: dict[str, str] = field(default_factory=dict)
     latency_s: float = 0.0
+    cost_usd: float | None = None

@@ -199,7 +199,9 @@ class Telemetry(StepInterceptor):
             self._inc("step_attempts", (kind, "error" if error is not None else "ok"))
             if info.attempt > 1:
                 self._inc("step_retries", (kind,))
-            if isinstance(error, RateLimited):
+            # A slot that lapsed before its request left (agent._call.SlotLapsed, a
+            # RateLimited so that it waits alike) was refused by nobody: not a 429.
+            if isinstance(error, RateLimited) and type(error).__name__ != "SlotLapsed":
                 self._inc("rate_limited", (kind, model))
             self._step_seconds.observe((kind,), max(0.0, end - start))
             if kind == "model":

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Protocol, get_args
 from .._errors import MissingExtra
 from ..limits import Price
 from ..storage import FINISHED, RunStatus, Store
+from ._names import model_of
 from ._trace import trace_entries
 
 if TYPE_CHECKING:
@@ -60,6 +61,8 @@ class _Totals:
     tokens_out: int = 0
     cost_usd: float = 0.0
     dead_lettered: int = 0
+    rate_limited: dict[str, int] = field(default_factory=dict)  # 429s by logical model
+    rate_waits: dict[str, tuple[int, float]] = field(default_factory=dict)  # (n, seconds)
 
     runs: int = 0
 
@@ -70,6 +73,18 @@ class _Totals:
                 self.steps[key] = left
             else:
                 self.steps.pop(key, None)  # a kind/status no run has any more
+        for model, n in other.rate_limited.items():
+            left = self.rate_limited.get(model, 0) + sign * n
+            if left:
+                self.rate_limited[model] = left
+            else:
+                self.rate_limited.pop(model, None)
+        for model, (n, secs) in other.rate_waits.items():
+            had, waited = self.rate_waits.get(model, (0, 0.0))
+            if had + sign * n:
+                self.rate_waits[model] = (had + sign * n, waited + sign * secs)
+            else:
+                self.rate_waits.pop(model, None)
         self.runs += sign * other.runs
         self.dead_lettered += sign * other.dead_lettered
         self.tokens_in += sign * other.tokens_in
@@ -238,6 +253,33 @@ class MetricsCollector(Collector):
             cost.add_metric([wf], round(t.cost_usd, 9))  # no residue of the sums kept
         yield tokens
         yield cost
+        refused = core.GaugeMetricFamily(
+            "mainspring_store_rate_limited",
+            "Model calls refused for rate (HTTP 429) journaled by the runs in the store,"
+            " by logical model (store-wide gauge; mainspring_rate_limited_total counts"
+            " this process's).",
+            labels=["model"],
+        )
+        for model, n in sorted(total.rate_limited.items()):
+            refused.add_metric([model], n)
+        yield refused
+        waits = core.GaugeMetricFamily(
+            "mainspring_store_rate_limit_waits",
+            "Waits for a rate limit journaled by the runs in the store (a slot not yet"
+            " free, a refusal's retry-after), by logical model (store-wide gauge).",
+            labels=["model"],
+        )
+        waited = core.GaugeMetricFamily(
+            "mainspring_store_rate_limit_wait_seconds",
+            "Seconds the runs in the store waited for a rate limit, by logical model"
+            " (store-wide gauge).",
+            labels=["model"],
+        )
+        for model, (n, secs) in sorted(total.rate_waits.items()):
+            waits.add_metric([model], n)
+            waited.add_metric([model], secs)
+        yield waits
+        yield waited
         if self.telemetry is not None:
             yield from self.telemetry.collect()
 
@@ -348,7 +390,24 @@ class MetricsCollector(Collector):
             t.tokens_in += e.tokens_in  # 0 for a fork's copied steps: spent by the source
             t.tokens_out += e.tokens_out
             t.cost_usd += e.cost_usd
+            if e.copied:
+                continue  # a fork's copy: the source run was refused and waited
+            if e.rate_limited:
+                model = model_of(e.name)
+                t.rate_limited[model] = t.rate_limited.get(model, 0) + 1
+            if e.rate_wait_s > 0:
+                model = _rate_model(e.name)
+                n, secs = t.rate_waits.get(model, (0, 0.0))
+                t.rate_waits[model] = (n + 1, secs + e.rate_wait_s)
         return t
+
+
+def _rate_model(name: str) -> str:
+    """The logical model of a rate step: ``rate:wait:openai:gpt-4.1`` and
+    ``rate:openai:gpt-4.1:ACCOUNT`` -> ``openai:gpt-4.1``."""
+    if name.startswith("rate:wait:"):
+        return name[len("rate:wait:") :]
+    return name[len("rate:") :].rsplit(":", 1)[0]
 
 
 #: What ``mainspring_runs_waiting`` reports (always, 0 when none).

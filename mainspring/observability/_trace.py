@@ -47,6 +47,11 @@ class TraceEntry:
             why its previous attempt did (for a step that then succeeded).
         copied: a fork copied this step from its source run and replays it: its
             tokens and cost were spent by the source, so they are 0 here.
+        rate_limited: a model call the provider refused for rate (a 429): the
+            step ended without spending an attempt and the run waited.
+        rate_wait_s: seconds this step made the run wait for the rate limit (a
+            ``rate:KEY`` booking's wait for its slot, or a ``rate:wait:NAME``
+            step's wait for the refusal's ``retry-after``); 0 otherwise.
     """
 
     session: int
@@ -69,6 +74,8 @@ class TraceEntry:
     error_message: str | None = None
     calls: tuple[tuple[str, str], ...] = ()
     copied: bool = False
+    rate_limited: bool = False
+    rate_wait_s: float = 0.0
 
     @property
     def position(self) -> str:
@@ -99,6 +106,21 @@ class RunTrace:
         return sum(e.cost_usd for e in self.entries)
 
     @property
+    def rate_limited(self) -> int:
+        """Model calls the provider refused for rate (429s)."""
+        return sum(1 for e in self.entries if e.rate_limited)
+
+    @property
+    def rate_waits(self) -> int:
+        """Waits for the rate limit (a slot not yet free, or a refusal's ``retry-after``)."""
+        return sum(1 for e in self.entries if e.rate_wait_s > 0)
+
+    @property
+    def rate_wait_s(self) -> float:
+        """Seconds the run waited for the rate limit, in all."""
+        return sum(e.rate_wait_s for e in self.entries)
+
+    @property
     def duration_s(self) -> float | None:
         """From creation to the end (``None`` while the run is unfinished)."""
         if self.run.finished_at is None:
@@ -125,6 +147,9 @@ class RunTrace:
                 "cost_usd": round(self.cost_usd, 6),
                 "retries": sum(e.retries for e in self.entries),
                 "errors": sum(1 for e in self.entries if e.error_class),
+                "rate_limited": self.rate_limited,
+                "rate_waits": self.rate_waits,
+                "rate_wait_s": round(self.rate_wait_s, 3),
                 "duration_s": self.duration_s,
             },
             "steps": [
@@ -150,6 +175,8 @@ class RunTrace:
                     "error_message": e.error_message,
                     "tool_calls": [{"name": n, "arguments": a} for n, a in e.calls],
                     "copied": e.copied,
+                    "rate_limited": e.rate_limited,
+                    "rate_wait_s": round(e.rate_wait_s, 3),
                 }
                 for e in self.entries
             ],
@@ -187,6 +214,7 @@ def trace_entries(
             for stale in [k for k in waiting if k[0] == s.run_id]:
                 del waiting[stale]
             fields = _model_fields(s, prices, waiting)
+            fields["rate_limited"] = error_class == "RateLimited" and s.status == "failed"
             if s.epoch == 0:
                 # Epoch 0 is no worker's: the row was copied by a fork (every claim
                 # bumps the epoch to 1 or more before anything is journaled).
@@ -199,6 +227,11 @@ def trace_entries(
                 "tool": tool,
                 "input_summary": queue.popleft() if queue else None,
                 "output_summary": _clip(s.output) if s.output is not None else None,
+            }
+        elif s.kind == "step" and s.name.startswith("rate:"):
+            fields = {
+                "output_summary": _clip(s.output) if s.output is not None else None,
+                "rate_wait_s": _rate_wait(s),
             }
         elif s.kind == "sleep":
             fields = {"input_summary": None if s.wake_at is None else f"until {s.wake_at:.3f}"}
@@ -254,10 +287,28 @@ def _model_fields(
         "model": model_id,
         "tokens_in": usage.input_tokens,
         "tokens_out": usage.output_tokens,
-        "cost_usd": cost_usd(model_id, usage, prices),
+        # The cost journaled with the reply (the caller's price table at the time),
+        # else priced now from ``prices``.
+        "cost_usd": journaled
+        if isinstance(journaled := reply.get("cost_usd"), int | float)
+        else cost_usd(model_id, usage, prices),
         "output_summary": _clip(summary) if summary else None,
         "calls": tuple((str(c.get("name", "")), str(c.get("arguments", ""))) for c in calls),
     }
+
+
+def _rate_wait(s: StepRecord) -> float:
+    """How long a ``rate:`` step made its run wait: a booking (``rate:KEY``) until
+    its slot, a ``rate:wait:NAME`` step until the wake time it journaled."""
+    if s.status != "completed" or s.finished_at is None:
+        return 0.0
+    out = _loads(s.output)
+    if isinstance(out, dict):  # a Booking (a cold limiter's "retry" too: it waits)
+        waited = out.get("waited_s")
+        return max(0.0, float(waited)) if isinstance(waited, int | float) else 0.0
+    if isinstance(out, int | float) and s.name.startswith("rate:wait:"):
+        return max(0.0, float(out) - s.finished_at)
+    return 0.0
 
 
 def _loads(text: str | None) -> Any:

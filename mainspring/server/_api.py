@@ -736,6 +736,8 @@ def _run_out(
         status=r.status,
         session=r.session,
         recoveries=r.recoveries,
+        parent=r.parent,
+        parent_step=r.parent_step,
         created_at=r.created_at,
         updated_at=r.updated_at,
         finished_at=r.finished_at,

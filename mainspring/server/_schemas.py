@@ -115,6 +115,10 @@ class RunOut(BaseModel):
     error: Any = None
     current_step: CurrentStep | None = None
     pending_requests: list[RequestOut] = Field(default_factory=list)
+    parent: str | None = Field(None, description="A fork's source run (null: not a fork).")
+    parent_step: str | None = Field(
+        None, description="The source run's step the fork was made from, 'session:seq'."
+    )
 
 
 class RunList(BaseModel):

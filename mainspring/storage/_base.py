@@ -35,7 +35,7 @@ __all__ = ["WAKE_NOW", "Cursor", "Heartbeat", "PruneResult", "Store"]
 _RUN_COLUMNS = (
     "id, workflow, idem_key, status, input, output, error, session, handoff, epoch, owner,"
     " lease_until, wake_at, wait_reason, recoveries, cancel_requested, created_at, updated_at,"
-    " finished_at, traceparent"
+    " finished_at, traceparent, parent, parent_step"
 )
 # The same, without the large values (input, output, hand-off): what lists need.
 _RUN_SUMMARY_COLUMNS = _RUN_COLUMNS.replace("input, output,", "NULL, NULL,").replace(
@@ -116,6 +116,8 @@ def _run(row: Sequence[Any]) -> RunRecord:
         updated_at=row[17],
         finished_at=row[18],
         traceparent=row[19],
+        parent=row[20],
+        parent_step=row[21],
     )
 
 
@@ -463,9 +465,12 @@ class Store(ApiTables, ABC):
         output: str | None,
         now: float,
         outputs: Mapping[int, str] | None = None,
+        parent_step: str | None = None,
     ) -> RunRecord:
         """A new queued run of ``source``'s workflow and input whose journal is a copy
         of ``source``'s session ``session`` up to and including ``upto_seq``.
+        The new run's ``parent`` is ``source.id``, its ``parent_step`` the step it was
+        forked from (``"session:seq"``; default: ``upto_seq``'s).
 
         ``output`` replaces the journaled output of that last step (``None``: kept);
         ``outputs`` replaces the outputs of the steps it names by seq.
@@ -496,7 +501,8 @@ class Store(ApiTables, ABC):
                 )
             cur.execute(
                 "INSERT INTO ms_runs (id, workflow, status, input, session, handoff,"
-                " created_at, updated_at) VALUES (?, ?, 'queued', ?, ?, ?, ?, ?)",
+                " created_at, updated_at, parent, parent_step)"
+                " VALUES (?, ?, 'queued', ?, ?, ?, ?, ?, ?, ?)",
                 (
                     run_id,
                     source.workflow,
@@ -505,6 +511,8 @@ class Store(ApiTables, ABC):
                     handoff if session else None,
                     now,
                     now,
+                    source.id,
+                    parent_step if parent_step is not None else f"{session}:{upto_seq}",
                 ),
             )
             cur.execute(

@@ -156,6 +156,11 @@ ALTER TABLE ms_rate_limits ADD COLUMN probe_run TEXT;
     7: """
 ALTER TABLE ms_runs ADD COLUMN traceparent TEXT;
 """,
+    # Fork lineage: the run a fork was made from and the step ("session:seq").
+    8: """
+ALTER TABLE ms_runs ADD COLUMN parent TEXT;
+ALTER TABLE ms_runs ADD COLUMN parent_step TEXT;
+""",
 }
 
 LATEST = max(MIGRATIONS)

@@ -49,7 +49,11 @@ StepStatus = Literal["started", "retrying", "completed", "failed"]
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RunRecord:
-    """One row of ``ms_runs``."""
+    """One row of ``ms_runs``.
+
+    ``parent`` / ``parent_step``: a fork's lineage, the run it was forked from and
+    that run's step (``"session:seq"``); ``None`` for a run that is no fork.
+    """
 
     id: str
     workflow: str
@@ -72,6 +76,8 @@ class RunRecord:
     finished_at: float | None
     # The caller's W3C ``traceparent`` from submission: the run's spans join its trace.
     traceparent: str | None = None
+    parent: str | None = None
+    parent_step: str | None = None
 
     @property
     def finished(self) -> bool:
