@@ -595,3 +595,26 @@ def test_json_output_is_the_only_thing_on_stdout(runs: Runs, db: str) -> None:
         result = invoke(*command, "--db", db, "--json")
         assert result.exit_code == 0
         json.loads(result.stdout)
+
+
+def test_runs_show_when_a_run_last_did_something_not_only_its_status(tmp_path: Path) -> None:
+    # A running run's steps commit without touching its row: the listing's activity
+    # time follows its newest journal row, not the claim that last changed the status.
+    from mainspring.storage import RunWrite, SQLiteStore, StepRecord
+
+    path = tmp_path / "active.db"
+    store = SQLiteStore(path)
+    t0 = 1_714_996_800.0  # 2024-05-06 12:00:00 UTC
+    store.create_run(run_id="r1", workflow="wf", input="[[],{}]", key=None, now=t0)
+    [run] = store.claim(worker="w", now=t0, lease_s=60, limit=1, workflows=None, max_recoveries=3)
+    step = StepRecord(
+        run_id="r1", session=0, seq=0, kind="step", name="work", status="completed",
+        attempt=1, epoch=run.epoch, output="1", started_at=t0 + 95, finished_at=t0 + 100,
+    )  # fmt: skip
+    [result] = store.commit([RunWrite(run_id="r1", epoch=run.epoch, steps=[step])], t0 + 100)
+    assert result.ok
+    store.close()
+    [listed] = as_json("runs", "--db", f"sqlite:///{path}")["runs"]
+    assert listed["updated_at"] == "2024-05-06T12:00:00.000Z"  # the claim
+    assert listed["active_at"] == "2024-05-06T12:01:40.000Z"  # the step, 100 s later
+    assert "12:01:40" in ok("runs", "--db", f"sqlite:///{path}")

@@ -170,7 +170,7 @@ def runs(
         table.add_column("session", justify="right")
         table.add_column("current step")
         table.add_column("created (UTC)", no_wrap=True)
-        table.add_column("updated (UTC)", no_wrap=True)
+        table.add_column("active (UTC)", no_wrap=True)
         table.add_column("waiting on")
         for r, c in zip(records, currents, strict=True):
             table.add_row(
@@ -180,7 +180,7 @@ def runs(
                 str(r.session),
                 _step_summary(c),
                 _clock(r.created_at, now),
-                _clock(r.updated_at, now),
+                _clock(_active_at(r, c), now),
                 _wait_text(r, now),
             )
         out.print(table)
@@ -397,6 +397,14 @@ def _parse_statuses(values: list[str]) -> list[str]:
 # -- reading the journal ------------------------------------------------------------------
 
 
+def _active_at(record: RunRecord, current: StepRecord | None) -> float:
+    """When the run last did something: its row's last change (status moves) or its
+    newest journal row's, whichever is later (step commits leave the row as it is)."""
+    if current is None:
+        return record.updated_at
+    return max(record.updated_at, current.finished_at or current.started_at or 0.0)
+
+
 def _current_step(store: Store, record: RunRecord) -> StepRecord | None:
     """The newest journal row of the run."""
     return store.last_steps([record.id]).get(record.id)
@@ -441,6 +449,7 @@ def _run_json(r: RunRecord, current: StepRecord | None) -> dict[str, Any]:
         "parent": None if r.parent is None else {"run": r.parent, "step": r.parent_step},
         "created_at": _iso(r.created_at),
         "updated_at": _iso(r.updated_at),
+        "active_at": _iso(_active_at(r, current)),
         "finished_at": _iso(r.finished_at),
         "current_step": None
         if current is None
