@@ -76,10 +76,6 @@ class StoreMachine(RuleBasedStateMachine):
     """Random store calls, checked against :class:`MRun` models."""
 
     backend = "sqlite"
-    # The fence as DESIGN.md §11 states it: a commit is refused unless the run is
-    # ``running`` at the writer's epoch, and every write that ends or re-opens a run
-    # moves the epoch on. So any run is a target for a "holder's" commit.
-    status_fence = True
 
     runs = Bundle("runs")
 
@@ -162,13 +158,10 @@ class StoreMachine(RuleBasedStateMachine):
             assert got == [], f"claimed a {m.status} run"
 
     def _pick(self, pick: int, stale: bool) -> str | None:
-        """A run a writer could hold: running at its epoch, or one with stale epochs
-        (and, checking the design's fence, any run at all)."""
-        found = [
-            rid
-            for rid, m in self.model.items()
-            if (m.stale if stale else (m.status == "running" or self.status_fence))
-        ]
+        """A run a writer could hold: with ``stale``, one with earlier epochs; else any
+        run at all, running or not: the fence (DESIGN.md §11) refuses a commit unless
+        the run is ``running`` at the writer's epoch."""
+        found = [rid for rid, m in self.model.items() if m.stale or not stale]
         return found[pick % len(found)] if found else None
 
     @rule(
@@ -434,12 +427,8 @@ PG_FAST = settings(FAST, max_examples=30)
 THOROUGH = settings(FAST, max_examples=500, stateful_step_count=80)
 
 
-def _machine(backend: str, status_fence: bool, config: settings) -> Any:
-    cls = type(
-        f"StoreMachine_{backend}_{'design' if status_fence else 'today'}",
-        (StoreMachine,),
-        {"backend": backend, "status_fence": status_fence},
-    )
+def _machine(backend: str, config: settings) -> Any:
+    cls = type(f"StoreMachine_{backend}", (StoreMachine,), {"backend": backend})
     return settings(config)(cls).TestCase
 
 
@@ -458,7 +447,7 @@ def backend(request: pytest.FixtureRequest) -> Any:
 
 def _run_machine(backend: str, config: settings) -> None:
     STATS.clear()
-    _machine(backend, False, config)().runTest()
+    _machine(backend, config)().runTest()
     print(f"\nstore model on {backend}: {dict(sorted(STATS.items()))}")
     # The examples reached what the model is about (else it checked little).
     for what in ("claimed", "commit ok", "signal sent"):

@@ -32,6 +32,8 @@ __all__ = [
     "ErrorsOption",
     "JsonOption",
     "LastOption",
+    "LogLevelOption",
+    "OtelOption",
     "StepOption",
     "cli_errors",
     "console",
@@ -67,6 +69,14 @@ LastOption = Annotated[
 ]
 ErrorsOption = Annotated[
     bool, typer.Option("--errors", help="Only the steps that failed or were retried.")
+]
+LogLevelOption = Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")]
+OtelOption = Annotated[
+    bool,
+    typer.Option(
+        "--otel/--no-otel",
+        help="Export OpenTelemetry spans live (configured by the OTEL_* variables).",
+    ),
 ]
 StepOption = Annotated[
     str | None,

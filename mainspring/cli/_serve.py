@@ -9,6 +9,7 @@ import typer
 
 from .._errors import MissingExtra
 from ..storage import redact_url
+from ._common import LogLevelOption, OtelOption
 from ._load import load_app
 
 __all__ = ["serve"]
@@ -26,7 +27,7 @@ def serve(
         bool, typer.Option("--webhooks/--no-webhooks", help="Deliver webhooks from here.")
     ] = True,
     max_body_bytes: Annotated[int, typer.Option(help="Larger request bodies get 413.")] = 1 << 20,
-    log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")] = "INFO",
+    log_level: LogLevelOption = "INFO",
     docs: Annotated[
         bool,
         typer.Option(
@@ -63,13 +64,7 @@ def serve(
             "automatic with --ssl-certfile).",
         ),
     ] = False,
-    otel: Annotated[
-        bool,
-        typer.Option(
-            "--otel/--no-otel",
-            help="Export OpenTelemetry spans live (configured by the OTEL_* variables).",
-        ),
-    ] = False,
+    otel: OtelOption = False,
 ) -> None:
     """Serve the HTTP API (OpenAPI at /openapi.json; Swagger UI at /docs with --docs)."""
     try:

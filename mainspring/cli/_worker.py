@@ -11,6 +11,7 @@ import typer
 
 from ..observability import serve_metrics
 from ..storage import redact_url
+from ._common import LogLevelOption, OtelOption
 from ._load import load_app
 
 __all__ = ["worker"]
@@ -29,19 +30,13 @@ def worker(
     until_idle: Annotated[
         bool, typer.Option(help="Exit when nothing is runnable or running.")
     ] = False,
-    log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")] = "INFO",
+    log_level: LogLevelOption = "INFO",
     metrics_port: Annotated[
         int | None,
         typer.Option(help="Serve this worker's Prometheus counters on this port (/metrics)."),
     ] = None,
     metrics_host: Annotated[str, typer.Option(help="Interface for --metrics-port.")] = "127.0.0.1",
-    otel: Annotated[
-        bool,
-        typer.Option(
-            "--otel/--no-otel",
-            help="Export OpenTelemetry spans live (configured by the OTEL_* variables).",
-        ),
-    ] = False,
+    otel: OtelOption = False,
 ) -> None:
     """Execute runs: claim, replay, step, heartbeat. Stops gracefully on SIGTERM/SIGINT."""
     logging.basicConfig(

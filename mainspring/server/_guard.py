@@ -16,7 +16,7 @@ import json
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-__all__ = ["SECURITY_HEADERS", "BrowserGuard"]
+__all__ = ["SECURITY_HEADERS", "BrowserGuard", "send_json_error"]
 
 _UNSAFE = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 # On every response: never framed, never sniffed, no referrer leaves, nothing cached
@@ -106,6 +106,28 @@ def _same_origin(scope: Scope, headers: Headers) -> bool:
 
 async def _refuse(send: Send, status: int, message: str) -> None:
     kind = "forbidden" if status == 403 else "unsupported_media_type"
+    await send_json_error(
+        send,
+        status,
+        kind,
+        message,
+        headers=(
+            *SECURITY_HEADERS,
+            (b"content-security-policy", _API_CSP),
+            (b"cache-control", b"no-store"),
+        ),
+    )
+
+
+async def send_json_error(
+    send: Send,
+    status: int,
+    kind: str,
+    message: str,
+    *,
+    headers: tuple[tuple[bytes, bytes], ...] = (),
+) -> None:
+    """Answer from raw ASGI with the API's error body, ``{"error": {type, message}}``."""
     body = json.dumps({"error": {"type": kind, "message": message}}).encode()
     await send(
         {
@@ -114,9 +136,7 @@ async def _refuse(send: Send, status: int, message: str) -> None:
             "headers": [
                 (b"content-type", b"application/json"),
                 (b"content-length", str(len(body)).encode()),
-                *SECURITY_HEADERS,
-                (b"content-security-policy", _API_CSP),
-                (b"cache-control", b"no-store"),
+                *headers,
             ],
         }
     )

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import json
 
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from ._guard import send_json_error
 
 __all__ = ["BodySizeLimit"]
 
@@ -90,15 +91,4 @@ class BodySizeLimit:
         self, send: Send, status: int = 413, kind: str = "too_large", message: str = ""
     ) -> None:
         message = message or f"the request body is larger than {self.max_bytes} bytes"
-        body = json.dumps({"error": {"type": kind, "message": message}}).encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": status,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode()),
-                ],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
+        await send_json_error(send, status, kind, message)
