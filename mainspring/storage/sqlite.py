@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import ClassVar, Literal
@@ -114,6 +115,23 @@ class SQLiteStore(Store):
     def _conn(self) -> sqlite3.Connection:
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
         if conn is None:
+            conn = self._open()
+            self._local.conn = conn
+            with self._lock:
+                self._all.append(conn)
+                if self._identity is None:
+                    st = os.stat(self.path)
+                    self._identity = (st.st_dev, st.st_ino)
+        return conn
+
+    def _open(self) -> sqlite3.Connection:
+        """A new connection, set up. The set-up is idempotent, so one that meets a lock
+        (a new thread's first statement while other threads write, which does not
+        always go through the busy handler) is tried again within the busy timeout."""
+        deadline = time.monotonic() + self.busy_timeout_ms / 1000
+        delay = 0.01
+        while True:
+            conn: sqlite3.Connection | None = None
             try:
                 conn = sqlite3.connect(
                     self.path,
@@ -125,21 +143,24 @@ class SQLiteStore(Store):
                 # 8 KiB pages keep ~1 KiB journal rows inline instead of each spilling to
                 # a mostly empty overflow page (a no-op on an existing database).
                 conn.execute("PRAGMA page_size = 8192")
-                mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+                mode = conn.execute("PRAGMA journal_mode").fetchone()[0]
+                if str(mode).lower() != "wal":  # set once, by the first connection
+                    mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
                 if str(mode).lower() != "wal":
+                    conn.close()
                     raise StoreError(f"SQLite file {self.path!r} cannot use WAL (got {mode!r})")
                 conn.execute(f"PRAGMA synchronous = {self.synchronous}")
+                return conn
             except sqlite3.DatabaseError as exc:
                 if conn is not None:
                     conn.close()
-                raise self._error(exc, "opening") from exc
-            self._local.conn = conn
-            with self._lock:
-                self._all.append(conn)
-                if self._identity is None:
-                    st = os.stat(self.path)
-                    self._identity = (st.st_dev, st.st_ino)
-        return conn
+                locked = isinstance(exc, sqlite3.OperationalError) and (
+                    "locked" in str(exc) or "busy" in str(exc)
+                )
+                if not locked or time.monotonic() + delay > deadline:
+                    raise self._error(exc, "opening") from exc
+                time.sleep(delay)
+                delay = min(delay * 2, 0.5)
 
     def check_file(self) -> None:
         """Raise :class:`DatabaseGone` if the path no longer names the file this store
