@@ -155,7 +155,7 @@ async def call_model(
         if limiter is not None:
             booking = await _book(ctx, limiter, prompt_tokens or 0, max_tokens, trim)
             if booking.retry:  # a cold limiter: another request is learning the limits
-                await ctx._wait_until(booking.wake_at, reason="rate_limit")
+                await ctx.sleep_until(booking.wake_at, reason="rate_limit")
                 continue
             if (
                 held_since is not None
@@ -171,7 +171,7 @@ async def call_model(
                     ctx, m, held_since, max_rate_wait_s, refusals
                 )
                 continue
-            await ctx._wait_until(booking.wake_at - lead, reason="rate_limit")
+            await ctx.sleep_until(booking.wake_at - lead, reason="rate_limit")
         fallback = _backoff(refusals + 1, engine.rng)
 
         async def send(
@@ -217,7 +217,7 @@ async def call_model(
                 ctx, m, held_since, max_rate_wait_s, refusals
             )
             continue
-        await ctx._wait_until(wake_at, reason="rate_limit")
+        await ctx.sleep_until(wake_at, reason="rate_limit")
 
 
 def _backoff(refusals: int, rng: random.Random) -> float:

@@ -949,6 +949,19 @@ class RunContext:
         finally:
             _current.reset(token)
 
+    async def sleep_until(self, when: datetime | float, *, reason: str = "sleep") -> None:
+        """Wait until ``when`` (an aware datetime, or seconds since the epoch).
+
+        Unlike :meth:`sleep`, this writes nothing to the journal: ``when`` must be as
+        deterministic as the workflow, computed from journaled values (a step's output,
+        :meth:`now`), so that a replay waits for the same instant, or not at all once it
+        has passed. A short wait holds the worker; a long one releases it and the run
+        wakes on time on any worker. ``reason`` names the wait in ``show`` and the API
+        (``sleep``, ``rate_limit``, ...).
+        """
+        wake_at = when.timestamp() if isinstance(when, datetime) else float(when)
+        await self._wait_until(wake_at, reason=reason)
+
     async def _wait_until(self, wake_at: float, *, reason: str) -> None:
         delay = wake_at - self._now()
         if delay <= 0:
