@@ -6,6 +6,6 @@ HTTP API, ``mainspring approve``/``answer`` or :meth:`App.answer`, on any worker
 after any restart.
 """
 
-from ._requests import Approval, Decision, Request, RequestKind, answer_payload, approval_from
+from .._requests import Approval, Decision, Request, RequestKind, answer_payload, approval_from
 
 __all__ = ["Approval", "Decision", "Request", "RequestKind", "answer_payload", "approval_from"]

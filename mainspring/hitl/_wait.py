@@ -6,9 +6,9 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from .._errors import ApprovalRejected, WaitTimeout
+from .._requests import Approval, approval_from, request_meta
 from .._serde import dumps
 from ..journal._context import _MISSING
-from ._requests import Approval, approval_from, request_meta
 
 if TYPE_CHECKING:
     from ..journal._context import RunContext

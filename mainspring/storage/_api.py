@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from .._errors import ConfigError, RequestNotFound, RunConflict, RunNotFound
 from .._public import public_error
+from .._requests import Request, request_from_row
 from ._records import FINISHED, WAKE_NOW, split_wait_signals
 
 if TYPE_CHECKING:
-    from ..hitl._requests import Request
     from ._base import Cursor
 
 __all__ = [
@@ -119,8 +119,6 @@ class ApiTables(ABC):
 
     def pending_requests(self, run_id: str | None = None, *, limit: int = 1000) -> list[Request]:
         """Requests still waiting for a human, oldest first (of one run, or all)."""
-        from ..hitl._requests import request_from_row
-
         where = " AND r.id = ?" if run_id is not None else ""
         params: list[Any] = [run_id] if run_id is not None else []
         with self._read() as cur:
@@ -155,8 +153,6 @@ class ApiTables(ABC):
             RunConflict: the run has finished, or the request was already answered.
             InvalidAnswer: ``make_payload`` refused the answer.
         """
-        from ..hitl._requests import request_from_row
-
         with self._write() as cur:
             cur.execute(
                 "SELECT status, workflow, session, wait_signal FROM ms_runs WHERE id = ?"

@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from .._errors import InvalidAnswer
+from ._errors import InvalidAnswer
 
 __all__ = ["Approval", "Decision", "Request", "RequestKind", "answer_payload", "approval_from"]
 
