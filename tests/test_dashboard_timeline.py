@@ -344,6 +344,8 @@ def test_durations_and_the_chart() -> None:
     assert svg.startswith("<svg") and 'class="tokens"' in svg and 'class="cost"' in svg
     assert "330" in svg and "$0.0300" in svg and svg.count("<circle") == 3
     assert usage_chart(()) == ""
+    big = [_entry(1, "model", "model:scripted:scripted", tokens_in=3_600_000, tokens_out=51_575)]
+    assert ">3.65M</text>" in usage_chart(build_timeline(big, now=0.0).turns)
 
 
 def test_a_long_run_pages_without_drawing_every_row(tmp_path: Path) -> None:

@@ -16,6 +16,13 @@ _COST = "#d97706"
 _DOTS = 80  # up to this many turns, each gets a dot with its numbers on hover
 
 
+def _compact(n: int) -> str:
+    """An axis label that fits its margin: ``950``, ``204.6k``, ``3.65M``."""
+    if n >= 1_000_000:
+        return f"{n / 1_000_000:.2f}M"
+    return f"{n / 1000:.1f}k" if n >= 10_000 else f"{n:,}"
+
+
 def usage_chart(turns: Sequence[Turn]) -> str:
     """Two lines over the turns of a run: tokens (input + output, left scale) and
     cost (right scale), each cumulative from 0 before the first turn. Empty for a
@@ -53,7 +60,7 @@ def usage_chart(turns: Sequence[Turn]) -> str:
             for at, cls in ((0.0, "axis"), (1.0, "gridline"), (0.5, "gridline"))
         ),
         f'<text x="{_LEFT - 6}" y="{y(1) + 4:.1f}" text-anchor="end" fill="{_TOKENS}">'
-        f"{tokens:,}</text>",
+        f"{_compact(tokens)}</text>",
         f'<text x="{_LEFT - 6}" y="{y(0) + 4:.1f}" text-anchor="end" fill="{_TOKENS}">0</text>',
         f'<text x="{_W - _RIGHT + 6}" y="{y(1) + 4:.1f}" fill="{_COST}">{money(cost)}</text>',
         f'<text x="{_W - _RIGHT + 6}" y="{y(0) + 4:.1f}" fill="{_COST}">$0</text>',
