@@ -4,6 +4,10 @@ watch a run progress live, approve its request with a click, see it finish."""
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -74,8 +78,11 @@ def test_watch_a_run_live_and_approve_it(stack: Any, browser: Any) -> None:
     # The run's status and its last rows are separate events of one commit: the row
     # may arrive a moment after the status.
     page.wait_for_function("() => document.querySelectorAll('#steps tr.step').length >= 11")
-    names = page.locator("#steps tr.step td:nth-child(3)").all_text_contents()
+    names = page.locator("#steps tr.step td.name .label").all_text_contents()
     assert names == ["go", *(f"check-{i}" for i in range(8)), "approval:publish", "publish"]
+    # A workflow without model calls is a plain waterfall: no turns, the waits drawn as such.
+    assert page.locator("#steps tbody.turn").count() == 0
+    assert page.locator("#steps tbody.plain tr.role-wait .seg.wait").count() == 2
     page.screenshot(path=str(ARTIFACTS / "run-done.png"), full_page=True)
     assert stack.app.get_run(run_id).status == "succeeded"
 
@@ -143,3 +150,162 @@ def test_a_page_on_another_origin_cannot_act_or_frame(stack: Any, browser: Any) 
     run = ops.get(f"/runs/{run_id}").json()
     assert run["status"] == "queued", run  # not cancelled, not signalled
     assert ops.get(f"/runs/{run_id}/steps").json()["steps"] == []
+
+
+@pytest.fixture(scope="module")
+def agent_runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, str, str]]:
+    """A server over two real agent runs (a scripted model): ~260 steps with a refusal,
+    an approval and a retried tool call, and 1,200 steps. The database lives in memory
+    (/dev/shm) where there is one: a journal commit there costs no disk flush."""
+    from _stack import Stack
+    from test_dashboard_timeline import agent_run
+
+    tmp = tmp_path_factory.mktemp("dashboard-runs")
+    shm = Path("/dev/shm")
+    where = Path(tempfile.mkdtemp(dir=shm)) if shm.is_dir() else tmp
+    db_url = f"sqlite:///{where / 'runs.db'}"
+    try:
+        agent = agent_run(db_url, 52, refuse_at=7, approve_at=20, flaky_at=12)
+        long = agent_run(db_url, 240)
+        stack = Stack(tmp, db_url)
+        try:
+            stack.serve("--no-worker", "--no-webhooks")
+            yield stack, agent, long
+        finally:
+            stack.close()
+    finally:
+        if where != tmp:
+            shutil.rmtree(where, ignore_errors=True)
+
+
+def _login(browser: Any, stack: Any) -> Any:
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.set_default_timeout(20_000)
+    page.goto(f"{stack.base}/ui/login")
+    page.fill("#key", stack.admin)
+    page.click("#login")
+    page.wait_for_url(f"{stack.base}/ui/")
+    return page
+
+
+def _rows(page: Any, selector: str = "#steps tr.step") -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = page.eval_on_selector_all(
+        selector,
+        """rows => rows.map(r => ({role: r.dataset.role, turn: Number(r.dataset.turn),
+            label: r.querySelector('.label').textContent, height: r.offsetHeight}))""",
+    )
+    return rows
+
+
+def test_an_agent_run_reads_turn_by_turn(
+    agent_runs: tuple[Any, str, str], browser: Any, tmp_path: Path
+) -> None:
+    stack, run_id, _ = agent_runs
+    page = _login(browser, stack)
+    url = f"{stack.base}/ui/runs/{run_id}"
+    page.goto(url)
+    assert page.text_content("#turn-count") == "52"
+    turns = page.locator("#steps tbody.turn")
+    assert turns.count() == 25  # a page of turns
+    rows = _rows(page)
+    # Model and tool calls only: the recorded values and rate-limit bookings are hidden.
+    assert {r["role"] for r in rows} == {"model", "tool", "wait"}
+    assert page.get_attribute("#step-count", "data-steps") == str(len(stack.app.steps(run_id)))
+    assert "106 internal rows hidden" in page.text_content("#hidden-note")
+    assert all(r["label"] == "scripted:scripted" for r in rows if r["role"] == "model")
+    # The first turn: its model call and two tool calls, tokens, cost and latency.
+    first = page.locator("#turn-1")
+    head = first.locator("tr.turn-head td").all_text_contents()
+    assert head[0] == "completed" and head[1].endswith(" s") and head[2] == "800 / 60"
+    assert head[3] == "$0.003300"
+    assert first.locator("tr.step .label").all_text_contents() == [
+        "scripted:scripted", "lookup", "fetch",
+    ]  # fmt: skip
+    # Durations (and everything else) stay on one line: every row is as tall as another.
+    heights = {r["height"] for r in rows}
+    assert max(heights) - min(heights) <= 2, heights
+    assert page.locator("#usage-chart polyline.tokens").count() == 1
+    assert page.locator("#usage-chart polyline.cost").count() == 1
+    # The refused call (turn 8): failed with a 429, the wait for a slot, the call again.
+    refused = page.locator("#turn-8")
+    assert refused.locator("tr.step .error").all_text_contents() == ["429"]
+    assert refused.locator("tr.role-wait .seg.wait").count() == 1
+    assert "1 retry" in refused.locator("tr.turn-head").inner_text()
+    # The approval (turn 21): a long wait drawn as one, before the tool calls it allowed.
+    approved = page.locator("#turn-21")
+    assert approved.locator("tr.role-wait .seg.wait").count() == 1
+    assert "waited 40" in approved.locator("tr.turn-head").inner_text()
+    page.screenshot(path=str(tmp_path / "agent-run.png"), full_page=True)
+
+    # Shown on request, with a link (no JavaScript needed): every row of the page's turns.
+    page.click("#show-internal")
+    page.wait_for_url("**internal=1")
+    shown = _rows(page)
+    assert {"internal", "rate"} <= {r["role"] for r in shown}
+    assert len(shown) > len(rows)
+    page.click("#hide-internal")
+    page.wait_for_url(url + "?")
+
+    # Filters: errors only, then tool calls of turns 10 to 12 (a plain GET form).
+    page.check("#timeline-filters input[name=errors]")
+    page.click("#apply-filters")
+    page.wait_for_url("**errors=1**")
+    errors = _rows(page)
+    assert [(r["turn"], r["label"]) for r in errors] == [(8, "scripted:scripted"), (13, "fetch")]
+    flaky = page.locator("#turn-13 tr.step")
+    assert "attempt 2" in flaky.inner_text() and "ConnectionError" in flaky.inner_text()
+    assert flaky.locator(".seg.retry").count() == 1  # the failed attempt and its back-off
+    page.screenshot(path=str(tmp_path / "agent-errors.png"), full_page=True)
+    page.uncheck("#timeline-filters input[name=errors]")
+    page.select_option("#timeline-filters select[name=kind]", "tool")
+    page.fill("#timeline-filters input[name=first]", "10")
+    page.fill("#timeline-filters input[name=last]", "12")
+    page.click("#apply-filters")
+    page.wait_for_url("**kind=tool**")
+    picked = _rows(page)
+    assert [(r["turn"], r["label"]) for r in picked] == [
+        (10, "lookup"), (10, "fetch"), (11, "lookup"), (11, "fetch"), (12, "lookup"), (12, "fetch"),
+    ]  # fmt: skip
+    assert page.text_content("#matched") == "6 of 264 steps match"
+
+    # Paging, and each turn on its own scale.
+    page.goto(url)
+    page.click("#page-next")
+    page.wait_for_url("**page=2")
+    assert page.get_attribute("#pager", "data-page") == "2"
+    assert page.locator("#steps tbody.turn").first.get_attribute("data-turn") == "26"
+    page.click("#scale-turn")
+    page.wait_for_url("**scale=turn**")
+    assert page.locator("#steps tbody.turn").first.get_attribute("data-turn") == "26"
+    page.screenshot(path=str(tmp_path / "agent-page2-zoomed.png"), full_page=True)
+
+
+def test_a_1200_step_run_renders_one_page(
+    agent_runs: tuple[Any, str, str], browser: Any, tmp_path: Path
+) -> None:
+    stack, _, run_id = agent_runs
+    assert len(stack.app.steps(run_id)) >= 1_199
+    page = _login(browser, stack)
+    url = f"{stack.base}/ui/runs/{run_id}"
+    started = time.monotonic()
+    response = page.goto(url)
+    took = time.monotonic() - started
+    assert response is not None and response.ok
+    assert took < 5.0, took
+    assert len(response.body()) < 250_000  # one page of it, not 1,200 rows of HTML
+    assert page.text_content("#turn-count") == "240"
+    assert page.get_attribute("#pager", "data-pages") == "10"
+    assert page.locator("#steps tbody.turn").count() == 25
+    rows = _rows(page)
+    assert len(rows) == 25 * 3  # a model call and two tool calls a turn
+    assert {r["role"] for r in rows} == {"model", "tool"}
+    page.screenshot(path=str(tmp_path / "long-run.png"))
+    page.click("#page-last")
+    page.wait_for_url("**page=10")
+    numbers = page.eval_on_selector_all(
+        "#steps tbody.turn", "ts => ts.map(t => Number(t.dataset.turn))"
+    )
+    assert numbers == list(range(226, 241))
+    page.goto(url + "?internal=1&page=3")
+    assert {"internal", "rate"} <= {r["role"] for r in _rows(page)}
+    page.screenshot(path=str(tmp_path / "long-run-internal.png"))

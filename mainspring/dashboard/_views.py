@@ -9,7 +9,6 @@ import logging
 import secrets
 import threading
 import time
-from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
@@ -23,10 +22,11 @@ from .._app import App
 from .._errors import RunNotFound
 from .._public import public_error
 from .._serde import loads
-from ..observability import TraceEntry
 from ..storage import RunRecord
 from ..storage._api import ApiKey
+from ._chart import usage_chart
 from ._sessions import Sessions
+from ._timeline import KINDS, Filters, build_timeline, duration, money
 
 __all__ = ["Sessions", "dashboard_router"]
 
@@ -114,37 +114,8 @@ def _error_text(text: str | None, admin: bool = False) -> str:
 _env.filters["when"] = _when
 _env.filters["error_text"] = _error_text
 _env.filters["pretty"] = _pretty
-
-
-def _usage(entries: Sequence[TraceEntry]) -> list[dict[str, Any]]:
-    """Tokens and cost after each model call, cumulative (for the chart)."""
-    points: list[dict[str, Any]] = []
-    tokens = 0
-    cost = 0.0
-    for e in entries:
-        if e.kind != "model" or e.status != "completed":
-            continue
-        tokens += e.tokens_in + e.tokens_out
-        cost += e.cost_usd
-        points.append({"seq": e.seq, "tokens": tokens, "cost": cost})
-    return points
-
-
-def _chart(points: list[dict[str, Any]], width: int = 560, height: int = 120) -> str:
-    """An inline SVG line of cumulative tokens (no JavaScript, no library)."""
-    if len(points) < 2:
-        return ""
-    top = max(p["tokens"] for p in points) or 1
-    step = width / (len(points) - 1)
-    xy = " ".join(
-        f"{i * step:.1f},{height - 4 - (p['tokens'] / top) * (height - 8):.1f}"
-        for i, p in enumerate(points)
-    )
-    return (
-        f'<svg class="chart" viewBox="0 0 {width} {height}" width="{width}" height="{height}"'
-        ' role="img" aria-label="cumulative tokens">'
-        f'<polyline fill="none" stroke="#2563eb" stroke-width="2" points="{xy}"/></svg>'
-    )
+_env.filters["duration"] = duration
+_env.filters["money"] = money
 
 
 def dashboard_router(
@@ -260,24 +231,45 @@ def dashboard_router(
         except RunNotFound:
             return page("missing.html", key=key, run_id=run_id)
         trace = app.trace(run_id)
-        points = _usage(trace.entries)
-        durations = [e.latency_s for e in trace.entries if e.latency_s is not None]
+        timeline = build_timeline(
+            trace.entries, Filters.parse(request.query_params), now=app.clock.now()
+        )
         diagnosis = app.diagnose(run_id) if record.status in ("failed", "running") else None
         return page(
             "run.html",
             key=key,
             run=record,
             trace=trace,
-            entries=trace.entries,
+            tl=timeline,
+            kinds=KINDS,
             findings=diagnosis.findings if diagnosis else (),
-            longest=max(durations, default=0.0) or 0.001,
             requests=[] if record.finished else app.requests(run_id),
-            tokens=trace.tokens_in + trace.tokens_out,
-            cost=trace.cost_usd,
-            chart=_chart(points),
+            chart=usage_chart(timeline.turns),
             can_approve=key.allows("approve"),
             can_submit=key.allows("submit"),
             can_admin=key.allows("admin"),
+        )
+
+    @router.get("/runs/{run_id}/timeline")
+    def timeline_part(request: Request, run_id: str) -> Response:
+        """The timeline alone, redrawn as a live run's steps arrive (same filters)."""
+        key = key_of(request)
+        if key is None:
+            return Response(status_code=401)
+        try:
+            trace = app.trace(run_id)
+        except RunNotFound:
+            return Response(status_code=404)
+        timeline = build_timeline(
+            trace.entries, Filters.parse(request.query_params), now=app.clock.now()
+        )
+        return page(
+            "_live.html",
+            run=trace.run,
+            trace=trace,
+            tl=timeline,
+            kinds=KINDS,
+            chart=usage_chart(timeline.turns),
         )
 
     @router.get("/runs/{run_id}/panel")

@@ -9,6 +9,7 @@ export, and ``doctor``'s diagnosis by the failure table.
 from ._doctor import Diagnosis, Finding, FindingKind, Progress, diagnose, progress
 from ._live import Telemetry, serve_metrics
 from ._metrics import LATENCY_BUCKETS, MetricsCollector, metrics_text
+from ._names import StepRole, model_of, step_role
 from ._otel import export_trace
 from ._redact import BUILTIN_PATTERNS, SECRET_KEYS, Redactor
 from ._trace import RunTrace, TraceEntry, TraceKind, build_trace, trace_entries
@@ -24,6 +25,7 @@ __all__ = [
     "Progress",
     "Redactor",
     "RunTrace",
+    "StepRole",
     "Telemetry",
     "TraceEntry",
     "TraceKind",
@@ -31,7 +33,9 @@ __all__ = [
     "diagnose",
     "export_trace",
     "metrics_text",
+    "model_of",
     "progress",
     "serve_metrics",
+    "step_role",
     "trace_entries",
 ]

@@ -17,7 +17,7 @@ from typing import Any, Literal
 from ..limits import Price, cost_usd
 from ..models._types import Usage
 from ..storage import RunRecord, StepRecord
-from ._names import model_of
+from ._names import StepRole, model_of, step_role
 
 __all__ = ["RunTrace", "TraceEntry", "TraceKind", "build_trace", "trace_entries"]
 
@@ -84,6 +84,11 @@ class TraceEntry:
     @property
     def retries(self) -> int:
         return max(0, self.attempt - 1)
+
+    @property
+    def role(self) -> StepRole:
+        """What the step is to a person: see :data:`~mainspring.observability.StepRole`."""
+        return step_role(self.kind, self.name)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -207,7 +212,8 @@ def trace_entries(
             error_class = str(err.get("type", "Error")).rsplit(".", 1)[-1]
             error_message = _clip(str(err.get("message", "")))
         fields: dict[str, Any] = {}
-        if s.kind == "step" and s.name.startswith("model:"):
+        role = step_role(s.kind, s.name)
+        if s.kind == "step" and role == "model":
             kind = "model"
             # Calls of the previous reply that no tool step took never ran (repaired,
             # refused, over a budget): the tool steps after this reply are its calls.
@@ -219,7 +225,7 @@ def trace_entries(
                 # Epoch 0 is no worker's: the row was copied by a fork (every claim
                 # bumps the epoch to 1 or more before anything is journaled).
                 fields.update(tokens_in=0, tokens_out=0, cost_usd=0.0)
-        elif s.kind == "step" and s.name.startswith("tool:"):
+        elif s.kind == "step" and role == "tool":
             kind = "tool"
             tool = s.name[5:]
             queue = waiting.get((s.run_id, tool))
@@ -228,7 +234,7 @@ def trace_entries(
                 "input_summary": queue.popleft() if queue else None,
                 "output_summary": _clip(s.output) if s.output is not None else None,
             }
-        elif s.kind == "step" and s.name.startswith("rate:"):
+        elif s.kind == "step" and role in ("rate", "wait"):
             fields = {
                 "output_summary": _clip(s.output) if s.output is not None else None,
                 "rate_wait_s": _rate_wait(s),
