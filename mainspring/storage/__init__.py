@@ -1,4 +1,5 @@
-"""Durable storage of runs, journals and signals."""
+"""Durable storage of runs, journals and signals, requests to humans, API keys,
+webhooks and the rate limiters' state: one :class:`Store` per database."""
 
 from __future__ import annotations
 

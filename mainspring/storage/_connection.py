@@ -52,7 +52,8 @@ class Connection(ABC):
     _fence_lock: ClassVar[str] = ""
     # Appended to a read that must hold its run row until the transaction ends.
     _row_lock: ClassVar[str] = ""
-    # The database's clock as seconds since the epoch, for leases (``db_clock=True``);
+    # The database's clock as seconds since the epoch, for leases (``db_clock=True``)
+    # and rate limiters;
     # None: the dialect has no clock worth trusting over the caller's (SQLite runs on
     # the workers' own machine, so they share its clock).
     _db_now: ClassVar[str | None] = None

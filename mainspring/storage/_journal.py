@@ -104,25 +104,19 @@ class JournalTables(Connection):
         steps: dict[str, list[StepRecord]] = {}
         ids = None if run_ids is None else sorted(set(run_ids))
         for i in range(0, len(ids) if ids is not None else 1, 500):
-            chunk = None if ids is None else ids[i : i + 500]
-            where, params = (
-                ("", []) if chunk is None else (f" IN ({', '.join('?' * len(chunk))})", chunk)
-            )
+            chunk = [] if ids is None else ids[i : i + 500]
+            where = f" IN ({', '.join('?' * len(chunk))})" if ids is not None else ""
+            runs_sql = f"SELECT {_RUN_COLUMNS}, wait_signal FROM ms_runs"
+            steps_sql = f"SELECT {_STEP_COLUMNS} FROM ms_steps"
+            if where:
+                runs_sql += f" WHERE id{where}"
+                steps_sql += f" WHERE run_id{where}"
             with self._snapshot() as cur:
-                cur.execute(
-                    f"SELECT {_RUN_COLUMNS}, wait_signal FROM ms_runs"
-                    + (f" WHERE id{where}" if where else ""),
-                    params,
-                )
+                cur.execute(runs_sql, chunk)
                 for r in cur.fetchall():
                     runs[r[0]] = _run(r)
                     waits[r[0]] = r[-1]
-                cur.execute(
-                    f"SELECT {_STEP_COLUMNS} FROM ms_steps"
-                    + (f" WHERE run_id{where}" if where else "")
-                    + " ORDER BY run_id, session, seq",
-                    params,
-                )
+                cur.execute(steps_sql + " ORDER BY run_id, session, seq", chunk)
                 for r in cur.fetchall():
                     steps.setdefault(r[0], []).append(_step(r))
         return Snapshot(runs=runs, wait_signals=waits, steps=steps)
