@@ -385,9 +385,7 @@ class StoreMachine(RuleBasedStateMachine):
             rows = {(s.session, s.seq): s for s in self.store.load_steps(rid)}
             for k, s in m.rows.items():
                 assert k in rows and rows[k].status == s.status and rows[k].output == s.output
-        with self.store._read() as cur:
-            cur.execute("SELECT id, consumed_by FROM ms_signals")
-            stored = {int(sid): by for sid, by in cur.fetchall()}
+        stored = {sig.id: sig.consumed_by for sig in self.store.list_signals()}
         assert stored == {sid: by for sid, (_, _, by) in self.signals.items()}
 
     @invariant()

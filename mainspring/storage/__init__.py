@@ -1,12 +1,15 @@
-"""Durable storage of runs, journals and signals."""
+"""Durable storage of runs, journals and signals, requests to humans, API keys,
+webhooks and the rate limiters' state: one :class:`Store` per database."""
 
 from __future__ import annotations
 
 from urllib.parse import urlsplit
 
 from .._errors import ConfigError
-from ._base import Heartbeat, Store
+from ._api import SCOPES, WEBHOOK_EVENTS, ApiKey, Delivery, Scope, Webhook, WebhookEvent
+from ._base import Cursor, Heartbeat, PruneResult, Snapshot, Store
 from ._migrations import LATEST as SCHEMA_VERSION
+from ._rates import RateRow, RateTxn
 from ._records import (
     FINISHED,
     RunRecord,
@@ -25,18 +28,30 @@ from .sqlite import DatabaseGone, SQLiteStore
 __all__ = [
     "FINISHED",
     "SCHEMA_VERSION",
+    "SCOPES",
+    "WEBHOOK_EVENTS",
+    "ApiKey",
+    "Cursor",
     "DatabaseGone",
+    "Delivery",
     "Heartbeat",
+    "PruneResult",
+    "RateRow",
+    "RateTxn",
     "RunRecord",
     "RunStatus",
     "RunTransition",
     "RunWrite",
     "SQLiteStore",
+    "Scope",
     "SignalRecord",
+    "Snapshot",
     "StepKind",
     "StepRecord",
     "StepStatus",
     "Store",
+    "Webhook",
+    "WebhookEvent",
     "WriteResult",
     "open_store",
     "redact_url",

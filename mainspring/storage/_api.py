@@ -1,6 +1,7 @@
-"""The store's tables for the outside world: requests to humans, API keys, webhooks
-and their durable outbox. Mixed into :class:`Store`; the SQL is shared by every
-dialect like the rest."""
+"""API keys, webhooks and their durable outbox: the store's tables for the
+outside world. A run's final transition queues its webhook events in its own
+transaction (:func:`queue_event`), so an event exists if and only if the transition
+committed."""
 
 from __future__ import annotations
 
@@ -10,27 +11,24 @@ import hmac
 import json
 import secrets
 import uuid
-from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import Any, Literal
 
-from .._errors import ConfigError, RequestNotFound, RunConflict, RunNotFound
+from .._errors import ConfigError
 from .._public import public_error
-from .._requests import Request, request_from_row
-from ._records import FINISHED, WAKE_NOW, split_wait_signals
-
-if TYPE_CHECKING:
-    from ._base import Cursor
+from ._connection import Connection, Cursor
 
 __all__ = [
     "SCOPES",
+    "WEBHOOK_EVENTS",
     "ApiKey",
+    "ApiTables",
     "Delivery",
     "Scope",
     "Webhook",
     "WebhookEvent",
+    "queue_event",
 ]
 
 # "metrics" reads /metrics and nothing else (a Prometheus scrape key); appended last so
@@ -61,11 +59,18 @@ class ApiKey:
     revoked_at: float | None
 
     def allows(self, scope: Scope) -> bool:
+        """Does this key grant ``scope`` (``admin`` grants every scope; a revoked key none)?"""
         return self.revoked_at is None and ("admin" in self.scopes or scope in self.scopes)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Webhook:
+    """A registered endpoint (never its signing secret).
+
+    Attributes:
+        events: the events it receives (``("*",)``: all of :data:`WEBHOOK_EVENTS`).
+    """
+
     id: str
     url: str
     events: tuple[str, ...]
@@ -97,139 +102,13 @@ class Delivery:
 
 
 def hash_key(token: str) -> str:
+    """What is stored of a key's token: its SHA-256, in hex."""
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-class ApiTables(ABC):
-    """Requests, keys, webhooks and outbox: methods of every :class:`Store`."""
-
-    _lock_clause: ClassVar[str]
-    _row_lock: ClassVar[str]
-
-    @abstractmethod
-    def _write(self) -> AbstractContextManager[Cursor]: ...
-
-    @abstractmethod
-    def _read(self) -> AbstractContextManager[Cursor]: ...
-
-    @abstractmethod
-    def _notify(self, cur: Cursor) -> None: ...
-
-    # -- requests to humans ----------------------------------------------------------
-
-    def pending_requests(self, run_id: str | None = None, *, limit: int = 1000) -> list[Request]:
-        """Requests still waiting for a human, oldest first (of one run, or all)."""
-        where = " AND r.id = ?" if run_id is not None else ""
-        params: list[Any] = [run_id] if run_id is not None else []
-        with self._read() as cur:
-            cur.execute(
-                "SELECT s.run_id, r.workflow, s.name, s.output, s.started_at, s.wake_at"
-                " FROM ms_runs r JOIN ms_steps s ON s.run_id = r.id AND s.session = r.session"
-                " WHERE r.status IN ('queued', 'running', 'sleeping', 'waiting')" + where + ""
-                " AND s.kind = 'signal' AND s.status = 'started' AND s.output IS NOT NULL"
-                " AND NOT EXISTS (SELECT 1 FROM ms_signals g WHERE g.run_id = s.run_id"
-                " AND g.name = s.name AND g.consumed_at IS NULL)"
-                " ORDER BY s.started_at, s.run_id, s.seq LIMIT ?",
-                [*params, limit],
-            )
-            rows = cur.fetchall()
-        found = (
-            request_from_row(
-                run_id=r[0], workflow=r[1], name=r[2], output=r[3], started_at=r[4], deadline=r[5]
-            )
-            for r in rows
-        )
-        return [req for req in found if req is not None]
-
-    def answer_request(
-        self, run_id: str, request_id: str, make_payload: Callable[[Request], str], now: float
-    ) -> tuple[Request, int]:
-        """Answer a pending request once: check, build the payload and store it as
-        the signal its wait consumes, in one transaction.
-
-        Raises:
-            RunNotFound: no such run.
-            RequestNotFound: the run never asked ``request_id``.
-            RunConflict: the run has finished, or the request was already answered.
-            InvalidAnswer: ``make_payload`` refused the answer.
-        """
-        with self._write() as cur:
-            cur.execute(
-                "SELECT status, workflow, session, wait_signal FROM ms_runs WHERE id = ?"
-                + self._row_lock,
-                (run_id,),
-            )
-            run = cur.fetchone()
-            if run is None:
-                raise RunNotFound(f"cannot answer {request_id!r}: no run {run_id!r}")
-            status, workflow, session, wait_signal = run
-            if status in FINISHED:
-                raise RunConflict(
-                    f"cannot answer {request_id!r}: run {run_id!r} is already {status}",
-                    run_id=run_id,
-                )
-            cur.execute(
-                "SELECT status, output, started_at, wake_at FROM ms_steps WHERE run_id = ?"
-                " AND session = ? AND kind = 'signal' AND name = ? AND output IS NOT NULL"
-                " ORDER BY seq DESC LIMIT 1",
-                (run_id, session, request_id),
-            )
-            step = cur.fetchone()
-            request = None
-            if step is not None:
-                request = request_from_row(
-                    run_id=run_id,
-                    workflow=workflow,
-                    name=request_id,
-                    output=step[1],
-                    started_at=step[2],
-                    deadline=step[3],
-                )
-            if request is None:
-                raise RequestNotFound(
-                    f"run {run_id!r} has no request {request_id!r}"
-                    " (list them with GET /runs/{id} or `mainspring pending`)",
-                    run_id=run_id,
-                )
-            cur.execute(
-                "SELECT 1 FROM ms_signals WHERE run_id = ? AND name = ? AND consumed_at IS NULL"
-                " LIMIT 1",
-                (run_id, request_id),
-            )
-            if step[0] != "started" or cur.fetchone() is not None:
-                raise RunConflict(
-                    f"request {request_id!r} of run {run_id!r} was already answered",
-                    run_id=run_id,
-                )
-            payload = make_payload(request)
-            signal_id = self._insert_signal(
-                cur, run_id, request_id, payload, status, wait_signal, now
-            )
-            return request, signal_id
-
-    def _insert_signal(
-        self,
-        cur: Cursor,
-        run_id: str,
-        name: str,
-        payload: str,
-        status: str,
-        wait_signal: str | None,
-        now: float,
-    ) -> int:
-        cur.execute(
-            "INSERT INTO ms_signals (run_id, name, payload, created_at) VALUES (?, ?, ?, ?)"
-            " RETURNING id",
-            (run_id, name, payload, now),
-        )
-        signal_id = int(cur.fetchone()[0])
-        if status == "waiting" and name in split_wait_signals(wait_signal):
-            cur.execute(
-                "UPDATE ms_runs SET wake_at = ?, updated_at = ? WHERE id = ?",
-                (WAKE_NOW, now, run_id),
-            )
-            self._notify(cur)
-        return signal_id
+class ApiTables(Connection):
+    """API keys, webhooks and their outbox: methods of every
+    :class:`~mainspring.storage.Store`."""
 
     # -- API keys ---------------------------------------------------------------------
 
@@ -376,27 +255,6 @@ class ApiTables(ABC):
             )
             return removed
 
-    def _emit(
-        self, cur: Cursor, run_id: str, event: WebhookEvent, run: dict[str, Any], now: float
-    ) -> None:
-        """Queue ``event`` for every endpoint that wants it, in the caller's transaction:
-        the outbox row exists if and only if the transition committed."""
-        cur.execute(
-            "INSERT INTO ms_outbox (event_id, webhook_id, run_id, workflow, event, payload,"
-            " created_at, next_at) SELECT ?, w.id, r.id, r.workflow, ?, ?, ?, ?"
-            " FROM ms_webhooks w, ms_runs r WHERE r.id = ? AND w.removed_at IS NULL"
-            " AND (w.events = '*' OR (',' || w.events || ',') LIKE ?)",
-            (
-                f"evt_{uuid.uuid4().hex}",
-                event,
-                json.dumps(run, separators=(",", ":"), ensure_ascii=False),
-                now,
-                now,
-                run_id,
-                f"%,{event},%",
-            ),
-        )
-
     def claim_deliveries(
         self, now: float, *, limit: int = 50, hold_s: float = 30.0
     ) -> list[Delivery]:
@@ -501,4 +359,26 @@ def _api_key(row: Sequence[Any]) -> ApiKey:
         created_at=row[4],
         last_used_at=row[5],
         revoked_at=row[6],
+    )
+
+
+def queue_event(
+    cur: Cursor, run_id: str, event: WebhookEvent, run: dict[str, Any], now: float
+) -> None:
+    """Queue ``event`` for every endpoint that wants it, in the caller's transaction:
+    the outbox row exists if and only if the transition committed."""
+    cur.execute(
+        "INSERT INTO ms_outbox (event_id, webhook_id, run_id, workflow, event, payload,"
+        " created_at, next_at) SELECT ?, w.id, r.id, r.workflow, ?, ?, ?, ?"
+        " FROM ms_webhooks w, ms_runs r WHERE r.id = ? AND w.removed_at IS NULL"
+        " AND (w.events = '*' OR (',' || w.events || ',') LIKE ?)",
+        (
+            f"evt_{uuid.uuid4().hex}",
+            event,
+            json.dumps(run, separators=(",", ":"), ensure_ascii=False),
+            now,
+            now,
+            run_id,
+            f"%,{event},%",
+        ),
     )

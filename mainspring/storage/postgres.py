@@ -99,6 +99,7 @@ class PostgresStore(Store):
     _lock_clause: ClassVar[str] = " FOR UPDATE SKIP LOCKED"
     _fence_lock: ClassVar[str] = " FOR UPDATE SKIP LOCKED"
     _row_lock: ClassVar[str] = " FOR UPDATE"
+    _snapshot_begin: ClassVar[str] = "BEGIN ISOLATION LEVEL REPEATABLE READ"
     # Leases on the server's clock (when the App runs on the real clock): one clock
     # for every machine, so a worker whose own clock runs ahead cannot see healthy
     # leases as expired.

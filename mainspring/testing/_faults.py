@@ -28,8 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from .._errors import StoreUnavailable
-from ..storage import RunWrite, Store, WriteResult
-from ..storage._base import Cursor
+from ..storage import Cursor, RunWrite, Store, WriteResult
 
 __all__ = ["Fault", "FaultKind", "FaultyStore", "StoreCall", "commits_with"]
 

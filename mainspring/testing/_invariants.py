@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from ..storage import FINISHED, Store
+from ._faults import FaultyStore
 from ._ledger import EffectLedger
 
 __all__ = ["StoreHistory", "Violation", "ViolationKind", "assert_invariants", "check_invariants"]
@@ -57,12 +58,6 @@ ViolationKind = Literal[
     "unended_row",
     "duplicate_event",
 ]
-
-_RUN_SQL = (
-    "SELECT id, status, output, error, session, handoff, epoch, wake_at, wait_signal,"
-    " cancel_requested, lease_until FROM ms_runs"
-)
-_STEP_SQL = "SELECT run_id, session, seq, kind, name, status, attempt, epoch, output FROM ms_steps"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -120,49 +115,44 @@ class _Row:
         return (self.kind, self.name, self.status, self.attempt, self.output)
 
 
-def _where(run_ids: Collection[str] | None, column: str) -> tuple[str, list[str]]:
-    if run_ids is None:
-        return "", []
-    return f" WHERE {column} IN ({', '.join('?' * len(run_ids))})", list(run_ids)
-
-
 def _read_state(
     store: Store, run_ids: Collection[str] | None
 ) -> tuple[dict[str, _Run], dict[str, list[_Row]]]:
     """Runs and their journals, read in one snapshot: a retry moves a finished run's
     status and journal together, and a capture must never see half of it."""
-    runs: dict[str, _Run] = {}
-    steps: dict[str, list[_Row]] = {}
-    ids = None if run_ids is None else sorted(set(run_ids))
-    if ids == []:
-        return runs, steps
-    for i in range(0, len(ids or [None]), 500):
-        chunk = None if ids is None else ids[i : i + 500]
-        with store._read() as cur:
-            begin = (
-                "BEGIN ISOLATION LEVEL REPEATABLE READ"
-                if store.dialect == "postgresql"
-                else "BEGIN"
-            )
-            cur.execute(begin)  # one snapshot for both statements
-            try:
-                _read_chunk(cur, chunk, runs, steps)
-            finally:
-                cur.execute("COMMIT")
+    if run_ids is not None and not run_ids:
+        return {}, {}
+    snap = _inner(store).snapshot(run_ids)
+    runs = {
+        rid: _Run(
+            r.id,
+            r.status,
+            r.output,
+            r.error,
+            r.session,
+            r.handoff,
+            r.epoch,
+            r.wake_at,
+            snap.wait_signals.get(rid),
+            r.cancel_requested,
+            r.lease_until,
+        )
+        for rid, r in snap.runs.items()
+    }
+    steps = {
+        rid: [
+            _Row(s.run_id, s.session, s.seq, s.kind, s.name, s.status, s.attempt, s.epoch, s.output)
+            for s in rows
+        ]
+        for rid, rows in snap.steps.items()
+    }
     return runs, steps
 
 
-def _read_chunk(
-    cur: Any, chunk: list[str] | None, runs: dict[str, _Run], steps: dict[str, list[_Row]]
-) -> None:
-    where, params = _where(chunk, "id")
-    cur.execute(_RUN_SQL + where, params)
-    for r in cur.fetchall():
-        runs[r[0]] = _Run(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8], bool(r[9]), r[10])
-    where, params = _where(chunk, "run_id")
-    cur.execute(_STEP_SQL + where + " ORDER BY run_id, session, seq", params)
-    for r in cur.fetchall():
-        steps.setdefault(r[0], []).append(_Row(*r))
+def _inner(store: Store) -> Store:
+    """The store a check reads: a :class:`FaultyStore`'s inner one, so that the reads
+    of a check are neither faulted nor counted as the test's calls."""
+    return store.inner if isinstance(store, FaultyStore) else store
 
 
 class StoreHistory:
@@ -407,11 +397,9 @@ def _liveness(run: _Run, pending: set[str], now: float, settled: bool) -> list[V
 
 def _pending_signals(store: Store, run_ids: Collection[str] | None) -> dict[str, set[str]]:
     out: dict[str, set[str]] = {}
-    with store._read() as cur:
-        cur.execute("SELECT DISTINCT run_id, name FROM ms_signals WHERE consumed_at IS NULL")
-        for rid, name in cur.fetchall():
-            if run_ids is None or rid in run_ids:
-                out.setdefault(rid, set()).add(name)
+    for sig in _inner(store).list_signals():
+        if sig.consumed_at is None and (run_ids is None or sig.run_id in run_ids):
+            out.setdefault(sig.run_id, set()).add(sig.name)
     return out
 
 
@@ -420,13 +408,9 @@ def _signals(
 ) -> list[Violation]:
     found: list[Violation] = []
     consumed: dict[tuple[str, str], list[tuple[int, str]]] = {}
-    with store._read() as cur:
-        cur.execute(
-            "SELECT id, run_id, name, consumed_by FROM ms_signals WHERE consumed_at IS NOT NULL"
-        )
-        for sid, rid, name, by in cur.fetchall():
-            if run_ids is None or rid in run_ids:
-                consumed.setdefault((rid, str(by)), []).append((int(sid), name))
+    for sig in _inner(store).list_signals():
+        if sig.consumed_at is not None and (run_ids is None or sig.run_id in run_ids):
+            consumed.setdefault((sig.run_id, str(sig.consumed_by)), []).append((sig.id, sig.name))
     for (rid, by), sigs in consumed.items():
         if len(sigs) > 1:
             found.append(
@@ -470,12 +454,12 @@ def _signals(
 def _events(store: Store, run_ids: Collection[str] | None, reopened: set[str]) -> list[Violation]:
     found: list[Violation] = []
     last: dict[tuple[str, str], str] = {}
-    with store._read() as cur:
-        cur.execute(
-            "SELECT run_id, webhook_id, event FROM ms_outbox WHERE event IN"
-            " ('run.succeeded', 'run.failed', 'run.cancelled') ORDER BY id"
-        )
-        rows = cur.fetchall()
+    final = ("run.succeeded", "run.failed", "run.cancelled")
+    rows = [
+        (o["run_id"], o["webhook_id"], o["event"])
+        for o in _inner(store).outbox()
+        if o["event"] in final
+    ]
     for rid, hook, event in rows:
         if (run_ids is not None and rid not in run_ids) or rid in reopened:
             continue

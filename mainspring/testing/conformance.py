@@ -95,11 +95,7 @@ class StoreConformance:
 
     def test_newer_schema_is_refused(self) -> None:
         with self.store() as s:
-            with s._write() as cur:
-                cur.execute(
-                    "UPDATE ms_meta SET value = ? WHERE key = 'schema_version'",
-                    (str(SCHEMA_VERSION + 1),),
-                )
+            s.stamp_schema_version(SCHEMA_VERSION + 1)
             try:
                 s.migrate()
             except SchemaVersionError as exc:
@@ -110,11 +106,7 @@ class StoreConformance:
     def test_stored_schema_version_is_read_without_migrating(self) -> None:
         with self.store() as s:
             assert s.stored_schema_version() == SCHEMA_VERSION
-            with s._write() as cur:
-                cur.execute(
-                    "UPDATE ms_meta SET value = ? WHERE key = 'schema_version'",
-                    (str(SCHEMA_VERSION + 1),),
-                )
+            s.stamp_schema_version(SCHEMA_VERSION + 1)
             assert s.stored_schema_version() == SCHEMA_VERSION + 1
 
     # -- runs -------------------------------------------------------------------------

@@ -1,0 +1,186 @@
+"""What every part of the store shares: one connection (the dialect's), its
+transactions and hooks, and the schema.
+
+A dialect (``sqlite.py``, ``postgres.py``) implements :meth:`Connection._write`,
+:meth:`Connection._read` and :meth:`Connection.close`, and overrides only the hooks
+below that its database needs (placeholders, row locks, a clock, notifications).
+The parts of :class:`~mainspring.storage.Store` (runs, leases, journal, signals,
+keys and webhooks, rate tables) each hold their own SQL and reach the database only
+through these.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from typing import Any, ClassVar, Protocol
+
+from .._errors import SchemaVersionError, StoreError
+from ._migrations import LATEST, MIGRATIONS
+
+__all__ = ["Connection", "Cursor"]
+
+
+class Cursor(Protocol):
+    """The slice of a DB-API cursor the shared SQL uses."""
+
+    @property
+    def rowcount(self) -> int: ...
+
+    def execute(self, sql: str, params: Sequence[Any] = ...) -> Any: ...
+    def executemany(self, sql: str, params: Sequence[Sequence[Any]]) -> Any: ...
+    def fetchone(self) -> Any: ...
+    def fetchall(self) -> list[Any]: ...
+
+
+class Connection(ABC):
+    """The connection every part of a store shares, and the schema it holds.
+
+    Subclasses implement :meth:`_write` (a write transaction that serialises with
+    every other writer on the run rows it touches), :meth:`_read`, :meth:`close` and,
+    where the database needs it, the SQL hooks below.
+    """
+
+    dialect: ClassVar[str]
+    url: str
+    # Appended to the SELECTs of a claim: "FOR UPDATE SKIP LOCKED" on PostgreSQL.
+    _lock_clause: ClassVar[str] = ""
+    # Appended to the fence read of a commit: on PostgreSQL the run rows must stay
+    # locked until the commit ends, or a claim could move the epoch on in between.
+    # (SQLite's BEGIN IMMEDIATE already excludes every other writer.)
+    _fence_lock: ClassVar[str] = ""
+    # Appended to a read that must hold its run row until the transaction ends.
+    _row_lock: ClassVar[str] = ""
+    # The database's clock as seconds since the epoch, for leases (``db_clock=True``)
+    # and rate limiters;
+    # None: the dialect has no clock worth trusting over the caller's (SQLite runs on
+    # the workers' own machine, so they share its clock).
+    _db_now: ClassVar[str | None] = None
+    # How a read opens one snapshot for several statements.
+    _snapshot_begin: ClassVar[str] = "BEGIN"
+
+    @abstractmethod
+    def _write(self) -> AbstractContextManager[Cursor]:
+        """A write transaction; commits on exit, rolls back on error."""
+
+    @abstractmethod
+    def _read(self) -> AbstractContextManager[Cursor]:
+        """A cursor for reads."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release connections."""
+
+    def release_thread(self) -> None:  # noqa: B027 (an optional hook)
+        """Close the calling thread's own connection, if the store keeps one per
+        thread (SQLite). Threads that end while the store lives on call it, so that
+        their connections do not stay open until :meth:`close`."""
+
+    def _autocommit(self) -> AbstractContextManager[Cursor]:
+        """A cursor whose every statement commits on its own (PostgreSQL); a write
+        transaction where the database has no such thing (SQLite)."""
+        return self._write()
+
+    def _ddl(self, sql: str) -> str:
+        """Fill a migration's dialect tokens."""
+        return sql
+
+    def _lock_migrations(self, cur: Cursor) -> None:  # noqa: B027 (an optional hook)
+        """Serialise concurrent migrations (an advisory lock on PostgreSQL)."""
+
+    def _check(self) -> None:  # noqa: B027 (an optional hook)
+        """Called before every claim and heartbeat: raise if the store must not be
+        used any more (SQLite: its file was deleted or replaced)."""
+
+    def _clock(self, now: float, db_clock: bool) -> tuple[str, list[Any]]:
+        """The SQL for "now" in lease arithmetic, and its parameters: the caller's
+        ``now``, or the database's own clock where the dialect has one
+        (``_db_now``) and the caller asked for it."""
+        if db_clock and self._db_now is not None:
+            return self._db_now, []
+        return "?", [now]
+
+    def _notify(self, cur: Cursor) -> None:  # noqa: B027 (an optional hook)
+        """Tell listening workers that something became runnable (NOTIFY on PostgreSQL)."""
+
+    def listen(self, callback: Callable[[], None]) -> Callable[[], None] | None:
+        """Call ``callback`` (from another thread) when something may have become
+        runnable; returns a function that stops listening, or ``None`` when this store
+        cannot push (workers then only poll)."""
+        return None
+
+    @contextmanager
+    def _snapshot(self) -> Iterator[Cursor]:
+        """A read transaction: every statement sees the database as of one moment."""
+        with self._read() as cur:
+            cur.execute(self._snapshot_begin)
+            try:
+                yield cur
+            finally:
+                cur.execute("COMMIT")
+
+    # -- schema -----------------------------------------------------------------------
+
+    def migrate(self) -> int:
+        """Bring the schema to the latest version; returns the version it now has.
+
+        Raises:
+            SchemaVersionError: the database was written by a newer mainspring.
+        """
+        with self._write() as cur:
+            self._lock_migrations(cur)
+            cur.execute("CREATE TABLE IF NOT EXISTS ms_meta (key TEXT PRIMARY KEY, value TEXT)")
+            cur.execute("SELECT value FROM ms_meta WHERE key = 'schema_version'")
+            row = cur.fetchone()
+            current = int(row[0]) if row else 0
+            if current > LATEST:
+                raise SchemaVersionError(
+                    f"database {self.url!r} has schema version {current}, but this mainspring "
+                    f"knows versions up to {LATEST}: upgrade mainspring to open it"
+                )
+            for version in range(current + 1, LATEST + 1):
+                for statement in self._ddl(MIGRATIONS[version]).split(";"):
+                    if statement.strip():
+                        cur.execute(statement)
+            if current < LATEST:
+                if row:
+                    cur.execute(
+                        "UPDATE ms_meta SET value = ? WHERE key = 'schema_version'", (str(LATEST),)
+                    )
+                else:
+                    cur.execute(
+                        "INSERT INTO ms_meta (key, value) VALUES ('schema_version', ?)",
+                        (str(LATEST),),
+                    )
+            return LATEST
+
+    def schema_version(self) -> int:
+        with self._read() as cur:
+            cur.execute("SELECT value FROM ms_meta WHERE key = 'schema_version'")
+            row = cur.fetchone()
+            return int(row[0]) if row else 0
+
+    def stored_schema_version(self) -> int:
+        """The schema version the database records, read without migrating: 0 for a
+        database without mainspring's tables (a new one, or another program's).
+
+        Raises:
+            StoreError: the database cannot be read at all.
+            StoreUnavailable: the database is locked or unreachable.
+        """
+        with self._read() as cur:
+            cur.execute("SELECT 1")  # reachable and readable: a failure below is the table
+        try:
+            return self.schema_version()
+        except StoreError:
+            # No catalog query works on every dialect; ms_meta missing is what fails here.
+            return 0
+
+    def stamp_schema_version(self, version: int) -> None:
+        """Record ``version`` as the schema's version without migrating anything (what
+        a database written by another mainspring version says; for tools and tests)."""
+        with self._write() as cur:
+            cur.execute(
+                "UPDATE ms_meta SET value = ? WHERE key = 'schema_version'", (str(version),)
+            )

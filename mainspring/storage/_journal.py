@@ -1,0 +1,321 @@
+"""The journal: fenced commits of many runs' rows and transitions in one
+transaction, and the reads that replay and follow a run."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .._serde import loads
+from ._api import queue_event
+from ._connection import Connection, Cursor
+from ._records import (
+    FINISHED,
+    WAKE_NOW,
+    RunRecord,
+    RunTransition,
+    RunWrite,
+    StepRecord,
+    WriteResult,
+    split_wait_signals,
+)
+from ._rows import _RUN_COLUMNS, _STEP_COLUMNS, _UPSERT_STEP, _run, _step, _step_params
+
+__all__ = ["JournalTables", "Snapshot"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Snapshot:
+    """Runs and their journals as of one moment (see :meth:`JournalTables.snapshot`).
+
+    Attributes:
+        runs: by run id.
+        wait_signals: the signal name(s) each parked run waits for, by run id (the
+            ``wait_signal`` column; ``None`` when it waits for none).
+        steps: each run's journal rows in order, by run id (absent: none).
+    """
+
+    runs: dict[str, RunRecord]
+    wait_signals: dict[str, str | None]
+    steps: dict[str, list[StepRecord]]
+
+
+class JournalTables(Connection):
+    """Journal commits and reads: methods of every :class:`~mainspring.storage.Store`."""
+
+    def load_steps(self, run_id: str, session: int | None = None) -> list[StepRecord]:
+        """A run's journal in order; one session's only when ``session`` is given."""
+        with self._read() as cur:
+            if session is None:
+                cur.execute(
+                    f"SELECT {_STEP_COLUMNS} FROM ms_steps WHERE run_id = ? ORDER BY session, seq",
+                    (run_id,),
+                )
+            else:
+                cur.execute(
+                    f"SELECT {_STEP_COLUMNS} FROM ms_steps WHERE run_id = ? AND session = ?"
+                    " ORDER BY seq",
+                    (run_id, session),
+                )
+            return [_step(r) for r in cur.fetchall()]
+
+    def steps_after(
+        self, run_id: str, session: int, seq: int, *, limit: int = 1000
+    ) -> list[StepRecord]:
+        """Journal rows after position ``(session, seq)``, in order (for followers)."""
+        with self._read() as cur:
+            cur.execute(
+                f"SELECT {_STEP_COLUMNS} FROM ms_steps WHERE run_id = ?"
+                " AND (session > ? OR (session = ? AND seq > ?)) ORDER BY session, seq LIMIT ?",
+                (run_id, session, session, seq, limit),
+            )
+            return [_step(r) for r in cur.fetchall()]
+
+    def last_steps(self, run_ids: Sequence[str]) -> dict[str, StepRecord]:
+        """The newest journal row of each run (its current step), by run id."""
+        found: dict[str, StepRecord] = {}
+        with self._read() as cur:
+            for rid in run_ids:
+                cur.execute(
+                    f"SELECT {_STEP_COLUMNS} FROM ms_steps WHERE run_id = ?"
+                    " ORDER BY session DESC, seq DESC LIMIT 1",
+                    (rid,),
+                )
+                row = cur.fetchone()
+                if row:
+                    found[rid] = _step(row)
+        return found
+
+    def iter_all_steps(self) -> Iterator[StepRecord]:
+        """Every journal row, for consistency checks."""
+        with self._read() as cur:
+            cur.execute(f"SELECT {_STEP_COLUMNS} FROM ms_steps ORDER BY run_id, session, seq")
+            rows = cur.fetchall()
+        return map(_step, rows)
+
+    def snapshot(self, run_ids: Collection[str] | None = None) -> Snapshot:
+        """Runs (``None``: all) with their journals, for consistency checks. Each 500
+        runs are read in one snapshot, rows and journal together: a retry moves a
+        finished run's status and journal at once, and a reader must never see half
+        of it."""
+        runs: dict[str, RunRecord] = {}
+        waits: dict[str, str | None] = {}
+        steps: dict[str, list[StepRecord]] = {}
+        ids = None if run_ids is None else sorted(set(run_ids))
+        for i in range(0, len(ids) if ids is not None else 1, 500):
+            chunk = [] if ids is None else ids[i : i + 500]
+            where = f" IN ({', '.join('?' * len(chunk))})" if ids is not None else ""
+            runs_sql = f"SELECT {_RUN_COLUMNS}, wait_signal FROM ms_runs"
+            steps_sql = f"SELECT {_STEP_COLUMNS} FROM ms_steps"
+            if where:
+                runs_sql += f" WHERE id{where}"
+                steps_sql += f" WHERE run_id{where}"
+            with self._snapshot() as cur:
+                cur.execute(runs_sql, chunk)
+                for r in cur.fetchall():
+                    runs[r[0]] = _run(r)
+                    waits[r[0]] = r[-1]
+                cur.execute(steps_sql + " ORDER BY run_id, session, seq", chunk)
+                for r in cur.fetchall():
+                    steps.setdefault(r[0], []).append(_step(r))
+        return Snapshot(runs=runs, wait_signals=waits, steps=steps)
+
+    # -- the journal -----------------------------------------------------------------
+
+    def commit(self, batch: Sequence[RunWrite], now: float) -> list[WriteResult]:
+        """Commit the writes of many runs in one transaction, each fenced.
+
+        The fence is the epoch **and** the status: a run's writes apply only while
+        it is ``running`` at the epoch the writer holds. Every write that ends or
+        re-opens a run (finish, dead-letter, cancel, retry) bumps the epoch. A
+        refused run gets ``WriteResult(ok=False)`` and none of its writes are
+        applied; the others are.
+
+        Every write is idempotent when re-sent after an ambiguous failure: journal
+        rows only move forward (an older snapshot never replaces a newer row), a
+        signal is consumed by one wait only, ``next_session`` moves from the
+        session it names, and a finish or suspend that had already been applied
+        answers ``ok`` with ``already=True`` and writes (and emits) nothing again.
+        """
+        results: list[WriteResult] = []
+        with self._write() as cur:
+            ids = sorted({w.run_id for w in batch})
+            # One read of the fences and one upsert of all rows, however many runs.
+            fences = self._fences(cur, ids)
+            # A row another transaction holds is skipped on PostgreSQL: its run waits
+            # and retries (busy); it must not hold up the rest of the batch.
+            unlocked = self._epochs(cur, sorted(set(ids) - fences.keys()))
+            taken: dict[int, str] = {}  # signal id -> the wait consuming it in this batch
+            for w in batch:
+                fence = fences.get(w.run_id)
+                if fence is None:
+                    held = unlocked.get(w.run_id)
+                    busy = held is not None and held in (w.epoch, w.epoch + 1)
+                    results.append(WriteResult(ok=False, busy=busy))
+                    continue
+                epoch, cancel, status = fence
+                if epoch != w.epoch or status != "running":
+                    results.append(self._resent(cur, w, epoch, status))
+                    continue
+                conflict = self._consume_conflict(cur, w, taken)
+                if conflict is not None:
+                    results.append(WriteResult(ok=False, conflict=conflict))
+                    continue
+                results.append(WriteResult(ok=True, cancel_requested=bool(cancel)))
+            step_rows = [
+                _step_params(s)
+                for w, r in zip(batch, results, strict=True)
+                if r.ok and not r.already
+                for s in w.steps
+            ]
+            if step_rows:
+                cur.executemany(_UPSERT_STEP, step_rows)
+            for w, result in zip(batch, results, strict=True):
+                if not result.ok or result.already:
+                    continue
+                for signal_id, by in w.consume:
+                    cur.execute(
+                        "UPDATE ms_signals SET consumed_at = ?, consumed_by = ? WHERE id = ?"
+                        " AND consumed_at IS NULL",
+                        (now, by, signal_id),
+                    )
+                if w.reset_recoveries:
+                    cur.execute("UPDATE ms_runs SET recoveries = 0 WHERE id = ?", (w.run_id,))
+                if w.transition is not None:
+                    self._transition(cur, w, result.cancel_requested, now)
+        return results
+
+    def _resent(self, cur: Cursor, w: RunWrite, epoch: int, status: str) -> WriteResult:
+        """A write the fence refuses: ``already`` when it is a finish or suspend whose
+        first send committed (the run is exactly where that write put it); else
+        refused."""
+        t = w.transition
+        if t is None or status != t.status:
+            return WriteResult(ok=False)
+        if t.kind == "suspend" and epoch == w.epoch:
+            # Only this epoch's holder moves the run from running to waiting or
+            # sleeping at this epoch, and only once.
+            return WriteResult(ok=True, already=True)
+        if t.kind == "finish" and epoch == w.epoch + 1:
+            cur.execute("SELECT output, error FROM ms_runs WHERE id = ?", (w.run_id,))
+            output, error = cur.fetchone()
+            # A dead-letter also ends a run at epoch + 1, with its own error; a
+            # cancel keeps the reason it was asked with.
+            if status == "cancelled" or (output, error) == (t.output, t.error):
+                return WriteResult(ok=True, already=True)
+        return WriteResult(ok=False)
+
+    def _consume_conflict(self, cur: Cursor, w: RunWrite, taken: dict[int, str]) -> str | None:
+        """Why ``w`` cannot consume its signals (another wait has one), or ``None``.
+
+        Only the run's current holder consumes its signals, and the fence holds the
+        run's row, so what this reads cannot change before the commit."""
+        if not w.consume:
+            return None
+        marks = ", ".join("?" * len(w.consume))
+        cur.execute(
+            f"SELECT id, consumed_by FROM ms_signals WHERE run_id = ? AND id IN ({marks})",
+            (w.run_id, *(sid for sid, _ in w.consume)),
+        )
+        stored = {sid: by for sid, by in cur.fetchall()}
+        for sid, by in w.consume:
+            if sid not in stored:
+                return f"signal {sid} of run {w.run_id!r} does not exist"
+            holder = stored[sid] if stored[sid] is not None else taken.get(sid)
+            if holder is not None and holder != by:
+                return (
+                    f"signal {sid} of run {w.run_id!r} was consumed by the wait at {holder},"
+                    f" not the one at {by}"
+                )
+        for sid, by in w.consume:
+            taken[sid] = by
+        return None
+
+    def _fences(self, cur: Cursor, run_ids: list[str]) -> dict[str, tuple[int, int, str]]:
+        fences: dict[str, tuple[int, int, str]] = {}
+        for i in range(0, len(run_ids), 500):
+            chunk = run_ids[i : i + 500]
+            # Ordered, so that concurrent batches lock rows in one order (no deadlock).
+            cur.execute(
+                "SELECT id, epoch, cancel_requested, status FROM ms_runs WHERE id IN"
+                f" ({', '.join('?' * len(chunk))}) ORDER BY id{self._fence_lock}",
+                chunk,
+            )
+            for rid, epoch, cancel, status in cur.fetchall():
+                fences[rid] = (epoch, cancel, status)
+        return fences
+
+    def _epochs(self, cur: Cursor, run_ids: list[str]) -> dict[str, int]:
+        """Epochs read without locking (of runs whose fence row was skipped)."""
+        epochs: dict[str, int] = {}
+        for i in range(0, len(run_ids), 500):
+            chunk = run_ids[i : i + 500]
+            cur.execute(
+                f"SELECT id, epoch FROM ms_runs WHERE id IN ({', '.join('?' * len(chunk))})",
+                chunk,
+            )
+            epochs.update({rid: epoch for rid, epoch in cur.fetchall()})
+        return epochs
+
+    def _transition(self, cur: Cursor, w: RunWrite, cancel_requested: bool, now: float) -> None:
+        t = w.transition
+        assert t is not None
+        if t.kind == "finish":
+            # A cancelled run keeps the reason ``cancel()`` stored with the request.
+            cur.execute(
+                "UPDATE ms_runs SET status = ?, epoch = epoch + 1, output = ?, error = CASE WHEN"
+                " CAST(? AS TEXT) = 'cancelled' AND cancel_requested = 1 AND error IS NOT NULL"
+                " THEN error ELSE ? END,"
+                " finished_at = ?, updated_at = ?, owner = NULL, lease_until = NULL,"
+                " wake_at = NULL, wait_reason = NULL, wait_signal = NULL WHERE id = ?",
+                (t.status, t.output, t.status, t.error, now, now, w.run_id),
+            )
+            if t.status in FINISHED:
+                queue_event(cur, w.run_id, f"run.{t.status}", _event_run(t.status, t), now)  # type: ignore[arg-type]
+        elif t.kind == "suspend":
+            wake_at = t.wake_at
+            if cancel_requested:
+                wake_at = WAKE_NOW  # let a worker pick it up at once and cancel it
+            elif t.wait_signal is not None:
+                names = split_wait_signals(t.wait_signal)  # any of them wakes the run
+                cur.execute(
+                    "SELECT 1 FROM ms_signals WHERE run_id = ? AND name IN"
+                    f" ({', '.join('?' * len(names))}) AND consumed_at IS NULL LIMIT 1",
+                    (w.run_id, *names),
+                )
+                if cur.fetchone():  # the signal beat the wait: wake at once
+                    wake_at = WAKE_NOW
+            if wake_at == WAKE_NOW:
+                self._notify(cur)
+            cur.execute(
+                "UPDATE ms_runs SET status = ?, wake_at = ?, wait_reason = ?, wait_signal = ?,"
+                " owner = NULL, lease_until = NULL, updated_at = ? WHERE id = ?",
+                (t.status, wake_at, t.wait_reason, t.wait_signal, now, w.run_id),
+            )
+            if t.status == "waiting" and wake_at != WAKE_NOW:
+                waiting = {"status": "waiting", "wait_reason": t.wait_reason}
+                queue_event(cur, w.run_id, "run.waiting", waiting, now)
+        else:
+            # Set, not incremented: a re-sent continue-as-new leaves the run in the
+            # session the first send opened (same idempotency keys downstream).
+            ending = t.session
+            if ending is None and w.steps:
+                ending = w.steps[0].session
+            if ending is None:
+                cur.execute("SELECT session FROM ms_runs WHERE id = ?", (w.run_id,))
+                ending = int(cur.fetchone()[0])
+            cur.execute(
+                "UPDATE ms_runs SET session = ?, handoff = ?, updated_at = ?"
+                " WHERE id = ? AND session = ?",
+                (ending + 1, t.handoff, now, w.run_id, ending),
+            )
+
+
+def _event_run(status: str, t: RunTransition) -> dict[str, Any]:
+    run: dict[str, Any] = {"status": status}
+    if t.output is not None:
+        run["output"] = loads(t.output)
+    if t.error is not None:
+        run["error"] = loads(t.error)
+    return run

@@ -1,0 +1,223 @@
+"""Claims and leases: how workers take runs, keep them and give them back. A claim
+bumps the run's epoch, the fence every later write of its holder is checked against
+(see ``_journal.py``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .._serde import dumps, loads
+from ._api import queue_event
+from ._connection import Connection
+from ._records import RunRecord
+from ._rows import _RUN_COLUMNS, _run
+
+__all__ = ["Heartbeat", "LeaseTables"]
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    """What a heartbeat learned: runs whose lease is gone, runs asked to cancel."""
+
+    lost: frozenset[str]
+    cancel: frozenset[str]
+
+
+class LeaseTables(Connection):
+    """Claiming, heartbeats and release: methods of every
+    :class:`~mainspring.storage.Store`."""
+
+    # -- claiming and leases ---------------------------------------------------------
+
+    def claim(
+        self,
+        *,
+        worker: str,
+        now: float,
+        lease_s: float,
+        limit: int,
+        workflows: Sequence[str] | None,
+        max_recoveries: int,
+        run_id: str | None = None,
+        isolate_after: int | None = None,
+        alone: bool = False,
+        db_clock: bool = False,
+    ) -> list[RunRecord]:
+        """Take up to ``limit`` runnable runs: bump each one's epoch and lease it.
+
+        Runnable: queued; sleeping or waiting whose ``wake_at`` has come; running
+        whose lease expired (a recovery). A run recovered more than
+        ``max_recoveries`` times in a row without progress is dead-lettered:
+        moved to ``failed`` with the reason, not claimed.
+
+        Args:
+            isolate_after: a run recovered this many times in a row without progress
+                is a *suspect* (its step may be what kills workers): it is claimed
+                only by a caller that holds nothing else (``alone``), and then as the
+                only run of the claim, so that a crash it causes is charged to it
+                alone. ``None``: no isolation.
+            alone: the caller executes no other run now.
+            db_clock: compare and write leases with the database's clock instead of
+                ``now`` (where the dialect has one: PostgreSQL), so that workers
+                whose clocks disagree still agree on whose lease has run out.
+        """
+        self._check()
+        if limit <= 0:
+            return []
+        names = list(workflows) if workflows is not None else None
+        wf_sql = f" AND workflow IN ({', '.join('?' * len(names))})" if names else ""
+        wf_params: list[Any] = list(names) if names else []
+        lock = self._lock_clause
+        at, at_params = self._clock(now, db_clock)
+        queries: list[tuple[str, list[Any]]]
+        if run_id is not None:
+            queries = [
+                (
+                    "SELECT id, status, recoveries FROM ms_runs WHERE id = ? AND (status = 'queued'"
+                    f" OR (status IN ('sleeping', 'waiting') AND wake_at <= {at})"
+                    f" OR (status = 'running' AND lease_until < {at})){lock}",
+                    [run_id, *at_params, *at_params],
+                )
+            ]
+        else:
+            queries = [
+                (
+                    "SELECT id, status, recoveries FROM ms_runs WHERE status = 'running'"
+                    f" AND lease_until < {at}{wf_sql} ORDER BY lease_until LIMIT ?{lock}",
+                    [*at_params, *wf_params],
+                ),
+                (
+                    "SELECT id, status, recoveries FROM ms_runs WHERE status IN"
+                    f" ('sleeping', 'waiting') AND wake_at <= {at}{wf_sql} ORDER BY wake_at"
+                    f" LIMIT ?{lock}",
+                    [*at_params, *wf_params],
+                ),
+                (
+                    f"SELECT id, status, recoveries FROM ms_runs WHERE status = 'queued'{wf_sql}"
+                    f" ORDER BY created_at LIMIT ?{lock}",
+                    [*wf_params],
+                ),
+            ]
+        if names == []:
+            return []
+        claimed: list[str] = []
+        suspect = False
+        with self._write() as cur:
+            for sql, params in queries:
+                left = limit - len(claimed)
+                if left <= 0 or suspect:
+                    break
+                if run_id is None:
+                    params = [*params, left]
+                cur.execute(sql, params)
+                for rid, status, recoveries in cur.fetchall():
+                    if suspect:
+                        break
+                    recovering = status == "running"
+                    count = recoveries + 1 if recovering else recoveries
+                    if isolate_after is not None and isolate_after <= count <= max_recoveries:
+                        # A suspect runs alone: left for a caller that holds nothing.
+                        if not alone or claimed:
+                            continue
+                        suspect = True
+                    if recovering and count > max_recoveries:
+                        cur.execute(
+                            # Ending the run moves the fence on: its last holder,
+                            # stalled but alive, must not write into a dead run.
+                            "UPDATE ms_runs SET status = 'failed', epoch = epoch + 1, error = ?,"
+                            " owner = NULL, lease_until = NULL, recoveries = ?, finished_at = ?,"
+                            " updated_at = ? WHERE id = ?",
+                            (
+                                _dead_letter_error(max_recoveries),
+                                count,
+                                now,
+                                now,
+                                rid,
+                            ),
+                        )
+                        queue_event(
+                            cur,
+                            rid,
+                            "run.failed",
+                            {
+                                "status": "failed",
+                                "error": loads(_dead_letter_error(max_recoveries)),
+                            },
+                            now,
+                        )
+                        continue
+                    cur.execute(
+                        "UPDATE ms_runs SET status = 'running', epoch = epoch + 1, owner = ?,"
+                        f" lease_until = {at} + ?, wake_at = NULL, wait_reason = NULL,"
+                        " wait_signal = NULL, recoveries = ?, updated_at = ? WHERE id = ?",
+                        (worker, *at_params, lease_s, count, now, rid),
+                    )
+                    claimed.append(rid)
+            if not claimed:
+                return []
+            cur.execute(
+                f"SELECT {_RUN_COLUMNS} FROM ms_runs WHERE id IN ({', '.join('?' * len(claimed))})",
+                claimed,
+            )
+            by_id = {r.id: r for r in map(_run, cur.fetchall())}
+        return [by_id[rid] for rid in claimed]
+
+    def heartbeat(
+        self,
+        *,
+        runs: Sequence[tuple[str, int]],
+        now: float,
+        lease_s: float,
+        db_clock: bool = False,
+    ) -> Heartbeat:
+        """Extend the leases of ``(run_id, epoch)`` pairs this worker holds
+        (``db_clock``: as :meth:`claim`)."""
+        self._check()
+        if not runs:
+            return Heartbeat(frozenset(), frozenset())
+        lost: set[str] = set()
+        cancel: set[str] = set()
+        at, at_params = self._clock(now, db_clock)
+        with self._write() as cur:
+            for rid, epoch in sorted(runs):
+                cur.execute(
+                    f"UPDATE ms_runs SET lease_until = {at} + ? WHERE id = ? AND epoch = ?"
+                    " AND status = 'running'",
+                    (*at_params, lease_s, rid, epoch),
+                )
+                if cur.rowcount == 0:
+                    lost.add(rid)
+            ids = [rid for rid, _ in runs if rid not in lost]
+            if ids:
+                cur.execute(
+                    "SELECT id FROM ms_runs WHERE cancel_requested = 1 AND id IN"
+                    f" ({', '.join('?' * len(ids))})",
+                    ids,
+                )
+                cancel = {r[0] for r in cur.fetchall()}
+        return Heartbeat(frozenset(lost), frozenset(cancel))
+
+    def release(self, run_id: str, epoch: int, now: float) -> bool:
+        """Give a run back (graceful shutdown): queued again, no recovery counted."""
+        with self._write() as cur:
+            cur.execute(
+                "UPDATE ms_runs SET status = 'queued', owner = NULL, lease_until = NULL,"
+                " updated_at = ? WHERE id = ? AND epoch = ? AND status = 'running'",
+                (now, run_id, epoch),
+            )
+            released = bool(cur.rowcount)
+            if released:
+                self._notify(cur)
+            return released
+
+
+def _dead_letter_error(max_recoveries: int) -> str:
+    return dumps(
+        {
+            "type": "DeadLettered",
+            "message": f"recovery failed {max_recoveries} times in a row without progress;"
+            " the run was moved to failed (dead-lettered)",
+        }
+    )

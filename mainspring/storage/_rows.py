@@ -1,0 +1,115 @@
+"""The columns of runs and journal rows, and their records: shared by the parts
+that read or copy them."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ._records import RunRecord, SignalRecord, StepRecord
+
+_RUN_COLUMNS = (
+    "id, workflow, idem_key, status, input, output, error, session, handoff, epoch, owner,"
+    " lease_until, wake_at, wait_reason, recoveries, cancel_requested, created_at, updated_at,"
+    " finished_at, traceparent, parent, parent_step"
+)
+# The same, without the large values (input, output, hand-off): what lists need.
+_RUN_SUMMARY_COLUMNS = _RUN_COLUMNS.replace("input, output,", "NULL, NULL,").replace(
+    " handoff,", " NULL,"
+)
+_STEP_COLUMNS = (
+    "run_id, session, seq, kind, name, status, attempt, epoch, output, error, started_at,"
+    " finished_at, wake_at"
+)
+# A journal row only moves forward: to a later attempt, or within an attempt from
+# started to retrying to an end; a completed or failed row is final. So a write
+# re-sent late (a retried flush, a commit that was ambiguous) never replaces a
+# newer row with its older snapshot.
+_STEP_RANK = "CASE {t}.status WHEN 'started' THEN 0 WHEN 'retrying' THEN 1 ELSE 2 END"
+_UPSERT_STEP = (
+    f"INSERT INTO ms_steps ({_STEP_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)"
+    " ON CONFLICT (run_id, session, seq) DO UPDATE SET kind = excluded.kind,"
+    " name = excluded.name, status = excluded.status, attempt = excluded.attempt,"
+    " epoch = excluded.epoch, output = excluded.output, error = excluded.error,"
+    " started_at = excluded.started_at, finished_at = excluded.finished_at,"
+    " wake_at = excluded.wake_at"
+    " WHERE ms_steps.status NOT IN ('completed', 'failed')"
+    " AND (excluded.attempt > ms_steps.attempt OR (excluded.attempt = ms_steps.attempt"
+    f" AND {_STEP_RANK.format(t='excluded')} >= {_STEP_RANK.format(t='ms_steps')}))"
+)
+_SIGNAL_COLUMNS = "id, run_id, name, payload, created_at, consumed_at, consumed_by"
+
+
+def _run(row: Sequence[Any]) -> RunRecord:
+    return RunRecord(
+        id=row[0],
+        workflow=row[1],
+        key=row[2],
+        status=row[3],
+        input=row[4],
+        output=row[5],
+        error=row[6],
+        session=row[7],
+        handoff=row[8],
+        epoch=row[9],
+        owner=row[10],
+        lease_until=row[11],
+        wake_at=row[12],
+        wait_reason=row[13],
+        recoveries=row[14],
+        cancel_requested=bool(row[15]),
+        created_at=row[16],
+        updated_at=row[17],
+        finished_at=row[18],
+        traceparent=row[19],
+        parent=row[20],
+        parent_step=row[21],
+    )
+
+
+def _step(row: Sequence[Any]) -> StepRecord:
+    return StepRecord(
+        run_id=row[0],
+        session=row[1],
+        seq=row[2],
+        kind=row[3],
+        name=row[4],
+        status=row[5],
+        attempt=row[6],
+        epoch=row[7],
+        output=row[8],
+        error=row[9],
+        started_at=row[10],
+        finished_at=row[11],
+        wake_at=row[12],
+    )
+
+
+def _step_params(s: StepRecord) -> tuple[Any, ...]:
+    return (
+        s.run_id,
+        s.session,
+        s.seq,
+        s.kind,
+        s.name,
+        s.status,
+        s.attempt,
+        s.epoch,
+        s.output,
+        s.error,
+        s.started_at,
+        s.finished_at,
+        s.wake_at,
+    )
+
+
+def _signal(row: Sequence[Any]) -> SignalRecord:
+    return SignalRecord(
+        id=row[0],
+        run_id=row[1],
+        name=row[2],
+        payload=row[3],
+        created_at=row[4],
+        consumed_at=row[5],
+        consumed_by=row[6],
+    )

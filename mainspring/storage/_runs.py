@@ -1,0 +1,435 @@
+"""Runs: submitting, reading and listing them, forking, retrying, cancelling and
+pruning. The state machine's moves that a worker makes (claims, leases, commits)
+are in ``_leases.py`` and ``_journal.py``."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .._errors import RunConflict, RunNotFound
+from .._serde import dumps, loads
+from ._api import queue_event
+from ._connection import Connection
+from ._records import FINISHED, RunRecord
+from ._rows import (
+    _RUN_COLUMNS,
+    _RUN_SUMMARY_COLUMNS,
+    _STEP_COLUMNS,
+    _UPSERT_STEP,
+    _run,
+    _step,
+    _step_params,
+)
+
+__all__ = ["PruneResult", "RunTables"]
+
+# Finished runs past retention: what ``prune`` deletes.
+_PRUNABLE = "status IN ('succeeded', 'failed', 'cancelled') AND finished_at < ?"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PruneResult:
+    """What :meth:`Store.prune` deleted (or, on a dry run, would delete)."""
+
+    runs: int
+    steps: int
+    signals: int
+
+
+class RunTables(Connection):
+    """Runs as their submitters and operators see them: methods of every
+    :class:`~mainspring.storage.Store`."""
+
+    # -- runs -------------------------------------------------------------------------
+
+    def create_run(
+        self,
+        *,
+        run_id: str,
+        workflow: str,
+        input: str,
+        key: str | None,
+        now: float,
+        traceparent: str | None = None,
+    ) -> tuple[RunRecord, bool]:
+        """Insert a queued run, or return the existing run with that ``key``.
+        ``traceparent``: the caller's W3C trace context, kept with the run.
+
+        Returns ``(run, created)``.
+        """
+        with self._write() as cur:
+            if key is None:
+                cur.execute(
+                    "INSERT INTO ms_runs (id, workflow, idem_key, status, input, created_at,"
+                    " updated_at, traceparent) VALUES (?, ?, NULL, 'queued', ?, ?, ?, ?)",
+                    (run_id, workflow, input, now, now, traceparent),
+                )
+                created = True
+            else:
+                # One conditional statement, not a read then an insert: concurrent
+                # submits with one key (many API servers) all get the one run. On
+                # PostgreSQL the loser waits for the winner's commit, then selects it.
+                cur.execute(
+                    "INSERT INTO ms_runs (id, workflow, idem_key, status, input, created_at,"
+                    " updated_at, traceparent) VALUES (?, ?, ?, 'queued', ?, ?, ?, ?)"
+                    " ON CONFLICT (idem_key) DO NOTHING",
+                    (run_id, workflow, key, input, now, now, traceparent),
+                )
+                created = cur.rowcount == 1
+            if not created:
+                cur.execute(f"SELECT {_RUN_COLUMNS} FROM ms_runs WHERE idem_key = ?", (key,))
+                existing = _run(cur.fetchone())
+                if existing.workflow != workflow:
+                    raise RunConflict(
+                        f"key {key!r} already names a run of workflow "
+                        f"{existing.workflow!r}, not {workflow!r}",
+                        run_id=existing.id,
+                    )
+                return existing, False
+            self._notify(cur)
+            cur.execute(f"SELECT {_RUN_COLUMNS} FROM ms_runs WHERE id = ?", (run_id,))
+            return _run(cur.fetchone()), True
+
+    def get_run(self, run_id: str) -> RunRecord | None:
+        with self._read() as cur:
+            cur.execute(f"SELECT {_RUN_COLUMNS} FROM ms_runs WHERE id = ?", (run_id,))
+            row = cur.fetchone()
+            return _run(row) if row else None
+
+    def list_runs(
+        self,
+        *,
+        statuses: Sequence[str] | None = None,
+        workflow: str | None = None,
+        limit: int = 50,
+        offset: int = 0,
+        since: float | None = None,
+        search: str | None = None,
+        summary: bool = False,
+    ) -> list[RunRecord]:
+        """Newest first. ``since``: created at or after this time; ``search``: text
+        found (case-insensitively) in the id, key, input, output or error; ``summary``:
+        leave input, output and hand-off out (``None``), for lists."""
+        where: list[str] = []
+        params: list[Any] = []
+        if statuses:
+            where.append(f"status IN ({', '.join('?' * len(statuses))})")
+            params.extend(statuses)
+        if workflow:
+            where.append("workflow = ?")
+            params.append(workflow)
+        if since is not None:
+            where.append("created_at >= ?")
+            params.append(since)
+        if search:
+            escaped = search.lower().replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+            columns = ("id", "idem_key", "input", "output", "error")
+            where.append("(" + " OR ".join(f"LOWER({c}) LIKE ? ESCAPE '\\'" for c in columns) + ")")
+            params.extend([f"%{escaped}%"] * len(columns))
+        sql = f"SELECT {_RUN_SUMMARY_COLUMNS if summary else _RUN_COLUMNS} FROM ms_runs"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY created_at DESC, id DESC LIMIT ? OFFSET ?"
+        with self._read() as cur:
+            cur.execute(sql, (*params, limit, offset))
+            return [_run(r) for r in cur.fetchall()]
+
+    def runs_changed_since(self, after: float, *, limit: int = 200) -> list[RunRecord]:
+        """Runs whose row changed after ``after`` (their ``updated_at``), oldest change
+        first: what a live list needs to redraw (summaries: no input, output or
+        hand-off)."""
+        with self._read() as cur:
+            cur.execute(
+                f"SELECT {_RUN_SUMMARY_COLUMNS} FROM ms_runs WHERE updated_at > ?"
+                " ORDER BY updated_at, id LIMIT ?",
+                (after, limit),
+            )
+            return [_run(r) for r in cur.fetchall()]
+
+    def count_runs(self) -> dict[str, int]:
+        """How many runs are in each status."""
+        with self._read() as cur:
+            cur.execute("SELECT status, COUNT(*) FROM ms_runs GROUP BY status")
+            return {status: n for status, n in cur.fetchall()}
+
+    def run_ids_starting(self, prefix: str, limit: int = 2) -> list[str]:
+        """Ids of runs that start with ``prefix`` (up to ``limit``), for abbreviated ids."""
+        # LIKE with the prefix's own wildcards escaped: "a_" matches "a_...", not "ab...".
+        pattern = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+        with self._read() as cur:
+            cur.execute(
+                "SELECT id FROM ms_runs WHERE id LIKE ? ESCAPE '\\' ORDER BY id LIMIT ?",
+                [pattern, limit],
+            )
+            return [r[0] for r in cur.fetchall()]
+
+    def next_wake(self, workflows: Sequence[str] | None = None) -> float | None:
+        """The earliest ``wake_at`` of a sleeping or waiting run (of these workflows):
+        when a worker next has something to claim that nobody needs to send."""
+        names = list(workflows) if workflows is not None else None
+        wf_sql = f" AND workflow IN ({', '.join('?' * len(names))})" if names else ""
+        with self._read() as cur:
+            cur.execute(
+                "SELECT MIN(wake_at) FROM ms_runs WHERE status IN ('sleeping', 'waiting')"
+                f" AND wake_at IS NOT NULL{wf_sql}",
+                names or [],
+            )
+            row = cur.fetchone()
+            return None if row is None or row[0] is None else float(row[0])
+
+    def run_stamps(self) -> list[tuple[str, str, str, float]]:
+        """``(id, workflow, status, updated_at)`` of every run: what a metrics scrape
+        needs to tell which runs changed."""
+        with self._read() as cur:
+            cur.execute("SELECT id, workflow, status, updated_at FROM ms_runs")
+            return [(r[0], r[1], r[2], r[3]) for r in cur.fetchall()]
+
+    def run_changes(
+        self, after: float | None = None
+    ) -> list[tuple[str, str, str, float, float | None, str | None]]:
+        """``(id, workflow, status, updated_at, finished_at, wait_reason)`` of the runs
+        whose row changed after ``after`` (every run when ``None``): how a metrics
+        scrape keeps its aggregates without reading every run (``ms_runs_updated``)."""
+        sql = "SELECT id, workflow, status, updated_at, finished_at, wait_reason FROM ms_runs"
+        with self._read() as cur:
+            if after is None:
+                cur.execute(sql)
+            else:
+                cur.execute(sql + " WHERE updated_at > ?", (after,))
+            return [(r[0], r[1], r[2], r[3], r[4], r[5]) for r in cur.fetchall()]
+
+    def oldest_finished_at(self) -> float | None:
+        """The earliest ``finished_at`` in the store (``ms_runs_finished`` index): it
+        rises when :meth:`prune` deletes runs, which delete oldest first."""
+        with self._read() as cur:
+            cur.execute("SELECT MIN(finished_at) FROM ms_runs WHERE finished_at IS NOT NULL")
+            row = cur.fetchone()
+            return None if row is None or row[0] is None else float(row[0])
+
+    def fork_run(
+        self,
+        source: RunRecord,
+        *,
+        run_id: str,
+        session: int,
+        upto_seq: int,
+        output: str | None,
+        now: float,
+        outputs: Mapping[int, str] | None = None,
+        parent_step: str | None = None,
+    ) -> RunRecord:
+        """A new queued run of ``source``'s workflow and input whose journal is a copy
+        of ``source``'s session ``session`` up to and including ``upto_seq``.
+        The new run's ``parent`` is ``source.id``, its ``parent_step`` the step it was
+        forked from (``"session:seq"``; default: ``upto_seq``'s).
+
+        ``output`` replaces the journaled output of that last step (``None``: kept);
+        ``outputs`` replaces the outputs of the steps it names by seq.
+        The new run starts in ``session`` with ``source``'s hand-off, which the caller
+        must have checked is the hand-off of that session.
+        """
+        with self._write() as cur:
+            # The source's row is held while its journal is copied, so the copy and
+            # the hand-off are of one moment (its worker may be committing).
+            cur.execute(
+                f"SELECT session, handoff FROM ms_runs WHERE id = ?{self._row_lock}",
+                (source.id,),
+            )
+            row = cur.fetchone()
+            if row is None:
+                raise RunNotFound(f"cannot fork: no run {source.id!r}")
+            if session == row[0]:
+                handoff = row[1]
+            elif session == source.session:
+                handoff = source.handoff  # the caller's record is of that session
+            elif session == 0:
+                handoff = None
+            else:
+                raise RunConflict(
+                    f"cannot fork run {source.id!r} from session {session}: its hand-off is "
+                    f"not kept (the run is in session {row[0]})",
+                    run_id=source.id,
+                )
+            cur.execute(
+                "INSERT INTO ms_runs (id, workflow, status, input, session, handoff,"
+                " created_at, updated_at, parent, parent_step)"
+                " VALUES (?, ?, 'queued', ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    run_id,
+                    source.workflow,
+                    source.input,
+                    session,
+                    handoff if session else None,
+                    now,
+                    now,
+                    source.id,
+                    parent_step if parent_step is not None else f"{session}:{upto_seq}",
+                ),
+            )
+            cur.execute(
+                f"SELECT {_STEP_COLUMNS} FROM ms_steps WHERE run_id = ? AND session = ?"
+                " AND seq <= ? ORDER BY seq",
+                (source.id, session, upto_seq),
+            )
+            rows = [_step(r) for r in cur.fetchall()]
+            for r in rows:
+                r.run_id, r.epoch = run_id, 0
+                if r.seq == upto_seq and output is not None:
+                    r.output = output
+                if outputs and r.seq in outputs:
+                    r.output = outputs[r.seq]
+            if rows:
+                cur.executemany(_UPSERT_STEP, [_step_params(r) for r in rows])
+            self._notify(cur)
+            cur.execute(f"SELECT {_RUN_COLUMNS} FROM ms_runs WHERE id = ?", (run_id,))
+            return _run(cur.fetchone())
+
+    def retry_run(self, run_id: str, *, from_seq: int | None, now: float) -> RunRecord:
+        """Queue a failed run again. Journal rows of its current session from
+        ``from_seq`` on that did not complete are deleted, so that step runs again;
+        completed rows are never deleted (a completed step never runs twice), so
+        they replay, wherever they are.
+
+        Re-opening the run bumps its epoch: a worker that still held it cannot
+        write into the retried run.
+
+        Raises:
+            RunNotFound: no such run.
+            RunConflict: the run is not failed (a concurrent retry got there first).
+        """
+        with self._write() as cur:
+            cur.execute(
+                f"SELECT {_RUN_COLUMNS} FROM ms_runs WHERE id = ?{self._row_lock}", (run_id,)
+            )
+            row = cur.fetchone()
+            if row is None:
+                raise RunNotFound(f"cannot retry: no run {run_id!r}")
+            run = _run(row)
+            if run.status != "failed":
+                raise RunConflict(
+                    f"cannot retry run {run_id!r}: it is {run.status}, and only a failed run "
+                    "can be retried",
+                    run_id=run_id,
+                )
+            if from_seq is not None:
+                cur.execute(
+                    "DELETE FROM ms_steps WHERE run_id = ? AND session = ? AND seq >= ?"
+                    " AND status <> 'completed'",
+                    (run_id, run.session, from_seq),
+                )
+            cur.execute(
+                "UPDATE ms_runs SET status = 'queued', epoch = epoch + 1, output = NULL,"
+                " error = NULL, finished_at = NULL, owner = NULL, lease_until = NULL,"
+                " wake_at = NULL, wait_reason = NULL, wait_signal = NULL, recoveries = 0,"
+                " cancel_requested = 0, updated_at = ? WHERE id = ? AND status = 'failed'",
+                (now, run_id),
+            )
+            if cur.rowcount != 1:  # retried concurrently: raising rolls the delete back
+                raise RunConflict(f"run {run_id!r} was retried concurrently", run_id=run_id)
+            self._notify(cur)
+            cur.execute(f"SELECT {_RUN_COLUMNS} FROM ms_runs WHERE id = ?", (run_id,))
+            return _run(cur.fetchone())
+
+    def cancel(self, run_id: str, now: float, reason: str | None = None) -> str:
+        """Cancel a run; returns its status afterwards.
+
+        A run that no worker holds is cancelled at once (its epoch moves on, so
+        nothing written by an earlier holder can land after). A running run is
+        marked and its worker cancels it at the next step boundary (status stays
+        ``running`` until then). A finished run is left exactly as it is and its
+        final status returned.
+        """
+        error = _cancel_error(reason)
+        with self._write() as cur:
+            # Locked: a worker's commit (a suspend, a finish) cannot slip between
+            # this read and the write below.
+            cur.execute(f"SELECT status FROM ms_runs WHERE id = ?{self._row_lock}", (run_id,))
+            row = cur.fetchone()
+            if row is None:
+                raise RunNotFound(f"cannot cancel: no run {run_id!r}")
+            status: str = row[0]
+            if status in FINISHED:
+                return status
+            if status == "running":
+                cur.execute(
+                    "UPDATE ms_runs SET cancel_requested = 1, error = ?, updated_at = ?"
+                    " WHERE id = ? AND status = 'running'",
+                    (error, now, run_id),
+                )
+                return status
+            cur.execute(
+                "UPDATE ms_runs SET status = 'cancelled', epoch = epoch + 1,"
+                " cancel_requested = 1, error = ?, finished_at = ?, updated_at = ?,"
+                " owner = NULL, lease_until = NULL, wake_at = NULL, wait_signal = NULL,"
+                " wait_reason = NULL WHERE id = ? AND status = ?",
+                (error, now, now, run_id, status),
+            )
+            queue_event(
+                cur, run_id, "run.cancelled", {"status": "cancelled", "error": loads(error)}, now
+            )
+            return "cancelled"
+
+    # -- retention ----------------------------------------------------------------------
+
+    def prune(
+        self, older_than_s: float, now: float, *, batch: int = 500, dry_run: bool = False
+    ) -> PruneResult:
+        """Delete finished runs whose ``finished_at`` is before ``now - older_than_s``,
+        with their journals and signals. Unfinished runs are never touched.
+
+        Deletes ``batch`` runs per transaction, so that no lock is held for long while
+        workers keep committing. ``dry_run`` only counts what would be deleted.
+        """
+        if batch <= 0:
+            raise ValueError(f"batch must be > 0, got {batch!r}")
+        cutoff = now - older_than_s
+        if dry_run:
+            with self._read() as cur:
+                counts = []
+                for sql in (
+                    f"SELECT COUNT(*) FROM ms_runs WHERE {_PRUNABLE}",
+                    f"SELECT COUNT(*) FROM ms_steps WHERE run_id IN"
+                    f" (SELECT id FROM ms_runs WHERE {_PRUNABLE})",
+                    f"SELECT COUNT(*) FROM ms_signals WHERE run_id IN"
+                    f" (SELECT id FROM ms_runs WHERE {_PRUNABLE})",
+                ):
+                    cur.execute(sql, (cutoff,))
+                    counts.append(int(cur.fetchone()[0]))
+            return PruneResult(runs=counts[0], steps=counts[1], signals=counts[2])
+        runs = steps = signals = 0
+        while True:
+            with self._write() as cur:
+                # Rows another transaction holds are skipped on PostgreSQL: a later
+                # prune takes them.
+                cur.execute(
+                    f"SELECT id FROM ms_runs WHERE {_PRUNABLE} ORDER BY finished_at, id"
+                    f" LIMIT ?{self._lock_clause}",
+                    (cutoff, batch),
+                )
+                ids = [row[0] for row in cur.fetchall()]
+                if not ids:
+                    break
+                for i in range(0, len(ids), 500):  # within every driver's parameter limit
+                    chunk = ids[i : i + 500]
+                    marks = ", ".join("?" * len(chunk))
+                    cur.execute(f"DELETE FROM ms_steps WHERE run_id IN ({marks})", chunk)
+                    steps += cur.rowcount
+                    cur.execute(f"DELETE FROM ms_signals WHERE run_id IN ({marks})", chunk)
+                    signals += cur.rowcount
+                    # Delivered or given-up webhook events of those runs go with them.
+                    cur.execute(
+                        f"DELETE FROM ms_outbox WHERE run_id IN ({marks})"
+                        " AND (delivered_at IS NOT NULL OR next_at IS NULL)",
+                        chunk,
+                    )
+                    cur.execute(f"DELETE FROM ms_runs WHERE id IN ({marks})", chunk)
+                    runs += cur.rowcount
+            if len(ids) < batch:
+                break
+        return PruneResult(runs=runs, steps=steps, signals=signals)
+
+
+def _cancel_error(reason: str | None) -> str:
+    return dumps({"type": "Cancelled", "message": reason or "cancelled"})
