@@ -17,9 +17,11 @@ but ``max_rate_wait_s``: past it, the run pauses and asks a human
 ``rate_limits``) the call waits the refusal's ``retry-after`` (a growing back-off
 when it has none) as a journaled ``rate:wait:NAME`` step and a durable wait.
 
-Every wait goes through the run's clock (``RunContext._wait_until``): an in-process
+Every wait goes through the run's clock (``RunContext.sleep_until``): an in-process
 sleep only when it is shorter than the App's ``inline_wait_s``, otherwise the run
-leaves its worker; a test's FakeClock drives all of them.
+leaves its worker; a test's FakeClock drives all of them. The limiter comes bound to
+the store and clock of the App (:meth:`RateLimits.bind`); the clock, randomness and
+``inline_wait_s`` are the App's too, passed in by it.
 """
 
 from __future__ import annotations
@@ -30,16 +32,23 @@ import functools
 import random
 from collections.abc import Awaitable, Callable, Sequence
 
-from .._clock import Clock
-from .._errors import BudgetExceeded, Overloaded, RateLimited, StepFailed
+from .._clock import Clock, SystemClock
+from .._errors import BudgetExceeded, ConfigError, Overloaded, RateLimited, StepFailed
 from .._stepnames import model_step_name
 from ..context import counter_for
-from ..hitl._wait import approval
+from ..hitl import approval
 from ..journal import RetryPolicy, RunContext, current_step
-from ..limits import Booking, Cost, Price, RateLimits, StoreRateLimiter, cost_usd, price_of
-from ..models import resolve_model
-from ..models._base import Model
-from ..models._types import Message, ModelResponse, ModelSettings, ToolSpec
+from ..limits import (
+    Booking,
+    BoundRateLimits,
+    Cost,
+    Price,
+    RateLimits,
+    StoreRateLimiter,
+    cost_usd,
+    price_of,
+)
+from ..models import Message, Model, ModelResponse, ModelSettings, ToolSpec, resolve_model
 
 __all__ = ["DEFAULT_MODEL_RETRY", "SlotLapsed", "call_model"]
 
@@ -53,6 +62,8 @@ _MAX_BACKOFF_S = 60.0
 
 # One adapter per spec string (an adapter holds an HTTP client per event loop).
 _BY_SPEC: dict[str, Model] = {}
+# Back-off jitter when the caller gives no randomness of its own.
+_RNG = random.Random()
 
 
 class SlotLapsed(RateLimited):
@@ -78,12 +89,15 @@ async def call_model(
     *,
     tools: Sequence[ToolSpec] = (),
     settings: ModelSettings | None = None,
-    rate_limits: RateLimits | None = None,
+    rate_limits: BoundRateLimits | None = None,
     account: str = "default",
     retry: RetryPolicy | None = None,
     max_rate_wait_s: float | None = None,
     prompt_tokens: int | None = None,
     prices: dict[str, Price] | None = None,
+    clock: Clock | None = None,
+    rng: random.Random | None = None,
+    inline_wait_s: float = 1.0,
 ) -> ModelResponse:
     """Call ``model`` as a journaled step, through the shared rate limiter.
 
@@ -102,8 +116,9 @@ async def call_model(
         messages: the conversation, oldest first.
         tools: the tools the model may call.
         settings: sampling settings (``max_tokens`` also caps the output reserved).
-        rate_limits: the limits to book against (``None``: no limiter; refusals are
-            still waited out, never fatal).
+        rate_limits: the limits to book against, bound to their store and clock
+            (``app.rate_limits.bind(app.store, app.clock)``; ``None``: no limiter;
+            refusals are still waited out, never fatal).
         account: which account's limits (``RateLimit.account``).
         retry: back-off for transient errors (network, 5xx); rate refusals and
             overloads never spend its attempts.
@@ -113,6 +128,10 @@ async def call_model(
         prices: USD per million tokens by model id (default: ``limits.PRICES``): the
             reply's ``cost_usd`` is journaled with it, so that ``show``/``trace`` with
             only ``--db`` see the cost the caller's table gave.
+        clock: the run's clock (default: the limits', else the system's).
+        rng: randomness for the jitter of back-offs.
+        inline_wait_s: the App's ``inline_wait_s``: a booked slot is slept for in
+            process when the run wakes this close to it.
 
     Raises:
         StepFailed: the call failed for good (not for rate: that only waits).
@@ -123,13 +142,19 @@ async def call_model(
         if found is None:
             found = _BY_SPEC[model] = resolve_model(model)
         model = found
-    engine = ctx._engine  # the run's store and clock: the limiter shares them
+    if isinstance(rate_limits, RateLimits):
+        raise ConfigError(
+            "call_model needs rate limits bound to the run's store and clock: pass "
+            "rate_limits.bind(app.store, app.clock), or call app.call_model(...)",
+            run_id=ctx.run_id,
+        )
+    if clock is None:
+        clock = rate_limits.clock if rate_limits is not None else SystemClock()
+    jitter = rng or _RNG
     limiter = (
         None
         if rate_limits is None
-        else rate_limits.limiter(
-            engine.store, engine.clock, model.provider, model.model_id, account
-        )
+        else rate_limits.limiter(model.provider, model.model_id, account)
     )
     base = retry or DEFAULT_MODEL_RETRY
     policy = dataclasses.replace(base, non_retryable=(*base.non_retryable, RateLimited, Overloaded))
@@ -139,7 +164,7 @@ async def call_model(
         max_tokens = getattr(model, "max_tokens", None)  # Anthropic's default cap
     if limiter is not None and prompt_tokens is None:
         prompt_tokens = counter_for(model.provider).messages(messages, tools)
-    lead = min(0.5 * engine.inline_wait_s, _MAX_LEAD_S)
+    lead = min(0.5 * inline_wait_s, _MAX_LEAD_S)
     held_since: float | None = None  # journaled time of this call's first refusal
     refusals = 0
     m = model  # for the closures (mypy does not narrow ``model`` inside them)
@@ -172,7 +197,7 @@ async def call_model(
                 )
                 continue
             await ctx.sleep_until(booking.wake_at - lead, reason="rate_limit")
-        fallback = _backoff(refusals + 1, engine.rng)
+        fallback = _backoff(refusals + 1, jitter)
 
         async def send(
             booked: Booking | None = booking, fallback: float = fallback
@@ -185,7 +210,7 @@ async def call_model(
                 request,
                 warm=m.warm,
                 fallback_wait=fallback,
-                inline_s=engine.inline_wait_s,
+                inline_s=inline_wait_s,
             )
 
         try:
@@ -209,7 +234,7 @@ async def call_model(
         # provider asked, else a growing back-off, journaled so a replay waits the same.
         asked = getattr(cause, "retry_after", None)
         wake_at: float = await ctx.step(
-            functools.partial(_wake_at, engine.clock, asked, fallback),
+            functools.partial(_wake_at, clock, asked, fallback),
             name=f"rate:wait:{m.provider}:{m.model_id}",
         )
         if max_rate_wait_s is not None and wake_at - held_since > max_rate_wait_s:
