@@ -40,8 +40,7 @@ from .limits import (
     load_rate_limits,
     price_of,
 )
-from .models import Model, resolve_model
-from .models._types import Message, ModelResponse, ModelSettings, ToolSpec
+from .models import Message, Model, ModelResponse, ModelSettings, ToolSpec, resolve_model
 from .observability import (
     Diagnosis,
     MetricsCollector,
