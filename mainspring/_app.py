@@ -26,13 +26,21 @@ from ._errors import (
 )
 from ._serde import dumps, loads
 from ._signals import is_request_signal
-from .agent import Agent, AgentResult, CompletionValidator, call_model
+from .agent import Agent, AgentResult, CompletionValidator, Policy, call_model
 from .context import ContextPolicy
 from .hitl import Decision, Request, answer_payload
 from .journal import RetryPolicy, RunContext, StepInterceptor, Workflow
-from .limits import PRICES, Limits, Price, RateLimit, RateLimits, load_rate_limits, price_of
-from .models import Model, resolve_model
-from .models._types import Message, ModelResponse, ModelSettings, ToolSpec
+from .limits import (
+    PRICES,
+    BoundRateLimits,
+    Limits,
+    Price,
+    RateLimit,
+    RateLimits,
+    load_rate_limits,
+    price_of,
+)
+from .models import Message, Model, ModelResponse, ModelSettings, ToolSpec, resolve_model
 from .observability import (
     Diagnosis,
     MetricsCollector,
@@ -254,6 +262,7 @@ class App:
         model_retry: RetryPolicy | None = None,
         ask_human: bool = False,
         rate_account: str = "default",
+        policies: Sequence[Policy] = (),
     ) -> Workflow[[str], AgentResult]:
         """Define an agent and register the workflow that runs it, under ``name``.
 
@@ -281,6 +290,10 @@ class App:
                 run waits durably for the answer (a request, like an approval).
             rate_account: which account's rate limits the model calls count against
                 (with the App's ``rate_limits``); ``"default"`` unless you use several.
+            policies: :class:`~mainspring.agent.Policy` s wrapped around the agent's
+                tool and model calls, the first outermost, inside the built-in ones
+                (allowlist, arguments, tool-call budget) and outside the approval of
+                ``requires_approval`` tools (see ``docs/agents.md``).
         """
         for t in tools:
             if t.name not in self.tools:
@@ -315,8 +328,12 @@ class App:
             session_wall_s=session_wall_s,
             prices=prices,
             ask_human=ask_human,
-            rate_limits=self.rate_limits,
+            rate_limits=self._bound_rate_limits(),
             rate_account=rate_account,
+            policies=tuple(policies),
+            clock=self.clock,
+            rng=self.rng,
+            inline_wait_s=self.inline_wait_s,
             **({"model_retry": model_retry} if model_retry is not None else {}),
         )
 
@@ -397,11 +414,21 @@ class App:
             messages,
             tools=tools,
             settings=settings,
-            rate_limits=self.rate_limits,
+            rate_limits=self._bound_rate_limits(),
             account=account,
             retry=retry,
             max_rate_wait_s=max_rate_wait_s,
+            clock=self.clock,
+            rng=self.rng,
+            inline_wait_s=self.inline_wait_s,
         )
+
+    def _bound_rate_limits(self) -> BoundRateLimits | None:
+        """The App's rate limits bound to its store (opened when first booked on) and
+        its clock: what its agents and :meth:`call_model` book against."""
+        if self.rate_limits is None:
+            return None
+        return self.rate_limits.bind(lambda: self.store, self.clock)
 
     def enqueue(
         self,

@@ -17,9 +17,11 @@ but ``max_rate_wait_s``: past it, the run pauses and asks a human
 ``rate_limits``) the call waits the refusal's ``retry-after`` (a growing back-off
 when it has none) as a journaled ``rate:wait:NAME`` step and a durable wait.
 
-Every wait goes through the run's clock (``RunContext._wait_until``): an in-process
+Every wait goes through the run's clock (``RunContext.sleep_until``): an in-process
 sleep only when it is shorter than the App's ``inline_wait_s``, otherwise the run
-leaves its worker; a test's FakeClock drives all of them.
+leaves its worker; a test's FakeClock drives all of them. The limiter comes bound to
+the store and clock of the App (:meth:`RateLimits.bind`); the clock, randomness and
+``inline_wait_s`` are the App's too, passed in by it.
 """
 
 from __future__ import annotations
@@ -29,17 +31,25 @@ import dataclasses
 import functools
 import random
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 
-from .._clock import Clock
-from .._errors import BudgetExceeded, Overloaded, RateLimited, StepFailed
+from .._clock import Clock, SystemClock
+from .._errors import BudgetExceeded, ConfigError, Overloaded, RateLimited, StepFailed
 from .._stepnames import model_step_name
 from ..context import counter_for
-from ..hitl._wait import approval
+from ..hitl import approval
 from ..journal import RetryPolicy, RunContext, current_step
-from ..limits import Booking, Cost, Price, RateLimits, StoreRateLimiter, cost_usd, price_of
-from ..models import resolve_model
-from ..models._base import Model
-from ..models._types import Message, ModelResponse, ModelSettings, ToolSpec
+from ..limits import (
+    Booking,
+    BoundRateLimits,
+    Cost,
+    Price,
+    RateLimits,
+    StoreRateLimiter,
+    cost_usd,
+    price_of,
+)
+from ..models import Message, Model, ModelResponse, ModelSettings, ToolSpec, resolve_model
 
 __all__ = ["DEFAULT_MODEL_RETRY", "SlotLapsed", "call_model"]
 
@@ -53,6 +63,8 @@ _MAX_BACKOFF_S = 60.0
 
 # One adapter per spec string (an adapter holds an HTTP client per event loop).
 _BY_SPEC: dict[str, Model] = {}
+# Back-off jitter when the caller gives no randomness of its own.
+_RNG = random.Random()
 
 
 class SlotLapsed(RateLimited):
@@ -78,12 +90,15 @@ async def call_model(
     *,
     tools: Sequence[ToolSpec] = (),
     settings: ModelSettings | None = None,
-    rate_limits: RateLimits | None = None,
+    rate_limits: BoundRateLimits | None = None,
     account: str = "default",
     retry: RetryPolicy | None = None,
     max_rate_wait_s: float | None = None,
     prompt_tokens: int | None = None,
     prices: dict[str, Price] | None = None,
+    clock: Clock | None = None,
+    rng: random.Random | None = None,
+    inline_wait_s: float = 1.0,
 ) -> ModelResponse:
     """Call ``model`` as a journaled step, through the shared rate limiter.
 
@@ -102,8 +117,9 @@ async def call_model(
         messages: the conversation, oldest first.
         tools: the tools the model may call.
         settings: sampling settings (``max_tokens`` also caps the output reserved).
-        rate_limits: the limits to book against (``None``: no limiter; refusals are
-            still waited out, never fatal).
+        rate_limits: the limits to book against, bound to their store and clock
+            (``app.rate_limits.bind(app.store, app.clock)``; ``None``: no limiter;
+            refusals are still waited out, never fatal).
         account: which account's limits (``RateLimit.account``).
         retry: back-off for transient errors (network, 5xx); rate refusals and
             overloads never spend its attempts.
@@ -113,6 +129,10 @@ async def call_model(
         prices: USD per million tokens by model id (default: ``limits.PRICES``): the
             reply's ``cost_usd`` is journaled with it, so that ``show``/``trace`` with
             only ``--db`` see the cost the caller's table gave.
+        clock: the run's clock (default: the limits', else the system's).
+        rng: randomness for the jitter of back-offs.
+        inline_wait_s: the App's ``inline_wait_s``: a booked slot is slept for in
+            process when the run wakes this close to it.
 
     Raises:
         StepFailed: the call failed for good (not for rate: that only waits).
@@ -123,101 +143,158 @@ async def call_model(
         if found is None:
             found = _BY_SPEC[model] = resolve_model(model)
         model = found
-    engine = ctx._engine  # the run's store and clock: the limiter shares them
-    limiter = (
-        None
-        if rate_limits is None
-        else rate_limits.limiter(
-            engine.store, engine.clock, model.provider, model.model_id, account
+    if isinstance(rate_limits, RateLimits):
+        raise ConfigError(
+            "call_model needs rate limits bound to the run's store and clock: pass "
+            "rate_limits.bind(app.store, app.clock), or call app.call_model(...)",
+            run_id=ctx.run_id,
         )
-    )
+    limiter = None
+    if rate_limits is not None:
+        limiter = rate_limits.limiter(model.provider, model.model_id, account)
+        if prompt_tokens is None:
+            prompt_tokens = counter_for(model.provider).messages(messages, tools)
     base = retry or DEFAULT_MODEL_RETRY
-    policy = dataclasses.replace(base, non_retryable=(*base.non_retryable, RateLimited, Overloaded))
-    max_tokens = settings.max_tokens if settings is not None else None
-    trim = max_tokens is None  # the reservation below is a default: a limit may cap it
-    if max_tokens is None:
-        max_tokens = getattr(model, "max_tokens", None)  # Anthropic's default cap
-    if limiter is not None and prompt_tokens is None:
-        prompt_tokens = counter_for(model.provider).messages(messages, tools)
-    lead = min(0.5 * engine.inline_wait_s, _MAX_LEAD_S)
-    held_since: float | None = None  # journaled time of this call's first refusal
-    refusals = 0
-    m = model  # for the closures (mypy does not narrow ``model`` inside them)
+    call = _Call(
+        ctx=ctx,
+        model=model,
+        messages=messages,
+        tools=tools,
+        settings=settings,
+        prices=prices,
+        limiter=limiter,
+        clock=clock or (rate_limits.clock if rate_limits is not None else SystemClock()),
+        rng=rng or _RNG,
+        inline_wait_s=inline_wait_s,
+        policy=dataclasses.replace(
+            base, non_retryable=(*base.non_retryable, RateLimited, Overloaded)
+        ),
+        prompt_tokens=prompt_tokens or 0,
+        max_rate_wait_s=max_rate_wait_s,
+    )
+    return await call.run()
 
-    async def request() -> ModelResponse:
-        reply = await m.request(messages, tools=tools, settings=settings)
+
+@dataclass(kw_only=True, eq=False)
+class _Call:
+    """One model call being made: booked, sent, and booked again after refusals."""
+
+    ctx: RunContext
+    model: Model
+    messages: Sequence[Message]
+    tools: Sequence[ToolSpec]
+    settings: ModelSettings | None
+    prices: dict[str, Price] | None
+    limiter: StoreRateLimiter | None
+    clock: Clock
+    rng: random.Random
+    inline_wait_s: float
+    policy: RetryPolicy
+    prompt_tokens: int
+    max_rate_wait_s: float | None
+    held_since: float | None = None  # journaled time of this call's first refusal
+    refusals: int = 0
+
+    async def run(self) -> ModelResponse:
+        m = self.model
+        while True:
+            booking: Booking | None = None
+            if self.limiter is not None:
+                booking = await self._slot(self.limiter)
+                if booking is None:
+                    continue
+            fallback = _backoff(self.refusals + 1, self.rng)
+
+            async def send(
+                booked: Booking | None = booking, fallback: float = fallback
+            ) -> ModelResponse:
+                if self.limiter is None or booked is None:
+                    return await self._request()
+                return await _send_booked(
+                    self.limiter,
+                    booked,
+                    self._request,
+                    warm=m.warm,
+                    fallback_wait=fallback,
+                    inline_s=self.inline_wait_s,
+                )
+
+            try:
+                response: ModelResponse = await self.ctx.step(
+                    send, name=model_step_name(m.provider, m.model_id), retry=self.policy
+                )
+                return response
+            except StepFailed as exc:
+                if exc.error_type not in (_RATE, _OVERLOADED, _LAPSED):
+                    raise
+                kind, cause = exc.error_type, exc.__cause__
+            if kind != _LAPSED:  # a lapse is no refusal: only a slot that passed
+                await self._refused(kind, cause, fallback)
+
+    async def _request(self) -> ModelResponse:
+        m, prices = self.model, self.prices
+        reply = await m.request(self.messages, tools=self.tools, settings=self.settings)
         if price_of(m.model_id, prices) is None:
             return reply
         return dataclasses.replace(reply, cost_usd=cost_usd(m.model_id, reply.usage, prices))
 
-    while True:
-        booking: Booking | None = None
-        if limiter is not None:
-            booking = await _book(ctx, limiter, prompt_tokens or 0, max_tokens, trim)
-            if booking.retry:  # a cold limiter: another request is learning the limits
-                await ctx.sleep_until(booking.wake_at, reason="rate_limit")
-                continue
-            if (
-                held_since is not None
-                and max_rate_wait_s is not None
-                and booking.wake_at - held_since > max_rate_wait_s
-            ):
-                # Give the slot back while a human decides (that may take hours).
-                await ctx.step(
-                    functools.partial(limiter.settle_quietly, booking, None),
-                    name=f"rate-refund:{limiter.key}",
-                )
-                held_since, max_rate_wait_s = await _ask_to_wait(
-                    ctx, m, held_since, max_rate_wait_s, refusals
-                )
-                continue
-            await ctx.sleep_until(booking.wake_at - lead, reason="rate_limit")
-        fallback = _backoff(refusals + 1, engine.rng)
-
-        async def send(
-            booked: Booking | None = booking, fallback: float = fallback
-        ) -> ModelResponse:
-            if limiter is None or booked is None:
-                return await request()
-            return await _send_booked(
-                limiter,
-                booked,
-                request,
-                warm=m.warm,
-                fallback_wait=fallback,
-                inline_s=engine.inline_wait_s,
+    async def _slot(self, limiter: StoreRateLimiter) -> Booking | None:
+        """Book the next slot and sleep until shortly before it; ``None``: book again."""
+        ctx = self.ctx
+        max_tokens = self.settings.max_tokens if self.settings is not None else None
+        trim = max_tokens is None  # the reservation is a default: a limit may cap it
+        if max_tokens is None:
+            max_tokens = getattr(self.model, "max_tokens", None)  # Anthropic's default cap
+        booking = await _book(ctx, limiter, self.prompt_tokens, max_tokens, trim)
+        if booking.retry:  # a cold limiter: another request is learning the limits
+            await ctx.sleep_until(booking.wake_at, reason="rate_limit")
+            return None
+        if self._past_bound(booking.wake_at):
+            # Give the slot back while a human decides (that may take hours).
+            await ctx.step(
+                functools.partial(limiter.settle_quietly, booking, None),
+                name=f"rate-refund:{limiter.key}",
             )
+            await self._ask_to_wait()
+            return None
+        lead = min(0.5 * self.inline_wait_s, _MAX_LEAD_S)
+        await ctx.sleep_until(booking.wake_at - lead, reason="rate_limit")
+        return booking
 
-        try:
-            response: ModelResponse = await ctx.step(
-                send, name=model_step_name(m.provider, m.model_id), retry=policy
-            )
-            return response
-        except StepFailed as exc:
-            if exc.error_type not in (_RATE, _OVERLOADED, _LAPSED):
-                raise
-            kind, cause = exc.error_type, exc.__cause__
-        if kind == _LAPSED:
-            continue  # no refusal: only a slot that passed; book the next one
-        refusals += 1
+    async def _refused(self, kind: str, cause: BaseException | None, fallback: float) -> None:
+        """After a refusal (429) or an overload: wait before the call books again."""
+        ctx, m = self.ctx, self.model
+        self.refusals += 1
         now = ctx.now().timestamp()
-        if held_since is None:
-            held_since = now
-        if limiter is not None and kind == _RATE:
-            continue  # the limiter learned the wait: the next booking starts after it
+        if self.held_since is None:
+            self.held_since = now
+        if self.limiter is not None and kind == _RATE:
+            return  # the limiter learned the wait: the next booking starts after it
         # No limiter, or an overload (not this account's limits): wait what the
         # provider asked, else a growing back-off, journaled so a replay waits the same.
         asked = getattr(cause, "retry_after", None)
         wake_at: float = await ctx.step(
-            functools.partial(_wake_at, engine.clock, asked, fallback),
+            functools.partial(_wake_at, self.clock, asked, fallback),
             name=f"rate:wait:{m.provider}:{m.model_id}",
         )
-        if max_rate_wait_s is not None and wake_at - held_since > max_rate_wait_s:
-            held_since, max_rate_wait_s = await _ask_to_wait(
-                ctx, m, held_since, max_rate_wait_s, refusals
-            )
-            continue
+        if self._past_bound(wake_at):
+            await self._ask_to_wait()
+            return
         await ctx.sleep_until(wake_at, reason="rate_limit")
+
+    def _past_bound(self, wake_at: float) -> bool:
+        """Would waiting until ``wake_at`` pass ``max_rate_wait_s`` since the first refusal?"""
+        return (
+            self.held_since is not None
+            and self.max_rate_wait_s is not None
+            and wake_at - self.held_since > self.max_rate_wait_s
+        )
+
+    async def _ask_to_wait(self) -> None:
+        assert self.held_since is not None and self.max_rate_wait_s is not None
+        self.held_since, self.max_rate_wait_s = await _ask_to_wait(
+            self.ctx, self.model, self.held_since, self.max_rate_wait_s, self.refusals
+        )
 
 
 def _backoff(refusals: int, rng: random.Random) -> float:

@@ -1,11 +1,13 @@
 """The decision–execution loop, on top of the journal.
 
-Each turn: check the budgets → assemble the context → call the model (a journaled
-step, retried with back-off on transient errors) → parse actions → validate
-arguments → apply policy (allowlist, approval) → run the tools (journaled, in
-parallel when the model asked for several) → update the structured state → watch
-for loops → next turn. Every decision depends only on journaled values, so a
-replay after a crash takes the same path without calling the model again.
+Each turn: check the budgets → assemble the context → call the model through its
+policies (a journaled step, rate limited, retried with back-off on transient errors)
+→ parse actions → admit each tool call through the policies (allowlist, arguments,
+tool-call budget, yours, approval) → run the tools (journaled, in parallel when the
+model asked for several) → update the structured state → watch for loops → next
+turn. The policies are wrappers (:mod:`._policy`): the loop itself knows none.
+Every decision depends only on journaled values, so a replay after a crash takes the
+same path without calling the model again.
 """
 
 from __future__ import annotations
@@ -13,12 +15,14 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
-from collections.abc import Callable
+import random
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, NoReturn
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from .._clock import Clock
 from .._errors import (
     BudgetExceeded,
     LoopDetected,
@@ -27,32 +31,38 @@ from .._errors import (
     StepInterrupted,
     ToolInputError,
 )
-from ..context import ContextPolicy, History, TokenCounter, Turn, counter_for
-from ..hitl._wait import approval, ask
+from ..context import ContextPolicy, TokenCounter, Turn, counter_for
+from ..hitl import ask
 from ..journal import RetryPolicy, RunContext
-from ..limits import Limits, Price, RateLimits, cost_usd
-from ..models._base import Model
-from ..models._types import (
+from ..limits import BoundRateLimits, Limits, Price, cost_usd
+from ..models import (
     AssistantMessage,
+    Model,
     ModelResponse,
     ModelSettings,
     ToolCall,
     ToolResultMessage,
     ToolSpec,
 )
-from ..tools import Tool, ToolRegistry
-from ..tools._arguments import describe_errors, parse_arguments
+from ..tools import ToolRegistry, describe_errors, parse_arguments
+from ._budget import Progress, check_limits, checkpoint
+from ._builtin import (
+    Allowlist,
+    ApprovalRequired,
+    ProviderRefusal,
+    RetryTurn,
+    ToolCallBudget,
+    ValidArguments,
+)
 from ._call import DEFAULT_MODEL_RETRY, call_model
-from ._guard import LoopGuard
 from ._parse import action_from_text
+from ._policy import ModelCall, Policy, ToolOutcome, ToolUse, compose
 from ._state import AgentResult, AgentState, PlanItem
 
 __all__ = ["Agent", "CompletionValidator"]
 
 CompletionValidator = Callable[[Any, AgentState], str | None]
 """``(answer, state) -> None`` when the answer is acceptable, else what is wrong."""
-
-_STOP_FOR_HUMAN = frozenset({"PermissionDenied", "QuotaExhausted"})
 
 FINISH = ToolSpec(
     name="finish",
@@ -112,31 +122,12 @@ GUIDANCE = (
 )
 
 
-@dataclass(slots=True)
-class _Run:
-    """The mutable part of one session of an agent run (rebuilt by replay)."""
-
-    state: AgentState
-    limits: Limits
-    started: float
-    earlier: str
-    sessions: int
-    history: History = field(default_factory=History)
-    guard: LoopGuard = field(default_factory=LoopGuard)
-    failed_turns: int = 0
-    session_turns: int = 0
-    session_tokens: int = 0
-    session_bytes: int = 0  # model replies and tool results journaled this session
-    session_started: float = 0.0
-    recent: int | None = None  # fewer verbatim turns after a context overflow
-    # Reported prompt tokens / our count, smoothed: corrects the estimate for the model.
-    calibration: float = 1.0
-
-
 @dataclass(frozen=True, kw_only=True, eq=False)
 class Agent:
     """An agent's configuration. Made by :meth:`App.agent`, which registers the
-    workflow that runs it."""
+    workflow that runs it, binds ``rate_limits`` to its store and clock, and passes its
+    ``clock``, ``rng`` and ``inline_wait_s``. ``policies`` wrap its tool and model
+    calls (see :class:`Policy`)."""
 
     name: str
     model: Model
@@ -157,8 +148,12 @@ class Agent:
     model_retry: RetryPolicy = DEFAULT_MODEL_RETRY
     prices: dict[str, Price] | None = None
     ask_human: bool = False
-    rate_limits: RateLimits | None = None
+    rate_limits: BoundRateLimits | None = None
     rate_account: str = "default"
+    policies: tuple[Policy, ...] = ()
+    clock: Clock | None = None
+    rng: random.Random | None = None
+    inline_wait_s: float = 1.0
 
     @functools.cached_property
     def _counter(self) -> TokenCounter:
@@ -173,7 +168,7 @@ class Agent:
         run = self._resume(ctx, task)
         specs = self.tool_specs()
         while True:
-            stop = await self._check_limits(ctx, run) or await self._checkpoint(ctx, run)
+            stop = await check_limits(ctx, run) or await checkpoint(ctx, run)
             if stop is not None:
                 return self._result(ctx, run, "partial", None, stop)
             if self._session_over(ctx, run):
@@ -203,7 +198,7 @@ class Agent:
     # -- a turn ------------------------------------------------------------------------
 
     async def _ask_model(
-        self, ctx: RunContext, run: _Run, task: str, specs: list[ToolSpec]
+        self, ctx: RunContext, run: Progress, task: str, specs: list[ToolSpec]
     ) -> ModelResponse | None:
         planning = self.planning and run.state.turns == 0 and not run.state.plan
         messages = run.history.messages(
@@ -221,35 +216,23 @@ class Agent:
         model = self.model
         counted = self.context.max_input_tokens or self.rate_limits is not None
         estimated = self._counter.messages(messages, specs) if counted else 0
+        call = ModelCall(
+            ctx=ctx,
+            model=model,
+            messages=messages,
+            tools=specs,
+            settings=settings,
+            state=run.state,
+        )
+        hooks = [ProviderRefusal().around_model, *(p.around_model for p in self.policies)]
+        send = compose(hooks, functools.partial(self._call_model, run, estimated))
         try:
-            response = await call_model(
-                ctx,
-                model,
-                messages,
-                tools=specs,
-                settings=settings,
-                rate_limits=self.rate_limits,
-                account=self.rate_account,
-                retry=self.model_retry,
-                max_rate_wait_s=run.limits.max_rate_wait_s,
-                prompt_tokens=estimated if self.rate_limits is not None else None,
-                prices=self.prices,
-            )
+            response = await send(call)
+        except RetryTurn:
+            return None
         except StepFailed as exc:
-            kind = exc.error_type.rsplit(".", 1)[-1]
-            if kind == "ContextOverflow" and run.recent != 0:
+            if exc.error_type.rsplit(".", 1)[-1] == "ContextOverflow" and run.recent != 0:
                 run.recent = 0  # compact: state and summary only, then retry once
-                return None
-            if kind in _STOP_FOR_HUMAN:
-                run.state.last_error = f"{kind}: {exc.message}"
-                decision = await approval(  # a human fixes the account, then resumes
-                    ctx,
-                    "resume",
-                    title=f"the provider refused: {kind}; fix it, then approve to retry",
-                    preview={"error": f"{kind}: {exc.message}"},
-                )
-                if not decision.approved:
-                    raise
                 return None
             raise
         run.recent = None
@@ -268,20 +251,12 @@ class Agent:
         return response
 
     async def _act(
-        self, ctx: RunContext, run: _Run, turn: Turn, response: ModelResponse
+        self, ctx: RunContext, run: Progress, turn: Turn, response: ModelResponse
     ) -> tuple[bool, Any]:
         """Carry out the reply's actions; ``(True, answer)`` when the task is done."""
-        calls = list(response.tool_calls)
-        if not calls and response.text and response.text.strip():
-            known = {*self.allowed, "finish", "update_state"}
-            if self.ask_human:
-                known.add("ask_human")
-            found = action_from_text(response.text, f"text_{run.state.turns}", known)
-            if found is not None:
-                calls = [found]
-                turn.assistant = AssistantMessage(text=response.text, tool_calls=(found,))
-            elif response.finish_reason not in ("refusal", "content_filter", "length"):
-                return self._finish(run, turn, response.text)
+        calls = self._calls(run, turn, response)
+        if calls is None:
+            return self._finish(run, turn, response.text)
         if not calls:
             why = {
                 "refusal": "You refused",
@@ -290,69 +265,116 @@ class Agent:
             }.get(response.finish_reason, "Your reply was empty")
             self._repair(ctx, run, turn, f"{why}. Call a tool, or call finish with the answer.")
             return False, None
-        # Keyed by position: a model may reuse a call id.
-        results: dict[int, tuple[str, bool]] = {}
-        todo: list[tuple[int, ToolCall, Tool[Any, Any], dict[str, Any]]] = []
-        cap = run.limits.max_tool_calls
-        repaired = False
+        # Keyed by position: a model may reuse a call id. (content, is_error, a repair?)
+        results: dict[int, tuple[str, bool, bool]] = {}
+        todo: list[tuple[int, ToolUse]] = []
+        admit = compose([p.admit_tool for p in self._admission(run)], _admitted)
         for i, call in enumerate(calls):
             if call.name == "finish":
                 done, answer, error = self._check_finish(run, call)
+                results[i] = ("accepted", False, False) if done else (error, True, True)
                 if done:
-                    results[i] = ("accepted", False)
                     turn.results = [_result(c, results.get(j)) for j, c in enumerate(calls)]
                     return True, answer
-                results[i] = (error, True)
-                repaired = True
-            elif call.name == "update_state":
-                try:
-                    run.state.apply_update(_state_update(call.arguments))
-                    results[i] = ("state updated", False)
-                except ToolInputError as exc:
-                    results[i] = (exc.message, True)
-                    repaired = True
-            elif call.name == "ask_human" and self.ask_human:
-                results[i] = await self._ask_human(ctx, call)
-            elif not call.name.strip():
-                # A garbled call, not a wrong tool: the model can repair it.
-                results[i] = ("the tool call had no tool name; name one of the tools", True)
-                repaired = True
+                continue
+            outcome = await self._admit(ctx, run, call, admit)
+            if isinstance(outcome, ToolUse):
+                todo.append((i, outcome))
             else:
-                tool = self.tools.resolve(call.name, self.allowed)  # unknown: stop at once
-                try:
-                    args = tool.prepare(call.arguments)
-                except ToolInputError as exc:
-                    results[i] = (str(exc.message), True)
-                    repaired = True
-                    continue
-                if cap is not None and run.state.tool_calls + len(todo) >= cap:
-                    results[i] = (f"not run: the budget of {cap} tool calls is used up", True)
-                    continue
-                if tool.requires_approval:
-                    verdict = await self._approve(ctx, tool, call, args)
-                    if isinstance(verdict, str):
-                        results[i] = (verdict, True)
-                        continue
-                    args = verdict
-                todo.append((i, call, tool, args))
-        outcomes = await asyncio.gather(*(self._run_tool(ctx, t, a) for _, _, t, a in todo))
-        for (i, call, _, _), outcome in zip(todo, outcomes, strict=True):
-            results[i] = outcome
+                results[i] = outcome
+        execute = compose([p.around_tool for p in self.policies], _run_tool)
+        outcomes = await asyncio.gather(*(execute(use) for _, use in todo))
+        for (i, use), done_call in zip(todo, outcomes, strict=True):
+            results[i] = (done_call.content, done_call.is_error, False)
             run.state.tool_calls += 1
-            run.session_bytes += len(outcome[0])
-            if outcome[1]:
-                run.state.last_error = _named(call.name, outcome[0][:300])
+            run.session_bytes += len(done_call.content)
+            if done_call.is_error:
+                run.state.last_error = _named(use.call.name, done_call.content[:300])
         turn.results = [_result(c, results.get(i)) for i, c in enumerate(calls)]
-        if repaired and not todo:
+        if not todo and any(r[2] for r in results.values()):
             # What the model was told last, and the call it was told about.
-            i, (message, _) = next((i, r) for i, r in reversed(results.items()) if r[1])
+            i, (message, _, _) = next((i, r) for i, r in reversed(results.items()) if r[1])
             call = calls[i]
             self._count_repair(ctx, run, message, f"{call.name or '?'}({call.arguments:.300})")
         else:
             run.failed_turns = 0
         return False, None
 
-    def _finish(self, run: _Run, turn: Turn, answer: Any) -> tuple[bool, Any]:
+    def _calls(self, run: Progress, turn: Turn, response: ModelResponse) -> list[ToolCall] | None:
+        """The reply's tool calls, or one written as text; ``None`` when the text is
+        the answer (an empty list: no usable action)."""
+        calls = list(response.tool_calls)
+        if calls or not (response.text and response.text.strip()):
+            return calls
+        known = {*self.allowed, "finish", "update_state"}
+        if self.ask_human:
+            known.add("ask_human")
+        found = action_from_text(response.text, f"text_{run.state.turns}", known)
+        if found is not None:
+            turn.assistant = AssistantMessage(text=response.text, tool_calls=(found,))
+            return [found]
+        if response.finish_reason not in ("refusal", "content_filter", "length"):
+            return None
+        return []
+
+    def _admission(self, run: Progress) -> list[Policy]:
+        """The policies that admit this turn's tool calls, outermost first."""
+        return [
+            Allowlist(self.tools, self.allowed),
+            ValidArguments(),
+            ToolCallBudget(run.limits.max_tool_calls, run.state.tool_calls),
+            *self.policies,
+            ApprovalRequired(),
+        ]
+
+    async def _admit(
+        self,
+        ctx: RunContext,
+        run: Progress,
+        call: ToolCall,
+        admit: Callable[[ToolUse], Awaitable[ToolUse | ToolOutcome]],
+    ) -> ToolUse | tuple[str, bool, bool]:
+        """The use to run, or what the model is told instead: ``(content, is_error,
+        a repair?)``. The agent's own tools are answered here, the others admitted."""
+        if call.name == "update_state":
+            try:
+                run.state.apply_update(_state_update(call.arguments))
+            except ToolInputError as exc:
+                return exc.message, True, True
+            return "state updated", False, False
+        if call.name == "ask_human" and self.ask_human:
+            return (*await self._ask_human(ctx, call), False)
+        if not call.name.strip():
+            # A garbled call, not a wrong tool: the model can repair it.
+            return "the tool call had no tool name; name one of the tools", True, True
+        try:
+            admitted = await admit(ToolUse(ctx=ctx, call=call, state=run.state))
+        except ToolInputError as exc:  # invalid arguments: the model repairs them
+            return str(exc.message), True, True
+        if isinstance(admitted, ToolOutcome):
+            return admitted.content, admitted.is_error, False
+        return admitted
+
+    async def _call_model(self, run: Progress, estimated: int, call: ModelCall) -> ModelResponse:
+        """The innermost model policy: the rate limiter and the journaled step."""
+        return await call_model(
+            call.ctx,
+            call.model,
+            call.messages,
+            tools=call.tools,
+            settings=call.settings,
+            rate_limits=self.rate_limits,
+            account=self.rate_account,
+            retry=self.model_retry,
+            max_rate_wait_s=run.limits.max_rate_wait_s,
+            prompt_tokens=estimated if self.rate_limits is not None else None,
+            prices=self.prices,
+            clock=self.clock,
+            rng=self.rng,
+            inline_wait_s=self.inline_wait_s,
+        )
+
+    def _finish(self, run: Progress, turn: Turn, answer: Any) -> tuple[bool, Any]:
         """A plain text reply is the final answer, if the validators accept it."""
         done, value, error = self._validate_answer(run, answer)
         if done:
@@ -361,7 +383,7 @@ class Agent:
         run.failed_turns += 1
         return False, None
 
-    def _check_finish(self, run: _Run, call: ToolCall) -> tuple[bool, Any, str]:
+    def _check_finish(self, run: Progress, call: ToolCall) -> tuple[bool, Any, str]:
         expected = 'finish(answer: any) -- call finish with {"answer": ...}'
         try:
             arguments = parse_arguments(call.arguments, tool="finish", expected=expected)
@@ -371,18 +393,18 @@ class Agent:
             return False, None, f"finish: argument 'answer' is required\nExpected: {expected}"
         return self._validate_answer(run, arguments["answer"])
 
-    def _validate_answer(self, run: _Run, answer: Any) -> tuple[bool, Any, str]:
+    def _validate_answer(self, run: Progress, answer: Any) -> tuple[bool, Any, str]:
         for validator in self.validators:
             problem = validator(answer, run.state)
             if problem:
                 return False, None, f"The answer was not accepted: {problem}. Fix it, then finish."
         return True, answer, ""
 
-    def _repair(self, ctx: RunContext, run: _Run, turn: Turn, note: str) -> None:
+    def _repair(self, ctx: RunContext, run: Progress, turn: Turn, note: str) -> None:
         turn.note = note
         self._count_repair(ctx, run, note, None)
 
-    def _count_repair(self, ctx: RunContext, run: _Run, message: str, call: str | None) -> None:
+    def _count_repair(self, ctx: RunContext, run: Progress, message: str, call: str | None) -> None:
         """Count a turn with no usable action; past ``max_repairs`` in a row, fail the run
         quoting the repair the model was last asked for (and the call it was about)."""
         run.failed_turns += 1
@@ -395,27 +417,6 @@ class Agent:
                 f"(max_repairs={self.max_repairs}); the last repair asked{about}: {message!r}",
                 run_id=ctx.run_id,
             )
-
-    async def _approve(
-        self, ctx: RunContext, tool: Tool[Any, Any], call: ToolCall, args: dict[str, Any]
-    ) -> dict[str, Any] | str:
-        """Wait durably for a reviewer; the approved (maybe edited) arguments, or why not."""
-        decision = await approval(
-            ctx,
-            f"approval:{call.id}",
-            title=f"run the {tool.effect} tool {tool.name!r}",
-            preview={"tool": tool.name, "arguments": args, "effect": tool.effect},
-        )
-        if not decision.approved:
-            by = f" ({decision.by})" if decision.by else ""
-            why = f": {decision.reason}" if decision.reason else ""
-            return f"{tool.name}: rejected by the reviewer{by}{why}"
-        if decision.arguments is None:
-            return args
-        try:
-            return tool.prepare(decision.arguments)
-        except ToolInputError as exc:
-            return f"{tool.name}: the reviewer's edited arguments are invalid: {exc.message}"
 
     async def _ask_human(self, ctx: RunContext, call: ToolCall) -> tuple[str, bool]:
         """The ``ask_human`` tool: the model asks; a person answers, however late."""
@@ -435,91 +436,9 @@ class Agent:
         reply = await ask(ctx, f"question:{call.id}", question, choices=choices)
         return f"The human answered: {reply}", False
 
-    async def _run_tool(
-        self, ctx: RunContext, tool: Tool[Any, Any], args: dict[str, Any]
-    ) -> tuple[str, bool]:
-        try:
-            value = await tool.run(ctx, args)
-        except StepFailed as exc:
-            return tool.render_error(exc), True
-        except StepInterrupted as exc:
-            return (
-                f"{tool.name}: interrupted by a crash; it may or may not have taken "
-                f"effect ({exc.message})",
-                True,
-            )
-        return tool.render_result(value), False
-
     # -- budgets, sessions, results ------------------------------------------------------
 
-    async def _check_limits(self, ctx: RunContext, run: _Run) -> str | None:
-        while True:
-            exceeded = self._exceeded(ctx, run)
-            if exceeded is None:
-                return None
-            which, text, used = exceeded
-            if run.limits.on_exceeded == "stop":
-                return text
-            # Pause and ask: approve (edit {"limit": 80} to set the new cap) or reject.
-            # "used": an edit must set the cap above it (see hitl.answer_payload).
-            current = getattr(run.limits, which)
-            decision = await approval(
-                ctx,
-                f"budget:{which}",
-                title=f"{text}: continue?",
-                preview={
-                    "limit": which,
-                    "cap": current,
-                    "used": used,
-                    "state": run.state.block(),
-                },
-            )
-            if not decision.approved:
-                return f"{text}; stopped by a human"
-            raised = (decision.arguments or {}).get("limit", current * 2)
-            run.limits = run.limits.raised(which, raised)
-
-    async def _checkpoint(self, ctx: RunContext, run: _Run) -> str | None:
-        """Pause at each ``checkpoint_usd`` spent and ``checkpoint_tokens`` used."""
-        s, lim = run.state, run.limits
-        tokens = s.input_tokens + s.output_tokens
-        for unit, every, used, passed in (
-            ("usd", lim.checkpoint_usd, s.cost_usd, s.checkpoint_usd),
-            ("tokens", lim.checkpoint_tokens, tokens, s.checkpoint_tokens),
-        ):
-            if not every or used < passed + every:
-                continue
-            mark = (used // every) * every
-            decision = await approval(
-                ctx,
-                f"checkpoint:{unit}:{mark:g}",
-                title=f"cost checkpoint: {used:g} {unit} used so far; continue?",
-                preview={"unit": unit, "used": used, "every": every, "state": s.block()},
-            )
-            if not decision.approved:
-                return f"stopped by a human at the {mark:g} {unit} checkpoint"
-            if unit == "usd":
-                s.checkpoint_usd = float(mark)
-            else:
-                s.checkpoint_tokens = int(mark)
-        return None
-
-    def _exceeded(self, ctx: RunContext, run: _Run) -> tuple[str, str, float] | None:
-        s, lim = run.state, run.limits
-        checks: list[tuple[str, float | None, float]] = [
-            ("max_steps", lim.max_steps, s.turns),
-            ("max_tool_calls", lim.max_tool_calls, s.tool_calls),
-            ("max_tokens", lim.max_tokens, s.input_tokens + s.output_tokens),
-            ("max_cost_usd", lim.max_cost_usd, s.cost_usd),
-        ]
-        if lim.max_wall_s is not None:
-            checks.append(("max_wall_s", lim.max_wall_s, ctx.now().timestamp() - run.started))
-        for which, cap, used in checks:
-            if cap is not None and used >= cap:
-                return which, f"{which} reached ({used:g} of {cap:g})", used
-        return None
-
-    def _session_over(self, ctx: RunContext, run: _Run) -> bool:
+    def _session_over(self, ctx: RunContext, run: Progress) -> bool:
         """Has this session reached a bound (turns, tokens, journal bytes, wall time)?"""
         if run.session_turns == 0:
             return False  # a session always makes progress before it hands off
@@ -533,17 +452,17 @@ class Agent:
             return ctx.now().timestamp() - run.session_started >= self.session_wall_s
         return False
 
-    def _resume(self, ctx: RunContext, task: str) -> _Run:
+    def _resume(self, ctx: RunContext, task: str) -> Progress:
         run = self._resume_run(ctx, task)
         if self.session_wall_s is not None:
             run.session_started = ctx.now().timestamp()
         return run
 
-    def _resume_run(self, ctx: RunContext, task: str) -> _Run:
+    def _resume_run(self, ctx: RunContext, task: str) -> Progress:
         handoff = ctx.handoff
         if not handoff:
             started = ctx.now().timestamp() if self.limits.max_wall_s is not None else 0.0
-            return _Run(
+            return Progress(
                 state=AgentState(goal=task),
                 limits=self.limits,
                 started=started,
@@ -555,7 +474,7 @@ class Agent:
             setattr(state, key, value)
         state.plan = [_plan_item(p) for p in handoff["state"]["plan"]]
         limits = dataclasses.replace(self.limits, **handoff["limits"])
-        return _Run(
+        return Progress(
             state=state,
             limits=limits,
             started=handoff["started"],
@@ -563,8 +482,8 @@ class Agent:
             sessions=handoff["sessions"] + 1,
         )
 
-    def _hand_off(self, ctx: RunContext, run: _Run) -> NoReturn:
-        run.history._fold(len(run.history.turns), self.context)
+    def _hand_off(self, ctx: RunContext, run: Progress) -> NoReturn:
+        run.history.fold(len(run.history.turns), self.context)
         earlier = "\n".join(filter(None, [run.earlier, *run.history.summary_lines]))
         ctx.continue_as_new(
             {
@@ -579,7 +498,7 @@ class Agent:
     def _result(
         self,
         ctx: RunContext,
-        run: _Run,
+        run: Progress,
         status: Literal["done", "partial"],
         answer: Any,
         reason: str | None,
@@ -599,8 +518,29 @@ class Agent:
         )
 
 
-def _result(call: ToolCall, outcome: tuple[str, bool] | None) -> ToolResultMessage:
-    content, is_error = outcome if outcome is not None else ("not run", True)
+async def _admitted(use: ToolUse) -> ToolUse | ToolOutcome:
+    return use
+
+
+async def _run_tool(use: ToolUse) -> ToolOutcome:
+    """The innermost tool policy: the tool's journaled step, its result rendered."""
+    tool, args = use.tool, use.arguments
+    assert tool is not None and args is not None  # admitted: resolved and validated
+    try:
+        value = await tool.run(use.ctx, args)
+    except StepFailed as exc:
+        return ToolOutcome(tool.render_error(exc), True)
+    except StepInterrupted as exc:
+        return ToolOutcome(
+            f"{tool.name}: interrupted by a crash; it may or may not have taken "
+            f"effect ({exc.message})",
+            True,
+        )
+    return ToolOutcome(tool.render_result(value), False)
+
+
+def _result(call: ToolCall, outcome: tuple[str, bool, bool] | None) -> ToolResultMessage:
+    content, is_error, _ = outcome if outcome is not None else ("not run", True, False)
     return ToolResultMessage(
         tool_call_id=call.id, name=call.name, content=content, is_error=is_error
     )

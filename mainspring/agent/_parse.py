@@ -12,7 +12,7 @@ import re
 from collections.abc import Collection
 from typing import Any
 
-from ..models._types import ToolCall
+from ..models import ToolCall
 
 __all__ = ["action_from_text"]
 

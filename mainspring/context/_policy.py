@@ -92,7 +92,7 @@ class History:
         while True:
             # Never show again what was already folded into the summary (a compaction).
             cut = max(self.folded, len(self.turns) - keep)
-            self._fold(cut, policy)
+            self.fold(cut, policy)
             summary = "\n".join(self.summary_lines)
             if len(summary) > policy.summary_chars:
                 summary = "(older turns omitted)\n" + summary[-policy.summary_chars :]
@@ -115,7 +115,8 @@ class History:
                 return messages
             keep -= 1
 
-    def _fold(self, upto: int, policy: ContextPolicy) -> None:
+    def fold(self, upto: int, policy: ContextPolicy) -> None:
+        """Summarise the turns before ``upto`` (those not summarised yet)."""
         while self.folded < upto:
             turn = self.turns[self.folded]
             self.summary_lines.append(

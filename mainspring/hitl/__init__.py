@@ -7,5 +7,15 @@ after any restart.
 """
 
 from .._requests import Approval, Decision, Request, RequestKind, answer_payload, approval_from
+from ._wait import approval, ask
 
-__all__ = ["Approval", "Decision", "Request", "RequestKind", "answer_payload", "approval_from"]
+__all__ = [
+    "Approval",
+    "Decision",
+    "Request",
+    "RequestKind",
+    "answer_payload",
+    "approval",
+    "approval_from",
+    "ask",
+]

@@ -2,11 +2,18 @@
 
 from ._budget import PRICES, Limits, Price, cost_usd, price_of
 from ._rate import Booking, Cost, RateLimit, RateLimiter
-from ._shared import RateLimits, StoreRateLimiter, load_rate_limits, observed_limits
+from ._shared import (
+    BoundRateLimits,
+    RateLimits,
+    StoreRateLimiter,
+    load_rate_limits,
+    observed_limits,
+)
 
 __all__ = [
     "PRICES",
     "Booking",
+    "BoundRateLimits",
     "Cost",
     "Limits",
     "Price",

@@ -29,7 +29,13 @@ from ._rate import (
 )
 from ._table import RateTable
 
-__all__ = ["RateLimits", "StoreRateLimiter", "load_rate_limits", "observed_limits"]
+__all__ = [
+    "BoundRateLimits",
+    "RateLimits",
+    "StoreRateLimiter",
+    "load_rate_limits",
+    "observed_limits",
+]
 
 log = logging.getLogger("mainspring.limits")
 
@@ -333,8 +339,43 @@ class RateLimits:
             found = self._limiters[cache] = StoreRateLimiter(rate, store, clock=clock)
         return found
 
+    def bind(self, store: Store | Callable[[], Store], clock: Clock) -> BoundRateLimits:
+        """These limits bound to the store their state lives in and the clock they
+        book on: what a model call books against (``App`` binds its own).
+
+        Args:
+            store: the store, or a function that returns it (opened on first use).
+            clock: the clock of the runs that book (a ``FakeClock`` in tests).
+        """
+        return BoundRateLimits(self, store, clock)
+
     def __repr__(self) -> str:
         return f"RateLimits({list(self.declared.values())!r})"
+
+
+class BoundRateLimits:
+    """:class:`RateLimits` bound to a store and a clock (see :meth:`RateLimits.bind`):
+    the shared limiter of any model and account, without knowing where it lives.
+
+    Attributes:
+        limits: the limits bound.
+        clock: the clock they book on.
+    """
+
+    def __init__(
+        self, limits: RateLimits, store: Store | Callable[[], Store], clock: Clock
+    ) -> None:
+        self.limits = limits
+        self.clock = clock
+        self._store = store
+
+    def limiter(self, provider: str, model: str, account: str = "default") -> StoreRateLimiter:
+        """The shared limiter of a model and account (see :meth:`RateLimits.limiter`)."""
+        store = self._store if isinstance(self._store, Store) else self._store()
+        return self.limits.limiter(store, self.clock, provider, model, account)
+
+    def __repr__(self) -> str:
+        return f"{self.limits!r}.bind(...)"
 
 
 _FIELDS = {f.name for f in fields(RateLimit)}

@@ -7,9 +7,19 @@ whether a human approves each call. A :class:`ToolRegistry` maps names to tools 
 enforces each agent's allowlist.
 """
 
+from ._arguments import describe_errors, parse_arguments
 from ._context import Effect, ToolContext
 from ._decorator import tool
 from ._registry import ToolRegistry
 from ._tool import Tool, Validator
 
-__all__ = ["Effect", "Tool", "ToolContext", "ToolRegistry", "Validator", "tool"]
+__all__ = [
+    "Effect",
+    "Tool",
+    "ToolContext",
+    "ToolRegistry",
+    "Validator",
+    "describe_errors",
+    "parse_arguments",
+    "tool",
+]
