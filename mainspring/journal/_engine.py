@@ -6,14 +6,12 @@ import random
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from .._clock import Clock
 from ..storage import RunWrite, Store, WriteResult
+from ._intercept import StepInterceptor
 from ._retry import RetryPolicy
-
-if TYPE_CHECKING:
-    from ._intercept import StepInterceptor
 
 __all__ = ["Committer", "Engine", "RunControl"]
 

@@ -7,7 +7,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._context import StepInfo
+from ._stepinfo import StepInfo
 
 __all__ = ["StepCall", "StepInterceptor", "intercept"]
 

@@ -1,0 +1,351 @@
+"""The journal cursor: one execution's place in its session's journal, and its writes.
+
+Each durable call takes the next sequence number (:meth:`Cursor.take`). On replay a
+journaled record at that number answers it; a different kind or name there is
+:class:`NondeterminismError`. New rows are buffered (:meth:`Cursor.put`) and committed
+together with the next intent row, in one fenced transaction (:meth:`Cursor.flush`).
+
+The cursor also holds what every part of the context shares about this execution:
+how it ends once the engine has decided (:attr:`Cursor.stop`), the tasks using the
+context, the step functions running and the commits in flight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from .._errors import (
+    Cancelled,
+    LeaseLost,
+    MainspringError,
+    NondeterminismError,
+    StoreError,
+    StoreUnavailable,
+)
+from .._serde import dumps, loads
+from .._stepnames import same_step_name
+from ..storage import RunRecord, RunTransition, RunWrite, StepKind, StepRecord, StepStatus
+from ._control import _Closed, _ContinueAsNew, _EngineFailure, _Release, _Suspend
+from ._engine import Engine, RunControl
+
+__all__ = ["Cursor", "Parked"]
+
+log = logging.getLogger("mainspring.journal")
+
+# How long a finished run's leftover tasks may take to obey their cancellation.
+_SETTLE_S = 10.0
+
+# A wait that cannot complete in this execution: (signal, wake_at, reason).
+Parked = tuple[str | None, float | None, str]
+
+
+def _nothing() -> None:
+    return None
+
+
+class Cursor:
+    """The records of one session as one execution reads and extends them."""
+
+    def __init__(
+        self, *, run: RunRecord, journal: list[StepRecord], engine: Engine, control: RunControl
+    ) -> None:
+        self.run_id = run.id
+        self.session = run.session
+        self.epoch = run.epoch
+        self.engine = engine
+        self.control = control
+        self.journal = {rec.seq: rec for rec in journal}
+        self.last_journaled = max(self.journal, default=-1)
+        self.seq = -1
+        self.pending: dict[int, StepRecord] = {}
+        self.consume: list[tuple[int, str]] = []
+        self.cancel = run.cancel_requested
+        self.reset_recoveries = run.recoveries > 0
+        # How this execution ends, once the engine has decided (a suspension, a lost
+        # lease, a store outage, a cancel, the run's outcome): every later use of the
+        # context raises it again, whatever the workflow did with the first one.
+        self.stop: BaseException | None = None
+        # The run is being finished (not suspended, released or continued) while step
+        # attempts may still run: those are cancelled and journaled as such.
+        self.ending = False
+        try:
+            self.main: asyncio.Task[Any] | None = asyncio.current_task()
+        except RuntimeError:  # made outside an event loop
+            self.main = None
+        self.tasks: set[asyncio.Task[Any]] = set()  # other tasks that used the context
+        self.running = 0  # step functions executing now (more than one under gather)
+        self.no_steps = asyncio.Event()  # set while no step function runs
+        self.no_steps.set()
+        self.busy = 0  # commits (and short sleeps) in flight from workflow code
+        self.activity = 0  # bumped by every use of the context
+        self.cancelled_main = False  # the context cancelled the main task to suspend
+        # Waits that cannot complete in this execution, by key (a wait's seq, or a
+        # negative number for a sleep). The run suspends once nothing else can happen.
+        self.parked: dict[int, Parked] = {}
+        # Called on activity while some wait is parked (the waits watch for quiet).
+        self.on_parked_activity: Callable[[], None] = _nothing
+
+    # -- position ---------------------------------------------------------------------
+
+    @property
+    def is_replaying(self) -> bool:
+        return self.seq < self.last_journaled
+
+    def now(self) -> float:
+        return self.engine.clock.now()
+
+    def where(self, seq: int, name: str) -> str:
+        return f"{self.session}:{seq} {name!r}"
+
+    def take(self, kind: StepKind, name: str) -> int:
+        """The next sequence number, checked against the journal's record there."""
+        self.seq += 1
+        seq = self.seq
+        rec = self.journal.get(seq)
+        if rec is not None and (rec.kind != kind or not same_step_name(rec.name, name)):
+            raise self.fail(
+                NondeterminismError(
+                    f"replay expected {rec.kind} {rec.name!r} at position {seq} of session "
+                    f"{self.session} but the workflow asked for {kind} {name!r}: the "
+                    "workflow's code changed while the run was in flight",
+                    run_id=self.run_id,
+                    step=self.where(seq, name),
+                )
+            )
+        return seq
+
+    # -- the execution's state --------------------------------------------------------
+
+    def boundary(self) -> None:
+        """Every use of the context passes here: raise how the execution ends, if that
+        is decided, and note the task and the activity."""
+        if self.stop is not None:
+            raise self.stop
+        task = asyncio.current_task()
+        if task is not self.main and task is not None:
+            if len(self.tasks) > 256:  # a long run of many gathers: forget the done ones
+                self.tasks = {t for t in self.tasks if not t.done()}
+            self.tasks.add(task)
+        self.activity += 1
+        if self.cancel:
+            raise self.set_stop(Cancelled(self.run_id))
+        if self.control.draining:
+            raise self.set_stop(_Release())
+
+    def touch(self) -> None:
+        """Note activity (a step or a commit ended)."""
+        self.activity += 1
+        if self.parked:
+            self.on_parked_activity()
+
+    def set_stop(self, stop: BaseException) -> BaseException:
+        """Decide how this execution ends (the first decision stands) and return it."""
+        if self.stop is None:
+            self.stop = stop
+        return self.stop
+
+    def fail(self, error: MainspringError) -> _EngineFailure:
+        """An engine failure, as workflow code must see it (see :class:`_EngineFailure`)."""
+        failure = _EngineFailure(error)
+        self.set_stop(failure)
+        return failure
+
+    # -- records ----------------------------------------------------------------------
+
+    def new(self, seq: int, kind: StepKind, name: str, **fields: Any) -> StepRecord:
+        return StepRecord(
+            run_id=self.run_id,
+            session=self.session,
+            seq=seq,
+            kind=kind,
+            name=name,
+            attempt=1,
+            epoch=self.epoch,
+            started_at=self.now(),
+            **fields,
+        )
+
+    def put(
+        self,
+        rec: StepRecord,
+        *,
+        status: StepStatus | None = None,
+        output: str | None = None,
+        error: str | None = None,
+        finished_at: float | None = None,
+        wake_at: float | None = None,
+    ) -> StepRecord:
+        """Buffer a journal row: a fresh copy of ``rec`` with these fields changed
+        (``None`` keeps the old value), so buffered rows never alias. New output and
+        error text is redacted here, before it can reach the store."""
+        redact = self.engine.redact
+        if redact is not None:
+            if output is not None:
+                output = redact(output)
+            if error is not None:
+                error = redact(error)
+        new = StepRecord(
+            run_id=rec.run_id,
+            session=rec.session,
+            seq=rec.seq,
+            kind=rec.kind,
+            name=rec.name,
+            status=status or rec.status,
+            attempt=rec.attempt,
+            epoch=self.epoch,
+            output=rec.output if output is None else output,
+            error=rec.error if error is None else error,
+            started_at=rec.started_at,
+            finished_at=rec.finished_at if finished_at is None else finished_at,
+            wake_at=rec.wake_at if wake_at is None else wake_at,
+        )
+        self.pending[new.seq] = new
+        return new
+
+    def record(self, kind: StepKind, make: Callable[[], Any]) -> Any:
+        """A journaled value (``now``, ``uuid``, ``random``): made once, then replayed."""
+        self.boundary()
+        seq = self.take(kind, kind)
+        rec = self.journal.get(seq)
+        if rec is not None:
+            return loads(rec.output)
+        value = make()
+        now = self.now()
+        self.put(
+            self.new(seq, kind, kind, status="completed", output=dumps(value), finished_at=now)
+        )
+        return value
+
+    # -- commits ----------------------------------------------------------------------
+
+    async def commit(self) -> None:
+        """Flush on behalf of workflow code. A store that stays down or a lost lease
+        becomes an :class:`_EngineFailure`, which ``except Exception`` cannot catch."""
+        if self.stop is not None:
+            raise self.stop
+        self.busy += 1
+        try:
+            await self.flush()
+        except (StoreUnavailable, StoreError, LeaseLost) as exc:
+            raise self.fail(exc) from exc
+        finally:
+            self.busy -= 1
+            self.touch()
+
+    def _redacted(self, transition: RunTransition) -> RunTransition:
+        redact = self.engine.redact
+        if redact is None:
+            return transition
+        return dataclasses.replace(
+            transition,
+            output=None if transition.output is None else redact(transition.output),
+            error=None if transition.error is None else redact(transition.error),
+            handoff=None if transition.handoff is None else redact(transition.handoff),
+        )
+
+    def _write(self, sent: dict[int, StepRecord], transition: RunTransition | None) -> RunWrite:
+        return RunWrite(
+            run_id=self.run_id,
+            epoch=self.epoch,
+            steps=list(sent.values()),
+            consume=list(self.consume),
+            transition=transition,
+            # Only real progress (a step ended, or the run moved on) clears the count
+            # of recoveries: an intent row alone is what a poison step writes forever.
+            reset_recoveries=self.reset_recoveries
+            and (
+                transition is not None
+                or any(r.status in ("completed", "failed") for r in sent.values())
+            ),
+        )
+
+    async def flush(self, transition: RunTransition | None = None) -> None:
+        """Commit buffered rows (and a status change) in one fenced transaction.
+
+        Retried on store errors: the writes are idempotent upserts, so a commit
+        that succeeded but reported failure (an ambiguous commit) is harmless to
+        repeat, and a completed step is never re-run because of it.
+        """
+        if not self.pending and not self.consume and transition is None:
+            return
+        if transition is not None:
+            transition = self._redacted(transition)
+        engine = self.engine
+        delay = 0.05
+        for attempt in range(1, engine.commit_attempts + 1):
+            # Built anew for each attempt: a retry sends the rows buffered now, never
+            # the snapshot of a failed attempt, which a parallel step's flush may
+            # have overtaken meanwhile.
+            sent = dict(self.pending)
+            write = self._write(sent, transition)
+            try:
+                result = await engine.committer.commit(write)
+                if result.busy:  # the run's row is locked elsewhere: back off and retry
+                    raise StoreUnavailable(
+                        f"the row of run {self.run_id!r} is locked by another transaction",
+                        run_id=self.run_id,
+                    )
+                break
+            except (StoreUnavailable, StoreError):
+                if attempt == engine.commit_attempts:
+                    raise
+                await asyncio.sleep(delay)  # real time: the database needs it, not the run
+                delay = min(delay * 2, 2.0)
+        if not result.ok:
+            raise LeaseLost(
+                result.conflict
+                or f"epoch {self.epoch} is no longer current, or the run is no longer running:"
+                " another worker owns it, or it was finished, cancelled or retried",
+                run_id=self.run_id,
+            )
+        self._committed(sent, write, result.cancel_requested)
+
+    def _committed(self, sent: dict[int, StepRecord], write: RunWrite, cancel: bool) -> None:
+        # Steps running in parallel (asyncio.gather) may have buffered rows while this
+        # commit was in flight: forget only what was sent and has not changed since.
+        for seq, rec in sent.items():
+            if self.pending.get(seq) is rec:
+                del self.pending[seq]
+        # Another flush may have committed some of these already: drop what was sent.
+        consumed = write.consume
+        self.consume = [c for c in self.consume if c not in consumed]
+        if write.reset_recoveries:
+            self.reset_recoveries = False
+            self.control.progressed = True
+        if cancel:
+            self.cancel = True
+
+    # -- the end ----------------------------------------------------------------------
+
+    async def settle(self) -> None:
+        """Before the run's outcome is committed: no task may act for it any more.
+
+        On a release or a new session, step functions already running finish first
+        (their ends are journaled with the transition); then every other task that
+        used the context is cancelled and awaited, so none can write into the
+        finished (or suspended) run.
+        """
+        patient = isinstance(self.stop, _Release | _ContinueAsNew)
+        self.ending = not patient and not isinstance(self.stop, _Suspend)
+        self.set_stop(_Closed())
+        me = asyncio.current_task()
+        try:
+            if patient and self.running:
+                await self.no_steps.wait()
+        finally:  # even if the worker stops waiting (shutdown grace over): cancel them
+            others = [t for t in self.tasks if t is not me and not t.done()]
+            for task in others:
+                task.cancel()
+        if others:
+            _, pending = await asyncio.wait(others, timeout=_SETTLE_S)
+            if pending:
+                log.warning(
+                    "run %s: %d task(s) ignored their cancellation; they can no longer "
+                    "write to the run",
+                    self.run_id,
+                    len(pending),
+                )
