@@ -11,6 +11,7 @@ import random
 import re
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Concatenate, Literal, ParamSpec, TypeVar, overload
 
@@ -29,10 +30,9 @@ from ._signals import is_request_signal
 from .agent import Agent, AgentResult, CompletionValidator, call_model
 from .context import ContextPolicy
 from .hitl import Decision, Request, answer_payload
-from .journal import RetryPolicy, RunContext, StepInterceptor, Workflow
+from .journal import Committer, Engine, RetryPolicy, RunContext, StepInterceptor, Workflow
 from .limits import PRICES, Limits, Price, RateLimit, RateLimits, load_rate_limits, price_of
-from .models import Model, resolve_model
-from .models._types import Message, ModelResponse, ModelSettings, ToolSpec
+from .models import Message, Model, ModelResponse, ModelSettings, ToolSpec, resolve_model
 from .observability import (
     Diagnosis,
     MetricsCollector,
@@ -542,6 +542,25 @@ class App:
     def worker(self, **options: Any) -> Worker:
         """A :class:`Worker` for this App (see its arguments)."""
         return Worker(self, **options)
+
+    def engine(self, committer: Committer, threads: ThreadPoolExecutor) -> Engine:
+        """The step engine a :class:`Worker` of this App executes runs with (the
+        App is its :class:`~mainspring.worker.WorkerHost`): this App's store, clock,
+        randomness, retry policy, redaction and step interceptors."""
+        engine = Engine(
+            store=self.store,
+            clock=self.clock,
+            rng=self.rng,
+            committer=committer,
+            threads=threads,
+            default_retry=self.default_retry,
+            inline_wait_s=self.inline_wait_s,
+            redact=self.redactor.redact_json if self.redactor is not None else None,
+            # telemetry outermost: it times the attempt as the step's policy sees it
+            interceptors=(self.telemetry, *self.interceptors),
+        )
+        committer.observers.append(self.telemetry.committed)
+        return engine
 
     # -- looking and steering ----------------------------------------------------------
 
