@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Concatenate, Literal, ParamSpec, TypeVar, overload
 
+from ._admin import Admin
 from ._clock import Clock, SystemClock
 from ._errors import (
     ConfigError,
@@ -76,7 +77,7 @@ class RunHandle:
         return await self.app.result(self.run_id, timeout=timeout)
 
 
-class App:
+class App(Admin):
     """Workflows registered over one store.
 
     Args:

@@ -21,6 +21,7 @@ EXPECTED = {
     "ContextPolicy", "Limits", "Redactor", "RunTrace", "TraceEntry",
     "Approval", "ApprovalRejected", "InvalidAnswer", "Request", "RequestNotFound", "ReservedSignal",
     "StepCall", "StepInterceptor", "Overloaded", "call_model",
+    "ApiKey", "Delivery", "SCOPES", "Scope", "Webhook", "WebhookEvent",
 }  # fmt: skip
 
 

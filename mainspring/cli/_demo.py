@@ -36,6 +36,7 @@ from rich.text import Text
 
 import mainspring
 
+from ..lab import LabProfile, plot_results, run_lab
 from ..storage import RunRecord, StepRecord
 from ..testing import EffectLedger
 
@@ -729,8 +730,6 @@ class _Demo:
 
     def _lab(self, summary: Summary) -> Summary:
         """The same faults, many seeded trials: the naive loop against mainspring."""
-        from ..lab import LabProfile, plot_results, run_lab
-
         profile = LabProfile(model_error_rate=0.05, tool_failure_rate=0.05, crash_rate=0.03)
         self.console.print(
             "\nlab: 40 trials per cell, 5% model errors, 5% tool failures, 3% worker crashes "

@@ -15,14 +15,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from .._app import App
-from .._errors import ConfigError
-from .._imports import import_object
-from .._serde import return_type_problem
+from .. import App, ConfigError
 from ..agent import Agent
 from ..journal import Workflow
 from ..limits import price_of
+from ..serde import return_type_problem
 from ..tools import Tool
+from ._imports import import_object
 
 __all__ = ["CHECKS", "Finding", "PreflightReport", "load_target", "preflight"]
 

@@ -5,10 +5,12 @@ from __future__ import annotations
 from urllib.parse import urlsplit
 
 from .._errors import ConfigError
+from ._api import SCOPES, WEBHOOK_EVENTS, ApiKey, Delivery, Scope, Webhook, WebhookEvent
 from ._base import Heartbeat, Store
 from ._migrations import LATEST as SCHEMA_VERSION
 from ._records import (
     FINISHED,
+    WAKE_NOW,
     RunRecord,
     RunStatus,
     RunTransition,
@@ -25,18 +27,26 @@ from .sqlite import DatabaseGone, SQLiteStore
 __all__ = [
     "FINISHED",
     "SCHEMA_VERSION",
+    "SCOPES",
+    "WAKE_NOW",
+    "WEBHOOK_EVENTS",
+    "ApiKey",
     "DatabaseGone",
+    "Delivery",
     "Heartbeat",
     "RunRecord",
     "RunStatus",
     "RunTransition",
     "RunWrite",
     "SQLiteStore",
+    "Scope",
     "SignalRecord",
     "StepKind",
     "StepRecord",
     "StepStatus",
     "Store",
+    "Webhook",
+    "WebhookEvent",
     "WriteResult",
     "open_store",
     "redact_url",

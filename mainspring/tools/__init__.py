@@ -10,6 +10,6 @@ enforces each agent's allowlist.
 from ._context import Effect, ToolContext
 from ._decorator import tool
 from ._registry import ToolRegistry
-from ._tool import Tool, Validator
+from ._tool import Tool, Validator, tool_of
 
-__all__ = ["Effect", "Tool", "ToolContext", "ToolRegistry", "Validator", "tool"]
+__all__ = ["Effect", "Tool", "ToolContext", "ToolRegistry", "Validator", "tool", "tool_of"]
