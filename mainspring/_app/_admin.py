@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from ._clock import Clock
-from .storage import ApiKey, Store, Webhook
+from .._clock import Clock
+from ..storage import ApiKey, Store, Webhook
 
 __all__ = ["Admin"]
 
