@@ -36,8 +36,8 @@ from ..observability import (
     Telemetry,
     build_trace,
     diagnose,
+    parse_traceparent,
 )
-from ..observability._traceparent import parse_traceparent
 from ..storage import RunRecord, StepRecord, Store, open_store, redact_url
 from ..tools import Effect, Tool, ToolRegistry, Validator
 from ..tools import tool as make_tool

@@ -343,8 +343,11 @@ def _dotted(node: ast.AST) -> tuple[str, ...]:
 def _check_workflow(wf: Workflow[Any, Any], app: App | None) -> tuple[Finding, ...]:
     calls = _calls(wf.fn)
     steps = [c for c in calls if _dotted(c.func)[-1:] == ("step",)]
-    hints = wf._hints
-    params = list(wf._signature.parameters)[1:]
+    try:  # as the workflow reads them (an unresolvable hint: none at all)
+        hints = typing.get_type_hints(wf.fn)
+    except Exception:
+        hints = {}
+    params = list(inspect.signature(wf.fn).parameters)[1:]
     schema = [
         f"argument {p!r} has no type"
         for p in params

@@ -12,6 +12,7 @@ from ._metrics import LATENCY_BUCKETS, MetricsCollector, metrics_text
 from ._otel import export_trace
 from ._redact import BUILTIN_PATTERNS, SECRET_KEYS, Redactor
 from ._trace import RunTrace, TraceEntry, TraceKind, build_trace, trace_entries
+from ._traceparent import parse_traceparent
 
 __all__ = [
     "BUILTIN_PATTERNS",
@@ -31,6 +32,7 @@ __all__ = [
     "diagnose",
     "export_trace",
     "metrics_text",
+    "parse_traceparent",
     "progress",
     "serve_metrics",
     "trace_entries",
