@@ -40,7 +40,7 @@ class Admin:
         """
         return self.store.create_api_key(name, scopes, self.clock.now())
 
-    def keys(self) -> list[ApiKey]:
+    def list_keys(self) -> list[ApiKey]:
         """Every API key's record (revoked ones too), oldest first; never the tokens."""
         return self.store.list_api_keys()
 
@@ -76,7 +76,7 @@ class Admin:
         """
         return self.store.add_webhook(url, self.clock.now(), secret=secret, events=events)
 
-    def webhooks(self) -> list[Webhook]:
+    def list_webhooks(self) -> list[Webhook]:
         """The registered endpoints (not removed), oldest first."""
         return self.store.list_webhooks()
 

@@ -63,7 +63,7 @@ def keys_create(
 def keys_list(db: DbOption = None, app_spec: AppOption = None, as_json: JsonOption = False) -> None:
     """List keys (never the keys themselves)."""
     with cli_errors(), open_app(db, app_spec) as app:
-        found = app.keys()
+        found = app.list_keys()
     if as_json:
         print_json(
             [
@@ -139,7 +139,7 @@ def webhooks_list(
 ) -> None:
     """List endpoints."""
     with cli_errors(), open_app(db, app_spec) as app:
-        hooks = app.webhooks()
+        hooks = app.list_webhooks()
     if as_json:
         print_json(
             [

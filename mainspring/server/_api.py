@@ -513,7 +513,7 @@ def create_app(
     def list_webhooks(_key: Admin) -> list[WebhookOut]:
         return [
             WebhookOut(id=w.id, url=w.url, events=list(w.events), created_at=w.created_at)
-            for w in app.webhooks()
+            for w in app.list_webhooks()
         ]
 
     @api.post(
