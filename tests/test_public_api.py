@@ -40,6 +40,22 @@ def test_testing_names_are_pinned() -> None:
     }  # fmt: skip
 
 
+def test_subpackage_doors_are_pinned() -> None:
+    """What the server, the CLI, the dashboard and the lab (and users) read values and
+    drive workers with."""
+    import mainspring.serde
+    import mainspring.worker
+
+    assert set(mainspring.serde.__all__) == {
+        "decode", "dumps", "loads", "public_error", "return_type_problem", "revive",
+    }  # fmt: skip
+    assert set(mainspring.worker.__all__) == {
+        "Worker", "WorkerHost", "WorkerStats", "WorkerTelemetry",
+    }  # fmt: skip
+    assert mainspring.serde.loads(mainspring.serde.dumps({"a": (1, 2)})) == {"a": [1, 2]}
+    assert mainspring.serde.public_error({"type": "E", "traceback": "..."}) == {"type": "E"}
+
+
 def test_every_error_says_whether_a_retry_helps() -> None:
     errors = [getattr(ms, n) for n in ms.__all__ if isinstance(getattr(ms, n), type)]
     errors = [e for e in errors if issubclass(e, ms.MainspringError)]
