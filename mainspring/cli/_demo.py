@@ -7,7 +7,8 @@ stage gate, import, reconcile), starts ``mainspring worker`` as a subprocess, an
 that takes the run over when the dead worker's lease expires, and then checks the journal,
 the target's rows and its effect ledger instead of trusting the workers. Every claim in
 its summary is one of those checks. It ends with a short lab comparison (naive loop
-against mainspring) from :mod:`mainspring.lab`.
+against mainspring) from :mod:`mainspring.lab`. This module drives the processes; the
+checks and the printed summary are in ``_demo_report``.
 """
 
 from __future__ import annotations
