@@ -58,16 +58,28 @@ from .journal import (
 )
 from .limits import Limits
 from .observability import Redactor, RunTrace, TraceEntry
-from .storage import RunRecord, StepRecord, Store
+from .storage import (
+    SCOPES,
+    ApiKey,
+    Delivery,
+    RunRecord,
+    Scope,
+    StepRecord,
+    Store,
+    Webhook,
+    WebhookEvent,
+)
 from .tools import Effect, Tool, ToolContext, tool
 from .worker import Worker
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "SCOPES",
     "Agent",
     "AgentResult",
     "AgentState",
+    "ApiKey",
     "App",
     "Approval",
     "ApprovalRejected",
@@ -77,6 +89,7 @@ __all__ = [
     "ConfigError",
     "ContextOverflow",
     "ContextPolicy",
+    "Delivery",
     "Effect",
     "FakeClock",
     "InvalidAnswer",
@@ -105,6 +118,7 @@ __all__ = [
     "RunTrace",
     "RunWaiting",
     "SchemaVersionError",
+    "Scope",
     "SerializationError",
     "StepCall",
     "StepFailed",
@@ -128,6 +142,8 @@ __all__ = [
     "UnknownWorkflow",
     "ValidationFailed",
     "WaitTimeout",
+    "Webhook",
+    "WebhookEvent",
     "Worker",
     "Workflow",
     "__version__",

@@ -21,6 +21,7 @@ EXPECTED = {
     "ContextPolicy", "Limits", "Redactor", "RunTrace", "TraceEntry",
     "Approval", "ApprovalRejected", "InvalidAnswer", "Request", "RequestNotFound", "ReservedSignal",
     "StepCall", "StepInterceptor", "Overloaded", "call_model",
+    "ApiKey", "Delivery", "SCOPES", "Scope", "Webhook", "WebhookEvent",
 }  # fmt: skip
 
 
@@ -37,6 +38,22 @@ def test_testing_names_are_pinned() -> None:
         "ScriptedModel", "SimulatedCrash", "Fault", "FaultKind", "FaultyStore", "StoreCall",
         "StoreHistory", "Violation", "assert_invariants", "check_invariants", "commits_with",
     }  # fmt: skip
+
+
+def test_subpackage_doors_are_pinned() -> None:
+    """What the server, the CLI, the dashboard and the lab (and users) read values and
+    drive workers with."""
+    import mainspring.serde
+    import mainspring.worker
+
+    assert set(mainspring.serde.__all__) == {
+        "decode", "dumps", "loads", "public_error", "return_type_problem", "revive",
+    }  # fmt: skip
+    assert set(mainspring.worker.__all__) == {
+        "Worker", "WorkerHost", "WorkerStats", "WorkerTelemetry",
+    }  # fmt: skip
+    assert mainspring.serde.loads(mainspring.serde.dumps({"a": (1, 2)})) == {"a": [1, 2]}
+    assert mainspring.serde.public_error({"type": "E", "traceback": "..."}) == {"type": "E"}
 
 
 def test_every_error_says_whether_a_retry_helps() -> None:

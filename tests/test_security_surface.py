@@ -37,7 +37,7 @@ def app(tmp_path: Path) -> Iterator[ms.App]:
 
 @pytest.fixture
 def admin(app: ms.App) -> str:
-    return app.store.create_api_key("ops", ["admin"], app.clock.now())[1]
+    return app.create_key("ops", ["admin"])[1]
 
 
 @pytest.fixture
@@ -361,3 +361,34 @@ def test_streams_end_after_their_lifetime_and_resume(app: ms.App, admin: str) ->
             with c.stream("GET", path, headers=headers) as stream:
                 text = "".join(stream.iter_text())  # returns: the server ended it
             assert text.startswith("retry:") and "event: end" not in text, text
+
+
+def test_admin_operations_are_app_methods_on_the_apps_clock(tmp_path: Path) -> None:
+    """What the CLI, the server and the dashboard call: keys and webhooks through the
+    App, stamped with its clock, refused with a ConfigError when malformed."""
+    clock = ms.FakeClock(1_000.0)
+    app = ms.App(f"sqlite:///{tmp_path / 'admin.db'}", clock=clock)
+    key, token = app.create_key("ci", ["submit", "read"])
+    assert key.scopes == ("read", "submit") and key.created_at == 1_000.0  # SCOPES order
+    assert app.get_key("nope") is None and app.verify_key("msk_nope_x") is None
+    clock.advance(100)
+    assert app.verify_key(token) == key  # genuine; its use is recorded
+    used = app.get_key(key.id)
+    assert used is not None and used.last_used_at == 1_100.0
+    assert app.revoke_key(key.id) and not app.revoke_key(key.id)
+    revoked = app.get_key(key.id)
+    assert revoked is not None and revoked.revoked_at == 1_100.0 and not revoked.allows("read")
+    assert [k.id for k in app.list_keys()] == [key.id]
+    hook, secret = app.add_webhook("https://example.com/h", events=["run.failed"], secret="s")
+    assert (hook.events, hook.created_at, secret) == (("run.failed",), 1_100.0, "s")
+    assert app.list_webhooks() == [hook] and app.remove_webhook(hook.id)
+    assert not app.remove_webhook(hook.id) and app.list_webhooks() == []
+    for bad in (
+        lambda: app.create_key("x", ["root"]),
+        lambda: app.create_key(" ", ["read"]),
+        lambda: app.add_webhook("ftp://example.com"),
+        lambda: app.add_webhook("https://example.com", events=["run.exploded"]),
+    ):
+        with pytest.raises(ms.ConfigError):
+            bad()
+    app.close()

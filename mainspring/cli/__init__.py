@@ -6,7 +6,7 @@ import sys
 
 import typer
 
-from .._errors import MainspringError
+from .. import MainspringError
 from ._db import db_commands, prune
 from ._demo import demo
 from ._human import answer, approve, pending

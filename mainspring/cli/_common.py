@@ -21,8 +21,7 @@ from urllib.parse import urlsplit
 import typer
 from rich.console import Console
 
-from .._app import DEFAULT_URL, App
-from .._errors import ConfigError, MainspringError
+from .. import App, ConfigError, MainspringError
 from ..storage import SCHEMA_VERSION, SQLiteStore, Store, open_store
 from ._load import load_app
 
@@ -172,7 +171,7 @@ def _choose(db: str | None, app_spec: str | None) -> tuple[str, str, App | None]
         return loaded.url, f"the App {app_spec!r}", loaded
     if os.environ.get("MAINSPRING_DATABASE_URL"):
         return os.environ["MAINSPRING_DATABASE_URL"], "MAINSPRING_DATABASE_URL", None
-    return DEFAULT_URL, "the default", None
+    return App().url, "the default", None  # the URL an App gets by default
 
 
 def sqlite_path(url: str) -> str | None:

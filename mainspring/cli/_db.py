@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 import typer
 from rich.text import Text
 
-from .._errors import ConfigError
+from .. import ConfigError
 from ..storage import SCHEMA_VERSION, RunStatus, SQLiteStore, Store, open_store, redact_url
 from ._common import (
     AppOption,

@@ -7,13 +7,12 @@ stage gate, import, reconcile), starts ``mainspring worker`` as a subprocess, an
 that takes the run over when the dead worker's lease expires, and then checks the journal,
 the target's rows and its effect ledger instead of trusting the workers. Every claim in
 its summary is one of those checks. It ends with a short lab comparison (naive loop
-against mainspring) from :mod:`mainspring.lab`.
+against mainspring) from :mod:`mainspring.lab`. This module drives the processes; the
+checks and the printed summary are in ``_demo_report``.
 """
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import importlib
 import json
 import os
@@ -23,125 +22,44 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from types import FrameType, ModuleType
 from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn
 from rich.text import Text
 
 import mainspring
 
 from ..storage import RunRecord, StepRecord
 from ..testing import EffectLedger
+from ._demo_report import (
+    APP_MODULE,
+    APP_SPEC,
+    IMPORT,
+    LEASE_S,
+    RUN_KEY,
+    TARGET_ENV,
+    DemoError,
+    Kill,
+    Seen,
+    Summary,
+    add_lab,
+    facts,
+    plural,
+    print_json,
+    progress_bar,
+    render,
+    summarize,
+)
 
 __all__ = ["demo"]
 
-APP_MODULE = "mainspring.examples.migration.worker_app"
-APP_SPEC = f"{APP_MODULE}:app"
-TARGET_ENV = "MIGRATION_TARGET"  # read by the worker app
-LEASE_S = 2.0
-RUN_KEY = "demo-migrate-customers"
-IMPORT = "import_customer"
 _POLL_S = 0.005  # the window between a target write and the step's end is ~50 ms
 _PHASE_TIMEOUT_S = 90.0
 _STOP_TIMEOUT_S = 30.0
-
-
-class DemoError(Exception):
-    """The demo could not do what it shows (a worker died, the run ended early...)."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Check:
-    name: str
-    ok: bool
-    detail: str
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Rerun:
-    """A step that was in flight when the worker died, and what became of it."""
-
-    step: int
-    name: str
-    key: str
-    attempt_killed: int
-    attempt_final: int
-    status: str
-    calls: int
-    applied: int
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class LabRow:
-    policy: str
-    steps: int
-    success_rate: float
-    ci_low: float
-    ci_high: float
-    duplicate_effects: int
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Summary:
-    """The demo's findings; ``--json`` prints exactly this."""
-
-    ok: bool
-    dir: str
-    database_url: str
-    target_path: str
-    run_id: str
-    key: str
-    status: str
-    result: Any
-    error: Any
-    customers: int
-    steps: int
-    steps_completed: int
-    imports: int
-    gate: str
-    gate_preview: Any
-    retried_steps: list[str]
-    killed_pid: int
-    killed_at_step: int
-    killed_step_name: str
-    steps_completed_before_kill: int
-    effect_applied_before_kill: bool
-    lease_s: float
-    takeover_pid: int
-    takeover_after_s: float
-    epoch: int
-    interrupted: list[Rerun]
-    target_calls: int
-    target_keys: int
-    target_rows: int
-    repeated_calls: int
-    duplicates: int
-    worker_exit_code: int
-    checks: list[Check]
-    lab: list[LabRow]
-    lab_plot: str | None
-    lab_note: str
-    inspect: list[str]
-    logs: list[str]
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class _Kill:
-    pid: int
-    seq: int  # the step in flight
-    name: str
-    epoch: int
-    lease_until: float
-    at: float  # time.monotonic()
-    status: str  # the run's status when it was killed
-    rows: dict[int, StepRecord]  # the journal as the dead worker left it
-    calls: dict[int, int]  # target calls per import step so far
 
 
 def demo(
@@ -205,13 +123,13 @@ def demo(
         raise typer.Exit(130) from None
     except DemoError as exc:
         if as_json:
-            _print_json({"ok": False, "error": str(exc), "dir": str(folder)})
+            print_json({"ok": False, "error": str(exc), "dir": str(folder)})
         typer.echo(f"error: {exc}\nfiles (worker logs included) are in {folder}", err=True)
         raise typer.Exit(1) from None
     if as_json:
-        _print_json(asdict(summary))
+        print_json(asdict(summary))
     else:
-        _render(console, summary)
+        render(console, summary)
     if not summary.ok:
         failed = ", ".join(c.name for c in summary.checks if not c.ok)
         typer.echo(f"error: demo check(s) failed: {failed}", err=True)
@@ -267,7 +185,7 @@ class _Demo:
                 self.app.close()
                 self.ledger.close()
             if with_lab:
-                summary = self._lab(summary)
+                summary = add_lab(summary, self.folder, self.console)
             return summary
         finally:
             signal.signal(signal.SIGTERM, previous)
@@ -286,7 +204,7 @@ class _Demo:
         out.print(
             Text("mainspring demo: a staged migration survives the SIGKILL of its worker", "bold")
         )
-        _facts(
+        facts(
             out,
             [
                 (
@@ -316,7 +234,18 @@ class _Demo:
         out.print(f"stopping worker 2 (pid {second.pid}) with SIGTERM (graceful shutdown)")
         exit_code = self._terminate(second)
         out.print(f"worker 2 exited with code {exit_code}")
-        return self._summary(kill, takeover_s, second, exit_code, preview, gate)
+        record, rows = self._state()
+        seen = Seen(
+            record=record,
+            rows=rows,
+            ledger=self.ledger,
+            run_id=self.run_id,
+            folder=self.folder,
+            url=self.url,
+            target_path=self.target_path,
+            customers=self.customers,
+        )
+        return summarize(seen, kill, takeover_s, second, exit_code, preview, gate)
 
     # -- processes ---------------------------------------------------------------------
 
@@ -380,18 +309,6 @@ class _Demo:
         record = self.app.get_run(self.run_id)
         return record, {r.seq: r for r in self.app.store.load_steps(self.run_id, 0)}
 
-    @contextlib.contextmanager
-    def _progress(self, label: str, total: int, done: int) -> Iterator[tuple[Progress, TaskID]]:
-        progress = Progress(
-            TextColumn("  {task.description}"),
-            BarColumn(bar_width=20),
-            MofNCompleteColumn(),
-            TextColumn("steps  {task.fields[note]}"),
-            console=self.console,
-        )
-        with progress:
-            yield progress, progress.add_task(label, total=total, completed=done, note="")
-
     def _note(self, record: RunRecord, rows: dict[int, StepRecord]) -> str:
         live = next((r for r in rows.values() if r.status != "completed"), None)
         if record.status == "queued":
@@ -403,7 +320,7 @@ class _Demo:
 
     def _until_gate(self, proc: subprocess.Popen[bytes]) -> tuple[dict[str, Any], str]:
         deadline = time.monotonic() + _PHASE_TIMEOUT_S
-        with self._progress("worker 1", 4, 0) as (progress, task):
+        with progress_bar(self.console, "worker 1", 4, 0) as (progress, task):
             while True:
                 self._alive(proc, 1)
                 record, rows = self._state()
@@ -423,7 +340,7 @@ class _Demo:
         [request] = requests
         retried = [f"{r.seq}:{r.name}" for r in rows.values() if r.attempt > 1]
         self.console.print(
-            f"export, validate and transform done ({_plural(len(retried), 'step')} retried "
+            f"export, validate and transform done ({plural(len(retried), 'step')} retried "
             f"after injected model faults); the run left its worker and waits at {request.id}"
         )
         return dict(request.preview), request.id
@@ -431,7 +348,7 @@ class _Demo:
     def _answer_gate(self, preview: dict[str, Any]) -> None:
         out = self.console
         out.print(Text("\nstage gate: import", "bold"))
-        _facts(
+        facts(
             out,
             [
                 ("import", f"{preview['import']} customers, tiers {json.dumps(preview['tiers'])}"),
@@ -461,10 +378,10 @@ class _Demo:
                 "nothing was written"
             )
 
-    def _until_kill(self, proc: subprocess.Popen[bytes], imports: int) -> _Kill:
+    def _until_kill(self, proc: subprocess.Popen[bytes], imports: int) -> Kill:
         deadline = time.monotonic() + _PHASE_TIMEOUT_S
         target: int | None = None
-        with self._progress("worker 1", imports, 0) as (progress, task):
+        with progress_bar(self.console, "worker 1", imports, 0) as (progress, task):
             while True:
                 self._alive(proc, 1)
                 record, rows = self._state()
@@ -492,7 +409,7 @@ class _Demo:
             )
         unfinished = [r for r in rows.values() if r.status != "completed"]
         seq = unfinished[0].seq if unfinished else len(rows)
-        kill = _Kill(
+        kill = Kill(
             pid=proc.pid,
             seq=seq,
             name=unfinished[0].name if unfinished else "-",
@@ -528,11 +445,11 @@ class _Demo:
         # If the poll missed that window, kill in the next import anyway.
         return live.seq > target or self.ledger.calls(self.key(live.seq)) > 0
 
-    def _until_finished(self, proc: subprocess.Popen[bytes], kill: _Kill) -> float:
+    def _until_finished(self, proc: subprocess.Popen[bytes], kill: Kill) -> float:
         deadline = time.monotonic() + _PHASE_TIMEOUT_S
         takeover_s: float | None = None
         done = sum(r.status == "completed" for r in kill.rows.values())
-        with self._progress("worker 2", len(kill.rows) + 1, done) as (progress, task):
+        with progress_bar(self.console, "worker 2", len(kill.rows) + 1, done) as (progress, task):
             while True:
                 self._alive(proc, 2)
                 record, rows = self._state()
@@ -568,284 +485,6 @@ class _Demo:
 
     # -- the verdict -------------------------------------------------------------------
 
-    def _summary(
-        self,
-        kill: _Kill,
-        takeover_s: float,
-        second: subprocess.Popen[bytes],
-        exit_code: int,
-        preview: dict[str, Any],
-        gate: str,
-    ) -> Summary:
-        """Check the journal, the target's rows and its ledger, not the workers' word."""
-        record, rows = self._state()
-        report = self.ledger.report()
-        module = importlib.import_module(APP_MODULE)
-        stored = module.target.rows()
-        imports = sorted(s for s, r in rows.items() if r.name == IMPORT)
-        result = json.loads(record.output) if record.output else None
-        before = [s for s, r in kill.rows.items() if r.status == "completed"]
-        # Rows the dead worker left completed must be untouched by the new one (same epoch
-        # and attempt), and their target calls must not have grown: replayed, not re-run.
-        untouched = [
-            s
-            for s in before
-            if s in rows
-            and (rows[s].epoch, rows[s].attempt) == (kill.rows[s].epoch, kill.rows[s].attempt)
-            and (s not in kill.calls or self.ledger.calls(self.key(s)) == kill.calls[s])
-        ]
-        interrupted = [
-            Rerun(
-                step=r.seq,
-                name=r.name,
-                key=self.key(r.seq),
-                attempt_killed=r.attempt,
-                attempt_final=rows[r.seq].attempt if r.seq in rows else 0,
-                status=rows[r.seq].status if r.seq in rows else "missing",
-                calls=self.ledger.calls(self.key(r.seq)),
-                applied=self.ledger.applied(self.key(r.seq)),
-            )
-            for r in kill.rows.values()
-            if r.status != "completed"
-        ]
-        completed = sum(r.status == "completed" for r in rows.values())
-        import_keys = {self.key(s) for s in imports}
-        gate_seq = next((q for q, r in rows.items() if r.name == gate), None)
-        checks = [
-            Check(
-                name="the run succeeded",
-                ok=record.status == "succeeded",
-                detail=f"status {record.status}",
-            ),
-            Check(
-                name="the stage gate held the import until it was approved",
-                ok=gate_seq is not None
-                and rows[gate_seq].status == "completed"
-                and bool(imports)
-                and min(imports) > gate_seq,
-                detail=f"{gate} (step {gate_seq}) answered before the first import step",
-            ),
-            Check(
-                name="the kill landed mid-import",
-                ok=kill.name == IMPORT and kill.status == "running" and kill.seq in imports,
-                detail=f"step {kill.seq} ({kill.name}) was in flight, run status {kill.status}",
-            ),
-            Check(
-                name="a fresh worker took the run over",
-                ok=record.epoch > kill.epoch,
-                detail=f"epoch {kill.epoch} → {record.epoch}",
-            ),
-            Check(
-                name="steps completed before the crash were not executed again",
-                ok=len(untouched) == len(before),
-                detail=f"{len(untouched)} of {len(before)} journal rows untouched, "
-                "no new target calls for them",
-            ),
-            Check(
-                name="the interrupted step ran again under the same idempotency key",
-                ok=bool(interrupted)
-                and all(
-                    e.status == "completed"
-                    and e.attempt_final > e.attempt_killed
-                    and e.applied == 1
-                    for e in interrupted
-                ),
-                detail="; ".join(
-                    f"step {e.step}: attempt {e.attempt_killed} → {e.attempt_final}, "
-                    f"{_plural(e.calls, 'target call')}, {_plural(e.applied, 'effect')}"
-                    for e in interrupted
-                )
-                or "no step was in flight",
-            ),
-            Check(
-                name="every import took effect exactly once per key",
-                ok=not report.duplicate_effects
-                and self.ledger.keys() == import_keys
-                and all(self.ledger.applied(k) == 1 for k in import_keys),
-                detail=f"{report.keys} keys for {len(imports)} import steps, {report.calls} "
-                f"calls, {len(report.duplicate_effects)} duplicate effects",
-            ),
-            Check(
-                name="the target holds exactly the approved customers",
-                ok=len(stored) == preview["import"] == len(imports)
-                and bool(result and result.get("reconciled")),
-                detail=f"{len(stored)} rows, {preview['import']} approved, reconciled "
-                f"{bool(result and result.get('reconciled'))}",
-            ),
-            Check(
-                name="worker 2 stopped gracefully on SIGTERM",
-                ok=exit_code == 0,
-                detail=f"exit code {exit_code}",
-            ),
-        ]
-        url = shlex.quote(self.url)
-        return Summary(
-            ok=all(c.ok for c in checks),
-            dir=str(self.folder),
-            database_url=self.url,
-            target_path=str(self.target_path),
-            run_id=self.run_id,
-            key=RUN_KEY,
-            status=record.status,
-            result=result,
-            error=json.loads(record.error) if record.error else None,
-            customers=self.customers,
-            steps=len(rows),
-            steps_completed=completed,
-            imports=len(imports),
-            gate=gate,
-            gate_preview=preview,
-            retried_steps=[
-                f"{r.seq}:{r.name}"
-                for r in rows.values()
-                if r.attempt > 1 and all(r.seq != e.step for e in interrupted)
-            ],
-            killed_pid=kill.pid,
-            killed_at_step=kill.seq,
-            killed_step_name=kill.name,
-            steps_completed_before_kill=len(before),
-            effect_applied_before_kill=kill.calls.get(kill.seq, 0) > 0,
-            lease_s=LEASE_S,
-            takeover_pid=second.pid,
-            takeover_after_s=round(takeover_s, 3),
-            epoch=record.epoch,
-            interrupted=interrupted,
-            target_calls=report.calls,
-            target_keys=report.keys,
-            target_rows=len(stored),
-            repeated_calls=len(report.duplicate_calls),
-            duplicates=len(report.duplicate_effects),
-            worker_exit_code=exit_code,
-            checks=checks,
-            lab=[],
-            lab_plot=None,
-            lab_note="skipped (--no-lab)",
-            inspect=[
-                f"mainspring show {self.run_id} --db {url}",
-                f"mainspring runs --db {url}",
-            ],
-            logs=[str(self.folder / f"worker-{n}.log") for n in (1, 2)],
-        )
-
-    def _lab(self, summary: Summary) -> Summary:
-        """The same faults, many seeded trials: the naive loop against mainspring."""
-        from ..lab import LabProfile, plot_results, run_lab
-
-        profile = LabProfile(model_error_rate=0.05, tool_failure_rate=0.05, crash_rate=0.03)
-        self.console.print(
-            "\nlab: 40 trials per cell, 5% model errors, 5% tool failures, 3% worker crashes "
-            "per step (simulated time)"
-        )
-        result = run_lab(
-            profile, steps=(5, 10, 20), policies=["naive", "mainspring"], trials=40, repeats=4
-        )
-        rows = [
-            LabRow(
-                policy=c.policy,
-                steps=c.steps,
-                success_rate=c.success_rate,
-                ci_low=c.ci_low,
-                ci_high=c.ci_high,
-                duplicate_effects=c.duplicate_effects,
-            )
-            for c in result.cells
-        ]
-        plot: str | None = None
-        try:
-            names = plot_results(result, self.folder / "lab")
-            plot = str(self.folder / "lab" / names[0])
-            note = "plot written"
-        except ImportError:
-            note = "no plot: matplotlib is missing (pip install 'mainspring[lab]')"
-        return dataclasses.replace(summary, lab=rows, lab_plot=plot, lab_note=note)
-
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt  # SIGTERM to the demo: stop the workers on the way out
-
-
-# -- rendering ------------------------------------------------------------------------
-
-
-def _plural(n: int, noun: str) -> str:
-    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
-
-
-def _facts(out: Console, facts: list[tuple[str, str]]) -> None:
-    for label, value in facts:
-        out.print(Text.assemble("  ", (f"{label:<11}", "bold"), value))
-
-
-def _print_json(value: Any) -> None:
-    sys.stdout.write(json.dumps(value, indent=2, ensure_ascii=False) + "\n")
-
-
-def _render(out: Console, s: Summary) -> None:
-    if s.effect_applied_before_kill:
-        moment = "after the target applied its write, before the journal recorded the step's end"
-    else:
-        moment = "before its target write"
-    reruns = "; ".join(
-        f"step {e.step} ran again as attempt {e.attempt_final} with key {e.key}: "
-        f"{_plural(e.calls, 'target call')}, {_plural(e.applied, 'effect')}"
-        for e in s.interrupted
-    )
-    result = s.result if s.status == "succeeded" else s.error
-    if isinstance(result, dict) and "rejected" in result:
-        result = {**result, "rejected": len(result["rejected"])}
-    out.print(Text("\nsummary", "bold"))
-    _facts(
-        out,
-        [
-            ("run", f"{s.run_id} {s.status}"),
-            ("result", json.dumps(result)),
-            (
-                "journal",
-                f"{s.steps_completed} of {s.steps} steps completed ({s.imports} imports), "
-                f"{s.steps_completed_before_kill} of them before the crash",
-            ),
-            (
-                "retries",
-                f"{_plural(len(s.retried_steps), 'step')} retried after injected faults "
-                f"({', '.join(s.retried_steps) or 'none'})",
-            ),
-            ("gate", f"{s.gate}: {s.gate_preview['import']} customers approved before import"),
-            (
-                "crash",
-                f"worker pid {s.killed_pid} SIGKILLed during step {s.killed_at_step} "
-                f"({s.killed_step_name}), {moment}",
-            ),
-            (
-                "recovery",
-                f"worker pid {s.takeover_pid} claimed the run {s.takeover_after_s:.1f}s "
-                f"after the kill ({s.lease_s:g}s lease); {reruns or 'no step was in flight'}",
-            ),
-            (
-                "target",
-                f"{s.target_rows} rows; {_plural(s.target_calls, 'call')} for "
-                f"{_plural(s.target_keys, 'key')}: {_plural(s.repeated_calls, 'key')} called "
-                f"more than once, {_plural(s.duplicates, 'duplicate effect')}",
-            ),
-        ],
-    )
-    out.print(Text("\nchecks", "bold"))
-    for c in s.checks:
-        mark = ("✓", "green") if c.ok else ("✗", "bold red")
-        out.print(Text.assemble("  ", mark, f" {c.name} ", (f"({c.detail})", "dim")))
-    failed = sum(not c.ok for c in s.checks)
-    if failed:
-        out.print(Text(f"\n{failed} of {len(s.checks)} checks FAILED", "bold red"))
-    else:
-        out.print(Text(f"\nall {len(s.checks)} checks passed", "bold green"))
-    if s.lab:
-        out.print(Text("\nlab: success rate by task length (95% Wilson CI)", "bold"))
-        for row in s.lab:
-            out.print(
-                f"  {row.policy:<11} {row.steps:>3} steps  {row.success_rate:6.1%} "
-                f"[{row.ci_low:.0%}, {row.ci_high:.0%}]  duplicate effects {row.duplicate_effects}"
-            )
-        out.print(f"  {s.lab_note}" + (f": {s.lab_plot}" if s.lab_plot else ""))
-    out.print(Text("\ninspect it", "bold"))
-    for command in s.inspect:
-        out.print(f"  {command}")
-    out.print(f"  worker logs: {', '.join(s.logs)}")

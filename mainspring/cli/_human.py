@@ -8,8 +8,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from .._app import local_user
-from .._errors import ConfigError, MainspringError
+from .. import ConfigError, MainspringError
 from ..hitl import Request
 from ._common import AppOption, DbOption, JsonOption, cli_errors, console, open_app, print_json
 from ._runs import _parse_json
@@ -123,7 +122,6 @@ def approve(
                 decision=decision,  # type: ignore[arg-type]
                 reason=reject,
                 arguments=arguments,
-                by=local_user(),
             )
     _done(request, decision, as_json)
 
@@ -168,7 +166,6 @@ def _decide_all(
                     r.id,
                     decision=decision,  # type: ignore[arg-type]
                     reason=reason,
-                    by=local_user(),
                 )
             except MainspringError as exc:
                 failed.append({"run_id": r.run_id, "request": r.id, "error": str(exc)})
@@ -199,7 +196,7 @@ def answer(
     """Answer a question a run asked."""
     with cli_errors(), open_app(db, app_spec) as app:
         run_id = app.resolve_run_id(run_id)  # a unique prefix will do
-        request = app.answer(run_id, request_id, answer=text, by=local_user())
+        request = app.answer(run_id, request_id, answer=text)
     _done(request, "answer", as_json)
 
 

@@ -3,15 +3,14 @@ about runs."""
 
 from __future__ import annotations
 
-import time
 from datetime import UTC, datetime
 from typing import Annotated
 
 import typer
 from rich.table import Table
 
-from .._errors import ConfigError, RunNotFound
-from ..storage._api import SCOPES, WEBHOOK_EVENTS
+from .. import ConfigError, RunNotFound
+from ..storage import SCOPES, WEBHOOK_EVENTS
 from ._common import AppOption, DbOption, JsonOption, cli_errors, console, open_app, print_json
 
 __all__ = ["keys_commands", "webhooks_commands"]
@@ -51,7 +50,7 @@ def keys_create(
 ) -> None:
     """Create a key. The key is printed once; only its hash is stored."""
     with cli_errors(), open_app(db, app_spec) as app:
-        key, token = app.store.create_api_key(name, _split(scope), time.time())
+        key, token = app.create_key(name, _split(scope))
     if as_json:
         print_json({"id": key.id, "name": key.name, "scopes": list(key.scopes), "key": token})
         return
@@ -64,7 +63,7 @@ def keys_create(
 def keys_list(db: DbOption = None, app_spec: AppOption = None, as_json: JsonOption = False) -> None:
     """List keys (never the keys themselves)."""
     with cli_errors(), open_app(db, app_spec) as app:
-        found = app.store.list_api_keys()
+        found = app.list_keys()
     if as_json:
         print_json(
             [
@@ -101,7 +100,7 @@ def keys_revoke(
 ) -> None:
     """Revoke a key: every request with it gets 401 from now on."""
     with cli_errors(), open_app(db, app_spec) as app:
-        if not app.store.revoke_api_key(key_id, time.time()):
+        if not app.revoke_key(key_id):
             raise RunNotFound(f"no active key {key_id!r} (see `mainspring keys list`)")
     console().print(f"revoked key {key_id}")
 
@@ -125,9 +124,7 @@ def webhooks_add(
         if secret is not None and len(secret) < 16:
             raise ConfigError("--secret must be at least 16 characters")
         with open_app(db, app_spec) as app:
-            hook, key = app.store.add_webhook(
-                url, time.time(), secret=secret, events=_split(event or [])
-            )
+            hook, key = app.add_webhook(url, secret=secret, events=_split(event or []))
     if as_json:
         print_json({"id": hook.id, "url": hook.url, "events": list(hook.events), "secret": key})
         return
@@ -142,7 +139,7 @@ def webhooks_list(
 ) -> None:
     """List endpoints."""
     with cli_errors(), open_app(db, app_spec) as app:
-        hooks = app.store.list_webhooks()
+        hooks = app.list_webhooks()
     if as_json:
         print_json(
             [
@@ -165,6 +162,6 @@ def webhooks_remove(
 ) -> None:
     """Stop delivering to an endpoint."""
     with cli_errors(), open_app(db, app_spec) as app:
-        if not app.store.remove_webhook(webhook_id, time.time()):
+        if not app.remove_webhook(webhook_id):
             raise RunNotFound(f"no webhook {webhook_id!r} (see `mainspring webhooks list`)")
     console().print(f"removed webhook {webhook_id}")

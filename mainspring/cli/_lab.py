@@ -5,15 +5,28 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 
-from .._errors import ConfigError
+from .. import ConfigError
+from ..lab import (
+    LabProfile,
+    LabResult,
+    failure_lines,
+    html_report,
+    markdown_report,
+    parse_json_args,
+    parse_policies,
+    parse_steps,
+    plot_results,
+    rich_table,
+    run_chaos,
+    run_lab,
+    run_workflow_lab,
+)
+from ..lab import preflight as check
 from ._common import JsonOption, cli_errors, console, print_json
-
-if TYPE_CHECKING:
-    from ..lab import LabResult
 
 __all__ = ["lab_commands", "preflight"]
 
@@ -56,7 +69,6 @@ def lab(
     """Run seed 000's sandbox task under faults for each policy and compare them."""
     if ctx.invoked_subcommand is not None:
         return
-    from ..lab import LabProfile, parse_policies, parse_steps, run_lab
 
     with cli_errors():
         profile = LabProfile(
@@ -159,7 +171,6 @@ def run_target(
     effect is performed: write and irreversible tools run as stubs unless --live.
     With --out DIR, each failed trial's store is kept in DIR/trials for `mainspring show`.
     """
-    from ..lab import LabProfile, parse_json_args, parse_policies, run_workflow_lab
 
     with cli_errors():
         stubs = _stubs(stub or [])
@@ -223,8 +234,6 @@ def _stubs(given: list[str]) -> dict[str, object]:
 
 
 def _show(result: LabResult, out: Path | None, json_out: bool) -> None:
-    from ..lab import html_report, markdown_report, plot_results, rich_table
-    from ..lab._report import failure_lines
 
     plots: list[str] = []
     if out is not None:
@@ -278,8 +287,6 @@ def chaos(
     """
     from rich.table import Table
 
-    from ..lab import run_chaos
-
     with cli_errors():
         err = console()
         err.stderr = True
@@ -330,7 +337,6 @@ def preflight(
 
     Exits 1 when an item is missing (each with how to fix it), 2 on bad input.
     """
-    from ..lab import preflight as check
 
     with cli_errors():
         report = check(target)

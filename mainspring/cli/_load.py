@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from .._app import App
-from .._errors import ConfigError
-from .._imports import import_object
+from .. import App, ConfigError
+from ..lab import import_object
 
 __all__ = ["load_app"]
 

@@ -11,8 +11,7 @@ import typer
 from rich.text import Text
 from rich.tree import Tree
 
-from .._app import local_user
-from .._errors import ConfigError
+from .. import ConfigError
 from ..observability import RunTrace, TraceEntry, progress
 from ._common import (
     AppOption,
@@ -185,7 +184,6 @@ def fork(
                 run_id,
                 from_step=from_step,
                 decisions="keep" if keep_decisions else "ask",
-                by=local_user(),
                 **edit,
             )
     if as_json:

@@ -19,10 +19,9 @@ from rich.console import Console, Group, JustifyMethod
 from rich.table import Table
 from rich.text import Text
 
-from .._errors import ConfigError
+from .. import ConfigError
 from ..observability import build_trace
-from ..storage import RunRecord, RunStatus, StepRecord, Store
-from ..storage._records import WAKE_NOW
+from ..storage import WAKE_NOW, RunRecord, RunStatus, StepRecord, Store
 from ._common import (
     AppOption,
     DbOption,

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from .._errors import MissingExtra
+from .. import MissingExtra
 from ..storage import redact_url
 from ._common import LogLevelOption, OtelOption
 from ._load import load_app
@@ -70,8 +70,7 @@ def serve(
     try:
         import uvicorn
 
-        from ..server import create_app
-        from ..server._protocol import with_header_timeout
+        from ..server import create_app, with_header_timeout
     except ImportError as exc:  # the CLI prints MissingExtra as one line with the fix
         raise MissingExtra("mainspring serve", "server", exc.name) from None
 

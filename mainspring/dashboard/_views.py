@@ -18,12 +18,9 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
-from .._app import App
-from .._errors import RunNotFound
-from .._public import public_error
-from .._serde import loads
-from ..storage import RunRecord
-from ..storage._api import ApiKey
+from .. import App, RunNotFound
+from ..serde import loads, public_error
+from ..storage import ApiKey, RunRecord
 from ._chart import usage_chart
 from ._sessions import Sessions
 from ._timeline import KINDS, Filters, build_timeline, duration, money
@@ -137,7 +134,7 @@ def dashboard_router(
         if not token:
             return None
         key_id = sessions.key_id(token, app.clock.now())
-        key = app.store.get_api_key(key_id) if key_id is not None else None
+        key = app.get_key(key_id) if key_id is not None else None
         return key if key is not None and key.allows("read") else None
 
     def page(name: str, *, status_code: int = 200, **context: Any) -> HTMLResponse:
@@ -168,7 +165,7 @@ def dashboard_router(
             )
         form = parse_qs((await request.body()).decode(errors="replace"))
         token = (form.get("key") or [""])[0].strip()
-        key = app.store.verify_api_key(token, app.clock.now()) if token else None
+        key = app.verify_key(token) if token else None
         if key is None or not key.allows("read"):
             failures.add(client, now)
             audit.warning("dashboard login failed from %s (key id %r)", client, _key_id(token))

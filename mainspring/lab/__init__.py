@@ -12,10 +12,11 @@ kill real worker processes at random and audit the journal and the effect ledger
 
 from ._chaos import ChaosResult, run_chaos
 from ._faults import FaultHook
+from ._imports import import_object
 from ._plots import plot_results
 from ._preflight import CHECKS, Finding, PreflightReport, preflight
 from ._profile import POLICIES, POLICY_TITLES, FailureCause, LabProfile, Policy, parse_policies
-from ._report import html_report, markdown_report, rich_table
+from ._report import failure_lines, html_report, markdown_report, rich_table
 from ._run import PASS_K, Cell, LabResult, TrialFailure, parse_steps, run_lab
 from ._stats import pass_hat_k, theory_success, wilson
 from ._stubs import lab_stubs
@@ -37,7 +38,9 @@ __all__ = [
     "Policy",
     "PreflightReport",
     "TrialFailure",
+    "failure_lines",
     "html_report",
+    "import_object",
     "lab_stubs",
     "markdown_report",
     "parse_json_args",

@@ -27,11 +27,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .._app import App
-from .._errors import RunFailed, StepTimeout, TransientError
+from .. import App, RunFailed, StepTimeout, TransientError
 from ..journal import RetryPolicy, RunContext, current_step
-from ..journal._context import SimulatedCrash
 from ..storage import SQLiteStore
+from ..testing import SimulatedCrash
 from ._profile import FailureCause, LabProfile, Policy
 
 __all__ = ["InstantClock", "TrialOutcome", "run_trials"]

@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .._errors import ConfigError
+from .. import ConfigError
 from ..storage import Store, open_store
 from ..testing import EffectLedger, StoreHistory, check_invariants
 from ._chaos_app import WORKFLOW, build_app

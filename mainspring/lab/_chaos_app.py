@@ -10,8 +10,7 @@ from __future__ import annotations
 import os
 import time
 
-from .._app import App
-from .._errors import StepInterrupted
+from .. import App, StepInterrupted
 from ..journal import RunContext, current_step
 from ..testing import EffectLedger
 

@@ -23,12 +23,10 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final
 
-from .._errors import ConfigError, MainspringError, StepTimeout, TransientError
+from .. import ConfigError, MainspringError, StepTimeout, TransientError
 from ..journal import StepCall, StepInterceptor
-from ..models import ModelResponse
-from ..models._types import ToolCall
-from ..tools import ToolRegistry
-from ..tools._tool import tool_of
+from ..models import ModelResponse, ToolCall
+from ..tools import ToolRegistry, tool_of
 from ._chain import InstantClock, _Draws
 from ._chain import _SimulatedCrash as SimulatedCrash
 from ._profile import FailureCause, LabProfile, Policy

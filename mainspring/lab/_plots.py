@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .._errors import MissingExtra
+from .. import MissingExtra
 from ._profile import POLICIES
 from ._run import PASS_K, LabResult
 from ._stats import theory_success

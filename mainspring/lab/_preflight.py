@@ -15,14 +15,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from .._app import App
-from .._errors import ConfigError
-from .._imports import import_object
-from .._serde import return_type_problem
+from .. import App, ConfigError
 from ..agent import Agent
 from ..journal import Workflow
 from ..limits import price_of
+from ..serde import return_type_problem
 from ..tools import Tool
+from ._imports import import_object
 
 __all__ = ["CHECKS", "Finding", "PreflightReport", "load_target", "preflight"]
 
@@ -344,8 +343,11 @@ def _dotted(node: ast.AST) -> tuple[str, ...]:
 def _check_workflow(wf: Workflow[Any, Any], app: App | None) -> tuple[Finding, ...]:
     calls = _calls(wf.fn)
     steps = [c for c in calls if _dotted(c.func)[-1:] == ("step",)]
-    hints = wf._hints
-    params = list(wf._signature.parameters)[1:]
+    try:  # as the workflow reads them (an unresolvable hint: none at all)
+        hints = typing.get_type_hints(wf.fn)
+    except Exception:
+        hints = {}
+    params = list(inspect.signature(wf.fn).parameters)[1:]
     schema = [
         f"argument {p!r} has no type"
         for p in params

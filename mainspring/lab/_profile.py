@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Final, Literal, TypeAlias
 
-from .._errors import ConfigError
+from .. import ConfigError
 
 __all__ = ["POLICIES", "POLICY_TITLES", "FailureCause", "LabProfile", "Policy", "parse_policies"]
 

@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .._errors import ConfigError
+from .. import ConfigError
 from ._chain import TrialOutcome, run_trials
 from ._profile import POLICIES, LabProfile, Policy
 from ._stats import pass_hat_k, theory_success, wilson

@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from .._errors import ConfigError, SerializationError
-from .._serde import revive
+from .. import ConfigError, SerializationError
+from ..serde import revive
 from ..tools import Tool
 
 __all__ = ["Stub", "lab_stubs", "stub_for"]

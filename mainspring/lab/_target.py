@@ -20,15 +20,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .._app import App
-from .._errors import ConfigError
-from .._imports import import_object
+from .. import App, ConfigError
 from ..agent import Agent, AgentResult
 from ..journal import RetryPolicy, RunContext, Workflow
 from ..storage import SQLiteStore
 from ..worker import Worker
 from ._chain import InstantClock, TrialOutcome, _quiet
 from ._faults import FaultHook
+from ._imports import import_object
 from ._profile import POLICIES, FailureCause, LabProfile, Policy
 from ._run import Cell, LabResult, TrialFailure, summarise
 from ._stubs import Stub, lab_stubs

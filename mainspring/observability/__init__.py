@@ -13,6 +13,7 @@ from ._names import StepRole, model_of, step_role
 from ._otel import export_trace
 from ._redact import BUILTIN_PATTERNS, SECRET_KEYS, Redactor
 from ._trace import RunTrace, TraceEntry, TraceKind, build_trace, trace_entries
+from ._traceparent import parse_traceparent
 
 __all__ = [
     "BUILTIN_PATTERNS",
@@ -34,6 +35,7 @@ __all__ = [
     "export_trace",
     "metrics_text",
     "model_of",
+    "parse_traceparent",
     "progress",
     "serve_metrics",
     "step_role",

@@ -4,7 +4,7 @@
 mount or to run under any ASGI server.
 """
 
-from .._errors import MissingExtra
+from .. import MissingExtra
 
 try:
     import fastapi  # noqa: F401
@@ -15,6 +15,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from ._api import create_app
 from ._events import parse_event_id
+from ._protocol import with_header_timeout
 from ._targets import TargetPolicy
 from ._webhooks import (
     WebhookDispatcher,
@@ -33,4 +34,5 @@ __all__ = [
     "sign_webhook",
     "verify_standard_webhook",
     "verify_webhook",
+    "with_header_timeout",
 ]

@@ -18,8 +18,8 @@ from fastapi.security import APIKeyCookie, APIKeyHeader, HTTPAuthorizationCreden
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
-from .._app import App
-from .._errors import (
+from .. import (
+    App,
     ConfigError,
     InvalidAnswer,
     MainspringError,
@@ -29,13 +29,10 @@ from .._errors import (
     RunNotFound,
     StoreUnavailable,
 )
-from .._public import public_error
-from .._serde import loads
 from ..dashboard import Sessions, dashboard_router
 from ..hitl import Request as HumanRequest
-from ..storage import RunRecord, StepRecord, redact_url
-from ..storage._api import ApiKey, Scope
-from ..storage._records import FINISHED
+from ..serde import loads, public_error
+from ..storage import FINISHED, ApiKey, RunRecord, Scope, StepRecord, redact_url
 from ._events import event_stream, runs_stream
 from ._guard import BrowserGuard
 from ._http_metrics import RequestCounter
@@ -201,10 +198,10 @@ def create_app(
             if not token and not cookie:
                 raise _AuthError(401, "an API key is required: 'Authorization: Bearer msk_…'")
             if token:
-                key = app.store.verify_api_key(token, app.clock.now())
+                key = app.verify_key(token)
             else:  # the dashboard's session: the cookie stands for a key, never holds one
                 key_id = sessions.key_id(cookie or "", app.clock.now())
-                key = app.store.get_api_key(key_id) if key_id is not None else None
+                key = app.get_key(key_id) if key_id is not None else None
             if key is None:
                 audit.warning("API request with an invalid key or session refused")
                 raise _AuthError(401, "the API key is not valid")
@@ -349,7 +346,7 @@ def create_app(
                     last_event_id,
                     poll_s=events_poll_s,
                     full=key.allows("admin"),
-                    still_allowed=lambda: app.store.api_key_active(key.id),
+                    still_allowed=lambda: _active(app, key.id),
                     max_s=max_stream_s,
                 ),
             ),
@@ -378,7 +375,7 @@ def create_app(
                 runs_stream(
                     app,
                     last_event_id,
-                    still_allowed=lambda: app.store.api_key_active(key.id),
+                    still_allowed=lambda: _active(app, key.id),
                     max_s=max_stream_s,
                 ),
             ),
@@ -516,7 +513,7 @@ def create_app(
     def list_webhooks(_key: Admin) -> list[WebhookOut]:
         return [
             WebhookOut(id=w.id, url=w.url, events=list(w.events), created_at=w.created_at)
-            for w in app.store.list_webhooks()
+            for w in app.list_webhooks()
         ]
 
     @api.post(
@@ -531,9 +528,7 @@ def create_app(
         Loopback, private and link-local targets are refused unless the server allows
         their network (``--webhook-allow``)."""
         targets.check_url(body.url)
-        hook, secret = app.store.add_webhook(
-            body.url, app.clock.now(), secret=body.secret, events=body.events
-        )
+        hook, secret = app.add_webhook(body.url, secret=body.secret, events=body.events)
         return WebhookOut(
             id=hook.id,
             url=hook.url,
@@ -549,7 +544,7 @@ def create_app(
         responses=_responses(404),
     )
     def remove_webhook(webhook_id: str, _key: Admin) -> Response:
-        if not app.store.remove_webhook(webhook_id, app.clock.now()):
+        if not app.remove_webhook(webhook_id):
             raise RunNotFound(f"no webhook {webhook_id!r}")
         return Response(status_code=204)
 
@@ -672,6 +667,12 @@ def _errors(api: FastAPI, app: App) -> None:
             if methods:
                 response.headers["Allow"] = ", ".join(sorted(methods))
         return response
+
+
+def _active(app: App, key_id: str) -> bool:
+    """Whether the key still exists unrevoked (an open stream re-checks its own)."""
+    key = app.get_key(key_id)
+    return key is not None and key.revoked_at is None
 
 
 def _is_json(content_type: str | None) -> bool:

@@ -16,10 +16,8 @@ import math
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from .._app import App
-from .._errors import RunNotFound
-from .._public import public_error
-from .._serde import loads
+from .. import App, RunNotFound
+from ..serde import loads, public_error
 from ..storage import StepRecord
 
 __all__ = ["event_stream", "parse_event_id", "runs_stream"]

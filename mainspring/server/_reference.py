@@ -7,7 +7,12 @@ the committed file matches, so the reference cannot drift from the code.
 from __future__ import annotations
 
 import json
+import tempfile
+from pathlib import Path
 from typing import Any
+
+from .. import App
+from ._api import create_app
 
 __all__ = ["render_reference"]
 
@@ -90,12 +95,6 @@ def render_reference(doc: dict[str, Any]) -> str:
 
 
 def _app_doc() -> dict[str, Any]:
-    import tempfile
-    from pathlib import Path
-
-    from .. import App
-    from ._api import create_app
-
     with tempfile.TemporaryDirectory() as tmp:
         app = App(f"sqlite:///{Path(tmp) / 'reference.db'}")
         try:

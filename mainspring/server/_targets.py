@@ -15,7 +15,7 @@ import socket
 from collections.abc import Sequence
 from urllib.parse import urlsplit
 
-from .._errors import ConfigError
+from .. import ConfigError
 
 __all__ = ["TargetPolicy", "safe_url"]
 

@@ -34,9 +34,8 @@ from collections.abc import Sequence
 
 import httpx
 
-from .._clock import Clock, SystemClock
-from ..storage import Store
-from ..storage._api import Delivery
+from .. import Clock, SystemClock
+from ..storage import Delivery, Store
 from ._targets import TargetPolicy, safe_url
 
 __all__ = [

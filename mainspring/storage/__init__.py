@@ -12,6 +12,7 @@ from ._migrations import LATEST as SCHEMA_VERSION
 from ._rates import RateRow, RateTxn
 from ._records import (
     FINISHED,
+    WAKE_NOW,
     RunRecord,
     RunStatus,
     RunTransition,
@@ -29,6 +30,7 @@ __all__ = [
     "FINISHED",
     "SCHEMA_VERSION",
     "SCOPES",
+    "WAKE_NOW",
     "WEBHOOK_EVENTS",
     "ApiKey",
     "Cursor",

@@ -11,7 +11,7 @@ from ._arguments import describe_errors, parse_arguments
 from ._context import Effect, ToolContext
 from ._decorator import tool
 from ._registry import ToolRegistry
-from ._tool import Tool, Validator
+from ._tool import Tool, Validator, tool_of
 
 __all__ = [
     "Effect",
@@ -22,4 +22,5 @@ __all__ = [
     "describe_errors",
     "parse_arguments",
     "tool",
+    "tool_of",
 ]

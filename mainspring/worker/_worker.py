@@ -26,7 +26,6 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
 
 from .._clock import SystemClock
 from .._describe import safe_traceback
@@ -34,9 +33,7 @@ from .._errors import StoreError, StoreUnavailable
 from ..journal import BatchCommitter, Committer, Engine, Outcome, RunControl, execute
 from ..storage import DatabaseGone, Heartbeat, RunRecord
 from ._heartbeat import Beater
-
-if TYPE_CHECKING:
-    from .._app import App
+from ._host import WorkerHost
 
 __all__ = ["Worker", "WorkerStats"]
 
@@ -59,10 +56,10 @@ class _Active:
 
 
 class Worker:
-    """Executes runs of an :class:`App`'s workflows.
+    """Executes runs of an :class:`~mainspring.App`'s workflows.
 
     Args:
-        app: whose workflows and store to use.
+        app: whose workflows and store to use (any :class:`WorkerHost`).
         concurrency: how many runs may execute at once.
         worker_id: a name for leases and logs (host, pid and a random suffix by default).
         batch: share commits between runs (group commit); off, every run commits alone.
@@ -72,7 +69,7 @@ class Worker:
 
     def __init__(
         self,
-        app: App,
+        app: WorkerHost,
         *,
         concurrency: int = 64,
         worker_id: str | None = None,
@@ -149,19 +146,7 @@ class Worker:
             BatchCommitter(app.store, app.clock) if self.batch else Committer(app.store, app.clock)
         )
         threads = ThreadPoolExecutor(max_workers=64, thread_name_prefix="mainspring-step")
-        engine = Engine(
-            store=app.store,
-            clock=app.clock,
-            rng=app.rng,
-            committer=committer,
-            threads=threads,
-            default_retry=app.default_retry,
-            inline_wait_s=app.inline_wait_s,
-            redact=app.redactor.redact_json if app.redactor is not None else None,
-            # telemetry outermost: it times the attempt as the step's policy sees it
-            interceptors=(app.telemetry, *app.interceptors),
-        )
-        committer.observers.append(app.telemetry.committed)
+        engine = app.engine(committer, threads)
         app.telemetry.worker_load(self.worker_id, 0, self.concurrency)
         loop = asyncio.get_running_loop()
         beater = self._beater = Beater(

@@ -3,19 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-import getpass
-import json
 import logging
 import os
 import random
-import re
-import uuid
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Concatenate, Literal, ParamSpec, TypeVar, overload
 
-from ._clock import Clock, SystemClock
-from ._errors import (
+from .._clock import Clock, SystemClock
+from .._errors import (
     ConfigError,
     ReservedSignal,
     RunConflict,
@@ -24,14 +20,13 @@ from ._errors import (
     RunWaiting,
     UnknownWorkflow,
 )
-from ._serde import dumps, loads
-from ._signals import is_request_signal
-from .agent import Agent, AgentResult, CompletionValidator, Policy, call_model
-from .context import ContextPolicy
-from .hitl import Decision, Request, answer_payload
-from .journal import RetryPolicy, RunContext, StepInterceptor, Workflow
-from .limits import (
-    PRICES,
+from .._serde import dumps, loads
+from .._signals import is_request_signal
+from ..agent import Agent, AgentResult, CompletionValidator, Policy, call_model
+from ..context import ContextPolicy
+from ..hitl import Decision, Request, answer_payload
+from ..journal import Committer, Engine, RetryPolicy, RunContext, StepInterceptor, Workflow
+from ..limits import (
     BoundRateLimits,
     Limits,
     Price,
@@ -40,21 +35,21 @@ from .limits import (
     load_rate_limits,
     price_of,
 )
-from .models import Message, Model, ModelResponse, ModelSettings, ToolSpec, resolve_model
-from .observability import (
-    Diagnosis,
+from ..models import Message, Model, ModelResponse, ModelSettings, ToolSpec, resolve_model
+from ..observability import (
     MetricsCollector,
     Redactor,
-    RunTrace,
     Telemetry,
-    build_trace,
-    diagnose,
+    parse_traceparent,
 )
-from .observability._traceparent import parse_traceparent
-from .storage import RunRecord, StepRecord, Store, open_store, redact_url
-from .tools import Effect, Tool, ToolRegistry, Validator
-from .tools import tool as make_tool
-from .worker import Worker
+from ..storage import RunRecord, Store, open_store, redact_url
+from ..tools import Effect, Tool, ToolRegistry, Validator
+from ..tools import tool as make_tool
+from ..worker import Worker
+from ._admin import Admin
+from ._handle import RunHandle
+from ._lineage import Lineage, local_user, new_id
+from ._observe import Observe
 
 __all__ = ["DEFAULT_URL", "App", "RunHandle"]
 
@@ -65,26 +60,9 @@ R = TypeVar("R")
 
 DEFAULT_URL = "sqlite:///mainspring.db"
 _DEFAULT_REDACTOR = Redactor()
-_NO_EDIT: Any = object()
 
 
-@dataclass(frozen=True, slots=True)
-class RunHandle:
-    """A submitted run. ``created`` is False when an existing run had the same key."""
-
-    app: App
-    run_id: str
-    created: bool
-
-    def status(self) -> str:
-        return self.app.get_run(self.run_id).status
-
-    async def result(self, *, timeout: float | None = None) -> Any:
-        """Wait for the run to finish (executed by some worker) and return its result."""
-        return await self.app.result(self.run_id, timeout=timeout)
-
-
-class App:
+class App(Admin, Lineage, Observe):
     """Workflows registered over one store.
 
     Args:
@@ -451,7 +429,7 @@ class App:
         wf = self.get_workflow(workflow)
         encoded = self._redact(wf.encode_input(tuple(args), dict(kwargs or {})))
         record, created = self.store.create_run(
-            run_id=_new_id(),
+            run_id=new_id(),
             workflow=wf.name,
             input=encoded,
             key=key,
@@ -570,6 +548,25 @@ class App:
         """A :class:`Worker` for this App (see its arguments)."""
         return Worker(self, **options)
 
+    def engine(self, committer: Committer, threads: ThreadPoolExecutor) -> Engine:
+        """The step engine a :class:`Worker` of this App executes runs with (the
+        App is its :class:`~mainspring.worker.WorkerHost`): this App's store, clock,
+        randomness, retry policy, redaction and step interceptors."""
+        engine = Engine(
+            store=self.store,
+            clock=self.clock,
+            rng=self.rng,
+            committer=committer,
+            threads=threads,
+            default_retry=self.default_retry,
+            inline_wait_s=self.inline_wait_s,
+            redact=self.redactor.redact_json if self.redactor is not None else None,
+            # telemetry outermost: it times the attempt as the step's policy sees it
+            interceptors=(self.telemetry, *self.interceptors),
+        )
+        committer.observers.append(self.telemetry.committed)
+        return engine
+
     # -- looking and steering ----------------------------------------------------------
 
     def resolve_run_id(self, prefix: str) -> str:
@@ -628,189 +625,6 @@ class App:
             search=search,
             summary=summary,
         )
-
-    def trace(self, run_id: str) -> RunTrace:
-        """The run's trace: one entry per journaled step with its latency, tokens,
-        cost, attempt and error class (redacted like the journal).
-
-        Raises:
-            RunNotFound: no such run.
-        """
-        record = self.get_run(run_id)
-        return build_trace(record, self.store.load_steps(run_id), self._prices(record.workflow))
-
-    def diagnose(self, run_id: str, *, stall_after_s: float = 600.0) -> Diagnosis:
-        """``mainspring doctor``: match the run against the failure table (stopped
-        half-way, looping, stale state, ignored tool error, context bloat, done but
-        wrong), with what to check next."""
-        return diagnose(self.trace(run_id), now=self.clock.now(), stall_after_s=stall_after_s)
-
-    def metrics(self) -> MetricsCollector:
-        """The Prometheus collector over this App's store (kept, so that finished
-        runs are aggregated once). ``app.metrics().render()`` is what ``/metrics``
-        serves. Needs the ``[metrics]`` extra."""
-        if self._metrics is None:
-            prices = dict(PRICES)
-            for spec in self.agents.values():
-                prices.update(spec.prices or {})
-            self._metrics = MetricsCollector(
-                self.store, prices=prices, telemetry=self.telemetry, clock=self.clock.now
-            )
-        return self._metrics
-
-    def enable_tracing(self, tracer_provider: Any = None, *, capture_content: bool = False) -> None:
-        """Export OpenTelemetry spans live from this process's workers: each step
-        attempt as it ends, each wait as it completes, a run's root span when it
-        finishes. Ids derive from the run, so :func:`~mainspring.observability.export_trace`
-        back-fills the same spans.
-
-        Args:
-            tracer_provider: where spans go. By default the global provider; if none
-                is set and ``OTEL_EXPORTER_OTLP_ENDPOINT`` is, an OTLP/HTTP exporter
-                is set up from the standard ``OTEL_*`` variables. A missing exporter
-                is logged once. Needs the ``[otel]`` extra.
-            capture_content: also export each step's input and output (tool arguments
-                and results, the model's reply) as ``input.value`` / ``output.value``,
-                redacted by the App's redactor and capped at 2,000 characters. Off by
-                default: spans often leave the trust boundary of the journal.
-        """
-        redactor = self.redactor
-        self.telemetry.enable_tracing(
-            tracer_provider,
-            is_agent=lambda workflow: workflow in self.agents,
-            redact=redactor.redact_json if redactor is not None else None,
-            capture_content=capture_content,
-        )
-
-    def fork(
-        self,
-        run_id: str,
-        *,
-        from_step: int | str,
-        edit: Any = _NO_EDIT,
-        decisions: Literal["ask", "keep"] = "ask",
-        by: str | None = None,
-    ) -> RunHandle:
-        """Start a new run that replays ``run_id``'s journal up to ``from_step`` and
-        executes live from the step after it (time-travel debugging).
-
-        A fork never carries a human decision that nobody made for it. With
-        ``decisions="ask"`` (the default) its journal stops before the first request
-        to a human (approval, question, budget pause, checkpoint, ``resume``) at or
-        before ``from_step``, so the fork asks that request again and runs live from
-        there. ``decisions="keep"`` copies the answers, each recorded as decided by
-        ``by`` (default: the local user; over HTTP the forking key, which needs the
-        ``approve`` scope).
-
-        Args:
-            from_step: the journal position to keep up to, inclusive: ``seq`` in the
-                run's current session, or ``"session:seq"`` (session 0 or the current
-                one: only their starting hand-offs are known).
-            edit: a JSON value merged into that step's journaled output (RFC 7386
-                merge patch: an object patches an object, ``null`` removes a key,
-                anything else replaces the output), so the new run continues from an
-                edited result. A request's step cannot be edited (answer the fork's
-                request instead).
-            decisions: ``"ask"`` or ``"keep"`` the answers to requests (see above).
-            by: who keeps the decisions (with ``decisions="keep"``).
-
-        Raises:
-            RunNotFound: no such run.
-            ConfigError: no such step, an edit that is not JSON, an edit of a
-                request's step, or an edit that ``decisions="ask"`` would drop.
-        """
-        if decisions not in ("ask", "keep"):
-            raise ConfigError(f"decisions must be 'ask' or 'keep', not {decisions!r}")
-        source = self.get_run(run_id)
-        session, seq = _position(from_step, source.session)
-        if session not in (0, source.session):
-            raise ConfigError(
-                f"cannot fork run {run_id!r} from {session}:{seq}: only session 0 and the "
-                f"current session {source.session} can be forked (the hand-off that "
-                f"started session {session} is not kept)"
-            )
-        steps = self.store.load_steps(run_id, session)
-        target = next((s for s in steps if s.seq == seq), None)
-        if target is None:
-            have = f"0..{steps[-1].seq}" if steps else "none"
-            raise ConfigError(
-                f"run {run_id!r} has no step {session}:{seq} (its session {session} "
-                f"journal holds steps {have})"
-            )
-        requests = [s for s in steps if s.seq <= seq and _is_request_step(s)]
-        if edit is not _NO_EDIT and _is_request_step(target):
-            raise ConfigError(
-                f"step {session}:{seq} of run {run_id!r} is the request {target.name!r}: a "
-                "fork never edits a human's decision; fork from the step before it and "
-                "answer the new run's request (with the 'approve' scope)"
-            )
-        upto = seq
-        outputs: dict[int, str] = {}
-        if decisions == "ask" and requests:
-            upto = requests[0].seq - 1
-            if edit is not _NO_EDIT:
-                raise ConfigError(
-                    f"cannot fork run {run_id!r} from {session}:{seq} with an edit: the "
-                    f"fork asks the request {requests[0].name!r} (step {session}:"
-                    f"{requests[0].seq}) again and runs live from there, so the edit "
-                    "would be lost; keep the decisions (decisions='keep', which needs "
-                    "the 'approve' scope) or fork from before the request"
-                )
-        elif decisions == "keep":
-            who = by if by is not None else local_user()
-            for r in requests:
-                kept = _kept_decision(r, who, run_id)
-                if kept is not None:
-                    outputs[r.seq] = kept
-        if edit is not _NO_EDIT:
-            patched = _merge_patch(loads(target.output), edit)
-            output = dumps(patched, what=f"edited output of step {session}:{seq}")
-            if self.redactor is not None:
-                output = self.redactor.redact_json(output)
-            outputs[seq] = output
-        record = self.store.fork_run(
-            source,
-            run_id=_new_id(),
-            session=session,
-            upto_seq=upto,
-            output=None,
-            outputs=outputs,
-            now=self.clock.now(),
-            parent_step=f"{session}:{seq}",
-        )
-        return RunHandle(self, record.id, True)
-
-    def retry(self, run_id: str) -> RunHandle:
-        """Queue a failed run again, from its failing step: the steps it completed
-        replay from the journal and are not executed again; the failing step runs
-        again with the same idempotency key.
-
-        A completed step is never run again, even where a ``NondeterminismError``
-        named it (the journal is right; the code changed): deploy code that matches
-        the journal and retry, or :meth:`fork` the run to go another way.
-
-        Raises:
-            RunNotFound: no such run.
-            RunConflict: the run is not failed.
-        """
-        record = self.get_run(run_id)
-        if record.status != "failed":
-            raise RunConflict(
-                f"cannot retry run {run_id!r}: it is {record.status}, and only a failed "
-                "run can be retried (fork it to run it again from a step)",
-                run_id=run_id,
-            )
-        from_seq = _failing_seq(record, self.store.load_steps(run_id, record.session))
-        self.store.retry_run(run_id, from_seq=from_seq, now=self.clock.now())
-        return RunHandle(self, run_id, False)
-
-    def _prices(self, workflow: str) -> dict[str, Price] | None:
-        spec = self.agents.get(workflow)
-        return spec.prices if spec is not None else None
-
-    def steps(self, run_id: str) -> list[StepRecord]:
-        self.get_run(run_id)
-        return self.store.load_steps(run_id)
 
     def signal(self, run_id: str, name: str, payload: Any = None) -> int:
         """Send a signal to a run; it is kept until a ``ctx.wait_for(name)`` takes it.
@@ -929,86 +743,3 @@ def _rate_limits(
     if isinstance(given, str | os.PathLike):
         return RateLimits(load_rate_limits(given))
     return RateLimits(given)
-
-
-def local_user() -> str:
-    """Who is deciding from this process (recorded as ``by`` with an answer)."""
-    try:
-        return getpass.getuser()
-    except (OSError, KeyError):  # no login name (a container without USER)
-        return f"uid:{os.getuid()}" if hasattr(os, "getuid") else "local"
-
-
-def _new_id() -> str:
-    return uuid.uuid4().hex
-
-
-def _position(step: int | str, current: int) -> tuple[int, int]:
-    """``7`` or ``"7"`` (in the current session) or ``"1:7"`` -> ``(session, seq)``."""
-    if isinstance(step, bool):
-        raise ConfigError(f"a step is a number or 'session:seq', got {step!r}")
-    if isinstance(step, int):
-        session, seq = current, step
-    else:
-        m = re.fullmatch(r"\s*(?:(\d+):)?(\d+)\s*", str(step))
-        if m is None:
-            raise ConfigError(f"a step is a number or 'session:seq', got {step!r}")
-        session = int(m.group(1)) if m.group(1) is not None else current
-        seq = int(m.group(2))
-    if seq < 0:
-        raise ConfigError(f"a step number is 0 or more, got {step!r}")
-    return session, seq
-
-
-def _merge_patch(target: Any, patch: Any) -> Any:
-    """RFC 7386 JSON merge patch."""
-    if not isinstance(patch, dict):
-        return patch
-    merged = dict(target) if isinstance(target, dict) else {}
-    for key, value in patch.items():
-        if value is None:
-            merged.pop(key, None)
-        else:
-            merged[key] = _merge_patch(merged.get(key), value)
-    return merged
-
-
-def _is_request_step(step: StepRecord) -> bool:
-    """A wait for a human's answer (whose signal only the answer path may send)."""
-    if step.kind != "signal":
-        return False
-    if is_request_signal(step.name):
-        return True
-    return step.output is not None and step.output.startswith('{"request":')
-
-
-def _kept_decision(step: StepRecord, by: str, source_run: str) -> str | None:
-    """A completed request row's output with its answer recorded as ``by``'s (the
-    reviewer who decided in ``source_run`` is kept beside it)."""
-    if step.status != "completed" or step.output is None:
-        return None
-    out = loads(step.output)
-    if not isinstance(out, dict) or "signal" not in out:
-        return None  # timed out: the wait's default, no reviewer's answer to re-own
-    answer = out["signal"]
-    if not isinstance(answer, dict):  # an old raw signal's bare value: nowhere to record
-        return None
-    answer = {**answer, "by": by, "kept_from": {"run_id": source_run, "by": answer.get("by")}}
-    return dumps({**out, "signal": answer}, what=f"kept decision of step {step.name!r}")
-
-
-def _failing_seq(record: RunRecord, steps: list[StepRecord]) -> int | None:
-    """The seq of the step that failed the run, in its current session: the one its
-    error names, else a failed last row; ``None`` when no step failed it."""
-    try:
-        error = json.loads(record.error) if record.error else {}
-    except ValueError:
-        error = {}
-    where = error.get("step") if isinstance(error, dict) else None
-    if isinstance(where, str):
-        m = re.match(r"(\d+):(\d+) ", where)
-        if m and int(m.group(1)) == record.session:
-            return int(m.group(2))
-    if steps and steps[-1].status == "failed":
-        return steps[-1].seq
-    return None

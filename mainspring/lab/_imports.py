@@ -1,4 +1,4 @@
-"""Importing the user's objects from a ``MODULE:OBJECT`` string (CLI, lab, preflight)."""
+"""Importing the user's objects from a ``MODULE:OBJECT`` string (the lab, preflight and the CLI)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 from types import ModuleType
 from typing import Any
 
-from ._errors import ConfigError
+from .. import ConfigError
 
 __all__ = ["import_object"]
 

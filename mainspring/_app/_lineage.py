@@ -1,0 +1,246 @@
+"""Runs made from other runs: :meth:`~mainspring.App.fork` (time travel from a
+journal position) and :meth:`~mainspring.App.retry` (a failed run again from its
+failing step). Mixed into :class:`~mainspring.App`."""
+
+from __future__ import annotations
+
+import getpass
+import json
+import os
+import re
+import uuid
+from typing import TYPE_CHECKING, Any, Literal, cast
+
+from .._clock import Clock
+from .._errors import ConfigError, RunConflict
+from .._serde import dumps, loads
+from .._signals import is_request_signal
+from ..observability import Redactor
+from ..storage import RunRecord, StepRecord, Store
+from ._handle import RunHandle
+
+if TYPE_CHECKING:
+    from ._core import App
+
+__all__ = ["Lineage", "local_user", "new_id"]
+
+_NO_EDIT: Any = object()
+
+
+class Lineage:
+    """Forks and retries of an App's runs."""
+
+    if TYPE_CHECKING:
+        clock: Clock
+        redactor: Redactor | None
+
+        @property
+        def store(self) -> Store: ...
+
+        def get_run(self, run_id: str) -> RunRecord: ...
+
+    def fork(
+        self,
+        run_id: str,
+        *,
+        from_step: int | str,
+        edit: Any = _NO_EDIT,
+        decisions: Literal["ask", "keep"] = "ask",
+        by: str | None = None,
+    ) -> RunHandle:
+        """Start a new run that replays ``run_id``'s journal up to ``from_step`` and
+        executes live from the step after it (time-travel debugging).
+
+        A fork never carries a human decision that nobody made for it. With
+        ``decisions="ask"`` (the default) its journal stops before the first request
+        to a human (approval, question, budget pause, checkpoint, ``resume``) at or
+        before ``from_step``, so the fork asks that request again and runs live from
+        there. ``decisions="keep"`` copies the answers, each recorded as decided by
+        ``by`` (default: the local user; over HTTP the forking key, which needs the
+        ``approve`` scope).
+
+        Args:
+            from_step: the journal position to keep up to, inclusive: ``seq`` in the
+                run's current session, or ``"session:seq"`` (session 0 or the current
+                one: only their starting hand-offs are known).
+            edit: a JSON value merged into that step's journaled output (RFC 7386
+                merge patch: an object patches an object, ``null`` removes a key,
+                anything else replaces the output), so the new run continues from an
+                edited result. A request's step cannot be edited (answer the fork's
+                request instead).
+            decisions: ``"ask"`` or ``"keep"`` the answers to requests (see above).
+            by: who keeps the decisions (with ``decisions="keep"``).
+
+        Raises:
+            RunNotFound: no such run.
+            ConfigError: no such step, an edit that is not JSON, an edit of a
+                request's step, or an edit that ``decisions="ask"`` would drop.
+        """
+        if decisions not in ("ask", "keep"):
+            raise ConfigError(f"decisions must be 'ask' or 'keep', not {decisions!r}")
+        source = self.get_run(run_id)
+        session, seq = _position(from_step, source.session)
+        if session not in (0, source.session):
+            raise ConfigError(
+                f"cannot fork run {run_id!r} from {session}:{seq}: only session 0 and the "
+                f"current session {source.session} can be forked (the hand-off that "
+                f"started session {session} is not kept)"
+            )
+        steps = self.store.load_steps(run_id, session)
+        target = next((s for s in steps if s.seq == seq), None)
+        if target is None:
+            have = f"0..{steps[-1].seq}" if steps else "none"
+            raise ConfigError(
+                f"run {run_id!r} has no step {session}:{seq} (its session {session} "
+                f"journal holds steps {have})"
+            )
+        requests = [s for s in steps if s.seq <= seq and _is_request_step(s)]
+        if edit is not _NO_EDIT and _is_request_step(target):
+            raise ConfigError(
+                f"step {session}:{seq} of run {run_id!r} is the request {target.name!r}: a "
+                "fork never edits a human's decision; fork from the step before it and "
+                "answer the new run's request (with the 'approve' scope)"
+            )
+        upto = seq
+        outputs: dict[int, str] = {}
+        if decisions == "ask" and requests:
+            upto = requests[0].seq - 1
+            if edit is not _NO_EDIT:
+                raise ConfigError(
+                    f"cannot fork run {run_id!r} from {session}:{seq} with an edit: the "
+                    f"fork asks the request {requests[0].name!r} (step {session}:"
+                    f"{requests[0].seq}) again and runs live from there, so the edit "
+                    "would be lost; keep the decisions (decisions='keep', which needs "
+                    "the 'approve' scope) or fork from before the request"
+                )
+        elif decisions == "keep":
+            who = by if by is not None else local_user()
+            for r in requests:
+                kept = _kept_decision(r, who, run_id)
+                if kept is not None:
+                    outputs[r.seq] = kept
+        if edit is not _NO_EDIT:
+            patched = _merge_patch(loads(target.output), edit)
+            output = dumps(patched, what=f"edited output of step {session}:{seq}")
+            if self.redactor is not None:
+                output = self.redactor.redact_json(output)
+            outputs[seq] = output
+        record = self.store.fork_run(
+            source,
+            run_id=new_id(),
+            session=session,
+            upto_seq=upto,
+            output=None,
+            outputs=outputs,
+            now=self.clock.now(),
+            parent_step=f"{session}:{seq}",
+        )
+        return RunHandle(cast("App", self), record.id, True)
+
+    def retry(self, run_id: str) -> RunHandle:
+        """Queue a failed run again, from its failing step: the steps it completed
+        replay from the journal and are not executed again; the failing step runs
+        again with the same idempotency key.
+
+        A completed step is never run again, even where a ``NondeterminismError``
+        named it (the journal is right; the code changed): deploy code that matches
+        the journal and retry, or :meth:`fork` the run to go another way.
+
+        Raises:
+            RunNotFound: no such run.
+            RunConflict: the run is not failed.
+        """
+        record = self.get_run(run_id)
+        if record.status != "failed":
+            raise RunConflict(
+                f"cannot retry run {run_id!r}: it is {record.status}, and only a failed "
+                "run can be retried (fork it to run it again from a step)",
+                run_id=run_id,
+            )
+        from_seq = _failing_seq(record, self.store.load_steps(run_id, record.session))
+        self.store.retry_run(run_id, from_seq=from_seq, now=self.clock.now())
+        return RunHandle(cast("App", self), run_id, False)
+
+
+def local_user() -> str:
+    """Who is deciding from this process (recorded as ``by`` with an answer)."""
+    try:
+        return getpass.getuser()
+    except (OSError, KeyError):  # no login name (a container without USER)
+        return f"uid:{os.getuid()}" if hasattr(os, "getuid") else "local"
+
+
+def new_id() -> str:
+    """A new run id."""
+    return uuid.uuid4().hex
+
+
+def _position(step: int | str, current: int) -> tuple[int, int]:
+    """``7`` or ``"7"`` (in the current session) or ``"1:7"`` -> ``(session, seq)``."""
+    if isinstance(step, bool):
+        raise ConfigError(f"a step is a number or 'session:seq', got {step!r}")
+    if isinstance(step, int):
+        session, seq = current, step
+    else:
+        m = re.fullmatch(r"\s*(?:(\d+):)?(\d+)\s*", str(step))
+        if m is None:
+            raise ConfigError(f"a step is a number or 'session:seq', got {step!r}")
+        session = int(m.group(1)) if m.group(1) is not None else current
+        seq = int(m.group(2))
+    if seq < 0:
+        raise ConfigError(f"a step number is 0 or more, got {step!r}")
+    return session, seq
+
+
+def _merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch."""
+    if not isinstance(patch, dict):
+        return patch
+    merged = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            merged.pop(key, None)
+        else:
+            merged[key] = _merge_patch(merged.get(key), value)
+    return merged
+
+
+def _is_request_step(step: StepRecord) -> bool:
+    """A wait for a human's answer (whose signal only the answer path may send)."""
+    if step.kind != "signal":
+        return False
+    if is_request_signal(step.name):
+        return True
+    return step.output is not None and step.output.startswith('{"request":')
+
+
+def _kept_decision(step: StepRecord, by: str, source_run: str) -> str | None:
+    """A completed request row's output with its answer recorded as ``by``'s (the
+    reviewer who decided in ``source_run`` is kept beside it)."""
+    if step.status != "completed" or step.output is None:
+        return None
+    out = loads(step.output)
+    if not isinstance(out, dict) or "signal" not in out:
+        return None  # timed out: the wait's default, no reviewer's answer to re-own
+    answer = out["signal"]
+    if not isinstance(answer, dict):  # an old raw signal's bare value: nowhere to record
+        return None
+    answer = {**answer, "by": by, "kept_from": {"run_id": source_run, "by": answer.get("by")}}
+    return dumps({**out, "signal": answer}, what=f"kept decision of step {step.name!r}")
+
+
+def _failing_seq(record: RunRecord, steps: list[StepRecord]) -> int | None:
+    """The seq of the step that failed the run, in its current session: the one its
+    error names, else a failed last row; ``None`` when no step failed it."""
+    try:
+        error = json.loads(record.error) if record.error else {}
+    except ValueError:
+        error = {}
+    where = error.get("step") if isinstance(error, dict) else None
+    if isinstance(where, str):
+        m = re.match(r"(\d+):(\d+) ", where)
+        if m and int(m.group(1)) == record.session:
+            return int(m.group(2))
+    if steps and steps[-1].status == "failed":
+        return steps[-1].seq
+    return None

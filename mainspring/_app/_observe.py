@@ -1,0 +1,101 @@
+"""What an App lets one see of its runs: traces, diagnoses, Prometheus metrics and
+live OpenTelemetry export. Mixed into :class:`~mainspring.App`."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .._clock import Clock
+from ..limits import PRICES, Price
+from ..observability import (
+    Diagnosis,
+    MetricsCollector,
+    Redactor,
+    RunTrace,
+    Telemetry,
+    build_trace,
+    diagnose,
+)
+from ..storage import RunRecord, StepRecord, Store
+
+if TYPE_CHECKING:
+    from ..agent import Agent
+
+__all__ = ["Observe"]
+
+
+class Observe:
+    """Traces, diagnoses, metrics and tracing of an App's runs."""
+
+    if TYPE_CHECKING:
+        clock: Clock
+        redactor: Redactor | None
+        telemetry: Telemetry
+        agents: dict[str, Agent]
+        _metrics: MetricsCollector | None
+
+        @property
+        def store(self) -> Store: ...
+
+        def get_run(self, run_id: str) -> RunRecord: ...
+
+    def trace(self, run_id: str) -> RunTrace:
+        """The run's trace: one entry per journaled step with its latency, tokens,
+        cost, attempt and error class (redacted like the journal).
+
+        Raises:
+            RunNotFound: no such run.
+        """
+        record = self.get_run(run_id)
+        return build_trace(record, self.store.load_steps(run_id), self._prices(record.workflow))
+
+    def diagnose(self, run_id: str, *, stall_after_s: float = 600.0) -> Diagnosis:
+        """``mainspring doctor``: match the run against the failure table (stopped
+        half-way, looping, stale state, ignored tool error, context bloat, done but
+        wrong), with what to check next."""
+        return diagnose(self.trace(run_id), now=self.clock.now(), stall_after_s=stall_after_s)
+
+    def metrics(self) -> MetricsCollector:
+        """The Prometheus collector over this App's store (kept, so that finished
+        runs are aggregated once). ``app.metrics().render()`` is what ``/metrics``
+        serves. Needs the ``[metrics]`` extra."""
+        if self._metrics is None:
+            prices = dict(PRICES)
+            for spec in self.agents.values():
+                prices.update(spec.prices or {})
+            self._metrics = MetricsCollector(
+                self.store, prices=prices, telemetry=self.telemetry, clock=self.clock.now
+            )
+        return self._metrics
+
+    def enable_tracing(self, tracer_provider: Any = None, *, capture_content: bool = False) -> None:
+        """Export OpenTelemetry spans live from this process's workers: each step
+        attempt as it ends, each wait as it completes, a run's root span when it
+        finishes. Ids derive from the run, so :func:`~mainspring.observability.export_trace`
+        back-fills the same spans.
+
+        Args:
+            tracer_provider: where spans go. By default the global provider; if none
+                is set and ``OTEL_EXPORTER_OTLP_ENDPOINT`` is, an OTLP/HTTP exporter
+                is set up from the standard ``OTEL_*`` variables. A missing exporter
+                is logged once. Needs the ``[otel]`` extra.
+            capture_content: also export each step's input and output (tool arguments
+                and results, the model's reply) as ``input.value`` / ``output.value``,
+                redacted by the App's redactor and capped at 2,000 characters. Off by
+                default: spans often leave the trust boundary of the journal.
+        """
+        redactor = self.redactor
+        self.telemetry.enable_tracing(
+            tracer_provider,
+            is_agent=lambda workflow: workflow in self.agents,
+            redact=redactor.redact_json if redactor is not None else None,
+            capture_content=capture_content,
+        )
+
+    def _prices(self, workflow: str) -> dict[str, Price] | None:
+        spec = self.agents.get(workflow)
+        return spec.prices if spec is not None else None
+
+    def steps(self, run_id: str) -> list[StepRecord]:
+        self.get_run(run_id)
+        return self.store.load_steps(run_id)
