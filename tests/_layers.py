@@ -42,7 +42,11 @@ EDGES = frozenset({"server", "cli", "dashboard", "lab", "examples", "main"})
 
 # Imports allowed inside functions: optional extras and the CLI's lazily loaded
 # subcommands, each (importing module prefix, imported module prefix) with why.
-LAZY: dict[tuple[str, str], str] = {}
+LAZY: dict[tuple[str, str], str] = {
+    ("mainspring.models", "mainspring.models.openai"): "the openai SDK (extra [openai])",
+    ("mainspring.models", "mainspring.models.anthropic"): "the anthropic SDK (extra [anthropic])",
+    ("mainspring.storage", "mainspring.storage.postgres"): "psycopg (extra [postgres])",
+}
 
 MAX_LINES = 800
 
