@@ -10,14 +10,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..models._common import estimate_input_tokens
-from ..models._types import (
+from ..models import (
     AssistantMessage,
     Message,
     SystemMessage,
     ToolResultMessage,
     ToolSpec,
     UserMessage,
+    estimate_input_tokens,
 )
 
 __all__ = ["ContextPolicy", "History", "Turn"]

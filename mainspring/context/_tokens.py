@@ -18,14 +18,14 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any
 
-from ..models._common import estimate_tokens
-from ..models._types import (
+from ..models import (
     AssistantMessage,
     Message,
     SystemMessage,
     ToolResultMessage,
     ToolSpec,
     UserMessage,
+    estimate_tokens,
 )
 
 __all__ = ["TokenCounter", "counter_for"]

@@ -1,7 +1,7 @@
 """The durable engine: run contexts, replay, step modes, sessions."""
 
 from ._batch import BatchCommitter
-from ._context import RunContext, StepInfo, StepMode, current_step
+from ._context import RunContext, SimulatedCrash, StepInfo, StepMode, current_step
 from ._engine import Committer, Engine, RunControl
 from ._executor import Outcome, execute
 from ._intercept import StepCall, StepInterceptor
@@ -16,6 +16,7 @@ __all__ = [
     "RetryPolicy",
     "RunContext",
     "RunControl",
+    "SimulatedCrash",
     "StepCall",
     "StepInfo",
     "StepInterceptor",

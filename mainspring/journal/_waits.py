@@ -16,8 +16,7 @@ from .._errors import ConfigError, StoreError, StoreUnavailable, WaitTimeout
 from .._requests import Approval, RequestKind, approval_from, request_meta
 from .._serde import dumps, loads
 from .._signals import is_request_signal
-from ..storage import RunTransition, StepRecord
-from ..storage._records import WAIT_SIGNAL_SEP, join_wait_signals
+from ..storage import WAIT_SIGNAL_SEP, RunTransition, StepRecord, join_wait_signals
 from ._control import _Suspend
 from ._cursor import Cursor
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from ..models._types import Usage
+from ..models import Usage
 
 __all__ = ["PRICES", "Limits", "Price", "cost_usd", "price_of"]
 

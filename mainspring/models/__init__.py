@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._errors import ConfigError
 from ._base import Model
+from ._common import estimate_input_tokens, estimate_tokens
 from ._types import (
     AssistantMessage,
     FinishReason,
@@ -63,6 +64,8 @@ __all__ = [
     "ToolSpec",
     "Usage",
     "UserMessage",
+    "estimate_input_tokens",
+    "estimate_tokens",
     "parse_model_spec",
     "resolve_model",
 ]

@@ -26,10 +26,11 @@ from .._clock import Clock
 from .._errors import RateLimited
 from ..journal import StepCall, StepInterceptor
 from ..limits import Booking, Price, cost_usd
-from ..models._types import ModelResponse
+from ..models import ModelResponse
 from ..storage import RunRecord, RunWrite, StepRecord, WriteResult
 from ._metrics import LATENCY_BUCKETS, _prometheus, wait_reason_label
 from ._names import model_of, step_kind
+from ._spans import LiveSpans, configured_provider
 
 if TYPE_CHECKING:
     from ._spans import LiveSpans  # imported when tracing is enabled: the otel extra
@@ -104,8 +105,6 @@ class Telemetry(StepInterceptor):
         capture_content: bool = False,
     ) -> None:
         """Export spans live through ``tracer_provider`` (see :meth:`App.enable_tracing`)."""
-        from ._spans import LiveSpans, configured_provider
-
         self.spans = LiveSpans(
             configured_provider(tracer_provider),
             is_agent=is_agent,

@@ -22,7 +22,7 @@ from typing import Any
 
 from .._errors import MissingExtra
 from ..journal import StepInfo
-from ..models._types import ModelResponse
+from ..models import ModelResponse
 from ..storage import RunRecord, RunTransition, StepRecord
 from ._names import model_of
 from ._traceparent import parse_traceparent

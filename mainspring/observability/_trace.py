@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from ..limits import Price, cost_usd
-from ..models._types import Usage
+from ..models import Usage
 from ..storage import RunRecord, StepRecord
 from ._names import StepRole, model_of, step_role
 

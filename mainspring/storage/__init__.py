@@ -12,6 +12,7 @@ from ._migrations import LATEST as SCHEMA_VERSION
 from ._rates import RateRow, RateTxn
 from ._records import (
     FINISHED,
+    WAIT_SIGNAL_SEP,
     WAKE_NOW,
     RunRecord,
     RunStatus,
@@ -22,6 +23,8 @@ from ._records import (
     StepRecord,
     StepStatus,
     WriteResult,
+    join_wait_signals,
+    split_wait_signals,
 )
 from ._url import redact_url
 from .sqlite import DatabaseGone, SQLiteStore
@@ -30,6 +33,7 @@ __all__ = [
     "FINISHED",
     "SCHEMA_VERSION",
     "SCOPES",
+    "WAIT_SIGNAL_SEP",
     "WAKE_NOW",
     "WEBHOOK_EVENTS",
     "ApiKey",
@@ -55,8 +59,10 @@ __all__ = [
     "Webhook",
     "WebhookEvent",
     "WriteResult",
+    "join_wait_signals",
     "open_store",
     "redact_url",
+    "split_wait_signals",
 ]
 
 

@@ -60,6 +60,13 @@ class Connection(ABC):
     # How a read opens one snapshot for several statements.
     _snapshot_begin: ClassVar[str] = "BEGIN"
 
+    @property
+    def has_db_clock(self) -> bool:
+        """Whether this store can time leases and rate limits by the database
+        server's own clock (PostgreSQL), rather than each caller's (SQLite, whose
+        workers share one machine and its clock)."""
+        return self._db_now is not None
+
     @abstractmethod
     def _write(self) -> AbstractContextManager[Cursor]:
         """A write transaction; commits on exit, rolls back on error."""

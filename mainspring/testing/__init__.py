@@ -4,7 +4,7 @@ wire protocols on 127.0.0.1, a fault-injecting store wrapper, the engine's invar
 written once, and the Store conformance suite (``mainspring.testing.conformance``)."""
 
 from .._clock import FakeClock
-from ..journal._context import SimulatedCrash
+from ..journal import SimulatedCrash
 from ..models.faulty import FaultProfile, FaultyModel
 from ..models.scripted import ScriptedModel
 from ._fake_anthropic import FakeAnthropicServer

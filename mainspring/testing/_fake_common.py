@@ -38,8 +38,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
 from typing import Any, Self
 
-from ..models._common import estimate_tokens
-from ..models._types import Usage
+from ..models import Usage, estimate_tokens
 from ._fake_limits import Dim, Refusal, TokenBuckets
 
 __all__ = [

@@ -248,7 +248,7 @@ class StoreConformance:
             self._new(s, "r1")
             real = time.time()
             [run] = self._claim(s, now=real, db_clock=True)
-            if s._db_now is None:  # one machine, one clock (SQLite): the caller's
+            if not s.has_db_clock:  # one machine, one clock (SQLite): the caller's
                 assert run.lease_until == real + LEASE
                 return
             ahead = real + 3600  # a caller whose clock is an hour ahead

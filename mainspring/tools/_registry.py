@@ -7,7 +7,7 @@ from collections.abc import Collection, Iterable, Iterator
 from typing import Any
 
 from .._errors import ConfigError, ToolNotAllowed, UnknownTool
-from ..models._types import ToolSpec
+from ..models import ToolSpec
 from ._tool import Tool
 
 __all__ = ["ToolRegistry"]

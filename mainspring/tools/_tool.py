@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 
 from .._errors import ConfigError, ValidationFailed
 from ..journal import RetryPolicy, StepMode, current_step
-from ..models._types import ToolSpec
+from ..models import ToolSpec
 from ._arguments import parse_arguments, validate_arguments
 from ._context import DEFAULT_TIMEOUT_S, EFFECTS, Effect, ToolContext
 from ._render import render_error, render_result
