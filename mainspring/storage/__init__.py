@@ -12,6 +12,8 @@ from ._migrations import LATEST as SCHEMA_VERSION
 from ._rates import RateRow, RateTxn
 from ._records import (
     FINISHED,
+    JOURNAL_ROLES,
+    JournalRole,
     RunRecord,
     RunStatus,
     RunTransition,
@@ -27,6 +29,7 @@ from .sqlite import DatabaseGone, SQLiteStore
 
 __all__ = [
     "FINISHED",
+    "JOURNAL_ROLES",
     "SCHEMA_VERSION",
     "SCOPES",
     "WEBHOOK_EVENTS",
@@ -35,6 +38,7 @@ __all__ = [
     "DatabaseGone",
     "Delivery",
     "Heartbeat",
+    "JournalRole",
     "PruneResult",
     "RateRow",
     "RateTxn",
