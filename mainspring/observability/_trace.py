@@ -166,6 +166,7 @@ class RunTrace:
                     "session": e.session,
                     "seq": e.seq,
                     "kind": e.kind,
+                    "role": e.role,
                     "name": e.name,
                     "status": e.status,
                     "attempt": e.attempt,
