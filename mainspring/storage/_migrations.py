@@ -165,7 +165,8 @@ ALTER TABLE ms_runs ADD COLUMN parent_step TEXT;
     # bookkeeping, a rate-limit wait, or any other step), declared by its writer
     # (``ctx.step(..., role=...)``). Older rows spelled it in their name's prefix:
     # ``model:``, ``tool:``, ``rate:wait:`` (a wait), ``rate:`` and ``rate-refund:``
-    # (bookkeeping). substr, not LIKE: LIKE ignores case on SQLite and reads "_".
+    # (bookkeeping). substr, not LIKE: LIKE ignores case on SQLite and reads "_". Only
+    # rows with such a prefix are rewritten: the others keep the default.
     9: """
 ALTER TABLE ms_steps ADD COLUMN role TEXT NOT NULL DEFAULT 'step';
 UPDATE ms_steps SET role = CASE
@@ -175,7 +176,8 @@ UPDATE ms_steps SET role = CASE
     WHEN substr(name, 1, 5) = 'rate:' THEN 'rate'
     WHEN substr(name, 1, 12) = 'rate-refund:' THEN 'rate'
     ELSE 'step' END
-WHERE kind = 'step';
+WHERE kind = 'step' AND (substr(name, 1, 6) = 'model:' OR substr(name, 1, 5) IN ('tool:', 'rate:')
+    OR substr(name, 1, 12) = 'rate-refund:');
 """,
 }
 
