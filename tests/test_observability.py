@@ -631,7 +631,9 @@ async def test_rate_limit_bookings_count_the_wait_per_model(clock: FakeClock) ->
 
     telemetry = Telemetry(clock, prices=lambda _wf: None)
     booking = Booking(key="openai:gpt-4.1:default", start=0.0, waited_s=2.5, wake_at=2.5)
-    info = StepInfo(run_id="r", session=0, seq=0, name="rate:openai:gpt-4.1:default", attempt=1)
+    info = StepInfo(
+        run_id="r", session=0, seq=0, name="rate:openai:gpt-4.1:default", attempt=1, role="rate"
+    )
 
     async def book() -> Booking:
         return booking
@@ -708,7 +710,7 @@ async def test_live_spans_while_the_run_runs_and_backfill_gives_the_same_ids(
         )
         await ctx.wait_for("shipped")
         ctx.now()  # a recorded value: no span, live or back-filled
-        await ctx.step(lambda: 1, name="rate:openai:gpt-4.1:default")
+        await ctx.step(lambda: 1, name="rate:openai:gpt-4.1:default", role="rate")
         return got
 
     run_id = fapp.submit(order).run_id

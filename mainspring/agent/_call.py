@@ -221,7 +221,10 @@ class _Call:
 
             try:
                 response: ModelResponse = await self.ctx.step(
-                    send, name=model_step_name(m.provider, m.model_id), retry=self.policy
+                    send,
+                    name=model_step_name(m.provider, m.model_id),
+                    retry=self.policy,
+                    role="model",
                 )
                 return response
             except StepFailed as exc:
@@ -254,6 +257,7 @@ class _Call:
             await ctx.step(
                 functools.partial(limiter.settle_quietly, booking, None),
                 name=f"rate-refund:{limiter.key}",
+                role="rate",
             )
             await self._ask_to_wait()
             return None
@@ -276,6 +280,7 @@ class _Call:
         wake_at: float = await ctx.step(
             functools.partial(_wake_at, self.clock, asked, fallback),
             name=f"rate:wait:{m.provider}:{m.model_id}",
+            role="wait",
         )
         if self._past_bound(wake_at):
             await self._ask_to_wait()
@@ -324,7 +329,7 @@ async def _book(
             prompt_tokens=prompt_tokens, max_tokens=max_tokens, run=ctx.run_id, trim_output=trim
         )
 
-    booking: Booking = await ctx.step(book_slot, name=f"rate:{limiter.key}")
+    booking: Booking = await ctx.step(book_slot, name=f"rate:{limiter.key}", role="rate")
     return booking
 
 

@@ -24,7 +24,7 @@ from typing import Any, Literal, NoReturn, TypeVar, overload
 from .._errors import ApprovalRejected
 from .._requests import Approval, RequestKind
 from .._serde import dumps, loads
-from ..storage import RunRecord, StepRecord
+from ..storage import JournalRole, RunRecord, StepRecord
 from ._control import SimulatedCrash, _ContinueAsNew
 from ._cursor import Cursor
 from ._engine import Engine, RunControl
@@ -82,6 +82,7 @@ class RunContext:
         mode: StepMode = ...,
         retry: RetryPolicy | None = ...,
         timeout: float | None = ...,
+        role: JournalRole = ...,
         **kwargs: Any,
     ) -> T: ...
 
@@ -94,6 +95,7 @@ class RunContext:
         mode: StepMode = ...,
         retry: RetryPolicy | None = ...,
         timeout: float | None = ...,
+        role: JournalRole = ...,
         **kwargs: Any,
     ) -> T: ...
 
@@ -105,6 +107,7 @@ class RunContext:
         mode: StepMode = "at_least_once",
         retry: RetryPolicy | None = None,
         timeout: float | None = None,
+        role: JournalRole = "step",
         **kwargs: Any,
     ) -> Any:
         """Run ``fn(*args, **kwargs)`` as a journaled step and return its result.
@@ -127,6 +130,11 @@ class RunContext:
                 killed: it is abandoned and the run goes on. For an ``at_most_once``
                 step a timeout is an unknown outcome: :class:`StepInterrupted`, and
                 the step is never attempted again.
+            role: what the step is, journaled with it for traces, metrics, the
+                dashboard and interceptors: ``"model"`` (a model call), ``"tool"`` (a
+                tool call), ``"rate"`` (rate-limit bookkeeping), ``"wait"`` (a
+                rate-limit wait) or ``"step"`` (default: anything else). Not part of
+                the step's identity: replay matches kind and name only.
 
         Any exception the function raises is a failed attempt, ``SystemExit``,
         ``KeyboardInterrupt`` and a ``CancelledError`` nobody asked for included.
@@ -135,9 +143,10 @@ class RunContext:
             StepFailed: the step failed for good (same on replay).
             StepInterrupted: an ``at_most_once`` step was interrupted by a crash or
                 ran past its timeout.
+            ConfigError: ``role`` is none of the roles above.
         """
         return await self._steps.run(
-            fn, args, kwargs, name=name, mode=mode, retry=retry, timeout=timeout
+            fn, args, kwargs, name=name, mode=mode, retry=retry, timeout=timeout, role=role
         )
 
     # -- time -------------------------------------------------------------------------

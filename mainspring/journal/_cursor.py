@@ -202,6 +202,7 @@ class Cursor:
             started_at=rec.started_at,
             finished_at=rec.finished_at if finished_at is None else finished_at,
             wake_at=rec.wake_at if wake_at is None else wake_at,
+            role=rec.role,
         )
         self.pending[new.seq] = new
         return new

@@ -17,9 +17,10 @@ class StepCall:
     """One attempt of a step function, as an interceptor sees it.
 
     Attributes:
-        info: the step (run, position, name, attempt and idempotency key).
-        fn: the step function (a tool's step is named ``tool:<name>``, an agent's
-            model call ``model:<model>``).
+        info: the step (run, position, name, role, attempt and idempotency key):
+            ``info.role`` tells a model call (``"model"``) or a tool call (``"tool"``)
+            from rate-limit bookkeeping and other steps.
+        fn: the step function.
         args / kwargs: what it is called with.
     """
 

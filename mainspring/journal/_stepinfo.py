@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextvars
 from dataclasses import dataclass
 
+from ..storage import JournalRole
+
 __all__ = ["StepInfo", "current", "current_step"]
 
 
@@ -16,6 +18,9 @@ class StepInfo:
         idempotency_key: ``"{run_id}:{session}:{seq}"``, the same on every attempt
             and after every crash. Pass it to the outside world so that a repeated
             call is recognised as the same one.
+        role: what the step is, as ``ctx.step(..., role=...)`` declared it
+            (``"model"``, ``"tool"``, ``"rate"``, ``"wait"`` or ``"step"``): what an
+            interceptor asks to tell model and tool calls from other steps.
     """
 
     run_id: str
@@ -23,6 +28,7 @@ class StepInfo:
     seq: int
     name: str
     attempt: int
+    role: JournalRole = "step"
 
     @property
     def idempotency_key(self) -> str:

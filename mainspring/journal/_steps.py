@@ -19,9 +19,16 @@ from dataclasses import dataclass
 from typing import Any, Literal, NoReturn, get_type_hints
 
 from .._describe import safe_str
-from .._errors import MainspringError, SerializationError, StepFailed, StepInterrupted, StepTimeout
+from .._errors import (
+    ConfigError,
+    MainspringError,
+    SerializationError,
+    StepFailed,
+    StepInterrupted,
+    StepTimeout,
+)
 from .._serde import decode, dumps, loads
-from ..storage import StepRecord
+from ..storage import JOURNAL_ROLES, JournalRole, StepRecord
 from ._control import CONTROL, error_json
 from ._cursor import Cursor
 from ._intercept import StepCall, intercept
@@ -52,6 +59,7 @@ class _Step:
     timeout: float | None
     is_coro: bool
     ret_type: Any
+    role: JournalRole = "step"
     attempt: int = 1
     failures: int = 0
     last_error: str | None = None  # why the previous attempt failed, kept for traces
@@ -75,9 +83,16 @@ class Steps:
         mode: StepMode,
         retry: RetryPolicy | None,
         timeout: float | None,
+        role: JournalRole = "step",
     ) -> Any:
         if mode not in ("at_least_once", "at_most_once"):
             raise ValueError(f"mode must be 'at_least_once' or 'at_most_once', got {mode!r}")
+        if role not in JOURNAL_ROLES:
+            raise ConfigError(
+                f"ctx.step(role={role!r}): unknown role; expected one of "
+                f"{', '.join(repr(r) for r in sorted(JOURNAL_ROLES))} (an argument of the "
+                "function named role is passed with functools.partial(fn, role=...))"
+            )
         cur = self.cur
         cur.boundary()
         step_name = name or getattr(fn, "__qualname__", None) or repr(fn)
@@ -88,7 +103,9 @@ class Steps:
             return decode(rec.output, ret_type, what=f"journaled output of {step_name!r}")
         if retry is None:
             retry = cur.engine.default_retry if mode == "at_least_once" else RetryPolicy.never()
-        step = _Step(fn, args, kwargs, seq, step_name, mode, retry, timeout, is_coro, ret_type)
+        step = _Step(
+            fn, args, kwargs, seq, step_name, mode, retry, timeout, is_coro, ret_type, role
+        )
         if rec is not None:
             await self._resume(step, rec)
         while True:
@@ -158,6 +175,7 @@ class Steps:
                 epoch=cur.epoch,
                 error=step.last_error,
                 started_at=cur.now(),
+                role=step.role,
             )
         )
         await cur.commit()
@@ -181,6 +199,7 @@ class Steps:
             seq=step.seq,
             name=step.name,
             attempt=step.attempt,
+            role=step.role,
         )
         cur.running += 1
         cur.no_steps.clear()

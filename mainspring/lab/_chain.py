@@ -256,10 +256,12 @@ class _Journaled:
         value: Any = 1
         corrupt_at: int | None = None
         for stage in range(steps):
-            value = await ctx.step(self._model, task, rep, stage, value, name=f"model:{stage}")
+            value = await ctx.step(
+                self._model, task, rep, stage, value, name=f"model:{stage}", role="model"
+            )
             if corrupt_at is None and not isinstance(value, int):
                 corrupt_at = stage
-            await ctx.step(self._tool, task, rep, stage, value, name=f"tool:{stage}")
+            await ctx.step(self._tool, task, rep, stage, value, name=f"tool:{stage}", role="tool")
             self._out().steps_done = stage + 1
         return {"value": value, "corrupt_at": corrupt_at}
 

@@ -88,6 +88,7 @@ class FaultHook(StepInterceptor):
         self.final: dict[str, FailureCause | None] = {}  # step key -> its latest outcome
         self.done: set[str] = set()
         self.names: list[str] = []  # completed steps' names, in order
+        self.roles: list[str] = []  # and their roles
         self.completions: Counter[str] = Counter()  # effect steps whose function returned
         self.unkeyed: set[str] = set()  # of those, the ones that cannot pass the key on
         self.recoveries = 0
@@ -117,11 +118,11 @@ class FaultHook(StepInterceptor):
 
     async def execute_step(self, call: StepCall, proceed: Callable[[], Awaitable[Any]]) -> Any:
         info = call.info
-        if info.name.startswith("rate:"):  # bookkeeping of the rate limiter, not work
+        if info.role in ("rate", "wait"):  # the rate limiter's bookkeeping, not work
             return await proceed()
         key, attempt = info.idempotency_key, info.attempt
         where = (info.session, info.seq)
-        model = info.name.startswith("model:")
+        model = info.role == "model"
         fault, after = self._draw(model, where, attempt)
         if fault is not None:
             self.last = fault
@@ -156,6 +157,7 @@ class FaultHook(StepInterceptor):
         if key not in self.done:
             self.done.add(key)
             self.names.append(info.name)
+            self.roles.append(info.role)
         self.recoveries += attempt > 1
         return result
 
@@ -246,10 +248,10 @@ class FaultHook(StepInterceptor):
         return stub
 
     def _effect(self, call: StepCall, key: str) -> None:
-        name = call.info.name
         tool = None
-        if name.startswith("tool:") and self.tools is not None:
-            tool = self.tools.get(name.removeprefix("tool:"))
+        if call.info.role == "tool" and self.tools is not None:
+            ran = tool_of(call.fn)  # the tool whose step function this is
+            tool = self.tools.get(ran.name) if ran is not None else None
         if tool is not None and tool.effect == "read":
             return  # a read has no effect to duplicate
         self.completions[key] += 1

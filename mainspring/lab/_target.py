@@ -290,19 +290,19 @@ def _agent_for(agent: Agent, policy: Policy) -> tuple[Agent, Workflow[Any, Any]]
     return spec, Workflow.create(run_agent, agent.name)
 
 
-def _theory(policy: Policy, p: LabProfile, names: Sequence[str], agent: bool) -> float | None:
+def _theory(policy: Policy, p: LabProfile, roles: Sequence[str], agent: bool) -> float | None:
     """Independent faults over the steps of a fault-free run: a step fails an attempt
     with e = error + timeout (+ tool failure for non-model steps); success is
     ``Π (1 - e)`` with one attempt, ``Π (1 - e^(r+1))`` with r retries."""
-    if agent or p.correlated_rate or p.malformed_rate or not names:
+    if agent or p.correlated_rate or p.malformed_rate or not roles:
         return None  # an agent adapts to its errors; the others share or repair faults
     if policy != "naive" and p.crash_rate:
         return None  # a resumed crash has no closed form
     tries = 1 if policy == "naive" else p.retries + 1
     total = 1.0
-    for name in names:
+    for role in roles:
         ok = 1 - p.model_error_rate - p.timeout_rate
-        if not name.startswith("model:"):
+        if role != "model":
             ok *= 1 - p.tool_failure_rate
         if policy == "naive":
             ok *= 1 - p.crash_rate
@@ -414,7 +414,7 @@ async def _experiment(
                 f"{'; ' + reference.error if reference.error else ''}); the lab needs a "
                 "workflow that works before it breaks it"
             )
-        names = list(hook.names)
+        names, roles = list(hook.names), list(hook.roles)
         stubbed |= hook.stubbed
         cells: list[Cell] = []
         for policy in policies:
@@ -428,7 +428,7 @@ async def _experiment(
                     if not out.success:
                         failures.append(_failure(policy, out, runner.database(), keep))
             cell = summarise(policy, profile, len(names), outs)
-            theory = _theory(policy, profile, names, found.agent is not None)
+            theory = _theory(policy, profile, roles, found.agent is not None)
             cell = dataclasses.replace(cell, theory=theory)
             if not cell.tokens:  # no model calls: no tokens or dollars to speak of
                 cell = dataclasses.replace(cell, tokens_per_success=None, cost_per_success=None)

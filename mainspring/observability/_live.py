@@ -159,7 +159,7 @@ class Telemetry(StepInterceptor):
 
     async def execute_step(self, call: StepCall, proceed: Callable[[], Awaitable[Any]]) -> Any:
         info = call.info
-        kind = step_kind(info.name)
+        kind = step_kind(info.role)
         start = self.clock.now()
         try:
             result = await proceed()
@@ -242,7 +242,7 @@ class Telemetry(StepInterceptor):
                     wait = _wait_reason(row)
                     self._wait_seconds.observe((wait,), max(0.0, row.finished_at - row.started_at))
                 elif row.kind == "step":
-                    self._inc("steps", (step_kind(row.name), row.status))
+                    self._inc("steps", (step_kind(row.role), row.status))
             t = write.transition
             if t is not None and t.kind == "finish" and t.status is not None:
                 self._failed_at.pop(write.run_id, None)

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Protocol, get_args
 from .._errors import MissingExtra
 from ..limits import Price
 from ..storage import FINISHED, RunStatus, Store
-from ._names import model_of
+from ._names import model_of, rate_model
 from ._trace import trace_entries
 
 if TYPE_CHECKING:
@@ -396,18 +396,10 @@ class MetricsCollector(Collector):
                 model = model_of(e.name)
                 t.rate_limited[model] = t.rate_limited.get(model, 0) + 1
             if e.rate_wait_s > 0:
-                model = _rate_model(e.name)
+                model = rate_model(e.journal_role, e.name)
                 n, secs = t.rate_waits.get(model, (0, 0.0))
                 t.rate_waits[model] = (n + 1, secs + e.rate_wait_s)
         return t
-
-
-def _rate_model(name: str) -> str:
-    """The logical model of a rate step: ``rate:wait:openai:gpt-4.1`` and
-    ``rate:openai:gpt-4.1:ACCOUNT`` -> ``openai:gpt-4.1``."""
-    if name.startswith("rate:wait:"):
-        return name[len("rate:wait:") :]
-    return name[len("rate:") :].rsplit(":", 1)[0]
 
 
 #: What ``mainspring_runs_waiting`` reports (always, 0 when none).

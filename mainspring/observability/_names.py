@@ -1,66 +1,68 @@
-"""What a journal step is, for traces, metrics and the dashboard.
+"""What a journal step is, for traces, metrics and the dashboard, and the data a
+step's name carries beyond its role.
 
-:func:`step_role` is the one place that reads a step's role out of its journal kind and
-name; everything else (trace kinds, metric labels, the dashboard's grouping and filters)
-asks it. Today the role of a ``ctx.step`` is spelled in its name's prefix
-(``model:``, ``tool:``, ``rate:``); when the journal stores the role itself, this
-function reads that instead and nothing else changes.
+:func:`step_role` is the one place that tells a step's role from its journal row: its
+``kind`` and, for a ``ctx.step``, the ``role`` its writer declared
+(``ctx.step(..., role=...)``, the ``role`` column of ``ms_steps``; migration 9 filled
+it for journals written before, from their names). Everything else (trace kinds,
+metric labels, the dashboard's grouping and filters) asks it, never a name's prefix.
+
+A name still carries data the role does not: the model of ``model:<provider>:<id>``,
+the tool of ``tool:<name>``, the model a ``rate:`` step was for. :func:`model_of`,
+:func:`tool_of_name` and :func:`rate_model` read them, here and nowhere else.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
-__all__ = ["StepRole", "model_of", "step_kind", "step_role"]
+from ..storage import JournalRole
 
-StepRole = Literal["model", "tool", "step", "wait", "rate", "internal"]
+__all__ = ["StepRole", "model_of", "rate_model", "step_kind", "step_role", "tool_of_name"]
+
+StepRole = Literal[JournalRole, "internal"]
 """What a step is to a person reading a run:
 
 - ``model``: a model call; ``tool``: a tool call; ``step``: any other ``ctx.step``.
 - ``wait``: time the run spent waiting, not working: a sleep, a signal (an approval,
-  a question, ``ctx.wait_for``) or a rate-limit wait (``rate:wait:NAME``, the wait a
-  provider's refusal asked for).
+  a question, ``ctx.wait_for``) or a rate-limit wait (a ``ctx.step`` of role
+  ``wait``: the wait a provider's refusal asked for, ``rate:wait:NAME``).
 - ``rate``: rate-limit bookkeeping: a slot booked before a model call (``rate:KEY``)
   or given back (``rate-refund:KEY``). A booking may still make the run wait (its
   trace entry's ``rate_wait_s``).
 - ``internal``: a recorded value (``ctx.now()``, ``ctx.uuid()``, ``ctx.random()``):
   journaled so that a replay sees the same value, no work of its own.
+
+The roles of a ``ctx.step`` are :data:`mainspring.storage.JournalRole`, this less
+``internal``.
 """
 
 _WAITS = frozenset({"sleep", "signal"})
 _RECORDED = frozenset({"now", "uuid", "random"})
+_DECLARED: dict[str, StepRole] = {r: r for r in get_args(JournalRole)}
 
 
-def step_role(kind: str, name: str) -> StepRole:
-    """The role of a journal row from its ``kind`` (a journal kind, or a trace
-    kind: ``model``/``tool``) and its ``name``."""
+def step_role(kind: str, role: str = "step") -> StepRole:
+    """The role of a journal row from its ``kind`` (a journal kind, or a trace kind:
+    ``model``/``tool``) and, for a ``ctx.step``, its declared ``role``
+    (:attr:`StepRecord.role <mainspring.storage.StepRecord>`). A role this version does
+    not know (a newer writer's) reads as ``step``."""
     if kind in ("model", "tool"):
         return "model" if kind == "model" else "tool"
     if kind in _WAITS:
         return "wait"
     if kind in _RECORDED:
         return "internal"
-    head, colon, rest = name.partition(":")
-    if not colon:
-        return "step"
-    if head == "model":
-        return "model"
-    if head == "tool":
-        return "tool"
-    if head == "rate":
-        return "wait" if rest.startswith("wait:") else "rate"
-    if head == "rate-refund":
-        return "rate"
-    return "step"
+    return _DECLARED.get(role, "step")
 
 
-def step_kind(name: str) -> str:
-    """The ``kind`` label of a ``ctx.step`` in metrics and spans: ``model``, ``tool``,
-    ``rate`` (rate-limit bookkeeping and waits) or ``step``."""
-    role = step_role("step", name)
-    if role in ("model", "tool"):
-        return role
-    return "rate" if role in ("rate", "wait") else "step"
+def step_kind(role: str) -> str:
+    """The ``kind`` label of a ``ctx.step`` of this role in metrics and spans:
+    ``model``, ``tool``, ``rate`` (rate-limit bookkeeping and waits) or ``step``."""
+    found = step_role("step", role)
+    if found in ("model", "tool"):
+        return found
+    return "rate" if found in ("rate", "wait") else "step"
 
 
 def model_of(name: str) -> str:
@@ -73,3 +75,17 @@ def model_of(name: str) -> str:
         at = logical.rfind("@", 0, scheme)
         logical = logical[:at] if at != -1 else logical[:scheme]
     return logical
+
+
+def tool_of_name(name: str) -> str:
+    """The tool of a tool step's name: ``tool:send_email`` -> ``send_email``."""
+    return name.removeprefix("tool:")
+
+
+def rate_model(role: str, name: str) -> str:
+    """The logical model a rate step was for: a wait's ``rate:wait:openai:gpt-4.1``
+    and a booking's ``rate:openai:gpt-4.1:ACCOUNT`` (or ``rate-refund:...``) ->
+    ``openai:gpt-4.1``."""
+    if role == "wait":
+        return name.removeprefix("rate:wait:")
+    return name.partition(":")[2].rsplit(":", 1)[0]

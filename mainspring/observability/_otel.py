@@ -57,7 +57,7 @@ def export_trace(
             continue  # a recorded value, not work: live export has no span for it either
         failed = e.status == "failed"
         span = step_span(
-            kind=step_kind(e.name) if e.kind == "step" else e.kind,
+            kind=step_kind(e.journal_role) if e.kind == "step" else e.kind,
             name=e.name,
             session=e.session,
             seq=e.seq,

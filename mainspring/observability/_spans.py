@@ -24,7 +24,7 @@ from .._errors import MissingExtra
 from ..journal import StepInfo
 from ..models import ModelResponse
 from ..storage import RunRecord, RunTransition, StepRecord
-from ._names import model_of
+from ._names import model_of, tool_of_name
 from ._traceparent import parse_traceparent
 
 __all__ = ["LiveSpans", "SpanEmitter", "span_id_of", "trace_id_of"]
@@ -256,7 +256,7 @@ def step_span(
             attrs["mainspring.cost_usd"] = tokens[2]
         span_name, client = f"chat {model}", True
     elif kind == "tool":
-        tool = name.split(":", 1)[1]
+        tool = tool_of_name(name)
         attrs.update(
             {
                 "gen_ai.operation.name": "execute_tool",

@@ -16,8 +16,8 @@ from typing import Any, Literal
 
 from ..limits import Price, cost_usd
 from ..models import Usage
-from ..storage import RunRecord, StepRecord
-from ._names import StepRole, model_of, step_role
+from ..storage import JournalRole, RunRecord, StepRecord
+from ._names import StepRole, model_of, step_role, tool_of_name
 
 __all__ = ["RunTrace", "TraceEntry", "TraceKind", "build_trace", "trace_entries"]
 
@@ -34,6 +34,8 @@ class TraceEntry:
         kind: ``"model"`` (a model call), ``"tool"``, ``"step"`` (any other
             ``ctx.step``), or the journal kind of a wait or a recorded value.
         name: the journal name (``model:openai:gpt-4.1``, ``tool:send_email``, ...).
+        journal_role: the role the journal row carries (``ctx.step(..., role=...)``:
+            ``model``, ``tool``, ``rate``, ``wait`` or ``step``); see :attr:`role`.
         position: ``"session:seq"``, the step's place in the journal.
         status: ``started``, ``retrying``, ``completed`` or ``failed``.
         attempt: the attempt that ended (or is running); ``attempt - 1`` retries.
@@ -50,7 +52,7 @@ class TraceEntry:
         rate_limited: a model call the provider refused for rate (a 429): the
             step ended without spending an attempt and the run waited.
         rate_wait_s: seconds this step made the run wait for the rate limit (a
-            ``rate:KEY`` booking's wait for its slot, or a ``rate:wait:NAME``
+            booking's wait for its slot, or a rate-limit wait
             step's wait for the refusal's ``retry-after``); 0 otherwise.
     """
 
@@ -76,6 +78,7 @@ class TraceEntry:
     copied: bool = False
     rate_limited: bool = False
     rate_wait_s: float = 0.0
+    journal_role: JournalRole = "step"
 
     @property
     def position(self) -> str:
@@ -88,7 +91,7 @@ class TraceEntry:
     @property
     def role(self) -> StepRole:
         """What the step is to a person: see :data:`~mainspring.observability.StepRole`."""
-        return step_role(self.kind, self.name)
+        return step_role(self.kind, self.journal_role)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -163,6 +166,7 @@ class RunTrace:
                     "session": e.session,
                     "seq": e.seq,
                     "kind": e.kind,
+                    "role": e.role,
                     "name": e.name,
                     "status": e.status,
                     "attempt": e.attempt,
@@ -212,7 +216,7 @@ def trace_entries(
             error_class = str(err.get("type", "Error")).rsplit(".", 1)[-1]
             error_message = _clip(str(err.get("message", "")))
         fields: dict[str, Any] = {}
-        role = step_role(s.kind, s.name)
+        role = step_role(s.kind, s.role)
         if s.kind == "step" and role == "model":
             kind = "model"
             # Calls of the previous reply that no tool step took never ran (repaired,
@@ -227,7 +231,7 @@ def trace_entries(
                 fields.update(tokens_in=0, tokens_out=0, cost_usd=0.0)
         elif s.kind == "step" and role == "tool":
             kind = "tool"
-            tool = s.name[5:]
+            tool = tool_of_name(s.name)
             queue = waiting.get((s.run_id, tool))
             fields = {
                 "tool": tool,
@@ -259,6 +263,7 @@ def trace_entries(
                 error_class=error_class,
                 error_message=error_message,
                 copied=s.epoch == 0,
+                journal_role=s.role,
                 **fields,
             )
         )
@@ -304,15 +309,15 @@ def _model_fields(
 
 
 def _rate_wait(s: StepRecord) -> float:
-    """How long a ``rate:`` step made its run wait: a booking (``rate:KEY``) until
-    its slot, a ``rate:wait:NAME`` step until the wake time it journaled."""
+    """How long a rate step made its run wait: a booking (role ``rate``) until its
+    slot, a rate-limit wait (role ``wait``) until the wake time it journaled."""
     if s.status != "completed" or s.finished_at is None:
         return 0.0
     out = _loads(s.output)
     if isinstance(out, dict):  # a Booking (a cold limiter's "retry" too: it waits)
         waited = out.get("waited_s")
         return max(0.0, float(waited)) if isinstance(waited, int | float) else 0.0
-    if isinstance(out, int | float) and s.name.startswith("rate:wait:"):
+    if isinstance(out, int | float) and s.role == "wait":
         return max(0.0, float(out) - s.finished_at)
     return 0.0
 

@@ -12,8 +12,10 @@ from ._migrations import LATEST as SCHEMA_VERSION
 from ._rates import RateRow, RateTxn
 from ._records import (
     FINISHED,
+    JOURNAL_ROLES,
     WAIT_SIGNAL_SEP,
     WAKE_NOW,
+    JournalRole,
     RunRecord,
     RunStatus,
     RunTransition,
@@ -31,6 +33,7 @@ from .sqlite import DatabaseGone, SQLiteStore
 
 __all__ = [
     "FINISHED",
+    "JOURNAL_ROLES",
     "SCHEMA_VERSION",
     "SCOPES",
     "WAIT_SIGNAL_SEP",
@@ -41,6 +44,7 @@ __all__ = [
     "DatabaseGone",
     "Delivery",
     "Heartbeat",
+    "JournalRole",
     "PruneResult",
     "RateRow",
     "RateTxn",

@@ -161,6 +161,24 @@ ALTER TABLE ms_runs ADD COLUMN traceparent TEXT;
 ALTER TABLE ms_runs ADD COLUMN parent TEXT;
 ALTER TABLE ms_runs ADD COLUMN parent_step TEXT;
 """,
+    # Step roles are data: what a ``ctx.step`` row is (a model call, a tool call, rate
+    # bookkeeping, a rate-limit wait, or any other step), declared by its writer
+    # (``ctx.step(..., role=...)``). Older rows spelled it in their name's prefix:
+    # ``model:``, ``tool:``, ``rate:wait:`` (a wait), ``rate:`` and ``rate-refund:``
+    # (bookkeeping). substr, not LIKE: LIKE ignores case on SQLite and reads "_". Only
+    # rows with such a prefix are rewritten: the others keep the default.
+    9: """
+ALTER TABLE ms_steps ADD COLUMN role TEXT NOT NULL DEFAULT 'step';
+UPDATE ms_steps SET role = CASE
+    WHEN substr(name, 1, 6) = 'model:' THEN 'model'
+    WHEN substr(name, 1, 5) = 'tool:' THEN 'tool'
+    WHEN substr(name, 1, 10) = 'rate:wait:' THEN 'wait'
+    WHEN substr(name, 1, 5) = 'rate:' THEN 'rate'
+    WHEN substr(name, 1, 12) = 'rate-refund:' THEN 'rate'
+    ELSE 'step' END
+WHERE kind = 'step' AND (substr(name, 1, 6) = 'model:' OR substr(name, 1, 5) IN ('tool:', 'rate:')
+    OR substr(name, 1, 12) = 'rate-refund:');
+""",
 }
 
 LATEST = max(MIGRATIONS)

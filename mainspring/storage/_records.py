@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, get_args
 
 __all__ = [
     "FINISHED",
+    "JOURNAL_ROLES",
+    "JournalRole",
     "RunRecord",
     "RunStatus",
     "RunTransition",
@@ -45,6 +47,14 @@ def split_wait_signals(wait_signal: str | None) -> list[str]:
 
 StepKind = Literal["step", "sleep", "signal", "now", "uuid", "random"]
 StepStatus = Literal["started", "retrying", "completed", "failed"]
+JournalRole = Literal["step", "model", "tool", "rate", "wait"]
+"""What a ``ctx.step`` row is, as its writer declared it (``ctx.step(..., role=...)``):
+``model`` a model call, ``tool`` a tool call, ``rate`` rate-limit bookkeeping (a slot
+booked or given back), ``wait`` a rate-limit wait (the wake time after a provider's
+refusal), ``step`` any other step. Rows of the other kinds (sleeps, signals, recorded
+values) keep the default ``step``: their kind says what they are."""
+
+JOURNAL_ROLES: frozenset[str] = frozenset(get_args(JournalRole))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -86,7 +96,11 @@ class RunRecord:
 
 @dataclass(slots=True, kw_only=True)
 class StepRecord:
-    """One row of ``ms_steps``: a journal entry, keyed ``(run_id, session, seq)``."""
+    """One row of ``ms_steps``: a journal entry, keyed ``(run_id, session, seq)``.
+
+    ``role``: what a ``kind="step"`` row is (see :data:`JournalRole`); not part of the
+    step's identity, which is its kind and name.
+    """
 
     run_id: str
     session: int
@@ -101,6 +115,7 @@ class StepRecord:
     started_at: float
     finished_at: float | None = None
     wake_at: float | None = None
+    role: JournalRole = "step"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -19,7 +19,7 @@ _RUN_SUMMARY_COLUMNS = _RUN_COLUMNS.replace("input, output,", "NULL, NULL,").rep
 )
 _STEP_COLUMNS = (
     "run_id, session, seq, kind, name, status, attempt, epoch, output, error, started_at,"
-    " finished_at, wake_at"
+    " finished_at, wake_at, role"
 )
 # A journal row only moves forward: to a later attempt, or within an attempt from
 # started to retrying to an end; a completed or failed row is final. So a write
@@ -27,12 +27,12 @@ _STEP_COLUMNS = (
 # newer row with its older snapshot.
 _STEP_RANK = "CASE {t}.status WHEN 'started' THEN 0 WHEN 'retrying' THEN 1 ELSE 2 END"
 _UPSERT_STEP = (
-    f"INSERT INTO ms_steps ({_STEP_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)"
+    f"INSERT INTO ms_steps ({_STEP_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
     " ON CONFLICT (run_id, session, seq) DO UPDATE SET kind = excluded.kind,"
     " name = excluded.name, status = excluded.status, attempt = excluded.attempt,"
     " epoch = excluded.epoch, output = excluded.output, error = excluded.error,"
     " started_at = excluded.started_at, finished_at = excluded.finished_at,"
-    " wake_at = excluded.wake_at"
+    " wake_at = excluded.wake_at, role = excluded.role"
     " WHERE ms_steps.status NOT IN ('completed', 'failed')"
     " AND (excluded.attempt > ms_steps.attempt OR (excluded.attempt = ms_steps.attempt"
     f" AND {_STEP_RANK.format(t='excluded')} >= {_STEP_RANK.format(t='ms_steps')}))"
@@ -82,6 +82,7 @@ def _step(row: Sequence[Any]) -> StepRecord:
         started_at=row[10],
         finished_at=row[11],
         wake_at=row[12],
+        role=row[13],
     )
 
 
@@ -100,6 +101,7 @@ def _step_params(s: StepRecord) -> tuple[Any, ...]:
         s.started_at,
         s.finished_at,
         s.wake_at,
+        s.role,
     )
 
 

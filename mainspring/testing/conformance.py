@@ -200,6 +200,25 @@ class StoreConformance:
             [row] = s.load_steps("r1")
             assert (row.status, row.output) == ("completed", "0")
 
+    def test_step_role_round_trips_and_forks_copy_it(self) -> None:
+        roles = ("step", "model", "tool", "rate", "wait")
+        with self.store() as s:
+            self._new(s, "r1")
+            [run] = self._claim(s)
+            steps = [_step("r1", i, run.epoch, role=r) for i, r in enumerate(roles)]
+            steps[0] = _step("r1", 0, run.epoch, status="started", role="step")
+            steps.append(_step("r1", len(roles), run.epoch, kind="sleep", name="sleep"))
+            assert s.commit([RunWrite(run_id="r1", epoch=run.epoch, steps=steps)], T0)[0].ok
+            assert [r.role for r in s.load_steps("r1")] == [*roles, "step"]
+            # A later write of the row (its next attempt) carries the role it declares.
+            again = _step("r1", 0, run.epoch, status="started", attempt=2, role="tool")
+            s.commit([RunWrite(run_id="r1", epoch=run.epoch, steps=[again])], T0)
+            assert s.load_steps("r1")[0].role == "tool"
+            source = s.get_run("r1")
+            assert source is not None
+            s.fork_run(source, run_id="f1", session=0, upto_seq=4, output=None, now=T0)
+            assert [r.role for r in s.load_steps("f1")] == ["tool", *roles[1:]]
+
     def test_dead_letter_after_repeated_recoveries(self) -> None:
         with self.store() as s:
             self._new(s, "r1")

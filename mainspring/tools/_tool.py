@@ -245,6 +245,7 @@ class Tool(Generic[P, R]):
             mode=self.mode,
             retry=self.retry,
             timeout=self.timeout_s,
+            role="tool",
         )
 
     def context(self) -> ToolContext:
