@@ -17,6 +17,7 @@ blocks the loop for that cap at most.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import Callable
 from concurrent.futures import Executor, Future
@@ -32,7 +33,7 @@ SHORT_WAIT_S = 0.001
 class _Call:
     """One call of a sync function on a pool thread, and how its end is told."""
 
-    __slots__ = ("fn", "ended", "lock", "value", "error", "waiter", "loop")
+    __slots__ = ("ended", "error", "fn", "lock", "loop", "value", "waiter")
 
     def __init__(self, fn: Callable[[], Any]) -> None:
         self.fn = fn
@@ -74,10 +75,8 @@ class _Call:
 def _wake(
     loop: asyncio.AbstractEventLoop, waiter: asyncio.Future[None], cancelled: BaseException | None
 ) -> None:
-    try:
+    with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits any more
         loop.call_soon_threadsafe(_settle, waiter, cancelled)
-    except RuntimeError:  # the loop is closed: nobody waits any more
-        pass
 
 
 def _settle(waiter: asyncio.Future[None], cancelled: BaseException | None) -> None:
@@ -117,6 +116,8 @@ async def call_in_thread(
     return call.outcome()
 
 
-def _dropped(f: Future[None], loop: asyncio.AbstractEventLoop, waiter: asyncio.Future[None]) -> None:
+def _dropped(
+    f: Future[None], loop: asyncio.AbstractEventLoop, waiter: asyncio.Future[None]
+) -> None:
     if f.cancelled():
         _wake(loop, waiter, asyncio.CancelledError())
