@@ -4,7 +4,9 @@ A sync (``def``) step function always runs on a thread of the engine's pool, nev
 the event loop's thread: a hung one holds its own thread only, and ``timeout=`` is
 enforced by the awaiting task (the thread is abandoned, since it cannot be killed).
 
-What is cheap here is the way back. ``loop.run_in_executor`` wakes the event loop
+Handing a call over is cheap: one thread is kept warm and takes a call with a queue
+put (the pool, with its futures and work items, takes the calls it is busy for).
+What is cheap too is the way back. ``loop.run_in_executor`` wakes the event loop
 through its self-pipe for every call (a wrapped future, a thread-safe callback, a
 pass through the selector). When the run is alone in its worker nothing else needs the
 loop meanwhile, so the loop's thread first blocks on a lock that the step's thread
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import queue
 import threading
 from collections.abc import Callable
 from concurrent.futures import Executor, Future
@@ -45,12 +48,15 @@ class _Call:
         self.waiter: asyncio.Future[None] | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
 
-    def run(self) -> None:
-        """In the pool's thread: call, keep the outcome, tell whoever waits."""
+    def run(self, free: threading.Lock | None = None) -> None:
+        """In a pool's thread: call, keep the outcome, tell whoever waits (after
+        releasing ``free``, so that the next step finds the warm thread free)."""
         try:
             self.value = self.fn()
         except BaseException as exc:  # a failed attempt, as run_in_executor had it
             self.error = exc
+        if free is not None:
+            free.release()
         with self.lock:
             self.ended.release()
             waiter, loop = self.waiter, self.loop
@@ -88,6 +94,46 @@ def _settle(waiter: asyncio.Future[None], cancelled: BaseException | None) -> No
         waiter.set_result(None)
 
 
+class _WarmThread:
+    """One thread kept warm for sync steps: handing a call to it is a queue put, not
+    an executor's submit. It takes one call at a time (a step still running, or hung
+    and abandoned after its timeout, sends the next ones to the pool) and ends after
+    :data:`_IDLE_S` without work, so it never outlives its use for long."""
+
+    def __init__(self) -> None:
+        self._free = threading.Lock()  # held from a call's hand-off to its end
+        self._calls: queue.SimpleQueue[_Call] = queue.SimpleQueue()
+        self._state = threading.Lock()  # orders a hand-off against the thread ending
+        self._alive = False
+
+    def try_call(self, call: _Call) -> bool:
+        """Hand ``call`` over, or ``False`` if the thread is busy."""
+        if not self._free.acquire(blocking=False):
+            return False
+        with self._state:
+            self._calls.put(call)
+            if not self._alive:
+                self._alive = True
+                threading.Thread(target=self._loop, name="mainspring-step", daemon=True).start()
+        return True
+
+    def _loop(self) -> None:
+        while True:
+            try:
+                call = self._calls.get(timeout=_IDLE_S)
+            except queue.Empty:
+                with self._state:
+                    if self._calls.empty():
+                        self._alive = False
+                        return
+                continue
+            call.run(self._free)
+
+
+_IDLE_S = 2.0
+_warm = _WarmThread()
+
+
 async def call_in_thread(
     threads: Executor, fn: Callable[[], Any], timeout: float | None, short_wait_s: float
 ) -> Any:
@@ -99,15 +145,16 @@ async def call_in_thread(
     loop = asyncio.get_running_loop()
     deadline = None if timeout is None else loop.time() + timeout
     call = _Call(fn)
-    submitted = threads.submit(call.run)
+    submitted = None if _warm.try_call(call) else threads.submit(call.run)
     if short_wait_s > 0:
         wait = short_wait_s if timeout is None else max(0.0, min(short_wait_s, timeout))
         if call.ended.acquire(timeout=wait):
             return call.outcome()
     waiter = call.wait_async(loop)
     if waiter is not None:
-        # A pool shut down with cancel_futures drops queued calls: they never run.
-        submitted.add_done_callback(lambda f: _dropped(f, loop, waiter))
+        if submitted is not None:
+            # A pool shut down with cancel_futures drops queued calls: they never run.
+            submitted.add_done_callback(lambda f: _dropped(f, loop, waiter))
         if deadline is None:
             await waiter
         else:  # the short wait counts: the deadline was set before it
