@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import queue
 import threading
 from collections.abc import Callable
@@ -132,6 +133,15 @@ class _WarmThread:
 
 _IDLE_S = 2.0
 _warm = _WarmThread()
+
+
+def _forked() -> None:
+    """A forked child has none of its parent's threads: a fresh warm thread."""
+    global _warm
+    _warm = _WarmThread()
+
+
+os.register_at_fork(after_in_child=_forked)
 
 
 async def call_in_thread(
