@@ -54,18 +54,22 @@ async def system_exit(ctx: ms.RunContext) -> str:
 async def test_a_timeout_shorter_or_longer_than_the_short_wait_holds(
     app: ms.App, timeout_s: float
 ) -> None:
-    async def wf(ctx: ms.RunContext) -> str:
+    async def wf(ctx: ms.RunContext) -> list[object]:
         try:
-            return await ctx.step(hangs, timeout=timeout_s, retry=ms.RetryPolicy.never())
+            await ctx.step(hangs, timeout=timeout_s, retry=ms.RetryPolicy.never())
         except ms.StepFailed as exc:
-            return exc.error_type
+            error = exc.error_type
+        # the abandoned attempt still holds its thread: the next steps run on others
+        return [error, await ctx.step(quick, 7), await ctx.step(quick, 8)]
 
     app.workflow(name=f"times_out_{timeout_s}")(wf)
     release.clear()
     try:
-        assert await app.run(f"times_out_{timeout_s}") == "mainspring._errors.StepTimeout"
+        error, a, b = await app.run(f"times_out_{timeout_s}")
     finally:
         release.set()
+    assert error == "mainspring._errors.StepTimeout"
+    assert (a["i"], b["i"]) == (7, 8)  # type: ignore[index]
 
 
 async def test_system_exit_in_a_sync_step_is_a_failed_attempt(app: ms.App) -> None:
