@@ -29,9 +29,8 @@ class BatchCommitter(Committer):
         self._closed = False
         self._inflight = False
         self._thread: threading.Thread | None = None
-        # Set by the worker while it executes a single run: nothing to batch with, so
-        # committing in the loop's own thread saves the hop to the committer thread.
-        self.solo = False
+        # self.solo (set by the worker): nothing to batch with, so committing in the
+        # loop's own thread saves the hop to the committer thread.
         self.batches = 0
         self.writes = 0
 

@@ -207,6 +207,14 @@ class Cursor:
         self.pending[new.seq] = new
         return new
 
+    def add(self, rec: StepRecord) -> StepRecord:
+        """Buffer a row made afresh for this execution (at its epoch) as it is, without
+        the copy :meth:`put` makes; its error text is redacted like there."""
+        if rec.error is not None and self.engine.redact is not None:
+            return self.put(rec)
+        self.pending[rec.seq] = rec
+        return rec
+
     def record(self, kind: StepKind, make: Callable[[], Any]) -> Any:
         """A journaled value (``now``, ``uuid``, ``random``): made once, then replayed."""
         self.boundary()
@@ -313,7 +321,8 @@ class Cursor:
                 del self.pending[seq]
         # Another flush may have committed some of these already: drop what was sent.
         consumed = write.consume
-        self.consume = [c for c in self.consume if c not in consumed]
+        if consumed:
+            self.consume = [c for c in self.consume if c not in consumed]
         if write.reset_recoveries:
             self.reset_recoveries = False
             self.control.progressed = True

@@ -27,6 +27,9 @@ class Committer:
         # Called in the run's event loop after each commit (telemetry counts what
         # became durable here; a fork's copied rows and replays never pass by).
         self.observers: list[Callable[[RunWrite, WriteResult], None]] = []
+        # Set by the worker while it executes a single run: nothing else needs the
+        # event loop meanwhile (see BatchCommitter.commit and journal/_threads.py).
+        self.solo = False
 
     async def commit(self, write: RunWrite) -> WriteResult:
         return self.observed(write, self.store.commit([write], self.clock.now())[0])

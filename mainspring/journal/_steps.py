@@ -34,6 +34,7 @@ from ._cursor import Cursor
 from ._intercept import StepCall, intercept
 from ._retry import RetryPolicy
 from ._stepinfo import StepInfo, current
+from ._threads import SHORT_WAIT_S, call_in_thread
 from ._waits import Waits
 
 __all__ = ["StepMode", "Steps"]
@@ -163,7 +164,7 @@ class Steps:
     async def _begin(self, step: _Step) -> StepRecord:
         """The intent row of an attempt, durable (with the previous step's end)."""
         cur = self.cur
-        started = cur.put(
+        started = cur.add(
             StepRecord(
                 run_id=cur.run_id,
                 session=cur.session,
@@ -236,10 +237,10 @@ class Steps:
                     return await fn(*args, **kwargs)
                 async with asyncio.timeout(timeout):
                     return await fn(*args, **kwargs)
-            loop = asyncio.get_running_loop()
+            engine = self.cur.engine
             call = functools.partial(contextvars.copy_context().run, fn, *args, **kwargs)
-            fut = loop.run_in_executor(self.cur.engine.threads, call)
-            result = await asyncio.wait_for(fut, timeout)
+            short_wait = SHORT_WAIT_S if engine.committer.solo else 0.0
+            result = await call_in_thread(engine.threads, call, timeout, short_wait)
             if inspect.isawaitable(result):
                 async with asyncio.timeout(timeout):
                     result = await result

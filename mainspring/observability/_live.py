@@ -18,6 +18,7 @@ from __future__ import annotations
 import importlib.metadata
 import platform
 import threading
+from bisect import bisect_left
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -52,9 +53,10 @@ class _Histogram:
     sums: dict[tuple[str, ...], float] = field(default_factory=dict)
 
     def observe(self, labels: tuple[str, ...], value: float) -> None:
-        counts = self.counts.setdefault(labels, [0] * (len(self.bounds) + 1))
-        i = next((i for i, b in enumerate(self.bounds) if value <= b), len(self.bounds))
-        counts[i] += 1
+        counts = self.counts.get(labels)
+        if counts is None:
+            counts = self.counts[labels] = [0] * (len(self.bounds) + 1)
+        counts[bisect_left(self.bounds, value)] += 1  # the first bound >= value
         self.sums[labels] = self.sums.get(labels, 0.0) + value
 
     def family(self, core: Any, name: str, doc: str, labels: list[str]) -> Any:
@@ -95,6 +97,9 @@ class Telemetry(StepInterceptor):
         # it finishes, and capped: a run resumed elsewhere leaves an entry behind.
         self._failed_at: dict[str, dict[tuple[int, int], float]] = {}
         self.spans: LiveSpans | None = None
+        # The per-step work is a few dict updates under the lock: label tuples of a
+        # step name are made once (names are few: the code's step functions).
+        self._ok_labels: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {}
 
     def enable_tracing(
         self,
@@ -166,8 +171,30 @@ class Telemetry(StepInterceptor):
         except BaseException as exc:
             self._attempt(call, kind, start, None, exc)
             raise
-        self._attempt(call, kind, start, result, None)
+        if (
+            kind == "step"
+            and info.attempt == 1
+            and self.spans is None
+            and info.run_id not in self._failed_at
+            and not isinstance(result, Booking | ModelResponse)
+        ):
+            self._first_ok(kind, max(0.0, self.clock.now() - start))
+        else:
+            self._attempt(call, kind, start, result, None)
         return result
+
+    def _first_ok(self, kind: str, seconds: float) -> None:
+        """What :meth:`_attempt` counts for a plain step's first attempt that returned
+        (the common case), without the rest of its work."""
+        labels = self._ok_labels.get(kind)
+        if labels is None:
+            labels = self._ok_labels[kind] = ((kind, "ok"), (kind,))
+        with self._lock:
+            fam = self._counters.get("step_attempts")
+            if fam is None:
+                fam = self._counters["step_attempts"] = {}
+            fam[labels[0]] = fam.get(labels[0], 0) + 1
+            self._step_seconds.observe(labels[1], seconds)
 
     def _attempt(
         self, call: StepCall, kind: str, start: float, result: Any, error: BaseException | None

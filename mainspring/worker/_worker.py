@@ -377,8 +377,7 @@ class Worker:
 
     def _set_solo(self, engine: Engine) -> None:
         self.app.telemetry.worker_load(self.worker_id, len(self._active), self.concurrency)
-        if isinstance(engine.committer, BatchCommitter):
-            engine.committer.solo = len(self._active) <= 1
+        engine.committer.solo = len(self._active) <= 1
 
     def _on_beat(self, beat: Heartbeat, held: dict[str, int]) -> None:
         for run_id in beat.lost:
