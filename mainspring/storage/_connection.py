@@ -108,6 +108,19 @@ class Connection(ABC):
             return self._db_now, []
         return "?", [now]
 
+    def _fenced(
+        self, runs: Sequence[tuple[str, int]], write: Callable[[Cursor], None]
+    ) -> dict[str, bool] | None:
+        """One transaction, sent in one round trip where the database allows it
+        (PostgreSQL's pipeline mode): lock every ``(run_id, epoch)`` of ``runs`` that
+        is ``running`` at that epoch, then let ``write`` queue its statements, and
+        commit. Returns ``cancel_requested`` by run id; ``None`` when any run was
+        not locked at its epoch (nothing was written: the caller falls back to the
+        statement-by-statement commit, which says why) or the dialect has no such
+        thing (SQLite, where a round trip costs nothing). ``write`` must not read:
+        its statements are only sent, their answers come at the end."""
+        return None
+
     def _notify(self, cur: Cursor) -> None:  # noqa: B027 (an optional hook)
         """Tell listening workers that something became runnable (NOTIFY on PostgreSQL)."""
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from functools import lru_cache
 from typing import Any, ClassVar
 
@@ -36,6 +36,17 @@ log = logging.getLogger("mainspring.storage")
 CHANNEL = "mainspring_wake"
 # pg_advisory_xact_lock key for migrations: "msmigrat" as a 64-bit integer.
 _MIGRATION_LOCK = 0x6D736D6967726174
+
+
+# The fence of a one-round-trip commit (see ``PostgresStore._fenced``): ordered, so
+# that concurrent commits lock rows in one order.
+_FENCE = (
+    "SELECT coalesce(array_agg(f.id), '{}'), coalesce(array_agg(f.cancel_requested), '{}'),"
+    " 1 / CAST(count(*) = %s AS INT) FROM (SELECT r.id, r.cancel_requested FROM ms_runs r"
+    " JOIN unnest(CAST(%s AS TEXT[]), CAST(%s AS BIGINT[])) AS h(id, epoch)"
+    " ON r.id = h.id AND r.epoch = h.epoch WHERE r.status = 'running'"
+    " ORDER BY r.id FOR UPDATE OF r SKIP LOCKED) f"
+)
 
 
 class _Default(float):
@@ -201,6 +212,42 @@ class PostgresStore(Store):
         try:
             with self._pool.connection() as conn, conn.cursor() as cur:
                 yield _Cursor(cur)
+        except psycopg.Error as exc:
+            raise self._error(exc, "writing") from exc
+
+    def _fenced(
+        self, runs: Sequence[tuple[str, int]], write: Callable[[Cursor], None]
+    ) -> dict[str, bool] | None:
+        """BEGIN, the fence, ``write``'s statements and COMMIT in one pipeline: one
+        round trip. The fence locks the runs that are ``running`` at their epochs
+        (``SKIP LOCKED``: a row another transaction holds counts as failed) and
+        divides by zero unless it locked them all, which aborts the transaction
+        before anything after it runs."""
+        try:
+            with self._pool.connection() as conn:
+                fence = conn.cursor()
+                try:
+                    # BEGIN and COMMIT are statements of the pipeline, not
+                    # conn.transaction(), which waits for each.
+                    with conn.pipeline(), conn.cursor() as cur:
+                        cur.execute("BEGIN")
+                        fence.execute(
+                            _FENCE,
+                            (len(runs), [r for r, _ in runs], [e for _, e in runs]),
+                        )
+                        write(_Cursor(cur))
+                        cur.execute("COMMIT")
+                except psycopg.errors.DivisionByZero:
+                    conn.rollback()  # the transaction block stays open, aborted
+                    return None
+                except psycopg.Error:
+                    with suppress(psycopg.Error):
+                        conn.rollback()
+                    raise
+                row = fence.fetchone()
+                assert row is not None  # an aggregate: always one row
+                ids, cancels, _ = row
+                return {rid: bool(c) for rid, c in zip(ids, cancels, strict=True)}
         except psycopg.Error as exc:
             raise self._error(exc, "writing") from exc
 
