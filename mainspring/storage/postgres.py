@@ -110,6 +110,7 @@ class PostgresStore(Store):
     _lock_clause: ClassVar[str] = " FOR UPDATE SKIP LOCKED"
     _fence_lock: ClassVar[str] = " FOR UPDATE SKIP LOCKED"
     _row_lock: ClassVar[str] = " FOR UPDATE"
+    _claim_returning: ClassVar[bool] = True
     _snapshot_begin: ClassVar[str] = "BEGIN ISOLATION LEVEL REPEATABLE READ"
     # Leases on the server's clock (when the App runs on the real clock): one clock
     # for every machine, so a worker whose own clock runs ahead cannot see healthy
@@ -225,25 +226,36 @@ class PostgresStore(Store):
         before anything after it runs."""
         try:
             with self._pool.connection() as conn:
-                fence = conn.cursor()
+                fence, cur = conn.cursor(), conn.cursor()
+                refused = False
                 try:
                     # BEGIN and COMMIT are statements of the pipeline, not
-                    # conn.transaction(), which waits for each.
-                    with conn.pipeline(), conn.cursor() as cur:
-                        cur.execute("BEGIN")
-                        fence.execute(
-                            _FENCE,
-                            (len(runs), [r for r, _ in runs], [e for _, e in runs]),
-                        )
-                        write(_Cursor(cur))
-                        cur.execute("COMMIT")
-                except psycopg.errors.DivisionByZero:
+                    # conn.transaction(), which waits for each; the one Sync is
+                    # the pipeline's exit. The fence's error may come back while
+                    # later statements are being sent, or at the exit.
+                    with conn.pipeline():
+                        try:
+                            cur.execute("BEGIN")
+                            fence.execute(
+                                _FENCE,
+                                (len(runs), [r for r, _ in runs], [e for _, e in runs]),
+                            )
+                            write(_Cursor(cur))
+                            cur.execute("COMMIT")
+                        except psycopg.errors.DivisionByZero:
+                            refused = True
+                except psycopg.Error as exc:
+                    aborted = isinstance(exc, psycopg.errors.PipelineAborted)
+                    if not isinstance(exc, psycopg.errors.DivisionByZero) and not (
+                        refused and aborted
+                    ):
+                        with suppress(psycopg.Error):
+                            conn.rollback()
+                        raise
+                    refused = True
+                if refused:
                     conn.rollback()  # the transaction block stays open, aborted
                     return None
-                except psycopg.Error:
-                    with suppress(psycopg.Error):
-                        conn.rollback()
-                    raise
                 row = fence.fetchone()
                 assert row is not None  # an aggregate: always one row
                 ids, cancels, _ = row
