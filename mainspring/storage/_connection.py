@@ -121,13 +121,21 @@ class Connection(ABC):
         its statements are only sent, their answers come at the end."""
         return None
 
-    def _notify(self, cur: Cursor) -> None:  # noqa: B027 (an optional hook)
-        """Tell listening workers that something became runnable (NOTIFY on PostgreSQL)."""
+    def _notify(self, cur: Cursor, run_id: str | None = None) -> None:  # noqa: B027 (an optional hook)
+        """Tell listening workers that ``run_id`` (``None``: something) became
+        runnable (NOTIFY on PostgreSQL)."""
 
-    def listen(self, callback: Callable[[], None]) -> Callable[[], None] | None:
+    def listen(
+        self, callback: Callable[[], None], *, on_run: Callable[[str], None] | None = None
+    ) -> Callable[[], None] | None:
         """Call ``callback`` (from another thread) when something may have become
         runnable; returns a function that stops listening, or ``None`` when this store
-        cannot push (workers then only poll)."""
+        cannot push (workers then only poll).
+
+        With ``on_run``, a push that names the run that became runnable calls
+        ``on_run(run_id)`` instead, so that the listener can claim exactly that run;
+        ``callback`` is still called whenever pushes may have been missed (at every
+        (re)connection) or one names no run."""
         return None
 
     @contextmanager

@@ -316,7 +316,7 @@ class JournalTables(Connection):
                 if cur.fetchone():  # the signal beat the wait: wake at once
                     wake_at = WAKE_NOW
             if wake_at == WAKE_NOW:
-                self._notify(cur)
+                self._notify(cur, w.run_id)
             cur.execute(
                 "UPDATE ms_runs SET status = ?, wake_at = ?, wait_reason = ?, wait_signal = ?,"
                 " owner = NULL, lease_until = NULL, updated_at = ? WHERE id = ?",

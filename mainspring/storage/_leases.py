@@ -300,7 +300,7 @@ class LeaseTables(Connection):
             )
             released = bool(cur.rowcount)
             if released:
-                self._notify(cur)
+                self._notify(cur, run_id)
             return released
 
 

@@ -368,12 +368,17 @@ class PostgresStore(Store):
         cur.execute("SET LOCAL statement_timeout = 0")
         cur.execute("SELECT pg_advisory_xact_lock(?)", (_MIGRATION_LOCK,))
 
-    def _notify(self, cur: Cursor) -> None:
-        # Delivered at commit, once per transaction and channel.
-        cur.execute(f"NOTIFY {CHANNEL}")
+    def _notify(self, cur: Cursor, run_id: str | None = None) -> None:
+        # Delivered at commit, once per transaction, channel and payload.
+        cur.execute("SELECT pg_notify(?, ?)", (CHANNEL, run_id or ""))
 
-    def listen(self, callback: Callable[[], None]) -> Callable[[], None] | None:
-        """LISTEN on a dedicated connection in a thread; reconnects with back-off."""
+    def listen(
+        self, callback: Callable[[], None], *, on_run: Callable[[str], None] | None = None
+    ) -> Callable[[], None] | None:
+        """LISTEN on a dedicated connection in a thread; reconnects with back-off.
+        Each notification's payload is the run that became runnable (empty: any);
+        ``callback`` is also called at every (re)connection, for what was sent
+        while nobody listened."""
         stop = threading.Event()
 
         def run() -> None:
@@ -387,10 +392,13 @@ class PostgresStore(Store):
                         callback()  # anything sent while we were away: look now
                         delay = 0.1
                         while not stop.is_set():
-                            for _ in conn.notifies(timeout=0.5, stop_after=64):
+                            for note in conn.notifies(timeout=0.5, stop_after=64):
                                 if stop.is_set():
                                     break
-                                callback()
+                                if on_run is not None and note.payload:
+                                    on_run(note.payload)
+                                else:
+                                    callback()
                 except psycopg.Error as exc:
                     if stop.is_set():
                         return
