@@ -39,12 +39,14 @@ _MIGRATION_LOCK = 0x6D736D6967726174
 
 
 # The fence of a one-round-trip commit (see ``PostgresStore._fenced``): ordered, so
-# that concurrent commits lock rows in one order.
+# that concurrent commits lock rows in one order; ``id = ANY`` makes it look the runs
+# up by key rather than scan every running one.
 _FENCE = (
     "SELECT coalesce(array_agg(f.id), '{}'), coalesce(array_agg(f.cancel_requested), '{}'),"
     " 1 / CAST(count(*) = %s AS INT) FROM (SELECT r.id, r.cancel_requested FROM ms_runs r"
     " JOIN unnest(CAST(%s AS TEXT[]), CAST(%s AS BIGINT[])) AS h(id, epoch)"
-    " ON r.id = h.id AND r.epoch = h.epoch WHERE r.status = 'running'"
+    " ON r.id = h.id AND r.epoch = h.epoch"
+    " WHERE r.id = ANY(CAST(%s AS TEXT[])) AND r.status = 'running'"
     " ORDER BY r.id FOR UPDATE OF r SKIP LOCKED) f"
 )
 
@@ -227,6 +229,7 @@ class PostgresStore(Store):
         try:
             with self._pool.connection() as conn:
                 fence, cur = conn.cursor(), conn.cursor()
+                ids = [r for r, _ in runs]
                 refused = False
                 try:
                     # BEGIN and COMMIT are statements of the pipeline, not
@@ -238,7 +241,7 @@ class PostgresStore(Store):
                             cur.execute("BEGIN")
                             fence.execute(
                                 _FENCE,
-                                (len(runs), [r for r, _ in runs], [e for _, e in runs]),
+                                (len(runs), ids, [e for _, e in runs], ids),
                             )
                             write(_Cursor(cur))
                             cur.execute("COMMIT")
@@ -258,8 +261,8 @@ class PostgresStore(Store):
                     return None
                 row = fence.fetchone()
                 assert row is not None  # an aggregate: always one row
-                ids, cancels, _ = row
-                return {rid: bool(c) for rid, c in zip(ids, cancels, strict=True)}
+                locked, cancels, _ = row
+                return {rid: bool(c) for rid, c in zip(locked, cancels, strict=True)}
         except psycopg.Error as exc:
             raise self._error(exc, "writing") from exc
 
