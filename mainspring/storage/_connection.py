@@ -18,6 +18,7 @@ from typing import Any, ClassVar, Protocol
 
 from .._errors import SchemaVersionError, StoreError
 from ._migrations import LATEST, MIGRATIONS
+from ._records import RunWrite
 
 __all__ = ["Connection", "Cursor"]
 
@@ -120,6 +121,14 @@ class Connection(ABC):
         thing (SQLite, where a round trip costs nothing). ``write`` must not read:
         its statements are only sent, their answers come at the end."""
         return None
+
+    # Whether _fenced_rows exists (PostgreSQL).
+    _rows_in_one: ClassVar[bool] = False
+
+    def _fenced_rows(self, batch: Sequence[RunWrite]) -> dict[str, bool] | None:
+        """As :meth:`_fenced`, for a batch that writes journal rows and recovery
+        resets only, in one statement where ``_rows_in_one`` says the dialect can."""
+        raise NotImplementedError
 
     def _notify(self, cur: Cursor, run_id: str | None = None) -> None:  # noqa: B027 (an optional hook)
         """Tell listening workers that ``run_id`` (``None``: something) became

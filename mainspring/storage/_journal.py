@@ -189,10 +189,14 @@ class JournalTables(Connection):
         for w in batch:
             if w.consume or (w.transition is not None and w.transition.kind != "finish"):
                 return None
-        cancel = self._fenced(
-            [(w.run_id, w.epoch) for w in batch],
-            lambda cur: self._apply(cur, [(w, False) for w in batch], now),
-        )
+        if self._rows_in_one and all(w.transition is None for w in batch):
+            cancel = self._fenced_rows(batch)
+        else:
+            # A finish does not read whether the run was asked to cancel.
+            cancel = self._fenced(
+                [(w.run_id, w.epoch) for w in batch],
+                lambda cur: self._apply(cur, [(w, False) for w in batch], now),
+            )
         if cancel is None:
             return None
         return [WriteResult(ok=True, cancel_requested=cancel[w.run_id]) for w in batch]

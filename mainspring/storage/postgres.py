@@ -21,10 +21,13 @@ from typing import Any, ClassVar
 
 from .._errors import ConfigError, MissingExtra, StoreError, StoreUnavailable
 from ._base import Cursor, Heartbeat, Store
+from ._records import RunWrite
+from ._rows import _STEP_COLUMNS, _UPSERT_STEP, _step_params
 from ._url import redact_url
 
 try:
     import psycopg
+    from psycopg.types.json import Jsonb
     from psycopg_pool import ConnectionPool, PoolTimeout
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise MissingExtra("the PostgreSQL store", "postgres", exc.name) from exc
@@ -48,6 +51,25 @@ _FENCE = (
     " ON r.id = h.id AND r.epoch = h.epoch"
     " WHERE r.id = ANY(CAST(%s AS TEXT[])) AND r.status = 'running'"
     " ORDER BY r.id FOR UPDATE OF r SKIP LOCKED) f"
+)
+
+
+# A commit of journal rows (and recovery resets) only, as one statement: the fence
+# above, the rows (``jsonb_populate_recordset`` by the table's own row type, so a new
+# column needs no change here) and the resets, which run only once the fence held.
+_STEP_NAMES = [c.strip() for c in _STEP_COLUMNS.split(",")]
+_COMMIT_STEPS = (
+    "WITH fence AS (" + _FENCE.split(" FROM (", 1)[1].rsplit(") f", 1)[0] + "),"
+    " held AS (SELECT coalesce(array_agg(id), '{}') AS ids,"
+    " coalesce(array_agg(cancel_requested), '{}') AS cancels,"
+    " 1 / CAST(count(*) = %s AS INT) AS one FROM fence),"
+    f" journal AS (INSERT INTO ms_steps ({_STEP_COLUMNS})"
+    f" SELECT {', '.join(f's.{c}' for c in _STEP_NAMES)}"
+    " FROM jsonb_populate_recordset(NULL::ms_steps, CAST(%s AS JSONB)) s, held"
+    " WHERE held.one = 1 ON CONFLICT" + _UPSERT_STEP.split(" ON CONFLICT", 1)[1] + "),"
+    " reset AS (UPDATE ms_runs r SET recoveries = 0 FROM held"
+    " WHERE r.id = ANY(CAST(%s AS TEXT[])) AND held.one = 1)"
+    " SELECT ids, cancels FROM held"
 )
 
 
@@ -113,6 +135,7 @@ class PostgresStore(Store):
     _fence_lock: ClassVar[str] = " FOR UPDATE SKIP LOCKED"
     _row_lock: ClassVar[str] = " FOR UPDATE"
     _claim_returning: ClassVar[bool] = True
+    _rows_in_one: ClassVar[bool] = True
     _snapshot_begin: ClassVar[str] = "BEGIN ISOLATION LEVEL REPEATABLE READ"
     # Leases on the server's clock (when the App runs on the real clock): one clock
     # for every machine, so a worker whose own clock runs ahead cannot see healthy
@@ -265,6 +288,29 @@ class PostgresStore(Store):
                 return {rid: bool(c) for rid, c in zip(locked, cancels, strict=True)}
         except psycopg.Error as exc:
             raise self._error(exc, "writing") from exc
+
+    def _fenced_rows(self, batch: Sequence[RunWrite]) -> dict[str, bool] | None:
+        """Journal rows and recovery resets, fenced, in one statement (autocommit:
+        one round trip, and psycopg prepares it like any other)."""
+        ids = [w.run_id for w in batch]
+        rows = [
+            dict(zip(_STEP_NAMES, _step_params(s), strict=True)) for w in batch for s in w.steps
+        ]
+        resets = [w.run_id for w in batch if w.reset_recoveries]
+        try:
+            with self._pool.connection() as conn, conn.cursor() as cur:
+                try:
+                    cur.execute(
+                        _COMMIT_STEPS,
+                        (ids, [w.epoch for w in batch], ids, len(batch), Jsonb(rows), resets),
+                    )
+                except psycopg.errors.DivisionByZero:
+                    return None
+                row = cur.fetchone()
+        except psycopg.Error as exc:
+            raise self._error(exc, "writing") from exc
+        assert row is not None  # an aggregate: always one row
+        return {rid: bool(c) for rid, c in zip(row[0], row[1], strict=True)}
 
     def _error(self, exc: psycopg.Error, doing: str) -> Exception:
         where = f"PostgreSQL at {redact_url(self._dsn)!r}"
