@@ -70,7 +70,8 @@ def test_step_commit_and_claim_are_one_round_trip_each(
     done = RunWrite(run_id="r", epoch=run.epoch, transition=finish)
     trips, [result] = round_trips(store, tmp_path, lambda: store.commit([done], now))
     assert trips == 1 and result.ok and not result.already
-    assert [s.output for s in store.load_steps("r")] == ["0", "1", "2"]
+    # Exactly what was written, timestamps to the last bit.
+    assert store.load_steps("r") == [step("r", seq, run.epoch, now) for seq in range(3)]
     # Re-sent after an ambiguous failure: the fence fails, the commit protocol answers.
     assert store.commit([done], now)[0].already
     assert store.get_run("r").status == "succeeded"  # type: ignore[union-attr]
