@@ -36,7 +36,7 @@ from rich.console import Console
 from rich.table import Table
 
 import mainspring as ms
-from mainspring.storage import RunWrite, WriteResult
+from mainspring.storage import RunWrite, StepRecord, WriteResult
 from mainspring.storage.postgres import PostgresStore
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -214,6 +214,46 @@ async def overhead(res: Resources, steps: int, repeat: int) -> dict[str, float]:
     return {"us_per_step": us, "commits_per_step": store.commits / steps}
 
 
+def round_trips(res: Resources) -> dict[str, float]:
+    """Round trips of one claim and of one one-step commit on PostgreSQL: the server's
+    ReadyForQuery messages in libpq's trace (one per wait for an answer; untrace
+    flushes the trace file)."""
+    store = PostgresStore(res.database("postgresql"), min_size=1, max_size=1)
+    trace = res.tmp / "trace.log"
+
+    def counted(call: Callable[[], Any]) -> tuple[int, Any]:
+        with trace.open("w") as f:
+            with store._pool.connection() as conn:  # the pool's only connection
+                conn.pgconn.trace(f.fileno())
+            try:
+                result = call()
+            finally:
+                with store._pool.connection() as conn:
+                    conn.pgconn.untrace()
+        return trace.read_text().count("ReadyForQuery"), result
+
+    try:
+        now = time.time()
+        store.create_run(run_id="rt", workflow="rt", input="null", key=None, now=now)
+        claim = {"worker": "rt", "now": now, "lease_s": 300.0, "limit": 1}
+        claim_rt, [run] = counted(
+            lambda: store.claim(**claim, workflows=None, max_recoveries=3)  # type: ignore[arg-type]
+        )
+
+        def step(seq: int) -> list[WriteResult]:
+            row = StepRecord(run_id="rt", session=0, seq=seq, kind="step", name="noop",
+                             status="completed", attempt=1, epoch=run.epoch, output="1",
+                             started_at=now, finished_at=now)  # fmt: skip
+            return store.commit([RunWrite(run_id="rt", epoch=run.epoch, steps=[row])], now)
+
+        step(0)  # the upsert's first use (psycopg prepares it after a few)
+        commit_rt, [ok] = counted(lambda: step(1))
+        assert ok.ok, ok
+    finally:
+        store.close()
+    return {"claim_rt": claim_rt, "commit_rt": commit_rt}
+
+
 def limits(res: Resources, tx: int) -> dict[str, float]:
     """µs per one-INSERT transaction into a migrated ms_steps: pgbench (C), psycopg."""
     url = res.database("postgresql")
@@ -308,6 +348,7 @@ def measure(args: argparse.Namespace, res: Resources, log: Console) -> dict[str,
     r["overhead"] = {
         "mainspring": guard(lambda: asyncio.run(overhead(res, args.steps, args.repeat))),
         **guard(limits, res, args.pgbench_tx),
+        **guard(round_trips, res),
     }
     if not args.no_peers:
         log.print("[dim]· peer DBOS on PostgreSQL…")
@@ -333,7 +374,8 @@ PG backends: the server processes of this database (the workers' and this poller
 2. Step overhead on PostgreSQL, {steps:,} trivial steps in one run
 system|µs/step (or /transaction)|× pgbench limit|commits/step|DBOS ÷ mainspring
 pgbench -c 1 -j 1 -t {pgbench_tx} -n into the ms_steps table; mainspring: median of {repeat}; \
-same server, synchronous_commit=on{errors}
+same server, synchronous_commit=on; round trips (libpq trace): a one-step commit \
+{commit_rt}, a claim {claim_rt}{errors}
 
 3. Signal → resume, one worker, {signals} signals one at a time (random pauses, mean {gap} s)
 store|wake-up|runs waiting|send p50 ms|resumed p50|p95|succeeded p50|p95|p99|max|p95 ms
@@ -394,7 +436,8 @@ def render(r: dict[str, Any], con: Console) -> None:
     ]
     errors = [f"{k}: {v['error']}" for k, v in (("pgbench", o), ("mainspring", o["mainspring"]),
               ("DBOS", peer or {})) if "error" in v]  # fmt: skip
-    table(con, 2, rows, errors="".join(f"\n[red]{e}" for e in errors), **a)
+    trips = {k: o.get(k, "?") for k in ("commit_rt", "claim_rt")}
+    table(con, 2, rows, errors="".join(f"\n[red]{e}" for e in errors), **trips, **a)
     rows = []
     for x in r["latency"]:
         pg = x["store"] == "postgresql"

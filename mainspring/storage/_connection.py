@@ -18,6 +18,7 @@ from typing import Any, ClassVar, Protocol
 
 from .._errors import SchemaVersionError, StoreError
 from ._migrations import LATEST, MIGRATIONS
+from ._records import RunWrite
 
 __all__ = ["Connection", "Cursor"]
 
@@ -108,13 +109,42 @@ class Connection(ABC):
             return self._db_now, []
         return "?", [now]
 
-    def _notify(self, cur: Cursor) -> None:  # noqa: B027 (an optional hook)
-        """Tell listening workers that something became runnable (NOTIFY on PostgreSQL)."""
+    def _fenced(
+        self, runs: Sequence[tuple[str, int]], write: Callable[[Cursor], None]
+    ) -> dict[str, bool] | None:
+        """One transaction, sent in one round trip where the database allows it
+        (PostgreSQL's pipeline mode): lock every ``(run_id, epoch)`` of ``runs`` that
+        is ``running`` at that epoch, then let ``write`` queue its statements, and
+        commit. Returns ``cancel_requested`` by run id; ``None`` when any run was
+        not locked at its epoch (nothing was written: the caller falls back to the
+        statement-by-statement commit, which says why) or the dialect has no such
+        thing (SQLite, where a round trip costs nothing). ``write`` must not read:
+        its statements are only sent, their answers come at the end."""
+        return None
 
-    def listen(self, callback: Callable[[], None]) -> Callable[[], None] | None:
+    # Whether _fenced_rows exists (PostgreSQL).
+    _rows_in_one: ClassVar[bool] = False
+
+    def _fenced_rows(self, batch: Sequence[RunWrite]) -> dict[str, bool] | None:
+        """As :meth:`_fenced`, for a batch that writes journal rows and recovery
+        resets only, in one statement where ``_rows_in_one`` says the dialect can."""
+        raise NotImplementedError
+
+    def _notify(self, cur: Cursor, run_id: str | None = None) -> None:  # noqa: B027 (an optional hook)
+        """Tell listening workers that ``run_id`` (``None``: something) became
+        runnable (NOTIFY on PostgreSQL)."""
+
+    def listen(
+        self, callback: Callable[[], None], *, on_run: Callable[[str], None] | None = None
+    ) -> Callable[[], None] | None:
         """Call ``callback`` (from another thread) when something may have become
         runnable; returns a function that stops listening, or ``None`` when this store
-        cannot push (workers then only poll)."""
+        cannot push (workers then only poll).
+
+        With ``on_run``, a push that names the run that became runnable calls
+        ``on_run(run_id)`` instead, so that the listener can claim exactly that run;
+        ``callback`` is still called whenever pushes may have been missed (at every
+        (re)connection) or one names no run."""
         return None
 
     @contextmanager

@@ -138,7 +138,10 @@ class JournalTables(Connection):
         session it names, and a finish or suspend that had already been applied
         answers ``ok`` with ``already=True`` and writes (and emits) nothing again.
         """
-        results: list[WriteResult] = []
+        results = self._commit_at_once(batch, now)
+        if results is not None:
+            return results
+        results = []
         with self._write() as cur:
             ids = sorted({w.run_id for w in batch})
             # One read of the fences and one upsert of all rows, however many runs.
@@ -163,28 +166,58 @@ class JournalTables(Connection):
                     results.append(WriteResult(ok=False, conflict=conflict))
                     continue
                 results.append(WriteResult(ok=True, cancel_requested=bool(cancel)))
-            step_rows = [
-                _step_params(s)
+            applied = [
+                (w, r.cancel_requested)
                 for w, r in zip(batch, results, strict=True)
                 if r.ok and not r.already
-                for s in w.steps
             ]
-            if step_rows:
-                cur.executemany(_UPSERT_STEP, step_rows)
-            for w, result in zip(batch, results, strict=True):
-                if not result.ok or result.already:
-                    continue
-                for signal_id, by in w.consume:
-                    cur.execute(
-                        "UPDATE ms_signals SET consumed_at = ?, consumed_by = ? WHERE id = ?"
-                        " AND consumed_at IS NULL",
-                        (now, by, signal_id),
-                    )
-                if w.reset_recoveries:
-                    cur.execute("UPDATE ms_runs SET recoveries = 0 WHERE id = ?", (w.run_id,))
-                if w.transition is not None:
-                    self._transition(cur, w, result.cancel_requested, now)
+            self._apply(cur, applied, now)
         return results
+
+    def _commit_at_once(self, batch: Sequence[RunWrite], now: float) -> list[WriteResult] | None:
+        """The usual commit in one round trip: every write is current (its run is
+        ``running`` at its epoch and not locked elsewhere) and needs nothing read
+        before it writes (steps, a recovery reset, a finish). The fence and the
+        writes go in one transaction (the dialect's ``_fenced``); if any fence
+        fails, nothing is written and ``None`` sends the caller to the statement
+        by statement commit, which says why (refused, busy, ``already``). ``None``
+        too for a batch with a suspend, a continue-as-new or consumed signals
+        (what they write depends on what they read first), or with two writes of
+        one run."""
+        if not batch or len({w.run_id for w in batch}) != len(batch):
+            return None
+        for w in batch:
+            if w.consume or (w.transition is not None and w.transition.kind != "finish"):
+                return None
+        if self._rows_in_one and all(w.transition is None for w in batch):
+            cancel = self._fenced_rows(batch)
+        else:
+            # A finish does not read whether the run was asked to cancel.
+            cancel = self._fenced(
+                [(w.run_id, w.epoch) for w in batch],
+                lambda cur: self._apply(cur, [(w, False) for w in batch], now),
+            )
+        if cancel is None:
+            return None
+        return [WriteResult(ok=True, cancel_requested=cancel[w.run_id]) for w in batch]
+
+    def _apply(self, cur: Cursor, writes: list[tuple[RunWrite, bool]], now: float) -> None:
+        """The writes of runs whose fence held, with whether each was asked to
+        cancel: journal rows, consumed signals, the recovery reset, the transition."""
+        step_rows = [_step_params(s) for w, _ in writes for s in w.steps]
+        if step_rows:
+            cur.executemany(_UPSERT_STEP, step_rows)
+        for w, cancel_requested in writes:
+            for signal_id, by in w.consume:
+                cur.execute(
+                    "UPDATE ms_signals SET consumed_at = ?, consumed_by = ? WHERE id = ?"
+                    " AND consumed_at IS NULL",
+                    (now, by, signal_id),
+                )
+            if w.reset_recoveries:
+                cur.execute("UPDATE ms_runs SET recoveries = 0 WHERE id = ?", (w.run_id,))
+            if w.transition is not None:
+                self._transition(cur, w, cancel_requested, now)
 
     def _resent(self, cur: Cursor, w: RunWrite, epoch: int, status: str) -> WriteResult:
         """A write the fence refuses: ``already`` when it is a finish or suspend whose
@@ -287,7 +320,7 @@ class JournalTables(Connection):
                 if cur.fetchone():  # the signal beat the wait: wake at once
                     wake_at = WAKE_NOW
             if wake_at == WAKE_NOW:
-                self._notify(cur)
+                self._notify(cur, w.run_id)
             cur.execute(
                 "UPDATE ms_runs SET status = ?, wake_at = ?, wait_reason = ?, wait_signal = ?,"
                 " owner = NULL, lease_until = NULL, updated_at = ? WHERE id = ?",

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from .._serde import dumps, loads
 from ._api import queue_event
@@ -28,6 +28,10 @@ class Heartbeat:
 class LeaseTables(Connection):
     """Claiming, heartbeats and release: methods of every
     :class:`~mainspring.storage.Store`."""
+
+    # Whether a claim can be one UPDATE ... RETURNING that locks its candidates
+    # (PostgreSQL; SQLite's writer lock makes its claim one transaction anyway).
+    _claim_returning: ClassVar[bool] = False
 
     # -- claiming and leases ---------------------------------------------------------
 
@@ -102,6 +106,20 @@ class LeaseTables(Connection):
             ]
         if names == []:
             return []
+        if self._claim_returning:
+            found = self._claim_at_once(
+                worker=worker,
+                now=now,
+                lease_s=lease_s,
+                limit=limit,
+                wf=(wf_sql, wf_params),
+                max_recoveries=max_recoveries,
+                run_id=run_id,
+                isolate_after=isolate_after,
+                at=(at, at_params),
+            )
+            if found is not None:
+                return found
         claimed: list[str] = []
         suspect = False
         with self._write() as cur:
@@ -164,6 +182,79 @@ class LeaseTables(Connection):
             by_id = {r.id: r for r in map(_run, cur.fetchall())}
         return [by_id[rid] for rid in claimed]
 
+    def _claim_at_once(
+        self,
+        *,
+        worker: str,
+        now: float,
+        lease_s: float,
+        limit: int,
+        wf: tuple[str, list[Any]],
+        max_recoveries: int,
+        run_id: str | None,
+        isolate_after: int | None,
+        at: tuple[str, list[Any]],
+    ) -> list[RunRecord] | None:
+        """The usual claim as one ``UPDATE ... RETURNING`` (one round trip): the
+        candidates in claim order (expired leases by ``lease_until``, then due
+        sleepers and waiters by ``wake_at``, then queued runs by ``created_at``),
+        each kind locked only up to what the kinds before it left of ``limit``.
+        When any candidate is a suspect or is to be dead-lettered, nothing is
+        claimed and ``None`` sends the caller to the statement-by-statement claim,
+        which applies those rules (they are rare: crashes)."""
+        wf_sql, wf_params = wf
+        now_sql, now_params = at
+        one = " AND id = ?" if run_id is not None else ""
+        one_params = [run_id] if run_id is not None else []
+        lock = self._lock_clause
+        kinds = (  # name, rank, order, recovering, condition, its parameters
+            ("expired", 0, "lease_until", True, f"status = 'running' AND lease_until < {now_sql}"),
+            (
+                "due",
+                1,
+                "wake_at",
+                False,
+                f"status IN ('sleeping', 'waiting') AND wake_at <= {now_sql}",
+            ),
+            ("fresh", 2, "created_at", False, "status = 'queued'"),
+        )
+        ctes: list[str] = []
+        params: list[Any] = []
+        before = ""
+        for name, rank, order, recovering, where in kinds:
+            counted = "recoveries + 1" if recovering else "recoveries"
+            ctes.append(
+                f"{name} AS (SELECT id, {rank} AS rank, {order} AS ord, {counted} AS n,"
+                f" {'TRUE' if recovering else 'FALSE'} AS recovering FROM ms_runs"
+                f" WHERE {where}{wf_sql}{one} ORDER BY {order}"
+                f" LIMIT GREATEST(? {before}, 0){lock})"
+            )
+            params += [*(now_params if "?" in where else []), *wf_params, *one_params, limit]
+            before += f" - (SELECT count(*) FROM {name})"
+        returned = ", ".join(f"r.{c.strip()}" for c in _RUN_COLUMNS.split(","))
+        sql = (
+            f"WITH {', '.join(ctes)},"
+            " picked AS (SELECT * FROM expired UNION ALL SELECT * FROM due"
+            " UNION ALL SELECT * FROM fresh),"
+            # Left to the statement-by-statement claim: dead-letters and suspects.
+            " special AS (SELECT count(*) AS k FROM picked"
+            " WHERE (recovering AND n > ?) OR n BETWEEN ? AND ?),"
+            " claimed AS (UPDATE ms_runs r SET status = 'running', epoch = r.epoch + 1,"
+            f" owner = ?, lease_until = {now_sql} + ?, wake_at = NULL, wait_reason = NULL,"
+            " wait_signal = NULL, recoveries = p.n, updated_at = ? FROM picked p"
+            " WHERE r.id = p.id AND (SELECT k FROM special) = 0"
+            f" RETURNING p.rank, p.ord, {returned})"
+            " SELECT s.k, c.* FROM special s LEFT JOIN claimed c ON TRUE ORDER BY c.rank, c.ord"
+        )
+        isolate = isolate_after if isolate_after is not None else max_recoveries + 1
+        params += [max_recoveries, isolate, max_recoveries, worker, *now_params, lease_s, now]
+        with self._autocommit() as cur:
+            cur.execute(sql, params)
+            rows = cur.fetchall()
+        if rows[0][0]:
+            return None
+        return [_run(r[3:]) for r in rows if r[1] is not None]
+
     def heartbeat(
         self,
         *,
@@ -209,7 +300,7 @@ class LeaseTables(Connection):
             )
             released = bool(cur.rowcount)
             if released:
-                self._notify(cur)
+                self._notify(cur, run_id)
             return released
 
 

@@ -88,7 +88,7 @@ class RunTables(Connection):
                         run_id=existing.id,
                     )
                 return existing, False
-            self._notify(cur)
+            self._notify(cur, run_id)
             cur.execute(f"SELECT {_RUN_COLUMNS} FROM ms_runs WHERE id = ?", (run_id,))
             return _run(cur.fetchone()), True
 
@@ -282,7 +282,7 @@ class RunTables(Connection):
                     r.output = outputs[r.seq]
             if rows:
                 cur.executemany(_UPSERT_STEP, [_step_params(r) for r in rows])
-            self._notify(cur)
+            self._notify(cur, run_id)
             cur.execute(f"SELECT {_RUN_COLUMNS} FROM ms_runs WHERE id = ?", (run_id,))
             return _run(cur.fetchone())
 
@@ -328,7 +328,7 @@ class RunTables(Connection):
             )
             if cur.rowcount != 1:  # retried concurrently: raising rolls the delete back
                 raise RunConflict(f"run {run_id!r} was retried concurrently", run_id=run_id)
-            self._notify(cur)
+            self._notify(cur, run_id)
             cur.execute(f"SELECT {_RUN_COLUMNS} FROM ms_runs WHERE id = ?", (run_id,))
             return _run(cur.fetchone())
 

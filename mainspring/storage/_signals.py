@@ -183,5 +183,5 @@ class SignalTables(Connection):
                 "UPDATE ms_runs SET wake_at = ?, updated_at = ? WHERE id = ?",
                 (WAKE_NOW, now, run_id),
             )
-            self._notify(cur)
+            self._notify(cur, run_id)
         return signal_id

@@ -15,16 +15,19 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from functools import lru_cache
 from typing import Any, ClassVar
 
 from .._errors import ConfigError, MissingExtra, StoreError, StoreUnavailable
 from ._base import Cursor, Heartbeat, Store
+from ._records import RunWrite
+from ._rows import _STEP_COLUMNS, _UPSERT_STEP, _step_params
 from ._url import redact_url
 
 try:
     import psycopg
+    from psycopg.types.json import Jsonb
     from psycopg_pool import ConnectionPool, PoolTimeout
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise MissingExtra("the PostgreSQL store", "postgres", exc.name) from exc
@@ -36,6 +39,38 @@ log = logging.getLogger("mainspring.storage")
 CHANNEL = "mainspring_wake"
 # pg_advisory_xact_lock key for migrations: "msmigrat" as a 64-bit integer.
 _MIGRATION_LOCK = 0x6D736D6967726174
+
+
+# The fence of a one-round-trip commit (see ``PostgresStore._fenced``): ordered, so
+# that concurrent commits lock rows in one order; ``id = ANY`` makes it look the runs
+# up by key rather than scan every running one.
+_FENCE = (
+    "SELECT coalesce(array_agg(f.id), '{}'), coalesce(array_agg(f.cancel_requested), '{}'),"
+    " 1 / CAST(count(*) = %s AS INT) FROM (SELECT r.id, r.cancel_requested FROM ms_runs r"
+    " JOIN unnest(CAST(%s AS TEXT[]), CAST(%s AS BIGINT[])) AS h(id, epoch)"
+    " ON r.id = h.id AND r.epoch = h.epoch"
+    " WHERE r.id = ANY(CAST(%s AS TEXT[])) AND r.status = 'running'"
+    " ORDER BY r.id FOR UPDATE OF r SKIP LOCKED) f"
+)
+
+
+# A commit of journal rows (and recovery resets) only, as one statement: the fence
+# above, the rows (``jsonb_populate_recordset`` by the table's own row type, so a new
+# column needs no change here) and the resets, which run only once the fence held.
+_STEP_NAMES = [c.strip() for c in _STEP_COLUMNS.split(",")]
+_COMMIT_STEPS = (
+    "WITH fence AS (" + _FENCE.split(" FROM (", 1)[1].rsplit(") f", 1)[0] + "),"
+    " held AS (SELECT coalesce(array_agg(id), '{}') AS ids,"
+    " coalesce(array_agg(cancel_requested), '{}') AS cancels,"
+    " 1 / CAST(count(*) = %s AS INT) AS one FROM fence),"
+    f" journal AS (INSERT INTO ms_steps ({_STEP_COLUMNS})"
+    f" SELECT {', '.join(f's.{c}' for c in _STEP_NAMES)}"
+    " FROM jsonb_populate_recordset(NULL::ms_steps, CAST(%s AS JSONB)) s, held"
+    " WHERE held.one = 1 ON CONFLICT" + _UPSERT_STEP.split(" ON CONFLICT", 1)[1] + "),"
+    " reset AS (UPDATE ms_runs r SET recoveries = 0 FROM held"
+    " WHERE r.id = ANY(CAST(%s AS TEXT[])) AND held.one = 1)"
+    " SELECT ids, cancels FROM held"
+)
 
 
 class _Default(float):
@@ -99,6 +134,8 @@ class PostgresStore(Store):
     _lock_clause: ClassVar[str] = " FOR UPDATE SKIP LOCKED"
     _fence_lock: ClassVar[str] = " FOR UPDATE SKIP LOCKED"
     _row_lock: ClassVar[str] = " FOR UPDATE"
+    _claim_returning: ClassVar[bool] = True
+    _rows_in_one: ClassVar[bool] = True
     _snapshot_begin: ClassVar[str] = "BEGIN ISOLATION LEVEL REPEATABLE READ"
     # Leases on the server's clock (when the App runs on the real clock): one clock
     # for every machine, so a worker whose own clock runs ahead cannot see healthy
@@ -203,6 +240,77 @@ class PostgresStore(Store):
                 yield _Cursor(cur)
         except psycopg.Error as exc:
             raise self._error(exc, "writing") from exc
+
+    def _fenced(
+        self, runs: Sequence[tuple[str, int]], write: Callable[[Cursor], None]
+    ) -> dict[str, bool] | None:
+        """BEGIN, the fence, ``write``'s statements and COMMIT in one pipeline: one
+        round trip. The fence locks the runs that are ``running`` at their epochs
+        (``SKIP LOCKED``: a row another transaction holds counts as failed) and
+        divides by zero unless it locked them all, which aborts the transaction
+        before anything after it runs."""
+        try:
+            with self._pool.connection() as conn:
+                fence, cur = conn.cursor(), conn.cursor()
+                ids = [r for r, _ in runs]
+                refused = False
+                try:
+                    # BEGIN and COMMIT are statements of the pipeline, not
+                    # conn.transaction(), which waits for each; the one Sync is
+                    # the pipeline's exit. The fence's error may come back while
+                    # later statements are being sent, or at the exit.
+                    with conn.pipeline():
+                        try:
+                            cur.execute("BEGIN")
+                            fence.execute(
+                                _FENCE,
+                                (len(runs), ids, [e for _, e in runs], ids),
+                            )
+                            write(_Cursor(cur))
+                            cur.execute("COMMIT")
+                        except psycopg.errors.DivisionByZero:
+                            refused = True
+                except psycopg.Error as exc:
+                    aborted = isinstance(exc, psycopg.errors.PipelineAborted)
+                    if not isinstance(exc, psycopg.errors.DivisionByZero) and not (
+                        refused and aborted
+                    ):
+                        with suppress(psycopg.Error):
+                            conn.rollback()
+                        raise
+                    refused = True
+                if refused:
+                    conn.rollback()  # the transaction block stays open, aborted
+                    return None
+                row = fence.fetchone()
+                assert row is not None  # an aggregate: always one row
+                locked, cancels, _ = row
+                return {rid: bool(c) for rid, c in zip(locked, cancels, strict=True)}
+        except psycopg.Error as exc:
+            raise self._error(exc, "writing") from exc
+
+    def _fenced_rows(self, batch: Sequence[RunWrite]) -> dict[str, bool] | None:
+        """Journal rows and recovery resets, fenced, in one statement (autocommit:
+        one round trip, and psycopg prepares it like any other)."""
+        ids = [w.run_id for w in batch]
+        rows = [
+            dict(zip(_STEP_NAMES, _step_params(s), strict=True)) for w in batch for s in w.steps
+        ]
+        resets = [w.run_id for w in batch if w.reset_recoveries]
+        try:
+            with self._pool.connection() as conn, conn.cursor() as cur:
+                try:
+                    cur.execute(
+                        _COMMIT_STEPS,
+                        (ids, [w.epoch for w in batch], ids, len(batch), Jsonb(rows), resets),
+                    )
+                except psycopg.errors.DivisionByZero:
+                    return None
+                row = cur.fetchone()
+        except psycopg.Error as exc:
+            raise self._error(exc, "writing") from exc
+        assert row is not None  # an aggregate: always one row
+        return {rid: bool(c) for rid, c in zip(row[0], row[1], strict=True)}
 
     def _error(self, exc: psycopg.Error, doing: str) -> Exception:
         where = f"PostgreSQL at {redact_url(self._dsn)!r}"
@@ -309,12 +417,17 @@ class PostgresStore(Store):
         cur.execute("SET LOCAL statement_timeout = 0")
         cur.execute("SELECT pg_advisory_xact_lock(?)", (_MIGRATION_LOCK,))
 
-    def _notify(self, cur: Cursor) -> None:
-        # Delivered at commit, once per transaction and channel.
-        cur.execute(f"NOTIFY {CHANNEL}")
+    def _notify(self, cur: Cursor, run_id: str | None = None) -> None:
+        # Delivered at commit, once per transaction, channel and payload.
+        cur.execute("SELECT pg_notify(?, ?)", (CHANNEL, run_id or ""))
 
-    def listen(self, callback: Callable[[], None]) -> Callable[[], None] | None:
-        """LISTEN on a dedicated connection in a thread; reconnects with back-off."""
+    def listen(
+        self, callback: Callable[[], None], *, on_run: Callable[[str], None] | None = None
+    ) -> Callable[[], None] | None:
+        """LISTEN on a dedicated connection in a thread; reconnects with back-off.
+        Each notification's payload is the run that became runnable (empty: any);
+        ``callback`` is also called at every (re)connection, for what was sent
+        while nobody listened."""
         stop = threading.Event()
 
         def run() -> None:
@@ -328,10 +441,13 @@ class PostgresStore(Store):
                         callback()  # anything sent while we were away: look now
                         delay = 0.1
                         while not stop.is_set():
-                            for _ in conn.notifies(timeout=0.5, stop_after=64):
+                            for note in conn.notifies(timeout=0.5, stop_after=64):
                                 if stop.is_set():
                                     break
-                                callback()
+                                if on_run is not None and note.payload:
+                                    on_run(note.payload)
+                                else:
+                                    callback()
                 except psycopg.Error as exc:
                     if stop.is_set():
                         return

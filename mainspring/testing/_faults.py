@@ -245,8 +245,8 @@ class FaultyStore(Store):
     def _autocommit(self) -> AbstractContextManager[Cursor]:
         return self.inner._autocommit()
 
-    def _notify(self, cur: Cursor) -> None:
-        self.inner._notify(cur)
+    def _notify(self, cur: Cursor, run_id: str | None = None) -> None:
+        self.inner._notify(cur, run_id)
 
     def close(self) -> None:
         self.inner.close()

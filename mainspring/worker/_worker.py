@@ -95,6 +95,11 @@ class Worker:
         self._wakeup: asyncio.Event | None = None
         self._beater: Beater | None = None
         self._isolated: _Active | None = None  # a suspect run that has not progressed
+        # Runs a push named as runnable (NOTIFY's payload), claimed by id; a sweep (a
+        # claim of whatever is runnable) when a push named none, or may have been
+        # missed, and at every poll.
+        self._named: set[str] = set()
+        self._sweep = True
         self._fatal: DatabaseGone | None = None
 
     def request_stop(self) -> None:
@@ -167,11 +172,18 @@ class Worker:
         wakeup = self._wakeup
 
         # Pushed wake-ups (LISTEN/NOTIFY on PostgreSQL); polling remains the fallback.
-        def pushed() -> None:
-            with contextlib.suppress(RuntimeError):  # the loop may have closed already
-                loop.call_soon_threadsafe(wakeup.set)
+        def push(run_id: str | None) -> None:
+            if run_id is None or len(self._named) >= self.concurrency:
+                self._sweep = True
+            else:
+                self._named.add(run_id)
+            wakeup.set()
 
-        stop_listening = app.store.listen(pushed)
+        def pushed(run_id: str | None = None) -> None:
+            with contextlib.suppress(RuntimeError):  # the loop may have closed already
+                loop.call_soon_threadsafe(push, run_id)
+
+        stop_listening = app.store.listen(pushed, on_run=pushed)
         try:
             await self._claim_loop(engine, idle_horizon_s if until_idle else None)
         finally:
@@ -226,18 +238,9 @@ class Worker:
                 isolated = self._isolated = None  # it progressed (or left): not suspect now
             if free > 0 and isolated is None:
                 try:
+                    named = self._take_named(free)
                     claimed = await asyncio.to_thread(
-                        app.store.claim,
-                        worker=self.worker_id,
-                        now=app.clock.now(),
-                        lease_s=app.lease_s,
-                        limit=free,
-                        workflows=names,
-                        max_recoveries=app.max_recoveries,
-                        run_id=self._only,
-                        isolate_after=self.isolate_after,
-                        alone=not self._active,
-                        db_clock=self.db_clock,
+                        self._claim, names, free, named, not self._active
                     )
                 except DatabaseGone as exc:
                     self._on_fatal(exc)
@@ -268,8 +271,44 @@ class Worker:
                     return
             else:
                 idle_at.clear()  # busy: the next idle spell starts afresh
-            with contextlib.suppress(TimeoutError):
+            try:
                 await asyncio.wait_for(self._wakeup.wait(), app.poll_interval_s)
+            except TimeoutError:
+                self._sweep = True
+
+    def _take_named(self, free: int) -> list[str]:
+        """The runs pushes named, to claim by id (up to ``free``); none when this
+        claim sweeps: a push named none or may have been missed, the poll came
+        round, nothing was named (a slot came free), or the worker runs one run."""
+        if self._sweep or self._only is not None or not self._named:
+            self._sweep = False
+            self._named.clear()  # the sweep takes them, in their turn
+            return []
+        named = sorted(self._named)[:free]
+        self._named.difference_update(named)
+        return named
+
+    def _claim(self, names: list[str], free: int, named: list[str], alone: bool) -> list[RunRecord]:
+        """Claim exactly the ``named`` runs (each by id), or, for a sweep, up to
+        ``free`` of whatever is runnable, in claim order (``alone``: this worker
+        executes nothing now)."""
+        app = self.app
+        claimed: list[RunRecord] = []
+        targets: list[str | None] = list(named) or [self._only]
+        for run_id in targets:
+            claimed += app.store.claim(
+                worker=self.worker_id,
+                now=app.clock.now(),
+                lease_s=app.lease_s,
+                limit=1 if named else free,
+                workflows=names,
+                max_recoveries=app.max_recoveries,
+                run_id=run_id,
+                isolate_after=self.isolate_after,
+                alone=alone and not claimed,
+                db_clock=self.db_clock,
+            )
+        return claimed
 
     async def _give_back(self, records: list[RunRecord]) -> None:
         app = self.app
