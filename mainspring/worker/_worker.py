@@ -131,6 +131,11 @@ class Worker:
             self._wakeup.set()
 
     @property
+    def kept(self) -> list[str]:
+        """The runs whose suspended execution this worker keeps (sticky), oldest first."""
+        return list(self._kept)
+
+    @property
     def db_clock(self) -> bool:
         """Whether leases follow the database's clock (PostgreSQL) rather than this
         process's: when the App runs on the real clock. A fake clock in tests keeps
