@@ -47,8 +47,20 @@ async def stable(app: ms.App, clock: ms.FakeClock, run_id: str) -> RunRecord:
 
 def journal(app: ms.App, run_id: str) -> list[tuple[Any, ...]]:
     return [
-        (r.session, r.seq, r.kind, r.name, r.status, r.attempt, r.epoch, r.output, r.error)
-        + (r.started_at, r.finished_at, r.wake_at)
+        (
+            r.session,
+            r.seq,
+            r.kind,
+            r.name,
+            r.status,
+            r.attempt,
+            r.epoch,
+            r.output,
+            r.error,
+            r.started_at,
+            r.finished_at,
+            r.wake_at,
+        )
         for r in app.steps(run_id)
     ]
 
@@ -110,6 +122,7 @@ async def both(
     return sticky[1], sticky[3]
 
 
+RETRY = ms.RetryPolicy(initial_s=5.0, jitter=False)
 ENTRIES: list[int] = []  # one per entry into sleeps_and_waits's workflow
 
 
@@ -198,14 +211,14 @@ def catching(app: ms.App) -> Any:
         for i in range(3):
             try:
                 await ctx.sleep(10)
-            except BaseException as exc:  # noqa: BLE001 - hostile on purpose
+            except BaseException as exc:  # hostile on purpose
                 seen.append(type(exc).__name__)
                 raise
             finally:
                 seen.append(f"finally {i}")
         try:
             value = await ctx.wait_for("x")
-        except BaseException:  # noqa: BLE001
+        except BaseException:
             seen.append("caught")
             raise
         return [str(value), str(await ctx.step(lambda: "done", name="end"))]
@@ -289,7 +302,7 @@ async def test_signals_sent_while_suspended_are_seen_as_on_replay(tmp_path: Path
 
 async def test_cancel_while_suspended_drops_the_kept_execution(tmp_path: Path):
     actions: list[Action] = [("advance", 5), ("cancel",), ("advance", 31)]
-    final, worker = await both(tmp_path, sleeps_and_waits, (3,), actions)
+    final, _ = await both(tmp_path, sleeps_and_waits, (3,), actions)
     assert final[0] == "cancelled"
 
 
@@ -328,7 +341,7 @@ async def test_a_restart_replays_and_gives_the_same_result(tmp_path: Path):
     app, clock = make_app(tmp_path, "restart")
     wf = sleeps_and_waits(app)
     handle = app.submit(wf, 2)
-    for i, action in enumerate(SCRIPT):
+    for action in SCRIPT:
         worker = app.worker(sticky=True)
         task = asyncio.create_task(worker.run())
         await stable(app, clock, handle.run_id)
