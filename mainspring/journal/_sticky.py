@@ -63,6 +63,7 @@ class Execution:
         self._activity = -1
         self.dropped = False
         self.kept_bytes = 0  # as counted by whoever keeps it
+        self._size = -1
 
     @property
     def run_id(self) -> str:
@@ -70,9 +71,12 @@ class Execution:
 
     @property
     def size(self) -> int:
-        """A rough size in bytes (for the worker's bound on what it keeps)."""
-        rows = self.cur.journal.values()
-        return _BASE_BYTES + sum(len(r.output or "") + len(r.error or "") for r in rows)
+        """A rough size in bytes (for the worker's bound on what it keeps): the journal
+        it replayed (read once: it does not change) and a fixed cost."""
+        if self._size < 0:
+            rows = self.cur.journal.values()
+            self._size = _BASE_BYTES + sum(len(r.output or "") + len(r.error or "") for r in rows)
+        return self._size
 
     def sleep(self, transition: RunTransition) -> None:
         """Go dormant at a suspension about to be committed: the context refuses
