@@ -33,6 +33,7 @@ import mainspring as ms
 from mainspring.storage import SQLiteStore
 
 stamps: list[float] = []  # perf_counter at each step call
+target = [0]  # steps wanted: the driver stops the worker then
 cpu: list[float] = []  # process_time at each step call (all threads of the process)
 
 
@@ -47,7 +48,12 @@ class Ticking(ms.FakeClock):
 async def tick(i: int) -> int:
     stamps.append(time.perf_counter())
     cpu.append(time.process_time())
+    if len(stamps) >= target[0] and reached is not None:
+        reached.set()
     return i
+
+
+reached: asyncio.Event | None = None
 
 
 async def long_wf(ctx: ms.RunContext, n: int) -> int:
@@ -58,14 +64,15 @@ async def long_wf(ctx: ms.RunContext, n: int) -> int:
     return n
 
 
-async def _work_until(app: ms.App, sticky: bool, count: int, handle: Any) -> ms.Worker:
-    """Run a worker until ``count`` steps were called (or the run ended)."""
+async def _work_until(app: ms.App, sticky: bool, count: int) -> ms.Worker:
+    """Run a worker until ``count`` steps were called (the run has more)."""
+    global reached
+    reached = asyncio.Event()
+    target[0] = count
     worker = app.worker(sticky=sticky, concurrency=4)
     task = asyncio.create_task(worker.run())
-    while len(stamps) < count and not task.done():
-        if app.get_run(handle.run_id).finished:
-            break
-        await asyncio.sleep(0.005)
+    if len(stamps) < count:
+        await reached.wait()
     worker.request_stop()
     await task
     return worker
@@ -95,12 +102,12 @@ async def long_run(marks: tuple[int, ...], window: int, sync: str = "NORMAL") ->
             SQLiteStore(Path(tmp) / "sticky.db", synchronous=sync),
             clock=Ticking(),
             inline_wait_s=0.0,
-            poll_interval_s=0.001,
+            poll_interval_s=0.5,  # a suspension wakes the claim loop itself
             lease_s=1e9,
         )
         app.workflow(long_wf)
-        handle = app.submit("long_wf", max(marks) + window + 2)
-        worker = await _work_until(app, True, max(marks) + window + 2, handle)
+        app.submit("long_wf", max(marks) + window + 2)
+        worker = await _work_until(app, True, max(marks) + window + 2)
         out["sticky"] = {str(m): _per_step_us(m, window) for m in marks}
         out["sticky_resumed"] = worker.stats.resumed
         app.close()
@@ -112,15 +119,15 @@ async def long_run(marks: tuple[int, ...], window: int, sync: str = "NORMAL") ->
             SQLiteStore(Path(tmp) / "replay.db", synchronous=sync),
             clock=Ticking(),
             inline_wait_s=0.0,
-            poll_interval_s=0.001,
+            poll_interval_s=0.5,  # a suspension wakes the claim loop itself
             lease_s=1e9,
         )
         app.workflow(long_wf)
-        handle = app.submit("long_wf", max(marks) + window + 2)
+        app.submit("long_wf", max(marks) + window + 2)
         for m in marks:
-            await _work_until(app, True, m, handle)
+            await _work_until(app, True, m)
             begin = len(stamps)
-            await _work_until(app, False, begin + window + 2, handle)
+            await _work_until(app, False, begin + window + 2)
             out["replay"][str(m)] = _per_step_us(begin + 1, window)  # after the takeover
         app.close()
     return out

@@ -226,11 +226,17 @@ async def _until_suspended(ex: Execution, control: RunControl) -> RunTransition 
             continue
         if keep.done() and not ex.task.done():
             transition = keep.result()
-            if control.reason is None and ex.cur.stop is None:
+            dormant = ex.waits.dormant
+            if (
+                control.reason is None
+                and dormant is not None
+                and ex.cur.stop is dormant
+                and dormant.__traceback__ is None  # nothing met it: nothing moved on
+            ):
                 return transition
             # Interrupted meanwhile: suspend as without stickiness (control.reason,
             # read first by the end, says how the run leaves).
-            ex.cur.set_stop(_Suspend(transition))
+            ex.cur.stop = _Suspend(transition)  # in place of the dormant marker
             ex.task.cancel()
             ex.waits.keep = keep = asyncio.get_running_loop().create_future()
     return None

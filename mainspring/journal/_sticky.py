@@ -79,13 +79,12 @@ class Execution:
         return self._size
 
     def sleep(self, transition: RunTransition) -> None:
-        """Go dormant at a suspension about to be committed: the context refuses
-        every use until :meth:`wake`."""
+        """Go dormant at a suspension about to be committed (the waits decided it and
+        closed the context meanwhile): the context refuses every use until :meth:`wake`."""
         self.transition = transition
         self.wake_at = transition.wake_at
-        self._dormant = _Closed()
-        self.cur.stop = self._dormant
-        self._activity = self.cur.activity
+        self._dormant = self.waits.dormant
+        self._activity = self.waits.dormant_activity
 
     def fits(self, run: RunRecord) -> bool:
         """Whether ``run`` (just claimed) can resume this execution: nobody else held,
@@ -117,6 +116,7 @@ class Execution:
         cur.reset_recoveries = run.recoveries > 0
         cur.stop = None
         self._dormant = None
+        self.waits.dormant = None
         self.transition = None
         self.waits.wake()
 

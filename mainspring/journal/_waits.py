@@ -17,7 +17,7 @@ from .._requests import Approval, RequestKind, approval_from, request_meta
 from .._serde import dumps, loads
 from .._signals import is_request_signal
 from ..storage import WAIT_SIGNAL_SEP, RunTransition, StepRecord, join_wait_signals
-from ._control import _Suspend
+from ._control import _Closed, _Suspend
 from ._cursor import Cursor
 
 __all__ = ["MISSING", "Waits"]
@@ -48,6 +48,10 @@ class Waits:
         # workflow.
         self.keep: asyncio.Future[RunTransition] | None = None
         self.wakers: dict[int, asyncio.Future[None]] = {}
+        # Set with ``keep``'s result: the stop every use of the context meets from then
+        # on (as a replay's would meet the suspension), and the activity count then.
+        self.dormant: _Closed | None = None
+        self.dormant_activity = -1
 
     # -- time -------------------------------------------------------------------------
 
@@ -293,6 +297,10 @@ class Waits:
         keep = self.keep
         if keep is not None and cur.stop is None:
             if not keep.done():
+                # From here on nothing may use the context: it is as suspended.
+                self.dormant = _Closed()
+                self.dormant_activity = cur.activity
+                cur.stop = self.dormant
                 keep.set_result(self._suspension())
             return
         cur.set_stop(_Suspend(self._suspension()))
