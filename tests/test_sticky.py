@@ -473,3 +473,27 @@ async def test_a_task_using_the_context_while_kept_spoils_it(tmp_path: Path):
     assert record.status == "succeeded"
     assert worker.stats.resumed == 0  # spoiled: replayed instead
     assert [r.name for r in app.steps(handle.run_id)][:1] == ["go"]
+
+
+async def test_the_holder_claims_a_kept_run_at_its_wake_time(tmp_path: Path):
+    # Polls are 10 s apart: only the holder's own timer can bring the run back on time.
+    app = ms.App(f"sqlite:///{tmp_path / 'timer.db'}", poll_interval_s=10.0, inline_wait_s=0.0)
+
+    @app.workflow
+    async def wf(ctx: ms.RunContext) -> int:
+        for _ in range(3):
+            await ctx.sleep(0.2)
+        return 3
+
+    handle = app.submit(wf)
+    worker = app.worker(sticky=True)
+    task = asyncio.create_task(worker.run())
+    started = asyncio.get_running_loop().time()
+    while not app.get_run(handle.run_id).finished:
+        assert asyncio.get_running_loop().time() - started < 3, "not back on time"
+        await asyncio.sleep(0.02)
+    assert app.get_run(handle.run_id).output == "3"
+    assert worker.stats.resumed == 3
+    worker.request_stop()
+    await task
+    app.close()

@@ -326,7 +326,7 @@ class Worker:
         claimed: list[RunRecord] = []
         for run_id in due[:free]:
             try:
-                claimed += await asyncio.to_thread(
+                got = await asyncio.to_thread(
                     app.store.claim,
                     worker=self.worker_id,
                     now=now,
@@ -342,6 +342,9 @@ class Worker:
             except (StoreUnavailable, StoreError) as exc:
                 log.warning("worker %s: claim failed: %s", self.worker_id, exc)
                 break
+            if not got and (ex := self._kept.get(run_id)) is not None:
+                ex.wake_at = None  # taken (or not due by the database): polls find it
+            claimed += got
         return claimed
 
     def _keep(self, ex: Execution) -> None:
