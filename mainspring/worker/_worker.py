@@ -71,7 +71,7 @@ class Worker:
         sticky: keep the live execution of each run that suspends here, and resume it
             instead of replaying the run from the top when this worker claims it
             again with nothing else having happened to it (docs/workflows.md,
-            "Sticky executions"). Off: every wake-up replays.
+            "Sticky executions"). ``False``: every wake-up replays.
         sticky_runs: at most this many kept executions (the least recently
             suspended are dropped first, and replay when they wake).
         sticky_bytes: a rough bound on the memory they take (journal rows and a
@@ -86,7 +86,7 @@ class Worker:
         worker_id: str | None = None,
         batch: bool = True,
         shutdown_grace_s: float = 30.0,
-        sticky: bool = False,
+        sticky: bool = True,
         sticky_runs: int = 256,
         sticky_bytes: int = 256 * 1024 * 1024,
         _run_id: str | None = None,
