@@ -23,6 +23,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Literal
 
+from long_run import COLUMNS as LONG_COLUMNS
+from long_run import long_run, render_rows
 from peers.run_peers import ensure_venv, run_peer
 from rich.console import Console
 from rich.table import Table
@@ -253,6 +255,10 @@ replay: from the top to the first new write; resume adds the wait's and finish's
 4. One worker (concurrency={runs}), FULL, {run_steps} steps per run
 case|steps|seconds|steps/s|× single|commits|run writes/commit|target ≥ 5×
 commits: transactions of the worker's BatchCommitter; all runs succeeded: {ok}
+
+5. Long run: one run suspending after every step (a durable sleep), sticky executions
+{columns}
+target: sticky on, the cost at the last step ≤ 1.2× the first; peers not measured yet
 """.strip().split("\n\n")
 ]
 
@@ -344,6 +350,9 @@ def render(r: dict[str, Any], con: Console) -> None:
     )
     show(con, 4, rows, ok=all(x["all_succeeded"] for x in tp.values()), **a)
 
+    if "long_run" in r:  # bench/long_run.py: see there how it is measured
+        show(con, 5, render_rows(r["long_run"]), columns=LONG_COLUMNS, **a)
+
 
 async def measure(args: argparse.Namespace, log: Console) -> dict[str, Any]:
     r: dict[str, Any] = {"raw_us": {}, "mainspring": {}, "mainspring_sync": {}}
@@ -362,6 +371,10 @@ async def measure(args: argparse.Namespace, log: Console) -> dict[str, Any]:
         "single": await throughput(1, args.run_steps, args.runs, args.repeat),
         "concurrent": await throughput(args.runs, args.run_steps, args.runs, args.repeat),
     }
+    if args.long_marks:
+        log.print("[dim]· long run, sticky executions on and off…")
+        marks = tuple(int(m) for m in args.long_marks.split(","))
+        r["long_run"] = await long_run(marks, args.long_window)
     return r
 
 
@@ -374,9 +387,12 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="small sizes, no peers")
     p.add_argument("--no-peers", action="store_true", help="skip DBOS and LangGraph")
     p.add_argument("--json", action="store_true", help="JSON on stdout, tables on stderr")
+    p.add_argument("--long-marks", default="50,1000,5000", help="table 5 ('': skip it)")
+    p.add_argument("--long-window", type=int, default=200, help="steps per mark, table 5")
     args = p.parse_args()
     if args.quick:
         args.steps, args.runs, args.run_steps, args.repeat, args.no_peers = 100, 10, 20, 1, True
+        args.long_marks, args.long_window = "50,300", 30
     log = Console(stderr=True)
     result = asyncio.run(measure(args, log))
     result["args"] = {k: getattr(args, k) for k in ("steps", "runs", "run_steps", "repeat")}

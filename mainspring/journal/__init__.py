@@ -6,12 +6,14 @@ from ._engine import Committer, Engine, RunControl
 from ._executor import Outcome, execute
 from ._intercept import StepCall, StepInterceptor
 from ._retry import RetryPolicy
+from ._sticky import Execution
 from ._workflow import Workflow
 
 __all__ = [
     "BatchCommitter",
     "Committer",
     "Engine",
+    "Execution",
     "Outcome",
     "RetryPolicy",
     "RunContext",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, Literal
 
@@ -16,6 +17,7 @@ from ._context import RunContext
 from ._control import SimulatedCrash, _ContinueAsNew, _EngineFailure, _Release, _Suspend, error_json
 from ._cursor import Cursor
 from ._engine import Engine, RunControl
+from ._sticky import Execution
 from ._tasks import TaskExit, guard_workflow_tasks, in_workflow
 from ._workflow import Workflow
 
@@ -27,9 +29,22 @@ Outcome = Literal["succeeded", "failed", "cancelled", "suspended", "released", "
 
 
 async def execute(
-    engine: Engine, run: RunRecord, workflow: Workflow[Any, Any], control: RunControl
+    engine: Engine,
+    run: RunRecord,
+    workflow: Workflow[Any, Any],
+    control: RunControl,
+    *,
+    keep: Callable[[Execution], None] | None = None,
+    resume: Execution | None = None,
 ) -> Outcome:
     """Replay and continue ``run`` (already claimed at ``run.epoch``).
+
+    With ``keep`` (sticky executions, see :mod:`._sticky`), the workflow runs in a
+    task of its own, and a suspension leaves it alive, parked: once the suspension
+    is committed, ``keep`` receives the :class:`Execution` and the outcome is
+    ``suspended``. Passed back as ``resume`` with the run claimed again, it resumes
+    where it was if nothing else happened to the run meanwhile; otherwise it is
+    dropped and the run is replayed.
 
     Every way out is journaled first: a result, an error, a suspension, a new
     session, or a release on shutdown. If the epoch moved on (``lost``) nothing is
@@ -42,6 +57,10 @@ async def execute(
     guard_workflow_tasks()
     in_workflow.set(True)  # in this task's own context: the tasks it creates inherit it
     try:
+        if keep is not None:
+            return await _execute_sticky(engine, run, workflow, control, keep, resume)
+        if resume is not None:
+            resume.drop()
         return await _execute(engine, run, workflow, control)
     except asyncio.CancelledError:
         raise  # the worker stopped this task; it counts the run as lost
@@ -79,32 +98,170 @@ async def _execute(
         task = asyncio.current_task()
         if cur.cancelled_main and task is not None:
             task.uncancel()  # the context cancelled this task itself, to suspend the run
-        # What the engine decided stands, whatever the workflow did with it (swallowed
-        # by `except BaseException`, or returned a value after it).
-        stop = cur.stop
-        with contextlib.suppress(asyncio.CancelledError):  # control.reason says why
-            await cur.settle()
-        if control.reason == "lost":
-            log.warning(
-                "run %s: lease lost (epoch %s); stopping without writing", run.id, run.epoch
+        ended = await _end(engine, run, workflow, control, cur, raised, result)
+        if isinstance(ended, str):
+            return ended
+        run = ended
+
+
+async def _end(
+    engine: Engine,
+    run: RunRecord,
+    workflow: Workflow[Any, Any],
+    control: RunControl,
+    cur: Cursor,
+    raised: BaseException | None,
+    result: Any,
+) -> Outcome | RunRecord:
+    """Commit how the workflow's execution ended: the outcome, or the run record of
+    the next session (a continue-as-new)."""
+    # What the engine decided stands, whatever the workflow did with it (swallowed
+    # by `except BaseException`, or returned a value after it).
+    stop = cur.stop
+    with contextlib.suppress(asyncio.CancelledError):  # control.reason says why
+        await cur.settle()
+    if control.reason == "lost":
+        log.warning("run %s: lease lost (epoch %s); stopping without writing", run.id, run.epoch)
+        return "lost"
+    if control.reason == "shutdown" or isinstance(stop, _Release):
+        return await _release(engine, cur, run)
+    decided = _decide(run, workflow, control, stop, raised, result)
+    if isinstance(decided, str):
+        return decided
+    transition, outcome = decided
+    try:
+        await cur.flush(transition)
+    except LeaseLost:
+        return "lost"
+    except (StoreUnavailable, StoreError) as exc:
+        log.warning("run %s: cannot commit its %s (%s)", run.id, transition.kind, safe_str(exc))
+        return "abandoned"
+    if outcome is not None:
+        return outcome
+    return replace(run, session=run.session + 1, handoff=transition.handoff, recoveries=0)
+
+
+async def _execute_sticky(
+    engine: Engine,
+    run: RunRecord,
+    workflow: Workflow[Any, Any],
+    control: RunControl,
+    keep: Callable[[Execution], None],
+    resume: Execution | None,
+) -> Outcome:
+    """:func:`_execute` with the workflow in a task of its own, kept when it suspends."""
+    ex: Execution | None = None
+    if resume is not None:
+        if resume.fits(run):
+            resume.wake(run, control)
+            ex = resume
+        else:
+            resume.drop()
+    try:
+        return await _sessions(engine, run, workflow, control, keep, ex)
+    finally:
+        if resume is not None and resume.transition is None:
+            resume.drop()  # not kept again: nothing may ever resume it
+
+
+async def _sessions(
+    engine: Engine,
+    run: RunRecord,
+    workflow: Workflow[Any, Any],
+    control: RunControl,
+    keep: Callable[[Execution], None],
+    ex: Execution | None,
+) -> Outcome:
+    while True:
+        if ex is None:
+            try:
+                journal = engine.store.load_steps(run.id, run.session)
+            except (StoreUnavailable, StoreError) as exc:
+                log.warning(
+                    "run %s: cannot load its journal (%s); leaving it to recovery",
+                    run.id,
+                    safe_str(exc),
+                )
+                return "abandoned"
+            ctx = RunContext(run=run, journal=journal, engine=engine, control=control)
+            ctx._waits.keep = asyncio.get_running_loop().create_future()
+            task = asyncio.create_task(
+                _run_workflow(workflow, ctx, run), name=f"mainspring-workflow-{run.id}"
             )
-            return "lost"
-        if control.reason == "shutdown" or isinstance(stop, _Release):
-            return await _release(engine, cur, run)
-        decided = _decide(run, workflow, control, stop, raised, result)
-        if isinstance(decided, str):
-            return decided
-        transition, outcome = decided
+            ctx._cursor.main = task
+            ex = Execution(ctx, task, run, workflow)
+        cur = ex.cur
         try:
-            await cur.flush(transition)
-        except LeaseLost:
-            return "lost"
-        except (StoreUnavailable, StoreError) as exc:
-            log.warning("run %s: cannot commit its %s (%s)", run.id, transition.kind, safe_str(exc))
-            return "abandoned"
-        if outcome is not None:
-            return outcome
-        run = replace(run, session=run.session + 1, handoff=transition.handoff, recoveries=0)
+            kept = await _until_suspended(ex, control)
+            if kept is not None:
+                return await _keep(ex, kept, keep)
+        finally:
+            if ex.transition is None and not ex.task.done():
+                ex.drop()  # this executor is leaving (it was stopped): so does the workflow
+        raised: BaseException | None
+        if ex.task.cancelled():  # before it began: as if the worker stopped it there
+            raised, result = asyncio.CancelledError(), None
+        else:
+            raised, result = ex.task.result()
+        if isinstance(raised, SimulatedCrash):
+            log.info("run %s: simulated crash; nothing more is written", run.id)
+            return "abandoned"  # as if the process died here: the lease will expire
+        ended = await _end(engine, ex.run, workflow, control, cur, raised, result)
+        if isinstance(ended, str):
+            return ended
+        run, ex = ended, None
+
+
+async def _until_suspended(ex: Execution, control: RunControl) -> RunTransition | None:
+    """Wait for the workflow's task to end (``None``) or for it to suspend in a way
+    that keeps it (the suspension). The worker's interruptions are passed on to the
+    workflow's task, as if it ran in the worker's own task."""
+    keep = ex.waits.keep
+    assert keep is not None
+    while not ex.task.done():
+        try:
+            await asyncio.wait((ex.task, keep), return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            ex.task.cancel()  # control.reason says why; the workflow sees it where it is
+            continue
+        if keep.done() and not ex.task.done():
+            transition = keep.result()
+            dormant = ex.waits.dormant
+            if (
+                control.reason is None
+                and dormant is not None
+                and ex.cur.stop is dormant
+                and dormant.__traceback__ is None  # nothing met it: nothing moved on
+            ):
+                return transition
+            # Interrupted meanwhile: suspend as without stickiness (control.reason,
+            # read first by the end, says how the run leaves).
+            ex.cur.stop = _Suspend(transition)  # in place of the dormant marker
+            ex.task.cancel()
+            ex.waits.keep = keep = asyncio.get_running_loop().create_future()
+    return None
+
+
+async def _keep(
+    ex: Execution, transition: RunTransition, keep: Callable[[Execution], None]
+) -> Outcome:
+    """Commit the suspension and hand the live execution to the worker."""
+    cur = ex.cur
+    ex.sleep(transition)  # dormant first: nothing else may use the context meanwhile
+    try:
+        await cur.flush(transition)
+    except LeaseLost:
+        ex.drop()
+        return "lost"
+    except (StoreUnavailable, StoreError) as exc:
+        ex.drop()
+        log.warning("run %s: cannot commit its suspend (%s)", ex.run_id, safe_str(exc))
+        return "abandoned"
+    except asyncio.CancelledError:
+        ex.drop()
+        raise
+    keep(ex)
+    return "suspended"
 
 
 async def _run_workflow(

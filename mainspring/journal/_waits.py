@@ -17,7 +17,7 @@ from .._requests import Approval, RequestKind, approval_from, request_meta
 from .._serde import dumps, loads
 from .._signals import is_request_signal
 from ..storage import WAIT_SIGNAL_SEP, RunTransition, StepRecord, join_wait_signals
-from ._control import _Suspend
+from ._control import _Closed, _Suspend
 from ._cursor import Cursor
 
 __all__ = ["MISSING", "Waits"]
@@ -42,6 +42,16 @@ class Waits:
         self._quiet_rounds = 0
         self._quiet_polling = False
         cur.on_parked_activity = self._watch
+        # Sticky executions (see ._sticky): while set, a suspension is decided by
+        # resolving this future (the executor commits it and keeps the execution)
+        # and the parked waits await their wakers instead of raising through the
+        # workflow.
+        self.keep: asyncio.Future[RunTransition] | None = None
+        self.wakers: dict[int, asyncio.Future[None]] = {}
+        # Set with ``keep``'s result: the stop every use of the context meets from then
+        # on (as a replay's would meet the suspension), and the activity count then.
+        self.dormant: _Closed | None = None
+        self.dormant_activity = -1
 
     # -- time -------------------------------------------------------------------------
 
@@ -64,21 +74,22 @@ class Waits:
         """Wait until ``wake_at`` (journaling nothing): inline when it is near, else
         parked, so that the run suspends and wakes on time."""
         cur = self.cur
-        delay = wake_at - cur.now()
-        if delay <= 0:
-            return
-        if delay <= cur.engine.inline_wait_s:
-            await cur.commit()
-            cur.busy += 1  # a short sleep is activity: the run does not suspend under it
-            try:
-                await cur.engine.clock.sleep(delay)
-            finally:
-                cur.busy -= 1
-                cur.touch()
-            cur.boundary()
-            return
-        self._sleeps += 1  # parked sleeps take negative keys: seqs are for waits
-        await self._park(-self._sleeps, None, wake_at, reason)
+        while True:  # a sticky execution's parked sleep checks again when it wakes
+            delay = wake_at - cur.now()
+            if delay <= 0:
+                return
+            if delay <= cur.engine.inline_wait_s:
+                await cur.commit()
+                cur.busy += 1  # a short sleep is activity: the run does not suspend under it
+                try:
+                    await cur.engine.clock.sleep(delay)
+                finally:
+                    cur.busy -= 1
+                    cur.touch()
+                cur.boundary()
+                return
+            self._sleeps += 1  # parked sleeps take negative keys: seqs are for waits
+            await self._park(-self._sleeps, None, wake_at, reason)
 
     # -- signals ----------------------------------------------------------------------
 
@@ -151,10 +162,11 @@ class Waits:
                     output=None if request is None else '{"request":' + request + "}",
                 )
             )
-        done = await self._answered(rec, signal)
-        if done is not None:
-            return self._result(done, signal, default)
-        await self._park_wait(rec, signal)
+        while True:  # a sticky execution's parked wait checks again when it wakes
+            done = await self._answered(rec, signal)
+            if done is not None:
+                return self._result(done, signal, default)
+            await self._park_wait(rec, signal)
 
     async def _answered(self, rec: StepRecord, signal: str) -> StepRecord | None:
         """The wait's row completed by a stored signal or by its deadline, if either."""
@@ -185,7 +197,7 @@ class Waits:
             )
         return None
 
-    async def _park_wait(self, rec: StepRecord, signal: str) -> NoReturn:
+    async def _park_wait(self, rec: StepRecord, signal: str) -> None:
         cur = self.cur
         try:
             await self._park(rec.seq, signal, rec.wake_at, f"signal:{signal}")
@@ -218,11 +230,11 @@ class Waits:
         await asyncio.get_running_loop().create_future()
         raise AssertionError("unreachable: the future is never resolved")
 
-    async def _park(
-        self, key: int, signal: str | None, wake_at: float | None, reason: str
-    ) -> NoReturn:
+    async def _park(self, key: int, signal: str | None, wake_at: float | None, reason: str) -> None:
         """Wait here until the run suspends: it wakes on any parked wait's signal and at
-        the earliest parked deadline, and replays; each wait then checks again.
+        the earliest parked deadline, and replays; each wait then checks again. A
+        sticky execution instead returns here when it is resumed (see ._sticky), and
+        the wait checks again as a replay reaching it would.
 
         A wait in the workflow's own task with no other task using the context
         suspends at once (the common case). Otherwise the run suspends when the
@@ -234,17 +246,28 @@ class Waits:
         cur = self.cur
         cur.parked[key] = (signal, wake_at, reason)
         try:
-            if (
+            alone = (
                 asyncio.current_task() is cur.main
                 and not cur.running
                 and not cur.busy
                 and all(t.done() for t in cur.tasks)
-            ):
+            )
+            if self.keep is not None:
+                waker = self.wakers[key] = asyncio.get_running_loop().create_future()
+                if alone:
+                    self._suspend_now()
+                else:
+                    cur.touch()
+                await waker
+                cur.boundary()  # as a replay reaching this wait: cancelled, draining
+                return
+            if alone:
                 raise cur.set_stop(_Suspend(self._suspension()))
             cur.touch()
             await self._forever()
         finally:
             del cur.parked[key]
+            self.wakers.pop(key, None)
 
     def _watch(self) -> None:
         """Activity while some wait is parked: start watching for quiet."""
@@ -271,12 +294,30 @@ class Waits:
 
     def _suspend_now(self) -> None:
         cur = self.cur
+        keep = self.keep
+        if keep is not None and cur.stop is None:
+            if not keep.done():
+                # From here on nothing may use the context: it is as suspended.
+                self.dormant = _Closed()
+                self.dormant_activity = cur.activity
+                cur.stop = self.dormant
+                keep.set_result(self._suspension())
+            return
         cur.set_stop(_Suspend(self._suspension()))
         if cur.main is not None and not cur.main.done():
             cur.cancelled_main = True
             cur.main.cancel()
         for task in cur.tasks:
             task.cancel()
+
+    def wake(self) -> None:
+        """Resume a sticky execution: every parked wait checks again, in key order
+        (sleeps, then waits in journal order, as a replay would reach them)."""
+        self.keep = asyncio.get_running_loop().create_future()
+        for key in sorted(self.wakers):
+            waker = self.wakers[key]
+            if not waker.done():
+                waker.set_result(None)
 
     def _suspension(self) -> RunTransition:
         """One suspension for every parked wait: any of their signals wakes the run, and

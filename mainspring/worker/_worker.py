@@ -23,6 +23,7 @@ import logging
 import os
 import socket
 import uuid
+from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -30,7 +31,7 @@ from datetime import UTC, datetime
 from .._clock import SystemClock
 from .._describe import safe_traceback
 from .._errors import StoreError, StoreUnavailable
-from ..journal import BatchCommitter, Committer, Engine, Outcome, RunControl, execute
+from ..journal import BatchCommitter, Committer, Engine, Execution, Outcome, RunControl, execute
 from ..storage import DatabaseGone, Heartbeat, RunRecord
 from ._heartbeat import Beater
 from ._host import WorkerHost
@@ -46,6 +47,8 @@ class WorkerStats:
 
     claimed: int = 0
     outcomes: dict[str, int] = field(default_factory=dict)
+    # claims that resumed a kept execution instead of replaying (sticky executions)
+    resumed: int = 0
 
 
 @dataclass
@@ -65,6 +68,14 @@ class Worker:
         batch: share commits between runs (group commit); off, every run commits alone.
         shutdown_grace_s: on stop, how long runs may take to reach a step boundary
             before they are interrupted (and replayed elsewhere).
+        sticky: keep the live execution of each run that suspends here, and resume it
+            instead of replaying the run from the top when this worker claims it
+            again with nothing else having happened to it (docs/workflows.md,
+            "Sticky executions"). ``False``: every wake-up replays.
+        sticky_runs: at most this many kept executions (the least recently
+            suspended are dropped first, and replay when they wake).
+        sticky_bytes: a rough bound on the memory they take (journal rows and a
+            fixed cost each; what the workflow's own variables hold is not counted).
     """
 
     def __init__(
@@ -75,6 +86,9 @@ class Worker:
         worker_id: str | None = None,
         batch: bool = True,
         shutdown_grace_s: float = 30.0,
+        sticky: bool = True,
+        sticky_runs: int = 256,
+        sticky_bytes: int = 256 * 1024 * 1024,
         _run_id: str | None = None,
         _return_on_wait: bool = False,
     ) -> None:
@@ -87,6 +101,12 @@ class Worker:
         )
         self.batch = batch
         self.shutdown_grace_s = shutdown_grace_s
+        self.sticky = sticky
+        self.sticky_runs = max(0, sticky_runs)
+        self.sticky_bytes = max(0, sticky_bytes)
+        self._kept: OrderedDict[str, Execution] = OrderedDict()  # by run id, oldest first
+        self._kept_bytes = 0
+        self._swept_at = 0.0
         self.stats = WorkerStats()
         self._only = _run_id
         self._return_on_wait = _return_on_wait  # app.run: a run waiting for a person
@@ -114,6 +134,11 @@ class Worker:
         """Poll the store now instead of at the next interval."""
         if self._wakeup is not None:
             self._wakeup.set()
+
+    @property
+    def kept(self) -> list[str]:
+        """The runs whose suspended execution this worker keeps (sticky), oldest first."""
+        return list(self._kept)
 
     @property
     def db_clock(self) -> bool:
@@ -190,6 +215,7 @@ class Worker:
             if stop_listening is not None:
                 await asyncio.to_thread(stop_listening)
             await self._drain()
+            self._drop_kept()
             ticking.cancel()
             await asyncio.gather(ticking, return_exceptions=True)
             await beater.stop()
@@ -236,11 +262,14 @@ class Worker:
                 isolated.control.progressed or self._active.get(isolated.run.id) is not isolated
             ):
                 isolated = self._isolated = None  # it progressed (or left): not suspect now
+            if free > 0 and isolated is None and self._kept and self._only is None:
+                claimed = await self._claim_kept(names, free)
+                free -= len(claimed)
             if free > 0 and isolated is None:
                 try:
                     named = self._take_named(free)
-                    claimed = await asyncio.to_thread(
-                        self._claim, names, free, named, not self._active
+                    claimed += await asyncio.to_thread(
+                        self._claim, names, free, named, not self._active and not claimed
                     )
                 except DatabaseGone as exc:
                     self._on_fatal(exc)
@@ -271,8 +300,10 @@ class Worker:
                     return
             else:
                 idle_at.clear()  # busy: the next idle spell starts afresh
+            if self._kept:
+                await self._sweep_kept()
             try:
-                await asyncio.wait_for(self._wakeup.wait(), app.poll_interval_s)
+                await asyncio.wait_for(self._wakeup.wait(), self._next_poll_s())
             except TimeoutError:
                 self._sweep = True
 
@@ -309,6 +340,113 @@ class Worker:
                 db_clock=self.db_clock,
             )
         return claimed
+
+    # -- sticky executions ------------------------------------------------------------
+
+    def _next_poll_s(self) -> float:
+        """Until the next poll: sooner if a kept run is due before it (on the real
+        clock), so that this worker claims it at its wake time."""
+        wait = self.app.poll_interval_s
+        if self._kept and self.db_clock:
+            now = self.app.clock.now()
+            for ex in self._kept.values():
+                if ex.wake_at is not None:
+                    wait = min(wait, max(0.0, ex.wake_at - now))
+        return wait
+
+    async def _claim_kept(self, names: list[str], free: int) -> list[RunRecord]:
+        """Claim, by id, kept runs whose wake time has come (any worker may claim them
+        too: whoever wins, a worker that does not hold the execution replays)."""
+        app = self.app
+        now = app.clock.now()
+        due = [
+            rid for rid, ex in self._kept.items() if ex.wake_at is not None and ex.wake_at <= now
+        ]
+        claimed: list[RunRecord] = []
+        for run_id in due[:free]:
+            try:
+                got = await asyncio.to_thread(
+                    app.store.claim,
+                    worker=self.worker_id,
+                    now=now,
+                    lease_s=app.lease_s,
+                    limit=1,
+                    workflows=names,
+                    max_recoveries=app.max_recoveries,
+                    run_id=run_id,
+                    isolate_after=self.isolate_after,
+                    alone=not self._active and not claimed,
+                    db_clock=self.db_clock,
+                )
+            except (StoreUnavailable, StoreError) as exc:
+                log.warning("worker %s: claim failed: %s", self.worker_id, exc)
+                break
+            if not got and (ex := self._kept.get(run_id)) is not None:
+                ex.wake_at = None  # taken (or not due by the database): polls find it
+            claimed += got
+        return claimed
+
+    def _keep(self, ex: Execution) -> None:
+        """A run suspended here: keep its live execution (least recently kept dropped
+        first, within the bounds)."""
+        if self._stopping or self.sticky_runs == 0:
+            ex.drop()
+            return
+        old = self._kept.pop(ex.run_id, None)
+        if old is not None and old is not ex:
+            self._forget(old)
+        self._kept[ex.run_id] = ex
+        size = ex.size
+        ex.kept_bytes = size
+        self._kept_bytes += size
+        while self._kept and (
+            len(self._kept) > self.sticky_runs or self._kept_bytes > self.sticky_bytes
+        ):
+            _, oldest = self._kept.popitem(last=False)
+            self._forget(oldest)
+
+    def _forget(self, ex: Execution) -> None:
+        self._kept_bytes -= ex.kept_bytes
+        ex.drop()
+
+    def _take_kept(self, run_id: str) -> Execution | None:
+        ex = self._kept.pop(run_id, None)
+        if ex is not None:
+            self._kept_bytes -= ex.kept_bytes
+        return ex
+
+    def _drop_kept(self) -> None:
+        while self._kept:
+            _, ex = self._kept.popitem()
+            self._forget(ex)
+        self._kept_bytes = 0
+
+    async def _sweep_kept(self) -> None:
+        """Now and then (every lease), drop the kept executions of runs that moved on
+        without this worker (taken over, cancelled, retried, deleted): they could
+        never resume, and only hold memory."""
+        now = self.app.clock.now()
+        if self._swept_at and now - self._swept_at < self.app.lease_s:
+            return
+        self._swept_at = now
+        kept = list(self._kept.items())
+
+        def read() -> list[str]:
+            gone: list[str] = []
+            for run_id, ex in kept:
+                record = self.app.store.get_run(run_id)
+                if record is None or record.epoch != ex.cur.epoch:
+                    gone.append(run_id)
+            return gone
+
+        try:
+            gone = await asyncio.to_thread(read)
+        except (StoreUnavailable, StoreError):
+            return
+        for run_id in gone:
+            ex = self._kept.get(run_id)
+            if ex is not None and dict(kept).get(run_id) is ex:
+                self._forget(self._kept.pop(run_id))
 
     async def _give_back(self, records: list[RunRecord]) -> None:
         app = self.app
@@ -365,8 +503,19 @@ class Worker:
             self._interrupt(stale, "lost")
         workflow = self.app.workflows[record.workflow]
         control = RunControl(draining=self._stopping)
+        resume = self._take_kept(record.id)
+        if resume is not None and resume.fits(record):
+            self.stats.resumed += 1
         task = asyncio.create_task(
-            execute(engine, record, workflow, control), name=f"mainspring-run-{record.id}"
+            execute(
+                engine,
+                record,
+                workflow,
+                control,
+                keep=self._keep if self.sticky else None,
+                resume=resume,
+            ),
+            name=f"mainspring-run-{record.id}",
         )
         entry = self._active[record.id] = _Active(record, task, control)
         if self._beater is not None:
