@@ -324,7 +324,13 @@ async def test_lru_eviction_replays_the_evicted_run(tmp_path: Path):
     task = asyncio.create_task(worker.run())
     for h in handles:
         await stable(app, clock, h.run_id)
-    assert worker.kept == [handles[1].run_id, handles[2].run_id]  # run 0 was evicted
+    for _ in range(1000):  # the worker's own end of the three executions
+        if worker.stats.outcomes.get("suspended", 0) == 3:
+            break
+        await asyncio.sleep(0.002)
+    # Room for two: the run that suspended first (they run concurrently, so any of
+    # them) was evicted, the other two are kept.
+    assert len(worker.kept) == 2 and set(worker.kept) < {h.run_id for h in handles}
     for _ in range(3):
         clock.advance(13)
         worker.wake()
@@ -334,7 +340,7 @@ async def test_lru_eviction_replays_the_evicted_run(tmp_path: Path):
     await task
     assert [await h.result() for h in handles] == [0, 3, 6]
     # Each wake-up of three suspended runs with room for two: one replay at least.
-    assert entries[0] >= 2 and worker.stats.resumed >= 3
+    assert sum(entries.values()) > 3 and worker.stats.resumed >= 3
 
 
 async def test_a_restart_replays_and_gives_the_same_result(tmp_path: Path):
