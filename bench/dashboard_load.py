@@ -105,7 +105,7 @@ def main() -> None:
             f"seeded {args.runs:,} runs + one of {args.steps:,} steps on {app.store.dialect}"
             f" in {time.perf_counter() - t0:.1f} s"
         )
-        _, key = app.store.create_api_key("bench", ["admin"], time.time())
+        _, key = app.create_key("bench", ["admin"])
 
         api = create_app(app, webhooks=False)
 

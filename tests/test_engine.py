@@ -431,7 +431,7 @@ async def test_a_stale_worker_writes_nothing(fapp: ms.App, clock: ms.FakeClock):
         return sum([await ctx.step(slow, i) for i in range(3)])
 
     handle = fapp.submit(wf)
-    stale = fapp.worker()
+    stale = fapp.worker(concurrency=1)  # no free slot: it cannot take its own run over
     task = asyncio.create_task(stale.run(until_idle=True))
     await asyncio.wait_for(gate.wait(), 10)
     clock.advance(fapp.lease_s + 1)  # its heartbeat is slower than the fake clock

@@ -559,7 +559,7 @@ async def test_a_stalled_holder_cannot_revive_a_dead_lettered_run(db_url: str) -
 
     try:
         handle = app.submit(wf)
-        holder = app.worker()
+        holder = app.worker(concurrency=1)  # no free slot: it cannot take its own run over
         task = asyncio.create_task(holder.run(until_idle=True))
         await asyncio.wait_for(stalled.wait(), 10)
         clock.advance(app.lease_s + 1)

@@ -75,6 +75,13 @@ def _store() -> Store | str:
             finally:
                 self._commit.freeze = False
 
+        def _commit_at_once(
+            self, batch: Sequence[RunWrite], now: float
+        ) -> list[WriteResult] | None:
+            if getattr(self._commit, "freeze", False):
+                return None  # freeze in the statement-by-statement transaction
+            return super()._commit_at_once(batch, now)
+
         @contextmanager
         def _write(self) -> Iterator[Cursor]:
             with super()._write() as cur:
