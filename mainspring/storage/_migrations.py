@@ -179,6 +179,16 @@ UPDATE ms_steps SET role = CASE
 WHERE kind = 'step' AND (substr(name, 1, 6) = 'model:' OR substr(name, 1, 5) IN ('tool:', 'rate:')
     OR substr(name, 1, 12) = 'rate-refund:');
 """,
+    # Composition and versioning: what a run's ``parent`` is to it (``fork``: it was
+    # forked from that run; ``child``: that run started it as a step), and the code
+    # version of the application that submitted it (``App(version=...)``; NULL: none
+    # declared). Earlier parents were all forks.
+    10: """
+ALTER TABLE ms_runs ADD COLUMN parent_kind TEXT;
+ALTER TABLE ms_runs ADD COLUMN version TEXT;
+UPDATE ms_runs SET parent_kind = 'fork' WHERE parent IS NOT NULL;
+CREATE INDEX ms_runs_parent ON ms_runs (parent) WHERE parent IS NOT NULL;
+""",
 }
 
 LATEST = max(MIGRATIONS)

@@ -45,6 +45,7 @@ def split_wait_signals(wait_signal: str | None) -> list[str]:
     return [] if wait_signal is None else wait_signal.split(WAIT_SIGNAL_SEP)
 
 
+ParentKind = Literal["fork", "child"]
 StepKind = Literal["step", "sleep", "signal", "now", "uuid", "random"]
 StepStatus = Literal["started", "retrying", "completed", "failed"]
 JournalRole = Literal["step", "model", "tool", "rate", "wait"]
@@ -61,8 +62,11 @@ JOURNAL_ROLES: frozenset[str] = frozenset(get_args(JournalRole))
 class RunRecord:
     """One row of ``ms_runs``.
 
-    ``parent`` / ``parent_step``: a fork's lineage, the run it was forked from and
-    that run's step (``"session:seq"``); ``None`` for a run that is no fork.
+    ``parent`` / ``parent_step``: the run this one came from and that run's step
+    (``"session:seq"``); ``parent_kind`` says how: ``"fork"`` (forked from it) or
+    ``"child"`` (started by it as a step). ``None`` for a run with no parent.
+    ``version``: the code version of the application that submitted it
+    (``App(version=...)``), ``None`` when none was declared.
     """
 
     id: str
@@ -88,6 +92,8 @@ class RunRecord:
     traceparent: str | None = None
     parent: str | None = None
     parent_step: str | None = None
+    parent_kind: ParentKind | None = None
+    version: str | None = None
 
     @property
     def finished(self) -> bool:

@@ -53,30 +53,34 @@ class RunTables(Connection):
         key: str | None,
         now: float,
         traceparent: str | None = None,
+        parent: str | None = None,
+        parent_step: str | None = None,
+        version: str | None = None,
     ) -> tuple[RunRecord, bool]:
         """Insert a queued run, or return the existing run with that ``key``.
         ``traceparent``: the caller's W3C trace context, kept with the run.
+        ``parent`` / ``parent_step``: the run that starts this one as its child, and
+        its step (``"session:seq"``). ``version``: the submitting code's version.
 
         Returns ``(run, created)``.
         """
+        kind = None if parent is None else "child"
+        values = (run_id, workflow, key, input, now, now, traceparent)
+        values += (parent, parent_step, kind, version)
+        insert = (
+            "INSERT INTO ms_runs (id, workflow, idem_key, status, input, created_at,"
+            " updated_at, traceparent, parent, parent_step, parent_kind, version)"
+            " VALUES (?, ?, ?, 'queued', ?, ?, ?, ?, ?, ?, ?, ?)"
+        )
         with self._write() as cur:
             if key is None:
-                cur.execute(
-                    "INSERT INTO ms_runs (id, workflow, idem_key, status, input, created_at,"
-                    " updated_at, traceparent) VALUES (?, ?, NULL, 'queued', ?, ?, ?, ?)",
-                    (run_id, workflow, input, now, now, traceparent),
-                )
+                cur.execute(insert, values)
                 created = True
             else:
                 # One conditional statement, not a read then an insert: concurrent
                 # submits with one key (many API servers) all get the one run. On
                 # PostgreSQL the loser waits for the winner's commit, then selects it.
-                cur.execute(
-                    "INSERT INTO ms_runs (id, workflow, idem_key, status, input, created_at,"
-                    " updated_at, traceparent) VALUES (?, ?, ?, 'queued', ?, ?, ?, ?)"
-                    " ON CONFLICT (idem_key) DO NOTHING",
-                    (run_id, workflow, key, input, now, now, traceparent),
-                )
+                cur.execute(insert + " ON CONFLICT (idem_key) DO NOTHING", values)
                 created = cur.rowcount == 1
             if not created:
                 cur.execute(f"SELECT {_RUN_COLUMNS} FROM ms_runs WHERE idem_key = ?", (key,))
@@ -254,8 +258,8 @@ class RunTables(Connection):
                 )
             cur.execute(
                 "INSERT INTO ms_runs (id, workflow, status, input, session, handoff,"
-                " created_at, updated_at, parent, parent_step)"
-                " VALUES (?, ?, 'queued', ?, ?, ?, ?, ?, ?, ?)",
+                " created_at, updated_at, parent, parent_step, parent_kind, version)"
+                " VALUES (?, ?, 'queued', ?, ?, ?, ?, ?, ?, ?, 'fork', ?)",
                 (
                     run_id,
                     source.workflow,
@@ -266,6 +270,7 @@ class RunTables(Connection):
                     now,
                     source.id,
                     parent_step if parent_step is not None else f"{session}:{upto_seq}",
+                    source.version,
                 ),
             )
             cur.execute(
