@@ -8,7 +8,10 @@ forever, in one of DBOS's two documented durable waits (``--wait``):
   recv has registered its waiter, found no message and recorded its timeout). On SQLite
   a waiting recv is woken by DBOS's notification poller, here at its documented minimum
   interval (``notification_listener_polling_interval_sec``, ``--poll`` 0.001 s); the
-  wall time per step includes that wake-up latency.
+  wall time per step includes that wake-up latency. DBOS marks a received message
+  consumed and keeps it, and its index on notifications, (destination_uuid, topic), does
+  not cover ``consumed``: each check for a new message reads the workflow's old ones, so
+  recv's cost grows with the messages a workflow has received.
 - ``sleep``: ``DBOS.sleep(1e-6)``, a durable sleep (its end time is recorded, then the
   thread sleeps); mainspring's sleeps are due at once, DBOS cannot be told so.
 
