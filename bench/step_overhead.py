@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from long_run import COLUMNS as LONG_COLUMNS
-from long_run import long_run, render_rows
+from long_run import NOTE as LONG_NOTE
+from long_run import long_peers, long_run, render_rows
 from peers.run_peers import ensure_venv, run_peer
 from rich.console import Console
 from rich.table import Table
@@ -256,9 +257,10 @@ replay: from the top to the first new write; resume adds the wait's and finish's
 case|steps|seconds|steps/s|× single|commits|run writes/commit|target ≥ 5×
 commits: transactions of the worker's BatchCommitter; all runs succeeded: {ok}
 
-5. Long run: one run suspending after every step (a durable sleep), sticky executions
+5. Long run: one run suspending after every step (a durable sleep), sticky on and off, {sync}
 {columns}
-target: sticky on, the cost at the last step ≤ 1.2× the first; peers not measured yet
+target: sticky on, the cost at the last step ≤ 1.2× the first; × on: against sticky on, same step
+{note}
 """.strip().split("\n\n")
 ]
 
@@ -280,7 +282,8 @@ def cells(*values: object) -> list[str]:
 
 def show(con: Console, n: int, rows: list[list[str]], **fields: Any) -> None:
     """Table ``n`` of HEADS; an empty row starts a new section."""
-    title, columns, note = (text.format(**fields) for text in HEADS[n - 1])
+    title, columns, *notes = (text.format(**fields) for text in HEADS[n - 1])
+    note = "\n".join(notes)
     t = Table(title=title, caption=note, title_justify="left", caption_justify="left")
     t.min_width = len(title)  # rich would wrap a title wider than the columns
     for i, col in enumerate(columns.split("|")):
@@ -351,7 +354,9 @@ def render(r: dict[str, Any], con: Console) -> None:
     show(con, 4, rows, ok=all(x["all_succeeded"] for x in tp.values()), **a)
 
     if "long_run" in r:  # bench/long_run.py: see there how it is measured
-        show(con, 5, render_rows(r["long_run"]), columns=LONG_COLUMNS, **a)
+        lr = r["long_run"]
+        note = LONG_NOTE if "peers" in lr else LONG_NOTE.splitlines()[0] + " Peers: not measured."
+        show(con, 5, render_rows(lr), columns=LONG_COLUMNS, sync=lr["sync"], note=note, **a)
 
 
 async def measure(args: argparse.Namespace, log: Console) -> dict[str, Any]:
@@ -375,6 +380,10 @@ async def measure(args: argparse.Namespace, log: Console) -> dict[str, Any]:
         log.print("[dim]· long run, sticky executions on and off…")
         marks = tuple(int(m) for m in args.long_marks.split(","))
         r["long_run"] = await long_run(marks, args.long_window)
+        if not args.no_peers:
+            r["long_run"]["peers"] = long_peers(
+                marks, args.long_window, log=lambda msg: log.print(f"[dim]{msg}")
+            )
     return r
 
 

@@ -9,6 +9,7 @@ import argparse
 import hashlib
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -65,30 +66,31 @@ def ensure_venv(path: Path = DEFAULT_VENV) -> Path:
     return python
 
 
-def run_peer(
-    python: Path,
-    script: str,
-    steps: int,
-    sync: str,
-    state_kb_per_step: int = 0,
-    timeout: float = 600,
-    extra_args: Sequence[str] = (),
-) -> dict[str, Any]:
-    """Run one peer script in a fresh temp dir; return its JSON or {"peer", "error"}."""
-    script_path = Path(script) if Path(script).is_absolute() else PEERS_DIR / script
-    peer = script_path.stem.removesuffix("_steps")
+def per_step_us(
+    stamps: Sequence[float], cpu: Sequence[float], start: int, window: int
+) -> dict[str, float]:
+    """Wall (median gap) and CPU (mean) µs per step over ``window`` steps from ``start``,
+    from the ``perf_counter`` and ``process_time`` noted at each step call (the long-run
+    measure, shared by ``bench/long_run.py`` and the peer scripts)."""
+    gaps = [
+        b - a for a, b in zip(stamps[start : start + window], stamps[start + 1 :], strict=False)
+    ]
+    if not gaps:
+        raise ValueError(f"no steps after step {start} (only {len(stamps)} were taken)")
+    end = min(start + window, len(cpu) - 1)
+    return {
+        "wall": statistics.median(gaps[:window]) * 1e6,
+        "cpu": (cpu[end] - cpu[start]) / max(1, end - start) * 1e6,
+    }
+
+
+def _run_json(cmd: Sequence[str], peer: str, timeout: float) -> dict[str, Any]:
+    """Run a peer command in a fresh temp dir (``{tmp}`` in ``cmd`` names it); return its
+    last stdout line as JSON, or ``{"peer", "error"}``: never raise."""
     try:
         with tempfile.TemporaryDirectory(prefix=f"peer-{peer}-") as tmp:
-            cmd = [
-                str(python),
-                str(script_path),
-                "--steps", str(steps),
-                "--db", str(Path(tmp) / "peer.sqlite"),
-                "--sync", sync,
-                "--state-kb-per-step", str(state_kb_per_step),
-                *extra_args,
-            ]  # fmt: skip
-            proc = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True, timeout=timeout)
+            argv = [arg.replace("{tmp}", tmp) for arg in cmd]
+            proc = subprocess.run(argv, cwd=tmp, capture_output=True, text=True, timeout=timeout)
         if proc.returncode != 0:
             return {"peer": peer, "error": f"exit {proc.returncode}: {_tail(proc.stderr, 5)}"}
         lines = [line for line in proc.stdout.splitlines() if line.strip()]
@@ -100,6 +102,52 @@ def run_peer(
         return {"peer": peer, "error": f"timed out after {timeout}s"}
     except Exception as e:  # the caller wants a result row, never a raise
         return {"peer": peer, "error": f"{type(e).__name__}: {e}"}
+
+
+def run_long_peer(
+    python: Path,
+    script: str,
+    marks: Sequence[int],
+    window: int,
+    sync: str,
+    timeout: float = 900,
+    extra_args: Sequence[str] = (),
+) -> dict[str, Any]:
+    """Run one long-run peer script (``*_long.py``) on a fresh file; its JSON or an error."""
+    script_path = Path(script) if Path(script).is_absolute() else PEERS_DIR / script
+    cmd = [
+        str(python),
+        str(script_path),
+        "--db", str(Path("{tmp}") / "peer.sqlite"),
+        "--marks", ",".join(str(m) for m in marks),
+        "--window", str(window),
+        "--sync", sync,
+        *extra_args,
+    ]  # fmt: skip
+    return _run_json(cmd, script_path.stem.removesuffix("_long"), timeout)
+
+
+def run_peer(
+    python: Path,
+    script: str,
+    steps: int,
+    sync: str,
+    state_kb_per_step: int = 0,
+    timeout: float = 600,
+    extra_args: Sequence[str] = (),
+) -> dict[str, Any]:
+    """Run one peer script in a fresh temp dir; return its JSON or {"peer", "error"}."""
+    script_path = Path(script) if Path(script).is_absolute() else PEERS_DIR / script
+    cmd = [
+        str(python),
+        str(script_path),
+        "--steps", str(steps),
+        "--db", str(Path("{tmp}") / "peer.sqlite"),
+        "--sync", sync,
+        "--state-kb-per-step", str(state_kb_per_step),
+        *extra_args,
+    ]  # fmt: skip
+    return _run_json(cmd, script_path.stem.removesuffix("_steps"), timeout)
 
 
 def main() -> None:
