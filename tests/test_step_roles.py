@@ -76,17 +76,28 @@ def test_migration_fills_roles_of_a_golden_journal(tmp_path: Path) -> None:
         store.close()
 
 
+# Migrations 9 and later, undone: what a version-8 database lacks.
+_UNDO_TO_8 = (
+    "DROP INDEX ms_runs_parent",
+    "ALTER TABLE ms_runs DROP COLUMN parent_kind",
+    "ALTER TABLE ms_runs DROP COLUMN version",
+    "ALTER TABLE ms_steps DROP COLUMN role",
+)
+
+
 def _drop_role_column(store: Store, url: str) -> None:
     """Turn a fresh store's database into a version-8 one."""
     if url.startswith("sqlite"):
         with sqlite3.connect(url.removeprefix("sqlite:///")) as conn:
-            conn.execute("ALTER TABLE ms_steps DROP COLUMN role")
+            for statement in _UNDO_TO_8:
+                conn.execute(statement)
             _insert_legacy(conn, "?")
     else:
         import psycopg
 
         with psycopg.connect(url, autocommit=True) as conn:
-            conn.execute("ALTER TABLE ms_steps DROP COLUMN role")
+            for statement in _UNDO_TO_8:
+                conn.execute(statement)
             _insert_legacy(conn, "%s")
     store.stamp_schema_version(8)
 
