@@ -161,8 +161,7 @@ async def test_a_change_without_a_patch_is_still_nondeterminism(
     error = json.loads(record.error or "{}")
     assert error["type"] == "mainspring._errors.NondeterminismError"
     assert "step_b" in error["message"]
-    [finding] = v2.diagnose(old.run_id).findings
-    assert finding.kind == "nondeterminism"
+    [finding] = [f for f in v2.diagnose(old.run_id).findings if f.kind == "nondeterminism"]
     assert any("ctx.patched" in step for step in finding.next_steps)
 
 
