@@ -50,6 +50,7 @@ from ._admin import Admin
 from ._handle import RunHandle
 from ._lineage import Lineage, local_user, new_id
 from ._observe import Observe
+from ._versions import check_version
 
 __all__ = ["DEFAULT_URL", "App", "RunHandle"]
 
@@ -92,6 +93,12 @@ class App(Admin, Lineage, Observe):
         interceptors: :class:`~mainspring.journal.StepInterceptor` s wrapped around
             every executed step attempt, the first outermost (tracing, fault
             injection: the reliability lab's ``mainspring lab run`` is one).
+        version: this code's version (``"2026.12.1"``, a git tag...), stamped on every
+            run it submits (:attr:`RunRecord.version`, ``mainspring runs --version``).
+            Its workers claim runs of this version and runs with no version by
+            default (``app.worker(versions=...)`` chooses; docs/workflows.md,
+            "Changing code under running runs"). ``None`` (default): runs carry no
+            version and this App's workers claim runs of every version.
     """
 
     def __init__(
@@ -109,6 +116,7 @@ class App(Admin, Lineage, Observe):
         redact: Redactor | None = _DEFAULT_REDACTOR,
         rate_limits: Sequence[RateLimit] | RateLimits | str | os.PathLike[str] | None = None,
         interceptors: Sequence[StepInterceptor] = (),
+        version: str | None = None,
     ) -> None:
         if lease_s <= 0:
             raise ConfigError(f"lease_s must be > 0, got {lease_s!r}")
@@ -138,6 +146,7 @@ class App(Admin, Lineage, Observe):
         self.rate_limits: RateLimits | None = _rate_limits(rate_limits)
         self._models: dict[str, Model] = {}  # call_model's adapters, by spec
         self.interceptors: tuple[StepInterceptor, ...] = tuple(interceptors)
+        self.version: str | None = check_version(version)
 
     @property
     def url(self) -> str:
@@ -434,6 +443,7 @@ class App(Admin, Lineage, Observe):
             input=encoded,
             key=key,
             now=self.clock.now(),
+            version=self.version,
             # Kept only when valid, so every span exporter can trust what it reads back.
             traceparent=traceparent.strip()
             if traceparent and parse_traceparent(traceparent)
@@ -611,10 +621,12 @@ class App(Admin, Lineage, Observe):
         since: float | None = None,
         search: str | None = None,
         summary: bool = False,
+        versions: Sequence[str | None] | None = None,
     ) -> list[RunRecord]:
         """Runs, newest first. ``since``: created at or after this timestamp;
         ``search``: text in the id, key, input, output or error (any case);
-        ``summary``: without input, output and hand-off (``None``)."""
+        ``summary``: without input, output and hand-off (``None``); ``versions``: only
+        runs submitted by these code versions (``None`` in it: with no version)."""
         statuses = [status] if isinstance(status, str) else status
         return self.store.list_runs(
             statuses=statuses,
@@ -624,6 +636,7 @@ class App(Admin, Lineage, Observe):
             since=since,
             search=search,
             summary=summary,
+            versions=versions,
         )
 
     def signal(self, run_id: str, name: str, payload: Any = None) -> int:

@@ -129,6 +129,15 @@ def runs(
             metavar="TEXT", help="Only runs with TEXT in id, key, input, output or error."
         ),
     ] = None,
+    version: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--version",
+            metavar="VERSION",
+            help="Only runs submitted by this code version (App(version=...); repeatable;"
+            " 'none': runs with no version).",
+        ),
+    ] = None,
     limit: Annotated[int, typer.Option(min=1, help="How many runs to list.")] = 50,
     offset: Annotated[int, typer.Option(min=0, help="Skip this many (newest first).")] = 0,
     as_json: JsonOption = False,
@@ -145,6 +154,9 @@ def runs(
                 offset=offset,
                 since=since_ts,
                 search=search,
+                versions=None
+                if not version
+                else [None if v.strip().lower() == "none" else v.strip() for v in version],
             )
             currents = [_current_step(app.store, r) for r in records]
             counts = app.store.count_runs()
@@ -171,6 +183,9 @@ def runs(
         table.add_column("created (UTC)", no_wrap=True)
         table.add_column("active (UTC)", no_wrap=True)
         table.add_column("waiting on")
+        versioned = any(r.version is not None for r in records)
+        if versioned:  # a column only for those who version their code
+            table.add_column("version", no_wrap=True)
         for r, c in zip(records, currents, strict=True):
             table.add_row(
                 r.id,
@@ -181,10 +196,11 @@ def runs(
                 _clock(r.created_at, now),
                 _clock(_active_at(r, c), now),
                 _wait_text(r, now),
+                *([r.version or "-"] if versioned else []),
             )
         out.print(table)
     else:
-        filtered = statuses or workflow or offset or since or search
+        filtered = statuses or workflow or offset or since or search or version
         out.print("no runs match" if filtered else "no runs yet")
     total = sum(counts.values())
     by_status = ", ".join(f"{n} {s}" for s, n in counts.items()) or "none"
@@ -243,6 +259,8 @@ def show(
         ("key", record.key if record.key is not None else "-"),
         ("session", str(record.session)),
     ]
+    if record.version is not None:
+        facts.append(("version", record.version))
     holder = "no owner"
     if record.owner is not None:
         holder = f"owner {record.owner}"
@@ -444,6 +462,7 @@ def _run_json(r: RunRecord, current: StepRecord | None) -> dict[str, Any]:
         "wake_at": _iso(r.wake_at) if suspended else None,
         "recoveries": r.recoveries,
         "cancel_requested": r.cancel_requested,
+        "version": r.version,  # of the code that submitted it (App(version=...))
         # A fork's lineage: the run and step it was forked from.
         "parent": None if r.parent is None else {"run": r.parent, "step": r.parent_step},
         "created_at": _iso(r.created_at),

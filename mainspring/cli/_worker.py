@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from typing import Annotated
+from typing import Annotated, Literal
 
 import typer
 
@@ -37,6 +37,21 @@ def worker(
     ] = None,
     metrics_host: Annotated[str, typer.Option(help="Interface for --metrics-port.")] = "127.0.0.1",
     otel: OtelOption = False,
+    accept_version: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="Claim only runs submitted by this code version (repeatable; 'none': runs"
+            " with no version; 'any': every run). Default: the App's version and 'none' when"
+            " the App declares one, else every run."
+        ),
+    ] = None,
+    sticky: Annotated[
+        bool,
+        typer.Option(
+            help="Keep the live execution of runs that suspend and resume it instead of"
+            " replaying (--no-sticky: every wake-up replays)."
+        ),
+    ] = True,
 ) -> None:
     """Execute runs: claim, replay, step, heartbeat. Stops gracefully on SIGTERM/SIGINT."""
     logging.basicConfig(
@@ -52,18 +67,27 @@ def worker(
     if lease_s is not None:
         app.lease_s = lease_s
         app.heartbeat_s = lease_s / 3
-    w = app.worker(concurrency=concurrency, worker_id=worker_id, shutdown_grace_s=shutdown_grace_s)
+    w = app.worker(
+        concurrency=concurrency,
+        worker_id=worker_id,
+        shutdown_grace_s=shutdown_grace_s,
+        sticky=sticky,
+        versions=_versions(accept_version),
+    )
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, w.request_stop)
         logging.getLogger("mainspring.worker").info(
-            "worker %s started on %s (concurrency %d, workflows: %s)",
+            "worker %s started on %s (concurrency %d, workflows: %s, versions: %s)",
             w.worker_id,
             redact_url(app.url),
             concurrency,
             ", ".join(sorted(app.workflows)) or "none",
+            "any"
+            if w.versions is None
+            else ", ".join("none" if v is None else v for v in w.versions) or "none at all",
         )
         await w.run(until_idle=until_idle)
         logging.getLogger("mainspring.worker").info(
@@ -71,3 +95,22 @@ def worker(
         )
 
     asyncio.run(main())
+
+
+def _versions(values: list[str] | None) -> list[str | None] | Literal["any"] | None:
+    """``--accept-version`` values as ``Worker(versions=...)`` takes them."""
+    if not values:
+        return None
+    words = [v.strip() for v in values]
+    if any(w.lower() == "any" for w in words):
+        if len(words) > 1:
+            raise typer.BadParameter(
+                f"'any' accepts every version: give it alone, got {values!r}",
+                param_hint="--accept-version",
+            )
+        return "any"
+    if any(not w for w in words):
+        raise typer.BadParameter(
+            f"a version cannot be empty, got {values!r}", param_hint="--accept-version"
+        )
+    return [None if w.lower() == "none" else w for w in words]

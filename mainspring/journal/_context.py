@@ -25,6 +25,7 @@ from .._errors import ApprovalRejected
 from .._requests import Approval, RequestKind
 from .._serde import dumps, loads
 from ..storage import JournalRole, RunRecord, StepRecord
+from . import _patches
 from ._control import SimulatedCrash, _ContinueAsNew
 from ._cursor import Cursor
 from ._engine import Engine, RunControl
@@ -319,7 +320,7 @@ class RunContext:
         Raises:
             WaitTimeout: ``timeout`` seconds passed with no answer and no ``default``.
         """
-        key = name if name is not None else f"{self.session}.{self._cursor.seq + 1}"
+        key = name if name is not None else f"{self.session}.{self._cursor.next_seq()}"
         return await self.request(
             f"question:{key}",
             kind="question",
@@ -328,6 +329,33 @@ class RunContext:
             timeout=timeout,
             default=default,
         )
+
+    # -- code that changes under running runs -----------------------------------------
+
+    def patched(self, change_id: str) -> bool:
+        """Whether this run takes the code after the change ``change_id``: ``True`` for
+        a run that reaches this point under the changed code (a marker is journaled)
+        and on every replay of it, ``False`` when replaying a journal written before the
+        change, whose old steps the ``else`` branch must then ask for
+        (docs/workflows.md, "Changing code under running runs")."""
+        return _patches.patched(self._cursor, change_id)
+
+    def deprecate_patch(self, change_id: str) -> None:
+        """Mark that the code of ``patched(change_id)``'s old branch is gone: keeps the
+        marker (so workers still on the patched code replay this run), and raises
+        :class:`NondeterminismError` for a run from before the change."""
+        _patches.deprecate_patch(self._cursor, change_id)
+
+    def version(self, change_id: str, min_supported: int, max_supported: int) -> int:
+        """The version of the change ``change_id`` this run is on: ``max_supported`` for
+        a run that reaches this point now (journaled), the journaled one on replay, and
+        0 for a journal written before the first version of the change.
+
+        Raises:
+            NondeterminismError: the run's version is outside ``min_supported`` to
+                ``max_supported`` (its code was removed while it was in flight).
+        """
+        return _patches.version(self._cursor, change_id, min_supported, max_supported)
 
     # -- journaled values and sessions ------------------------------------------------
 

@@ -101,10 +101,22 @@ class Cursor:
     def where(self, seq: int, name: str) -> str:
         return f"{self.session}:{seq} {name!r}"
 
+    def next_seq(self) -> int:
+        """The sequence number the next durable call will take (past the markers of
+        patches the code no longer checks, see :meth:`patch`)."""
+        seq = self.seq + 1
+        while (rec := self.journal.get(seq)) is not None and rec.kind == "patch":
+            seq += 1
+        return seq
+
     def take(self, kind: StepKind, name: str) -> int:
-        """The next sequence number, checked against the journal's record there."""
-        self.seq += 1
-        seq = self.seq
+        """The next sequence number, checked against the journal's record there.
+
+        A patch marker the code does not ask for is passed over: its patch was removed
+        once every run that predates it had finished, and the steps after the marker
+        are the patched code's, which the code asks for now (and checks, by name).
+        """
+        seq = self.seq = self.next_seq()
         rec = self.journal.get(seq)
         if rec is not None and (rec.kind != kind or not same_step_name(rec.name, name)):
             raise self.fail(
@@ -228,6 +240,37 @@ class Cursor:
             self.new(seq, kind, kind, status="completed", output=dumps(value), finished_at=now)
         )
         return value
+
+    def patch(self, change_id: str, newest: int) -> int | None:
+        """The version of the change ``change_id`` this run took here: the one its
+        marker holds, ``newest`` (marked now) on a first execution, or ``None`` when the
+        journal was written before the change (no marker where the code asks: nothing
+        is consumed, so the old code's steps line up with the old journal).
+
+        Markers of other changes met first are passed over (patches removed since);
+        if nothing but such markers lies ahead, this is a first execution from there.
+        """
+        self.boundary()
+        probe = self.seq + 1
+        while (rec := self.journal.get(probe)) is not None and rec.kind == "patch":
+            if rec.name == change_id:
+                self.seq = probe
+                return int(loads(rec.output))
+            probe += 1
+        if probe <= self.last_journaled:
+            return None  # replaying a journal from before the change
+        self.seq = probe
+        self.put(
+            self.new(
+                probe,
+                "patch",
+                change_id,
+                status="completed",
+                output=dumps(newest),
+                finished_at=self.now(),
+            )
+        )
+        return newest
 
     # -- commits ----------------------------------------------------------------------
 

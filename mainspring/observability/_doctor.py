@@ -215,6 +215,9 @@ def _nondeterminism(trace: RunTrace) -> Finding | None:
             f"to keep the new code: `mainspring retry {trace.run.id}` drops the journal from "
             f"{where} on and runs those steps again (their model calls are paid again), or "
             f"`mainspring fork {trace.run.id} --from-step N` keeps steps 0..N in a new run",
+            'next time, ship the change under runs in flight: `if ctx.patched("change-id"):`'
+            " new steps, else the old ones (runs from before the change take the old "
+            "branch), or declare App(version=...) so old workers drain the old runs",
         ],
     )
 

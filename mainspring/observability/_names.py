@@ -30,15 +30,16 @@ StepRole = Literal[JournalRole, "internal"]
 - ``rate``: rate-limit bookkeeping: a slot booked before a model call (``rate:KEY``)
   or given back (``rate-refund:KEY``). A booking may still make the run wait (its
   trace entry's ``rate_wait_s``).
-- ``internal``: a recorded value (``ctx.now()``, ``ctx.uuid()``, ``ctx.random()``):
-  journaled so that a replay sees the same value, no work of its own.
+- ``internal``: a recorded value (``ctx.now()``, ``ctx.uuid()``, ``ctx.random()``, a
+  patch marker of ``ctx.patched``): journaled so that a replay sees the same value, no
+  work of its own.
 
 The roles of a ``ctx.step`` are :data:`mainspring.storage.JournalRole`, this less
 ``internal``.
 """
 
 _WAITS = frozenset({"sleep", "signal"})
-_RECORDED = frozenset({"now", "uuid", "random"})
+_RECORDED = frozenset({"now", "uuid", "random", "patch"})
 _DECLARED: dict[str, StepRole] = {r: r for r in get_args(JournalRole)}
 
 

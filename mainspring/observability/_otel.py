@@ -25,7 +25,7 @@ from ._trace import RunTrace
 
 __all__ = ["export_trace"]
 
-_RECORDED = ("now", "uuid", "random")
+_RECORDED = ("now", "uuid", "random", "patch")
 
 
 def export_trace(

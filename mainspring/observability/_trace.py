@@ -21,7 +21,7 @@ from ._names import StepRole, model_of, step_role, tool_of_name
 
 __all__ = ["RunTrace", "TraceEntry", "TraceKind", "build_trace", "trace_entries"]
 
-TraceKind = Literal["model", "tool", "step", "sleep", "signal", "now", "uuid", "random"]
+TraceKind = Literal["model", "tool", "step", "sleep", "signal", "now", "uuid", "random", "patch"]
 
 _SUMMARY = 160
 

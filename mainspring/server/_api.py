@@ -272,12 +272,19 @@ def create_app(
         _key: Read,
         status: Annotated[list[RunStatusName] | None, Query()] = None,
         workflow: Annotated[str | None, Query(max_length=200)] = None,
+        version: Annotated[str | None, Query(max_length=200)] = None,
         limit: Annotated[int, Query(ge=1, le=500)] = 50,
         offset: Annotated[int, Query(ge=0, le=10_000_000)] = 0,
     ) -> RunList:
-        """Runs, newest first, filtered by status (repeatable) and workflow."""
+        """Runs, newest first, filtered by status (repeatable), workflow and the code
+        version that submitted them (``App(version=...)``)."""
         records = app.list_runs(
-            status=status, workflow=workflow, limit=limit, offset=offset, summary=True
+            status=status,
+            workflow=workflow,
+            limit=limit,
+            offset=offset,
+            summary=True,
+            versions=None if version is None else [version],
         )
         current = app.store.last_steps([r.id for r in records])
         nxt = None
@@ -739,6 +746,7 @@ def _run_out(
         recoveries=r.recoveries,
         parent=r.parent,
         parent_step=r.parent_step,
+        version=r.version,
         created_at=r.created_at,
         updated_at=r.updated_at,
         finished_at=r.finished_at,

@@ -119,6 +119,11 @@ class RunOut(BaseModel):
     parent_step: str | None = Field(
         None, description="The source run's step the fork was made from, 'session:seq'."
     )
+    version: str | None = Field(
+        None,
+        description="The code version of the App that submitted the run "
+        "(App(version=...)); null: none declared.",
+    )
 
 
 class RunList(BaseModel):

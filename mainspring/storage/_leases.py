@@ -12,7 +12,7 @@ from .._serde import dumps, loads
 from ._api import queue_event
 from ._connection import Connection
 from ._records import RunRecord
-from ._rows import _RUN_COLUMNS, _run
+from ._rows import _RUN_COLUMNS, _run, _versions_sql
 
 __all__ = ["Heartbeat", "LeaseTables"]
 
@@ -48,6 +48,7 @@ class LeaseTables(Connection):
         isolate_after: int | None = None,
         alone: bool = False,
         db_clock: bool = False,
+        versions: Sequence[str | None] | None = None,
     ) -> list[RunRecord]:
         """Take up to ``limit`` runnable runs: bump each one's epoch and lease it.
 
@@ -66,6 +67,9 @@ class LeaseTables(Connection):
             db_clock: compare and write leases with the database's clock instead of
                 ``now`` (where the dialect has one: PostgreSQL), so that workers
                 whose clocks disagree still agree on whose lease has run out.
+            versions: claim only runs whose code version (``ms_runs.version``) is one
+                of these (``None`` in it: runs submitted with no version); ``None``:
+                runs of every version. Applies to a claim by ``run_id`` too.
         """
         self._check()
         if limit <= 0:
@@ -73,6 +77,12 @@ class LeaseTables(Connection):
         names = list(workflows) if workflows is not None else None
         wf_sql = f" AND workflow IN ({', '.join('?' * len(names))})" if names else ""
         wf_params: list[Any] = list(names) if names else []
+        one_sql, one_params = "", []  # what a claim by id checks beside runnability
+        if versions is not None:
+            v_sql, v_params = _versions_sql(versions)
+            one_sql, one_params = f" AND {v_sql}", v_params
+            wf_sql += one_sql
+            wf_params += v_params
         lock = self._lock_clause
         at, at_params = self._clock(now, db_clock)
         queries: list[tuple[str, list[Any]]]
@@ -81,8 +91,8 @@ class LeaseTables(Connection):
                 (
                     "SELECT id, status, recoveries FROM ms_runs WHERE id = ? AND (status = 'queued'"
                     f" OR (status IN ('sleeping', 'waiting') AND wake_at <= {at})"
-                    f" OR (status = 'running' AND lease_until < {at})){lock}",
-                    [run_id, *at_params, *at_params],
+                    f" OR (status = 'running' AND lease_until < {at})){one_sql}{lock}",
+                    [run_id, *at_params, *at_params, *one_params],
                 )
             ]
         else:

@@ -46,7 +46,9 @@ def split_wait_signals(wait_signal: str | None) -> list[str]:
 
 
 ParentKind = Literal["fork", "child"]
-StepKind = Literal["step", "sleep", "signal", "now", "uuid", "random"]
+StepKind = Literal["step", "sleep", "signal", "now", "uuid", "random", "patch"]
+"""What a journal row is. ``patch``: the marker of a code change a run took
+(``ctx.patched``, ``ctx.version``), named by the change's id, its version as output."""
 StepStatus = Literal["started", "retrying", "completed", "failed"]
 JournalRole = Literal["step", "model", "tool", "rate", "wait"]
 """What a ``ctx.step`` row is, as its writer declared it (``ctx.step(..., role=...)``):

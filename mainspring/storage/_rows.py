@@ -40,6 +40,16 @@ _UPSERT_STEP = (
 _SIGNAL_COLUMNS = "id, run_id, name, payload, created_at, consumed_at, consumed_by"
 
 
+def _versions_sql(versions: Sequence[str | None]) -> tuple[str, list[Any]]:
+    """A condition on ``ms_runs.version``: one of ``versions`` (``None`` in it: a run
+    submitted with no version); nothing matches an empty list."""
+    named = [v for v in versions if v is not None]
+    parts = [f"version IN ({', '.join('?' * len(named))})"] if named else []
+    if None in versions:
+        parts.append("version IS NULL")
+    return ("(" + " OR ".join(parts) + ")" if parts else "1 = 0"), named
+
+
 def _run(row: Sequence[Any]) -> RunRecord:
     return RunRecord(
         id=row[0],

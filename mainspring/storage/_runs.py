@@ -21,6 +21,7 @@ from ._rows import (
     _run,
     _step,
     _step_params,
+    _versions_sql,
 )
 
 __all__ = ["PruneResult", "RunTables"]
@@ -65,7 +66,7 @@ class RunTables(Connection):
         Returns ``(run, created)``.
         """
         kind = None if parent is None else "child"
-        values = (run_id, workflow, key, input, now, now, traceparent)
+        values: tuple[Any, ...] = (run_id, workflow, key, input, now, now, traceparent)
         values += (parent, parent_step, kind, version)
         insert = (
             "INSERT INTO ms_runs (id, workflow, idem_key, status, input, created_at,"
@@ -112,10 +113,12 @@ class RunTables(Connection):
         since: float | None = None,
         search: str | None = None,
         summary: bool = False,
+        versions: Sequence[str | None] | None = None,
     ) -> list[RunRecord]:
         """Newest first. ``since``: created at or after this time; ``search``: text
         found (case-insensitively) in the id, key, input, output or error; ``summary``:
-        leave input, output and hand-off out (``None``), for lists."""
+        leave input, output and hand-off out (``None``), for lists; ``versions``: only
+        runs submitted by these code versions (``None`` in it: with no version)."""
         where: list[str] = []
         params: list[Any] = []
         if statuses:
@@ -124,6 +127,10 @@ class RunTables(Connection):
         if workflow:
             where.append("workflow = ?")
             params.append(workflow)
+        if versions is not None:
+            v_sql, v_params = _versions_sql(versions)
+            where.append(v_sql)
+            params.extend(v_params)
         if since is not None:
             where.append("created_at >= ?")
             params.append(since)
@@ -169,16 +176,26 @@ class RunTables(Connection):
             )
             return [r[0] for r in cur.fetchall()]
 
-    def next_wake(self, workflows: Sequence[str] | None = None) -> float | None:
-        """The earliest ``wake_at`` of a sleeping or waiting run (of these workflows):
-        when a worker next has something to claim that nobody needs to send."""
+    def next_wake(
+        self,
+        workflows: Sequence[str] | None = None,
+        versions: Sequence[str | None] | None = None,
+    ) -> float | None:
+        """The earliest ``wake_at`` of a sleeping or waiting run (of these workflows,
+        and code versions as :meth:`claim` takes them): when a worker next has something
+        to claim that nobody needs to send."""
         names = list(workflows) if workflows is not None else None
         wf_sql = f" AND workflow IN ({', '.join('?' * len(names))})" if names else ""
+        params: list[Any] = list(names or [])
+        if versions is not None:
+            v_sql, v_params = _versions_sql(versions)
+            wf_sql += f" AND {v_sql}"
+            params += v_params
         with self._read() as cur:
             cur.execute(
                 "SELECT MIN(wake_at) FROM ms_runs WHERE status IN ('sleeping', 'waiting')"
                 f" AND wake_at IS NOT NULL{wf_sql}",
-                names or [],
+                params,
             )
             row = cur.fetchone()
             return None if row is None or row[0] is None else float(row[0])

@@ -156,6 +156,34 @@ class StoreConformance:
             assert self._claim(s, workflows=[]) == []
             assert [r.id for r in self._claim(s, workflows=["other"])] == ["x"]
 
+    def test_claim_takes_only_the_versions_asked_for(self) -> None:
+        with self.store() as s:
+            for i, version in enumerate(["v1", "v2", None, "v1"]):
+                s.create_run(
+                    run_id=f"r{i}", workflow="wf", input="{}", key=None, now=T0 + i,
+                    version=version,
+                )  # fmt: skip
+            assert [r.id for r in s.list_runs(versions=["v1"])] == ["r3", "r0"]
+            assert [r.id for r in s.list_runs(versions=[None])] == ["r2"]
+            assert self._claim(s, versions=[]) == []
+            assert self._claim(s, versions=["v3"]) == []
+            assert self._claim(s, run_id="r1", versions=["v1", None]) == []  # by id too
+            # Queued runs of v1; then r0 sleeps and r3's lease runs out: a due sleeper
+            # and an expired lease, each filtered like a queued run.
+            claimed = self._claim(s, versions=["v1"])
+            assert [r.id for r in claimed] == ["r0", "r3"]
+            sleep = RunTransition(kind="suspend", status="sleeping", wake_at=T0 + 5)
+            s.commit([RunWrite(run_id="r0", epoch=claimed[0].epoch, transition=sleep)], T0)
+            assert s.next_wake(["wf"], versions=["v2", None]) is None
+            assert s.next_wake(["wf"], versions=["v1"]) == T0 + 5
+            later = T0 + LEASE + 1
+            got = self._claim(s, now=later, worker="w2", versions=["v2"])
+            assert [r.id for r in got] == ["r1"]
+            got = self._claim(s, now=later, worker="w3", versions=["v1"])
+            assert sorted(r.id for r in got) == ["r0", "r3"]
+            assert all(r.epoch == 2 for r in got)
+            assert [r.id for r in self._claim(s, now=later, versions=[None, "v1"])] == ["r2"]
+
     def test_expired_lease_is_taken_over_with_a_new_epoch(self) -> None:
         with self.store() as s:
             self._new(s, "r1")

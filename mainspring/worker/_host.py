@@ -55,6 +55,11 @@ class WorkerHost(Protocol):
         """The workflows this worker may claim runs of, by name."""
 
     @property
+    def version(self) -> str | None:
+        """The code version of the host's workflows (``None``: none declared): its
+        workers claim runs of this version and runs with no version by default."""
+
+    @property
     def lease_s(self) -> float:
         """How long a claim lasts without a heartbeat."""
 

@@ -24,13 +24,15 @@ import os
 import socket
 import uuid
 from collections import OrderedDict
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Literal
 
 from .._clock import SystemClock
 from .._describe import safe_traceback
-from .._errors import StoreError, StoreUnavailable
+from .._errors import ConfigError, StoreError, StoreUnavailable
 from ..journal import BatchCommitter, Committer, Engine, Execution, Outcome, RunControl, execute
 from ..storage import DatabaseGone, Heartbeat, RunRecord
 from ._heartbeat import Beater
@@ -76,6 +78,12 @@ class Worker:
             suspended are dropped first, and replay when they wake).
         sticky_bytes: a rough bound on the memory they take (journal rows and a
             fixed cost each; what the workflow's own variables hold is not counted).
+        versions: the code versions of the runs this worker claims (a run's version
+            is the submitting App's ``version``): a list of versions, ``None`` in it
+            for runs submitted with no version, or ``"any"`` for every run. By default,
+            the host's version and ``None`` when the host declares a version, else
+            every run. So old and new code drain side by side: each fleet claims its
+            own runs (docs/workflows.md, "Changing code under running runs").
     """
 
     def __init__(
@@ -89,6 +97,7 @@ class Worker:
         sticky: bool = True,
         sticky_runs: int = 256,
         sticky_bytes: int = 256 * 1024 * 1024,
+        versions: Sequence[str | None] | Literal["any"] | None = None,
         _run_id: str | None = None,
         _return_on_wait: bool = False,
     ) -> None:
@@ -104,6 +113,9 @@ class Worker:
         self.sticky = sticky
         self.sticky_runs = max(0, sticky_runs)
         self.sticky_bytes = max(0, sticky_bytes)
+        # What to claim, by code version (None: every run). A worker for one run (app.run)
+        # was asked for that run: it takes it whatever its version.
+        self.versions = None if _run_id is not None else _accepted(app.version, versions)
         self._kept: OrderedDict[str, Execution] = OrderedDict()  # by run id, oldest first
         self._kept_bytes = 0
         self._swept_at = 0.0
@@ -338,6 +350,7 @@ class Worker:
                 isolate_after=self.isolate_after,
                 alone=alone and not claimed,
                 db_clock=self.db_clock,
+                versions=self.versions,
             )
         return claimed
 
@@ -377,6 +390,7 @@ class Worker:
                     isolate_after=self.isolate_after,
                     alone=not self._active and not claimed,
                     db_clock=self.db_clock,
+                    versions=self.versions,
                 )
             except (StoreUnavailable, StoreError) as exc:
                 log.warning("worker %s: claim failed: %s", self.worker_id, exc)
@@ -477,7 +491,7 @@ class Worker:
             return False
         idle_at[:] = [now]
         try:
-            wake = self.app.store.next_wake(names)
+            wake = self.app.store.next_wake(names, self.versions)
         except (StoreUnavailable, StoreError) as exc:
             log.warning("worker %s: reading the next wake-up failed: %s", self.worker_id, exc)
             return True  # try again at the next poll rather than leave a run behind
@@ -627,3 +641,20 @@ def _error_line(text: str) -> str:
         return str(error)[:300]
     kind = str(error.get("type", "?")).rsplit(".", 1)[-1]
     return f"{kind}: {error.get('message', '')}"[:300]
+
+
+def _accepted(
+    declared: str | None, versions: Sequence[str | None] | Literal["any"] | None
+) -> tuple[str | None, ...] | None:
+    """The code versions a worker claims (``None``: every one), from its ``versions``
+    argument and its host's declared version."""
+    if versions is None:
+        return None if declared is None else (declared, None)
+    if versions == "any":
+        return None
+    if isinstance(versions, str) or not all(v is None or isinstance(v, str) for v in versions):
+        raise ConfigError(
+            f"versions={versions!r}: expected a list of versions (None in it for runs "
+            "with no version) or 'any'"
+        )
+    return tuple(dict.fromkeys(versions))
