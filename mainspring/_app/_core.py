@@ -250,6 +250,9 @@ class App(Admin, Lineage, Observe):
         ask_human: bool = False,
         rate_account: str = "default",
         policies: Sequence[Policy] = (),
+        output_type: Any = None,
+        deps: Callable[[], Any] | None = None,
+        deps_type: type | None = None,
     ) -> Workflow[[str], AgentResult]:
         """Define an agent and register the workflow that runs it, under ``name``.
 
@@ -281,6 +284,13 @@ class App(Admin, Lineage, Observe):
                 tool and model calls, the first outermost, inside the built-in ones
                 (allowlist, arguments, tool-call budget) and outside the approval of
                 ``requires_approval`` tools (see ``docs/agents.md``).
+            output_type: the type of the final answer (a pydantic model, a dataclass,
+                a ``TypedDict``, ``list[str]``...): ``finish`` takes its schema, the
+                answer is validated (repaired like tool arguments) and the result's
+                ``output`` is an instance of it (see ``docs/agents.md``).
+            deps / deps_type: a function that builds the dependencies the tools get
+                as ``ctx.deps`` (a client, a pool), called once per worker process and
+                never journaled; ``deps_type`` checks what it builds.
         """
         for t in tools:
             if t.name not in self.tools:
@@ -321,6 +331,9 @@ class App(Admin, Lineage, Observe):
             clock=self.clock,
             rng=self.rng,
             inline_wait_s=self.inline_wait_s,
+            output_type=output_type,
+            deps=deps,
+            deps_type=deps_type,
             **({"model_retry": model_retry} if model_retry is not None else {}),
         )
 
@@ -328,6 +341,7 @@ class App(Admin, Lineage, Observe):
             return await spec.run(ctx, task)
 
         run_agent.__name__ = run_agent.__qualname__ = name
+        run_agent.__annotations__["return"] = spec.result_type  # revives the typed output
         workflow: Workflow[[str], AgentResult] = self.workflow(name=name)(run_agent)
         self.agents[name] = spec
         return workflow
