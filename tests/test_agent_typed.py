@@ -16,6 +16,7 @@ from typing_extensions import TypedDict
 import mainspring as ms
 from mainspring.models import ToolResultMessage
 from mainspring.testing import FakeClock, ScriptedModel
+from mainspring.tools import OutputSchema
 
 call = ScriptedModel.call
 
@@ -386,3 +387,15 @@ async def test_deps_of_the_wrong_type_and_bad_factories_are_named(app: ms.App) -
     await app.run(agent, "t")
     [told] = _errors_told(model, 1)
     assert "agent 'c': its deps factory built a dict, not the deps_type Client" in told
+
+
+@pytest.mark.parametrize(
+    ("output_type", "text", "expected"),
+    [(str, "42", "42"), (int, "42", 42), (list[int], "[1, 2]", [1, 2]), (str, "plain", "plain")],
+)
+def test_a_text_answer_of_a_type_without_fields(output_type: Any, text: str, expected: Any) -> None:
+    schema = OutputSchema.of(output_type, agent="a")
+    assert schema.wrapped
+    assert schema.from_text(text) == expected
+    with pytest.raises(ms.ToolInputError, match="argument 'answer' is required"):
+        schema.from_arguments('{"value": 1}')

@@ -472,11 +472,14 @@ class Agent:
         run.state.repairs += 1
         about = f" about the call {call}" if call else ""
         if run.failed_turns > self.max_repairs and output and self._output is not None:
+            name = self._output.name
+            problems = message.partition("\n")[0].removeprefix(
+                f"finish: the answer is not a valid {name}: "
+            )
             raise ModelOutputError(
-                f"agent {self.name!r}: the model's final answer is not a valid "
-                f"{self._output.name} after {run.failed_turns} turns in a row "
-                f"(max_repairs={self.max_repairs}); the last answer{about}: "
-                f"{message.partition(chr(10))[0]!r}",
+                f"agent {self.name!r}: the model's final answer is not a valid {name} after "
+                f"{run.failed_turns} turns in a row (max_repairs={self.max_repairs}); "
+                f"what was wrong with the last one{f', {call}' if call else ''}: {problems}",
                 run_id=ctx.run_id,
             )
         if run.failed_turns > self.max_repairs:

@@ -124,8 +124,17 @@ class OutputSchema:
         try:
             value: Any = json.loads(text)
         except (ValueError, RecursionError):
-            value = text
-        return self._validate(value, prefix=(_WRAP,))
+            return self._validate(text, prefix=(_WRAP,))
+        try:
+            return self._validate(value, prefix=(_WRAP,))
+        except ToolInputError:
+            if isinstance(value, str):
+                raise
+            try:  # "42" is a valid str too
+                return self._validate(text, prefix=(_WRAP,))
+            except ToolInputError:
+                pass
+            raise
 
     def _validate(self, value: Any, *, prefix: tuple[str, ...]) -> Any:
         try:
