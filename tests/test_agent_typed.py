@@ -399,3 +399,26 @@ def test_a_text_answer_of_a_type_without_fields(output_type: Any, text: str, exp
     assert schema.from_text(text) == expected
     with pytest.raises(ms.ToolInputError, match="argument 'answer' is required"):
         schema.from_arguments('{"value": 1}')
+
+
+async def test_a_failing_factory_builds_nothing_and_the_retry_builds_again(app: ms.App) -> None:
+    attempts: list[int] = []
+
+    def connect() -> dict[str, str]:
+        attempts.append(len(attempts) + 1)
+        if len(attempts) == 1:
+            raise ConnectionError("helpdesk unreachable")
+        return {"status": "open"}
+
+    @app.tool(retry=ms.RetryPolicy(max_attempts=2, initial_s=0.0, jitter=False))
+    def status(ticket: int, *, ctx: ms.ToolContext[dict[str, str]]) -> str:
+        return ctx.deps["status"]
+
+    model = ScriptedModel([call("status", {"ticket": 7}), call("finish", {"answer": "open"})])
+    agent = app.agent("s", model=model, instructions="x", tools=[status], deps=connect)
+    handle = app.submit(agent, "t")
+    await drain(app)
+    assert (await handle.result()).answer == "open"
+    assert attempts == [1, 2]
+    tool_step = next(s for s in app.steps(handle.run_id) if s.name == "tool:status")
+    assert tool_step.output == '"open"' and tool_step.attempt == 2
