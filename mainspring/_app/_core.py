@@ -10,6 +10,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Concatenate, Literal, ParamSpec, TypeVar, overload
 
+from typing_extensions import TypeVar as TypingExtensionsTypeVar  # with a default
+
 from .._clock import Clock, SystemClock
 from .._errors import (
     ConfigError,
@@ -58,6 +60,7 @@ log = logging.getLogger("mainspring")
 
 P = ParamSpec("P")
 R = TypeVar("R")
+OutputT = TypingExtensionsTypeVar("OutputT", default=Any)
 
 DEFAULT_URL = "sqlite:///mainspring.db"
 _DEFAULT_REDACTOR = Redactor()
@@ -250,10 +253,10 @@ class App(Admin, Lineage, Observe):
         ask_human: bool = False,
         rate_account: str = "default",
         policies: Sequence[Policy] = (),
-        output_type: Any = None,
+        output_type: type[OutputT] | None = None,
         deps: Callable[[], Any] | None = None,
         deps_type: type | None = None,
-    ) -> Workflow[[str], AgentResult]:
+    ) -> Workflow[[str], AgentResult[OutputT]]:
         """Define an agent and register the workflow that runs it, under ``name``.
 
         Run it like any workflow with the task as its argument:
@@ -337,12 +340,12 @@ class App(Admin, Lineage, Observe):
             **({"model_retry": model_retry} if model_retry is not None else {}),
         )
 
-        async def run_agent(ctx: RunContext, task: str) -> AgentResult:
+        async def run_agent(ctx: RunContext, task: str) -> AgentResult[OutputT]:
             return await spec.run(ctx, task)
 
         run_agent.__name__ = run_agent.__qualname__ = name
         run_agent.__annotations__["return"] = spec.result_type  # revives the typed output
-        workflow: Workflow[[str], AgentResult] = self.workflow(name=name)(run_agent)
+        workflow: Workflow[[str], AgentResult[OutputT]] = self.workflow(name=name)(run_agent)
         self.agents[name] = spec
         return workflow
 
