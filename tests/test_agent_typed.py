@@ -422,3 +422,19 @@ async def test_a_failing_factory_builds_nothing_and_the_retry_builds_again(app: 
     assert attempts == [1, 2]
     tool_step = next(s for s in app.steps(handle.run_id) if s.name == "tool:status")
     assert tool_step.output == '"open"' and tool_step.attempt == 2
+
+
+async def test_a_tool_run_as_a_plain_step_has_no_deps(app: ms.App) -> None:
+    @app.tool
+    def lookup(ticket: int, *, ctx: ms.ToolContext) -> str:
+        return str(ctx.deps)
+
+    @app.workflow
+    async def plain(ctx: ms.RunContext) -> str:
+        return str(await lookup.run(ctx, {"ticket": 7}))
+
+    handle = app.submit(plain)
+    await drain(app)
+    with pytest.raises(ms.RunFailed) as info:
+        await handle.result()
+    assert "tool 'lookup' asked for ctx.deps, but it was not called by an agent" in str(info.value)
