@@ -23,7 +23,7 @@ from pydantic import PydanticUserError, TypeAdapter, ValidationError
 
 from ._errors import SerializationError
 
-__all__ = ["decode", "dumps", "loads", "return_type_problem", "revive"]
+__all__ = ["decode", "dumps", "loads", "return_type_problem", "revive", "type_adapter"]
 
 
 def dumps(value: Any, *, what: str = "value") -> str:
@@ -64,6 +64,19 @@ def _adapter(tp: Any) -> TypeAdapter[Any] | Exception:
         return TypeAdapter(_compatible(tp))
     except Exception as exc:
         return exc
+
+
+def type_adapter(tp: Any) -> TypeAdapter[Any]:
+    """pydantic's adapter for ``tp``, built once (a stdlib ``TypedDict`` works on every
+    Python).
+
+    Raises:
+        TypeError: pydantic cannot build one; says why.
+    """
+    adapter = _adapter(tp)
+    if isinstance(adapter, TypeAdapter):
+        return adapter
+    raise TypeError(f"{type(adapter).__name__}: {str(adapter).splitlines()[0]}")
 
 
 def return_type_problem(tp: Any) -> str | None:

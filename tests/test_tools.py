@@ -641,7 +641,7 @@ def test_duplicate_names_are_a_config_error() -> None:
 
 def test_public_names_are_pinned() -> None:
     assert set(mainspring.tools.__all__) == {
-        "Effect", "Tool", "ToolContext", "ToolRegistry", "Validator", "tool",
-        "describe_errors", "parse_arguments", "tool_of",
+        "Effect", "OutputSchema", "Tool", "ToolContext", "ToolDeps", "ToolRegistry",
+        "Validator", "tool", "describe_errors", "parse_arguments", "tool_of",
     }  # fmt: skip
     assert isinstance(send_email, Tool)

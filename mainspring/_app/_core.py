@@ -10,6 +10,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Concatenate, Literal, ParamSpec, TypeVar, overload
 
+from typing_extensions import TypeVar as TypingExtensionsTypeVar  # with a default
+
 from .._clock import Clock, SystemClock
 from .._errors import (
     ConfigError,
@@ -58,6 +60,7 @@ log = logging.getLogger("mainspring")
 
 P = ParamSpec("P")
 R = TypeVar("R")
+OutputT = TypingExtensionsTypeVar("OutputT", default=Any)
 
 DEFAULT_URL = "sqlite:///mainspring.db"
 _DEFAULT_REDACTOR = Redactor()
@@ -250,7 +253,10 @@ class App(Admin, Lineage, Observe):
         ask_human: bool = False,
         rate_account: str = "default",
         policies: Sequence[Policy] = (),
-    ) -> Workflow[[str], AgentResult]:
+        output_type: type[OutputT] | None = None,
+        deps: Callable[[], Any] | None = None,
+        deps_type: type | None = None,
+    ) -> Workflow[[str], AgentResult[OutputT]]:
         """Define an agent and register the workflow that runs it, under ``name``.
 
         Run it like any workflow with the task as its argument:
@@ -281,6 +287,13 @@ class App(Admin, Lineage, Observe):
                 tool and model calls, the first outermost, inside the built-in ones
                 (allowlist, arguments, tool-call budget) and outside the approval of
                 ``requires_approval`` tools (see ``docs/agents.md``).
+            output_type: the type of the final answer (a pydantic model, a dataclass,
+                a ``TypedDict``, ``list[str]``...): ``finish`` takes its schema, the
+                answer is validated (repaired like tool arguments) and the result's
+                ``output`` is an instance of it (see ``docs/agents.md``).
+            deps / deps_type: a function that builds the dependencies the tools get
+                as ``ctx.deps`` (a client, a pool), called once per worker process and
+                never journaled; ``deps_type`` checks what it builds.
         """
         for t in tools:
             if t.name not in self.tools:
@@ -321,14 +334,18 @@ class App(Admin, Lineage, Observe):
             clock=self.clock,
             rng=self.rng,
             inline_wait_s=self.inline_wait_s,
+            output_type=output_type,
+            deps=deps,
+            deps_type=deps_type,
             **({"model_retry": model_retry} if model_retry is not None else {}),
         )
 
-        async def run_agent(ctx: RunContext, task: str) -> AgentResult:
+        async def run_agent(ctx: RunContext, task: str) -> AgentResult[OutputT]:
             return await spec.run(ctx, task)
 
         run_agent.__name__ = run_agent.__qualname__ = name
-        workflow: Workflow[[str], AgentResult] = self.workflow(name=name)(run_agent)
+        run_agent.__annotations__["return"] = spec.result_type  # revives the typed output
+        workflow: Workflow[[str], AgentResult[OutputT]] = self.workflow(name=name)(run_agent)
         self.agents[name] = spec
         return workflow
 

@@ -44,7 +44,7 @@ from ..models import (
     ToolResultMessage,
     ToolSpec,
 )
-from ..tools import ToolRegistry, describe_errors, parse_arguments
+from ..tools import OutputSchema, ToolDeps, ToolRegistry, describe_errors, parse_arguments
 from ._budget import Progress, check_limits, checkpoint
 from ._builtin import (
     Allowlist,
@@ -154,17 +154,47 @@ class Agent:
     clock: Clock | None = None
     rng: random.Random | None = None
     inline_wait_s: float = 1.0
+    output_type: Any = None
+    deps: Callable[[], Any] | None = None
+    deps_type: type | None = None
+
+    def __post_init__(self) -> None:
+        # Bad configuration fails where the agent is defined, not in a worker.
+        _ = self._output, self._deps
 
     @functools.cached_property
     def _counter(self) -> TokenCounter:
         return counter_for(self.model.provider)
 
+    @functools.cached_property
+    def _output(self) -> OutputSchema | None:
+        if self.output_type is None:
+            return None
+        return OutputSchema.of(self.output_type, agent=self.name)
+
+    @functools.cached_property
+    def _deps(self) -> ToolDeps:
+        # One per Agent, so per App: built once in each worker process, never journaled.
+        return ToolDeps(self.name, self.deps, self.deps_type)
+
+    @property
+    def result_type(self) -> Any:
+        """What the workflow returns: ``AgentResult[output_type]``, so that a result
+        read back from the journal is rebuilt as the output type."""
+        generic: Any = AgentResult  # subscripted with a runtime value
+        return generic if self.output_type is None else generic[self.output_type]
+
     def tool_specs(self) -> list[ToolSpec]:
         extra = [ASK_HUMAN] if self.ask_human else []
-        return [*self.tools.specs(self.allowed), *extra, UPDATE_STATE, FINISH]
+        finish = FINISH if self._output is None else self._output.spec
+        return [*self.tools.specs(self.allowed), *extra, UPDATE_STATE, finish]
 
     async def run(self, ctx: RunContext, task: str) -> AgentResult:
-        """The workflow body: one session of the loop."""
+        """The workflow body: one session of the loop, its tools given its deps."""
+        with self._deps.bound():
+            return await self._session(ctx, task)
+
+    async def _session(self, ctx: RunContext, task: str) -> AgentResult:
         run = self._resume(ctx, task)
         specs = self.tool_specs()
         while True:
@@ -256,7 +286,7 @@ class Agent:
         """Carry out the reply's actions; ``(True, answer)`` when the task is done."""
         calls = self._calls(run, turn, response)
         if calls is None:
-            return self._finish(run, turn, response.text)
+            return self._finish(ctx, run, turn, response.text)
         if not calls:
             why = {
                 "refusal": "You refused",
@@ -295,7 +325,13 @@ class Agent:
             # What the model was told last, and the call it was told about.
             i, (message, _, _) = next((i, r) for i, r in reversed(results.items()) if r[1])
             call = calls[i]
-            self._count_repair(ctx, run, message, f"{call.name or '?'}({call.arguments:.300})")
+            self._count_repair(
+                ctx,
+                run,
+                message,
+                f"{call.name or '?'}({call.arguments:.300})",
+                output=call.name == "finish" and self._output is not None,
+            )
         else:
             run.failed_turns = 0
         return False, None
@@ -374,8 +410,16 @@ class Agent:
             inline_wait_s=self.inline_wait_s,
         )
 
-    def _finish(self, run: Progress, turn: Turn, answer: Any) -> tuple[bool, Any]:
-        """A plain text reply is the final answer, if the validators accept it."""
+    def _finish(self, ctx: RunContext, run: Progress, turn: Turn, answer: Any) -> tuple[bool, Any]:
+        """A plain text reply is the final answer, if it is of the output type and the
+        validators accept it."""
+        if self._output is not None:
+            try:
+                answer = self._output.from_text(answer)
+            except ToolInputError as exc:
+                note = f"{exc.message}\nCall finish with the answer."
+                self._repair(ctx, run, turn, note, output=True)
+                return False, None
         done, value, error = self._validate_answer(run, answer)
         if done:
             return True, value
@@ -384,6 +428,12 @@ class Agent:
         return False, None
 
     def _check_finish(self, run: Progress, call: ToolCall) -> tuple[bool, Any, str]:
+        if self._output is not None:
+            try:
+                answer = self._output.from_arguments(call.arguments)
+            except ToolInputError as exc:
+                return False, None, exc.message
+            return self._validate_answer(run, answer)
         expected = 'finish(answer: any) -- call finish with {"answer": ...}'
         try:
             arguments = parse_arguments(call.arguments, tool="finish", expected=expected)
@@ -400,16 +450,38 @@ class Agent:
                 return False, None, f"The answer was not accepted: {problem}. Fix it, then finish."
         return True, answer, ""
 
-    def _repair(self, ctx: RunContext, run: Progress, turn: Turn, note: str) -> None:
+    def _repair(
+        self, ctx: RunContext, run: Progress, turn: Turn, note: str, *, output: bool = False
+    ) -> None:
         turn.note = note
-        self._count_repair(ctx, run, note, None)
+        self._count_repair(ctx, run, note, None, output=output)
 
-    def _count_repair(self, ctx: RunContext, run: Progress, message: str, call: str | None) -> None:
+    def _count_repair(
+        self,
+        ctx: RunContext,
+        run: Progress,
+        message: str,
+        call: str | None,
+        *,
+        output: bool = False,
+    ) -> None:
         """Count a turn with no usable action; past ``max_repairs`` in a row, fail the run
-        quoting the repair the model was last asked for (and the call it was about)."""
+        quoting the repair the model was last asked for (and the call it was about).
+        ``output``: the repair was of a final answer not of the output type."""
         run.failed_turns += 1
         run.state.repairs += 1
         about = f" about the call {call}" if call else ""
+        if run.failed_turns > self.max_repairs and output and self._output is not None:
+            name = self._output.name
+            problems = message.partition("\n")[0].removeprefix(
+                f"finish: the answer is not a valid {name}: "
+            )
+            raise ModelOutputError(
+                f"agent {self.name!r}: the model's final answer is not a valid {name} after "
+                f"{run.failed_turns} turns in a row (max_repairs={self.max_repairs}); "
+                f"what was wrong with the last one{f', {call}' if call else ''}: {problems}",
+                run_id=ctx.run_id,
+            )
         if run.failed_turns > self.max_repairs:
             raise ModelOutputError(
                 f"agent {self.name!r}: the model could not produce a valid call: "

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Generic, Literal
+
+from typing_extensions import TypeVar
 
 __all__ = ["AgentResult", "AgentState", "PlanItem"]
+
+OutputT = TypeVar("OutputT", default=Any)
 
 PlanStatus = Literal["todo", "doing", "done", "dropped"]
 
@@ -72,18 +76,21 @@ class AgentState:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class AgentResult:
+class AgentResult(Generic[OutputT]):
     """What an agent run returns.
 
     Attributes:
         status: ``"done"`` (it finished and its answer passed the validators),
             ``"partial"`` (a cap or a human stopped it; ``answer`` is ``None`` and
             ``state`` holds what was achieved).
+        answer: the final answer; for an agent with an ``output_type``, the validated
+            value of that type (stored as its JSON, rebuilt on reading). Also
+            :attr:`output`.
         reason: why it stopped when not ``"done"``.
     """
 
     status: Literal["done", "partial"]
-    answer: Any
+    answer: OutputT | None
     reason: str | None
     state: dict[str, Any]
     turns: int
@@ -92,3 +99,9 @@ class AgentResult:
     output_tokens: int
     cost_usd: float
     sessions: int
+
+    @property
+    def output(self) -> OutputT | None:
+        """The final answer, typed: an instance of the agent's ``output_type`` (the
+        same value as :attr:`answer`; ``None`` when the run stopped ``"partial"``)."""
+        return self.answer

@@ -287,6 +287,7 @@ def _agent_for(agent: Agent, policy: Policy) -> tuple[Agent, Workflow[Any, Any]]
         return await spec.run(ctx, task)
 
     run_agent.__name__ = run_agent.__qualname__ = agent.name
+    run_agent.__annotations__["return"] = spec.result_type  # a typed output revives typed
     return spec, Workflow.create(run_agent, agent.name)
 
 

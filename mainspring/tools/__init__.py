@@ -8,15 +8,18 @@ enforces each agent's allowlist.
 """
 
 from ._arguments import describe_errors, parse_arguments
-from ._context import Effect, ToolContext
+from ._context import Effect, ToolContext, ToolDeps
 from ._decorator import tool
+from ._output import OutputSchema
 from ._registry import ToolRegistry
 from ._tool import Tool, Validator, tool_of
 
 __all__ = [
     "Effect",
+    "OutputSchema",
     "Tool",
     "ToolContext",
+    "ToolDeps",
     "ToolRegistry",
     "Validator",
     "describe_errors",

@@ -69,7 +69,7 @@ def build_schema(
     context_param: str | None = None
     for param in signature.parameters.values():
         hint = hints.get(param.name, Any)
-        if hint is ToolContext:
+        if hint is ToolContext or get_origin(hint) is ToolContext:  # ToolContext[Deps]
             if context_param is not None:
                 raise ConfigError(f"tool {tool!r} takes two ToolContext parameters")
             if param.kind is inspect.Parameter.POSITIONAL_ONLY:

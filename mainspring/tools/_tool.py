@@ -16,7 +16,7 @@ from .._errors import ConfigError, ValidationFailed
 from ..journal import RetryPolicy, StepMode, current_step
 from ..models import ToolSpec
 from ._arguments import parse_arguments, validate_arguments
-from ._context import DEFAULT_TIMEOUT_S, EFFECTS, Effect, ToolContext
+from ._context import DEFAULT_TIMEOUT_S, EFFECTS, Effect, ToolContext, current_deps
 from ._render import render_error, render_result
 from ._schema import ArgumentSchema, brief_signature, build_schema
 
@@ -262,6 +262,7 @@ class Tool(Generic[P, R]):
                 f"`await tool.run(ctx, arguments)` or `await ctx.step(tool.step_function, "
                 "arguments)`"
             ) from None
+        deps = current_deps()
         return ToolContext(
             run_id=info.run_id,
             session=info.session,
@@ -270,6 +271,8 @@ class Tool(Generic[P, R]):
             idempotency_key=info.idempotency_key,
             tool=self.name,
             effect=self.effect,
+            agent=None if deps is None else deps.agent,
+            deps_source=deps,
         )
 
     def check_result(self, result: Any) -> None:
