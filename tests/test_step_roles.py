@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import pg
 import pytest
 from _helpers import drain
 
@@ -19,6 +20,7 @@ from mainspring.journal import StepCall
 from mainspring.limits import RateLimit
 from mainspring.models import ModelResponse, Usage
 from mainspring.storage import SQLiteStore, Store, open_store
+from mainspring.storage import _connection as storage_connection
 from mainspring.testing import FakeClock, ScriptedModel
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -76,36 +78,30 @@ def test_migration_fills_roles_of_a_golden_journal(tmp_path: Path) -> None:
         store.close()
 
 
-# Migrations 9 and later, undone: what a version-8 database lacks.
-_UNDO_TO_8 = (
-    "DROP INDEX ms_runs_parent",
-    "ALTER TABLE ms_runs DROP COLUMN parent_kind",
-    "ALTER TABLE ms_runs DROP COLUMN version",
-    "ALTER TABLE ms_steps DROP COLUMN role",
-)
+def _version_8(url: str, monkeypatch: pytest.MonkeyPatch) -> Store:
+    """A store whose database a version-8 mainspring made (migrations up to 8 only),
+    holding the legacy rows; whatever migrations come later."""
+    if not url.startswith("sqlite"):
+        pg.reset(url)  # an empty schema: the fixture may hand over a migrated one
+    with monkeypatch.context() as m:
+        m.setattr(storage_connection, "LATEST", 8)
+        store = open_store(url)
+    with store._write() as cur:
+        for seq, (kind, name, _) in enumerate(LEGACY_ROWS):
+            cur.execute(
+                "INSERT INTO ms_steps (run_id, session, seq, kind, name, status, attempt,"
+                " epoch, output, started_at, finished_at) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                ("legacy", 0, seq, kind, name, "completed", 1, 1, "1", NOW, NOW),
+            )
+    assert store.schema_version() == 8
+    return store
 
 
-def _drop_role_column(store: Store, url: str) -> None:
-    """Turn a fresh store's database into a version-8 one."""
-    if url.startswith("sqlite"):
-        with sqlite3.connect(url.removeprefix("sqlite:///")) as conn:
-            for statement in _UNDO_TO_8:
-                conn.execute(statement)
-            _insert_legacy(conn, "?")
-    else:
-        import psycopg
-
-        with psycopg.connect(url, autocommit=True) as conn:
-            for statement in _UNDO_TO_8:
-                conn.execute(statement)
-            _insert_legacy(conn, "%s")
-    store.stamp_schema_version(8)
-
-
-def test_migration_9_fills_roles_on_every_dialect(db_url: str) -> None:
-    store = open_store(db_url)
+def test_migration_9_fills_roles_on_every_dialect(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = _version_8(db_url, monkeypatch)
     try:
-        _drop_role_column(store, db_url)
         assert store.migrate() == ms.storage.SCHEMA_VERSION
         assert [(s.kind, s.name, s.role) for s in store.load_steps("legacy")] == LEGACY_ROWS
     finally:
