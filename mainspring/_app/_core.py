@@ -47,6 +47,7 @@ from ..tools import Effect, Tool, ToolRegistry, Validator
 from ..tools import tool as make_tool
 from ..worker import Worker
 from ._admin import Admin
+from ._children import Children
 from ._handle import RunHandle
 from ._lineage import Lineage, local_user, new_id
 from ._observe import Observe
@@ -62,7 +63,7 @@ DEFAULT_URL = "sqlite:///mainspring.db"
 _DEFAULT_REDACTOR = Redactor()
 
 
-class App(Admin, Lineage, Observe):
+class App(Admin, Children, Lineage, Observe):
     """Workflows registered over one store.
 
     Args:
@@ -563,6 +564,7 @@ class App(Admin, Lineage, Observe):
             redact=self.redactor.redact_json if self.redactor is not None else None,
             # telemetry outermost: it times the attempt as the step's policy sees it
             interceptors=(self.telemetry, *self.interceptors),
+            children=self,
         )
         committer.observers.append(self.telemetry.committed)
         return engine
