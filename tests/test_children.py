@@ -227,3 +227,35 @@ async def test_child_of_an_unknown_workflow_fails_clearly(fapp: ms.App):
     await drain(fapp)
     with pytest.raises(ms.RunFailed, match="no workflow named 'nope'"):
         await handle.result()
+
+
+async def test_app_run_runs_the_children_too(db_url: str):
+    app = ms.App(db_url, poll_interval_s=0.01)
+
+    @app.workflow
+    async def leaf(ctx: ms.RunContext, n: int) -> int:
+        return n + 1
+
+    @app.workflow
+    async def mid(ctx: ms.RunContext, n: int) -> int:
+        return await ctx.child(leaf, n) * 10
+
+    @app.workflow
+    async def gate(ctx: ms.RunContext) -> str:
+        return (await ctx.approval("go")).reason or "ok"
+
+    @app.workflow
+    async def top(ctx: ms.RunContext) -> int:
+        values = await asyncio.gather(ctx.child(mid, 1), ctx.child(mid, 2))
+        return sum(values)
+
+    @app.workflow
+    async def waits_for_a_person(ctx: ms.RunContext) -> str:
+        return await ctx.child(gate)
+
+    try:
+        assert await asyncio.wait_for(app.run(top), 60) == 50
+        with pytest.raises(ms.RunWaiting):  # the child waits for a person: no hang
+            await asyncio.wait_for(app.run(waits_for_a_person, key="w"), 60)
+    finally:
+        app.close()
