@@ -255,7 +255,7 @@ async def test_app_run_runs_the_children_too(db_url: str):
 
     try:
         assert await asyncio.wait_for(app.run(top), 60) == 50
-        with pytest.raises(ms.RunWaiting):  # the child waits for a person: no hang
+        with pytest.raises(ms.RunWaiting, match="approval:go"):  # a person, not a hang
             await asyncio.wait_for(app.run(waits_for_a_person, key="w"), 60)
     finally:
         app.close()

@@ -534,6 +534,10 @@ class App(Admin, Children, Lineage, Observe):
                 f"the signal {name!r}: `mainspring signal {run_id} {name} PAYLOAD-JSON`, or "
                 f"app.signal({run_id!r}, {name!r}, payload)"
             )
+        if not ways and reason and reason.startswith("child:"):
+            child = self.store.get_run(reason.removeprefix("child:"))
+            if child is not None and child.status == "waiting":
+                ways.append(f"its child run, which waits: {self._waiting(child).message}")
         what = "; ".join(ways) or f"{reason or 'a signal'}"
         return RunWaiting(
             f"run {run_id} of {record.workflow!r} is waiting for {what}. It is kept, holding "
