@@ -22,7 +22,14 @@ from .._errors import (
 )
 from .._serde import dumps, loads
 from .._signals import is_request_signal
-from ..agent import Agent, AgentResult, CompletionValidator, Policy, call_model
+from ..agent import (
+    Agent,
+    AgentResult,
+    AgentWorkflow,
+    CompletionValidator,
+    Policy,
+    call_model,
+)
 from ..context import ContextPolicy
 from ..hitl import Decision, Request, answer_payload
 from ..journal import Committer, Engine, RetryPolicy, RunContext, StepInterceptor, Workflow
@@ -242,7 +249,7 @@ class App(Admin, Children, Lineage, Observe):
         ask_human: bool = False,
         rate_account: str = "default",
         policies: Sequence[Policy] = (),
-    ) -> Workflow[[str], AgentResult]:
+    ) -> AgentWorkflow:
         """Define an agent and register the workflow that runs it, under ``name``.
 
         Run it like any workflow with the task as its argument:
@@ -320,7 +327,9 @@ class App(Admin, Children, Lineage, Observe):
             return await spec.run(ctx, task)
 
         run_agent.__name__ = run_agent.__qualname__ = name
-        workflow: Workflow[[str], AgentResult] = self.workflow(name=name)(run_agent)
+        self.workflow(name=name)(run_agent)  # registers it (refuses a name taken)
+        # the agent's own kind of workflow: the same run, plus ``as_tool``
+        workflow = self.workflows[name] = AgentWorkflow.for_agent(run_agent, name)
         self.agents[name] = spec
         return workflow
 

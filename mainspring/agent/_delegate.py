@@ -1,0 +1,117 @@
+"""Agents composed as child runs: an agent's workflow (what ``app.agent`` returns) can
+be given to another agent as a tool (:meth:`AgentWorkflow.as_tool`). Each call of
+that tool runs the agent as a child run of the caller (``ctx.child``), with its own
+journal, budget, rate-limit bookings, approvals and trace; its answer is the tool's
+result."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .._errors import ChildFailed, ConfigError, StepFailed
+from ..journal import RunContext, Workflow
+from ..tools import Tool
+from ._state import AgentResult
+
+__all__ = ["AgentTool", "AgentWorkflow"]
+
+
+@dataclass(frozen=True, eq=False)
+class AgentWorkflow(Workflow[[str], AgentResult]):
+    """The workflow that runs an agent, as ``app.agent(...)`` returns it: run it like
+    any workflow (``app.submit(agent, task)``, ``ctx.child(agent, task)``), or give it
+    to another agent with :meth:`as_tool`."""
+
+    @classmethod
+    def for_agent(cls, fn: Any, name: str) -> AgentWorkflow:
+        """The workflow of the agent ``name`` whose run is ``fn(ctx, task)``."""
+        made = cls.create(fn, name)
+        assert isinstance(made, AgentWorkflow)
+        return made
+
+    def as_tool(self, name: str | None = None, description: str | None = None) -> AgentTool:
+        """This agent as a tool of another agent (``tools=[researcher.as_tool()]``).
+
+        The model calls it with ``{"task": "..."}``; the agent runs as a child run of
+        the calling agent's run, and its answer is the result the model sees. An agent
+        that stops short (a cap, a budget) or fails is an error result the model is
+        told about.
+
+        Args:
+            name: what the model calls the tool (default: the agent's name).
+            description: what the model is told it does.
+        """
+        agent = self.name
+
+        def delegate(task: str) -> str:
+            raise ConfigError(
+                f"tool {tool_name!r} runs agent {agent!r} as a child run: only an agent "
+                "can call it (tools=[...]), not Python code directly; use ctx.child"
+            )
+
+        tool_name = name if name is not None else agent
+        delegate.__doc__ = (
+            f"Delegate a task to the {agent!r} agent and get its answer.\n\n"
+            "Args:\n    task: the task, in full: the agent sees nothing else.\n"
+        )
+        base = Tool.from_function(
+            delegate,
+            name=tool_name,
+            description=description
+            if description is not None
+            else f"Delegate a task to the {agent} agent; it answers with its result.",
+            effect="write",
+        )
+        return AgentTool(
+            name=base.name,
+            description=base.description,
+            fn=base.fn,
+            effect=base.effect,
+            timeout_s=base.timeout_s,
+            retry=base.retry,
+            requires_approval=False,
+            validators=(),
+            max_result_chars=base.max_result_chars,
+            schema=base.schema,
+            agent=self,
+        )
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class AgentTool(Tool[[str], str]):
+    """A tool that runs an agent as a child run (see :meth:`AgentWorkflow.as_tool`).
+
+    Attributes:
+        agent: the agent's workflow.
+    """
+
+    agent: AgentWorkflow = field(repr=False)
+
+    async def run(self, ctx: RunContext, arguments: Mapping[str, Any]) -> Any:
+        """Run the agent as a child run of ``ctx``'s run and return its answer.
+
+        Raises:
+            StepFailed: the agent failed, was cancelled or stopped without an answer
+                (the model is told so, like any tool's failure).
+        """
+        task = str(arguments.get("task", ""))
+        try:
+            result = await ctx.child(self.agent, task)
+        except ChildFailed as exc:
+            error = exc.error if isinstance(exc.error, dict) else {}
+            raise StepFailed(
+                f"agent {self.agent.name!r} {exc.status}: {error.get('message', '')}",
+                error_type=str(error.get("type", "ChildFailed")),
+                attempts=1,
+                run_id=ctx.run_id,
+            ) from None
+        if result.status != "done":
+            raise StepFailed(
+                f"agent {self.agent.name!r} stopped without an answer: {result.reason}",
+                error_type="AgentStopped",
+                attempts=1,
+                run_id=ctx.run_id,
+            )
+        return result.answer

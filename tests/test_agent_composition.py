@@ -1,0 +1,86 @@
+"""Agents composed as child runs: an agent as a tool of another agent
+(``researcher.as_tool()``), each call a child run of the caller with its own journal."""
+
+from __future__ import annotations
+
+import pytest
+from _helpers import drain
+
+import mainspring as ms
+from mainspring.models import ToolResultMessage
+from mainspring.testing import ScriptedModel
+
+
+@pytest.fixture
+def fapp(db_url: str) -> ms.App:
+    app = ms.App(db_url, clock=ms.FakeClock(), poll_interval_s=0.01, inline_wait_s=0.0)
+    yield app
+    app.close()
+
+
+def _tool_results(model: ScriptedModel) -> list[tuple[str, str, bool]]:
+    last = model.requests[-1].messages
+    return [(m.name, m.content, m.is_error) for m in last if isinstance(m, ToolResultMessage)]
+
+
+async def test_an_agent_as_a_tool_runs_as_a_child_and_answers(fapp: ms.App):
+    researcher_model = ScriptedModel(
+        [
+            ScriptedModel.call("finish", {"answer": "Paris"}),
+            ScriptedModel.call("finish", {"answer": "Rome"}),
+        ]
+    )
+    researcher = fapp.agent("researcher", model=researcher_model, instructions="Research.")
+    planner_model = ScriptedModel(
+        [
+            ScriptedModel.call("ask_researcher", {"task": "capital of France?"}),
+            ScriptedModel.call("ask_researcher", {"task": "capital of Italy?"}),
+            ScriptedModel.call("finish", {"answer": "Paris and Rome"}),
+        ]
+    )
+    tool = researcher.as_tool(name="ask_researcher")
+    assert tool.spec().parameters["required"] == ["task"]
+    planner = fapp.agent("planner", model=planner_model, instructions="Plan.", tools=[tool])
+
+    handle = fapp.submit(planner, "Name two capitals")
+    await drain(fapp)
+    result = await handle.result()
+    assert (result.status, result.answer) == ("done", "Paris and Rome")
+    assert _tool_results(planner_model)[-1] == ("ask_researcher", "Rome", False)
+    kids = fapp.children(handle.run_id)
+    assert [(k.workflow, k.status) for k in kids] == [("researcher", "succeeded")] * 2
+    # each child is a run of its own, with its own journal (its model call)
+    assert any(s.name.startswith("model:") for s in fapp.steps(kids[0].id))
+    first_task = next(m for m in researcher_model.requests[0].messages if m.kind == "user")
+    assert first_task.content.startswith("Task: capital of France?")
+
+
+async def test_a_failing_sub_agent_is_an_error_result_for_the_caller(fapp: ms.App):
+    broken = fapp.agent(
+        "broken",
+        model=ScriptedModel([ScriptedModel.call("no_such_tool", {})]),
+        instructions="Fail.",
+    )
+    planner_model = ScriptedModel(
+        [
+            ScriptedModel.call("broken", {"task": "try"}),
+            ScriptedModel.call("finish", {"answer": "gave up"}),
+        ]
+    )
+    planner = fapp.agent(
+        "planner", model=planner_model, instructions="Plan.", tools=[broken.as_tool()]
+    )
+    handle = fapp.submit(planner, "go")
+    await drain(fapp)
+    assert (await handle.result()).answer == "gave up"
+    ((name, content, is_error),) = _tool_results(planner_model)
+    assert (name, is_error) == ("broken", True)
+    assert "agent 'broken' failed" in content
+    (kid,) = fapp.children(handle.run_id)
+    assert kid.status == "failed"
+
+
+def test_an_agent_tool_is_not_called_directly(fapp: ms.App):
+    helper = fapp.agent("helper", model=ScriptedModel([]), instructions="Help.")
+    with pytest.raises(ms.ConfigError, match="child run"):
+        helper.as_tool()("a task")
