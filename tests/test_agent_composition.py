@@ -84,3 +84,34 @@ def test_an_agent_tool_is_not_called_directly(fapp: ms.App):
     helper = fapp.agent("helper", model=ScriptedModel([]), instructions="Help.")
     with pytest.raises(ms.ConfigError, match="child run"):
         helper.as_tool()("a task")
+
+
+async def test_a_sub_agents_usage_counts_in_the_callers_budget(fapp: ms.App):
+    from mainspring.models import ModelResponse, ToolCall, Usage
+
+    big = ModelResponse(
+        tool_calls=(ToolCall(id="c1", name="finish", arguments='{"answer": "found it"}'),),
+        finish_reason="tool_calls",
+        usage=Usage(input_tokens=5000, output_tokens=1000),
+    )
+    digger = fapp.agent("digger", model=ScriptedModel([big]), instructions="Dig.")
+    planner_model = ScriptedModel(
+        [
+            ScriptedModel.call("digger", {"task": "dig"}),
+            ScriptedModel.call("digger", {"task": "dig again"}),  # never asked
+        ]
+    )
+    planner = fapp.agent(
+        "planner",
+        model=planner_model,
+        instructions="Plan.",
+        tools=[digger.as_tool()],
+        limits=ms.Limits(max_tokens=3000, on_exceeded="stop"),
+    )
+    handle = fapp.submit(planner, "go")
+    await drain(fapp)
+    result = await handle.result()
+    assert result.status == "partial" and "max_tokens reached" in (result.reason or "")
+    assert result.input_tokens + result.output_tokens >= 6000  # the sub-agent's 6000
+    assert len(fapp.children(handle.run_id)) == 1
+    assert len(planner_model.requests) == 1  # its own usage alone was far below the cap

@@ -13,7 +13,7 @@ from typing import Any
 from .._errors import ChildFailed, ConfigError, StepFailed
 from ..journal import RunContext, Workflow
 from ..tools import Tool
-from ._state import AgentResult
+from ._state import AgentResult, AgentState
 
 __all__ = ["AgentTool", "AgentWorkflow"]
 
@@ -89,8 +89,14 @@ class AgentTool(Tool[[str], str]):
 
     agent: AgentWorkflow = field(repr=False)
 
-    async def run(self, ctx: RunContext, arguments: Mapping[str, Any]) -> Any:
+    async def run(
+        self, ctx: RunContext, arguments: Mapping[str, Any], *, state: AgentState | None = None
+    ) -> Any:
         """Run the agent as a child run of ``ctx``'s run and return its answer.
+
+        ``state``: the calling agent's state, which the sub-agent's usage (tokens and
+        cost) is added to, so that the caller's budget counts what its sub-agents spent
+        (the calling agent's loop passes it).
 
         Raises:
             StepFailed: the agent failed, was cancelled or stopped without an answer
@@ -107,6 +113,10 @@ class AgentTool(Tool[[str], str]):
                 attempts=1,
                 run_id=ctx.run_id,
             ) from None
+        if state is not None:
+            state.input_tokens += result.input_tokens
+            state.output_tokens += result.output_tokens
+            state.cost_usd += result.cost_usd
         if result.status != "done":
             raise StepFailed(
                 f"agent {self.agent.name!r} stopped without an answer: {result.reason}",

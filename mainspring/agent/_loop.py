@@ -55,6 +55,7 @@ from ._builtin import (
     ValidArguments,
 )
 from ._call import DEFAULT_MODEL_RETRY, call_model
+from ._delegate import AgentTool
 from ._parse import action_from_text
 from ._policy import ModelCall, Policy, ToolOutcome, ToolUse, compose
 from ._state import AgentResult, AgentState, PlanItem
@@ -527,7 +528,10 @@ async def _run_tool(use: ToolUse) -> ToolOutcome:
     tool, args = use.tool, use.arguments
     assert tool is not None and args is not None  # admitted: resolved and validated
     try:
-        value = await tool.run(use.ctx, args)
+        if isinstance(tool, AgentTool):  # a sub-agent's usage counts in this budget
+            value = await tool.run(use.ctx, args, state=use.state)
+        else:
+            value = await tool.run(use.ctx, args)
     except StepFailed as exc:
         return ToolOutcome(tool.render_error(exc), True)
     except StepInterrupted as exc:
