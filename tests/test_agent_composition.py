@@ -115,3 +115,38 @@ async def test_a_sub_agents_usage_counts_in_the_callers_budget(fapp: ms.App):
     assert result.input_tokens + result.output_tokens >= 6000  # the sub-agent's 6000
     assert len(fapp.children(handle.run_id)) == 1
     assert len(planner_model.requests) == 1  # its own usage alone was far below the cap
+
+
+async def test_a_handoff_moves_the_task_to_another_agent_whose_result_is_final(fapp: ms.App):
+    billing_model = ScriptedModel([ScriptedModel.call("finish", {"answer": "refunded 40 EUR"})])
+    billing = fapp.agent("billing", model=billing_model, instructions="Handle billing.")
+    triage_model = ScriptedModel(
+        [
+            ScriptedModel.call("update_state", {"facts": ["customer 7 was charged twice"]}),
+            ScriptedModel.call("transfer_to_billing", {"note": "refund the double charge"}),
+        ]
+    )
+    triage = fapp.agent(
+        "triage", model=triage_model, instructions="Route tickets.", handoffs=[billing]
+    )
+    assert "transfer_to_billing" in [t.name for t in fapp.agents["triage"].tool_specs()]
+    handle = fapp.submit(triage, "Ticket 7: I was charged twice")
+    await drain(fapp)
+    result = await handle.result()
+    assert (result.status, result.answer) == ("done", "refunded 40 EUR")
+    assert result.turns == 3  # two of triage's, one of billing's
+    (kid,) = fapp.children(handle.run_id)
+    assert kid.workflow == "billing"
+    task = next(m for m in billing_model.requests[0].messages if m.kind == "user").content
+    assert "Ticket 7: I was charged twice" in task
+    assert "refund the double charge" in task
+    assert "customer 7 was charged twice" in task  # the state moved with the task
+
+
+def test_handoffs_take_agents(fapp: ms.App):
+    @fapp.workflow
+    async def plain(ctx: ms.RunContext, task: str) -> str:
+        return task
+
+    with pytest.raises(ms.ConfigError, match="handoffs take agents"):
+        fapp.agent("x", model=ScriptedModel([]), instructions=".", handoffs=[plain])

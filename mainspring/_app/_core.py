@@ -249,6 +249,7 @@ class App(Admin, Children, Lineage, Observe):
         ask_human: bool = False,
         rate_account: str = "default",
         policies: Sequence[Policy] = (),
+        handoffs: Sequence[AgentWorkflow] = (),
     ) -> AgentWorkflow:
         """Define an agent and register the workflow that runs it, under ``name``.
 
@@ -280,6 +281,10 @@ class App(Admin, Children, Lineage, Observe):
                 tool and model calls, the first outermost, inside the built-in ones
                 (allowlist, arguments, tool-call budget) and outside the approval of
                 ``requires_approval`` tools (see ``docs/agents.md``).
+            handoffs: agents (what ``app.agent`` returned) the model may hand the
+                task over to by calling ``transfer_to_<name>``: that agent runs as a
+                child run from this one's state, and its result is this run's result
+                (see ``docs/composition.md``).
         """
         for t in tools:
             if t.name not in self.tools:
@@ -317,6 +322,7 @@ class App(Admin, Children, Lineage, Observe):
             rate_limits=self._bound_rate_limits(),
             rate_account=rate_account,
             policies=tuple(policies),
+            handoffs=tuple(handoffs),
             clock=self.clock,
             rng=self.rng,
             inline_wait_s=self.inline_wait_s,

@@ -6,16 +6,20 @@ result."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from .._errors import ChildFailed, ConfigError, StepFailed
 from ..journal import RunContext, Workflow
+from ..models import ToolSpec
 from ..tools import Tool
 from ._state import AgentResult, AgentState
 
-__all__ = ["AgentTool", "AgentWorkflow"]
+__all__ = ["AgentTool", "AgentWorkflow", "Handoff", "handoff_spec", "handoff_task"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -125,3 +129,75 @@ class AgentTool(Tool[[str], str]):
                 run_id=ctx.run_id,
             )
         return result.answer
+
+
+# -- handoffs ------------------------------------------------------------------------
+
+_TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+
+
+def handoff_spec(target: AgentWorkflow) -> ToolSpec:
+    """The ``transfer_to_<name>`` tool the model calls to hand the task over to
+    ``target``.
+
+    Raises:
+        ConfigError: the agent's name cannot be part of a tool name.
+    """
+    name = f"transfer_to_{target.name}"
+    if not _TOOL_NAME.match(name):
+        raise ConfigError(
+            f"cannot hand off to agent {target.name!r}: {name!r} is not a valid tool name "
+            "(letters, digits, '_' or '-', up to 64 in all)"
+        )
+    return ToolSpec(
+        name=name,
+        description=f"Hand the task over to the {target.name} agent: it continues from "
+        "what you know, and its answer is the final answer. Call it alone, when that "
+        "agent is better placed to finish the task.",
+        parameters={
+            "type": "object",
+            "properties": {
+                "note": {
+                    "type": "string",
+                    "description": "What the next agent must know to continue.",
+                }
+            },
+            "required": ["note"],
+        },
+    )
+
+
+def handoff_task(source: str, arguments: str, state: AgentState) -> str:
+    """The task the receiving agent starts from: the original task (the handing agent's
+    goal), the model's note (from the call's ``arguments``) and the state (plan, facts,
+    progress notes) the handing agent had."""
+    try:
+        parsed = json.loads(arguments)
+    except ValueError:
+        parsed = arguments  # not JSON: the text is the note
+    note = parsed.get("note", "") if isinstance(parsed, dict) else parsed
+    return (
+        f"{state.goal}\n\nHanded over by the {source!r} agent: {note}\n\n"
+        f"What it knew:\n{state.block()}"
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Handoff:
+    """The answer of an agent that handed its task over: the receiver's result."""
+
+    result: AgentResult
+
+    def merged(self, state: AgentState, sessions: int) -> AgentResult:
+        """The receiver's result as the handing agent's own: its answer, status and
+        state, with both agents' turns, tool calls, tokens and cost."""
+        r = self.result
+        return dataclasses.replace(
+            r,
+            turns=state.turns + r.turns,
+            tool_calls=state.tool_calls + r.tool_calls,
+            input_tokens=state.input_tokens + r.input_tokens,
+            output_tokens=state.output_tokens + r.output_tokens,
+            cost_usd=round(state.cost_usd + r.cost_usd, 6),
+            sessions=sessions + r.sessions,
+        )
