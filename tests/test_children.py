@@ -9,7 +9,7 @@ import pytest
 from _helpers import Crash, drain
 
 import mainspring as ms
-from mainspring.testing import ScriptedModel
+from mainspring.testing import ScriptedModel, assert_invariants
 
 
 @pytest.fixture
@@ -65,6 +65,7 @@ async def test_fan_out_with_gather(fapp: ms.App):
     await drain(fapp)
     assert await handle.result() == [1, 4, 9, 16, 16]
     assert _count(fapp, "square") == 4
+    assert_invariants(fapp.store, now=fapp.clock.now(), settled=True)
     assert fapp.get_run([k for k in fapp.children(handle.run_id)][-1].id).key == (
         f"{handle.run_id}:child:four"
     )
@@ -115,6 +116,7 @@ async def test_cancel_cascades_to_children_recursively(fapp: ms.App):
         assert fapp.get_run(rid).status == "cancelled"
     await drain(fapp)
     assert fapp.get_run(handle.run_id).status == "cancelled"
+    assert_invariants(fapp.store, now=fapp.clock.now(), settled=True)
     # a raw signal cannot forge a child's end
     with pytest.raises(ms.ReservedSignal):
         fapp.signal(handle.run_id, f"child:{mid.id}", {})
@@ -195,6 +197,7 @@ async def test_a_replayed_parent_never_starts_a_child_twice(fapp: ms.App, clock:
     await drain(fapp)
     assert await handle.result() == 3
     assert _count(fapp, "kid") == 2
+    assert_invariants(fapp.store, now=fapp.clock.now(), settled=True)
 
 
 async def test_an_agent_runs_as_a_child_step(fapp: ms.App):

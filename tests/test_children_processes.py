@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from mainspring.storage import open_store
-from mainspring.testing import EffectLedger
+from mainspring.testing import EffectLedger, assert_invariants
 
 ROOT = Path(__file__).resolve().parent
 # What one family's result is: its own steps, then its four children's.
@@ -90,6 +90,7 @@ def _chaos(tmp: Path, db_url: str, families: int, steps: int, kills: int, seed: 
         for run_id in ids:
             record = store.get_run(run_id)
             assert record is not None and record.output == str(_expected(steps))
+        assert_invariants(store, settled=True)
         # Every effect once.
         ledger = EffectLedger(tmp / "ledger.db")
         assert ledger.report().duplicate_effects == {}
