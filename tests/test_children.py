@@ -59,7 +59,8 @@ async def test_fan_out_with_gather(fapp: ms.App):
     async def fan(ctx: ms.RunContext) -> list[int]:
         results = await asyncio.gather(*(ctx.child(square, i) for i in (1, 2, 3)))
         later = await ctx.start_child("square", 4, key="four")
-        return [*results, await later, await later.result()]
+        both = await asyncio.gather(later.result(), later)  # one wait answers both
+        return [*results, *both]
 
     handle = fapp.submit(fan)
     await drain(fapp)

@@ -18,6 +18,7 @@ its parent waits has left the signal already; one that ends later wakes the pare
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Generator
 from typing import Any, Generic, TypeVar
 
@@ -51,6 +52,8 @@ class ChildHandle(Generic[R]):
         self._wf = workflow
         self._value: Any = _UNSET
         self._error: ChildFailed | None = None
+        self._in_flight = False
+        self._shared: asyncio.Future[R] | None = None
 
     def __repr__(self) -> str:
         return f"ChildHandle(run_id={self.run_id!r}, workflow={self.workflow!r})"
@@ -71,6 +74,31 @@ class ChildHandle(Generic[R]):
         if self._value is not _UNSET:
             value: R = self._value
             return value
+        if self._in_flight:  # awaited twice at once: the first wait answers both
+            if self._shared is None:
+                self._shared = asyncio.get_running_loop().create_future()
+            shared: R = await self._shared
+            return shared
+        # The wait takes its journal position here, in the caller's task, before
+        # anything can yield: so ``gather`` of children replays in its first order.
+        self._in_flight = True
+        try:
+            value = await self._wait()
+        except ChildFailed as exc:
+            if self._shared is not None and not self._shared.done():
+                self._shared.set_exception(exc)
+            raise
+        except BaseException:
+            if self._shared is not None and not self._shared.done():
+                self._shared.cancel()
+            raise
+        finally:
+            self._in_flight = False
+        if self._shared is not None and not self._shared.done():
+            self._shared.set_result(value)
+        return value
+
+    async def _wait(self) -> R:
         name = child_signal(self.run_id)
         ended = await self._waits._wait(name, timeout=None, reason=f"child:{self.run_id}")
         status = ended.get("status")
@@ -86,8 +114,8 @@ class ChildHandle(Generic[R]):
                 run_id=self._waits.cur.run_id,
             )
             raise self._error
-        self._value = self._wf.decode_output(dumps(ended.get("output")))
-        value = self._value
+        value: R = self._wf.decode_output(dumps(ended.get("output")))
+        self._value = value
         return value
 
 
