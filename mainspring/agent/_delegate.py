@@ -2,7 +2,9 @@
 be given to another agent as a tool (:meth:`AgentWorkflow.as_tool`). Each call of
 that tool runs the agent as a child run of the caller (``ctx.child``), with its own
 journal, budget, rate-limit bookings, approvals and trace; its answer is the tool's
-result."""
+result, and its usage counts in the caller's budget. A *handoff* (``app.agent(...,
+handoffs=[other])``) moves the whole task to another agent, run as a child run whose
+result becomes the handing agent's."""
 
 from __future__ import annotations
 
