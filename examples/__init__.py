@@ -7,4 +7,6 @@
   before sending, delivery status recorded, each email sent exactly once.
 - :mod:`examples.research_agent`: an agent whose work spans several sessions, each
   starting from the hand-off the previous one left.
+- :mod:`examples.planner`: a planner agent delegating to two specialist agents (as
+  tools, each a child run), one of which asks a person to approve its irreversible tool.
 """

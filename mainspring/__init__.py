@@ -9,6 +9,8 @@ from ._errors import (
     ApprovalRejected,
     BudgetExceeded,
     Cancelled,
+    ChildCancelled,
+    ChildFailed,
     ConfigError,
     ContextOverflow,
     InvalidAnswer,
@@ -47,6 +49,7 @@ from .agent import Agent, AgentResult, AgentState, call_model
 from .context import ContextPolicy
 from .hitl import Approval, Request
 from .journal import (
+    ChildHandle,
     RetryPolicy,
     RunContext,
     StepCall,
@@ -85,6 +88,9 @@ __all__ = [
     "ApprovalRejected",
     "BudgetExceeded",
     "Cancelled",
+    "ChildCancelled",
+    "ChildFailed",
+    "ChildHandle",
     "Clock",
     "ConfigError",
     "ContextOverflow",

@@ -45,6 +45,8 @@ Tree::
     ├── InvalidAnswer             a malformed answer to a request (bad decision or choice)
     ├── ApprovalRejected          a reviewer rejected a stage gate
     ├── RunFailed                 the awaited run ended failed or cancelled
+    ├── ChildFailed               a child run (``ctx.child``) ended failed or cancelled
+    │   └── ChildCancelled        ... cancelled
     ├── RunWaiting                ``app.run``'s run waits for a person or a signal
     ├── ConfigError               a mistake in code or configuration
     │   ├── UnknownWorkflow       no workflow registered under that name
@@ -63,6 +65,8 @@ __all__ = [
     "ApprovalRejected",
     "BudgetExceeded",
     "Cancelled",
+    "ChildCancelled",
+    "ChildFailed",
     "ConfigError",
     "ContextOverflow",
     "InvalidAnswer",
@@ -312,6 +316,38 @@ class RunFailed(MainspringError):
         super().__init__(message, run_id=run_id)
         self.status = status
         self.error = error
+
+
+class ChildFailed(MainspringError):
+    """A child run started with ``ctx.child`` / ``ctx.start_child`` ended ``failed``
+    (or ``cancelled``: :class:`ChildCancelled`). Raised in the parent, identically on
+    every replay; catch it to recover in the parent (``except ChildFailed``).
+
+    Attributes:
+        child_id: the child run's id.
+        status: the child's final status.
+        error: the child's journaled error as a JSON object (``type``, ``message``).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        child_id: str,
+        status: str,
+        error: Any,
+        run_id: str | None = None,
+        step: str | None = None,
+    ) -> None:
+        super().__init__(message, run_id=run_id, step=step)
+        self.child_id = child_id
+        self.status = status
+        self.error = error
+
+
+class ChildCancelled(ChildFailed):
+    """The child run was cancelled (by itself, by an operator, or by its parent's
+    cancel cascading down)."""
 
 
 class RunWaiting(MainspringError):

@@ -11,7 +11,15 @@ from __future__ import annotations
 
 __all__ = ["REQUEST_SIGNAL_NAMES", "REQUEST_SIGNAL_PREFIXES", "is_request_signal"]
 
-REQUEST_SIGNAL_PREFIXES: tuple[str, ...] = ("approval:", "question:", "budget:", "checkpoint:")
+# ``child:<id>`` is the end of a child run, stored for its parent by the store alone,
+# in the transaction that ends the child: no raw signal may forge it either.
+REQUEST_SIGNAL_PREFIXES: tuple[str, ...] = (
+    "approval:",
+    "question:",
+    "budget:",
+    "checkpoint:",
+    "child:",
+)
 REQUEST_SIGNAL_NAMES: tuple[str, ...] = ("resume",)
 
 

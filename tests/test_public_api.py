@@ -22,6 +22,7 @@ EXPECTED = {
     "Approval", "ApprovalRejected", "InvalidAnswer", "Request", "RequestNotFound", "ReservedSignal",
     "StepCall", "StepInterceptor", "Overloaded", "call_model",
     "ApiKey", "Delivery", "SCOPES", "Scope", "Webhook", "WebhookEvent",
+    "ChildFailed", "ChildCancelled", "ChildHandle",
 }  # fmt: skip
 
 

@@ -24,7 +24,14 @@ from .._errors import (
 )
 from .._serde import dumps, loads
 from .._signals import is_request_signal
-from ..agent import Agent, AgentResult, CompletionValidator, Policy, call_model
+from ..agent import (
+    Agent,
+    AgentResult,
+    AgentWorkflow,
+    CompletionValidator,
+    Policy,
+    call_model,
+)
 from ..context import ContextPolicy
 from ..hitl import Decision, Request, answer_payload
 from ..journal import Committer, Engine, RetryPolicy, RunContext, StepInterceptor, Workflow
@@ -49,6 +56,7 @@ from ..tools import Effect, Tool, ToolRegistry, Validator
 from ..tools import tool as make_tool
 from ..worker import Worker
 from ._admin import Admin
+from ._children import Children
 from ._handle import RunHandle
 from ._lineage import Lineage, local_user, new_id
 from ._observe import Observe
@@ -66,7 +74,7 @@ DEFAULT_URL = "sqlite:///mainspring.db"
 _DEFAULT_REDACTOR = Redactor()
 
 
-class App(Admin, Lineage, Observe):
+class App(Admin, Children, Lineage, Observe):
     """Workflows registered over one store.
 
     Args:
@@ -256,7 +264,8 @@ class App(Admin, Lineage, Observe):
         output_type: type[OutputT] | None = None,
         deps: Callable[[], Any] | None = None,
         deps_type: type | None = None,
-    ) -> Workflow[[str], AgentResult[OutputT]]:
+        handoffs: Sequence[AgentWorkflow] = (),
+    ) -> AgentWorkflow[OutputT]:
         """Define an agent and register the workflow that runs it, under ``name``.
 
         Run it like any workflow with the task as its argument:
@@ -294,6 +303,10 @@ class App(Admin, Lineage, Observe):
             deps / deps_type: a function that builds the dependencies the tools get
                 as ``ctx.deps`` (a client, a pool), called once per worker process and
                 never journaled; ``deps_type`` checks what it builds.
+            handoffs: agents (what ``app.agent`` returned) the model may hand the
+                task over to by calling ``transfer_to_<name>``: that agent runs as a
+                child run from this one's state, and its result is this run's result
+                (see ``docs/composition.md``).
         """
         for t in tools:
             if t.name not in self.tools:
@@ -331,6 +344,7 @@ class App(Admin, Lineage, Observe):
             rate_limits=self._bound_rate_limits(),
             rate_account=rate_account,
             policies=tuple(policies),
+            handoffs=tuple(handoffs),
             clock=self.clock,
             rng=self.rng,
             inline_wait_s=self.inline_wait_s,
@@ -345,7 +359,9 @@ class App(Admin, Lineage, Observe):
 
         run_agent.__name__ = run_agent.__qualname__ = name
         run_agent.__annotations__["return"] = spec.result_type  # revives the typed output
-        workflow: Workflow[[str], AgentResult[OutputT]] = self.workflow(name=name)(run_agent)
+        self.workflow(name=name)(run_agent)  # registers it (refuses a name taken)
+        # the agent's own kind of workflow: the same run, plus ``as_tool``
+        workflow = self.workflows[name] = AgentWorkflow.for_agent(run_agent, name)
         self.agents[name] = spec
         return workflow
 
@@ -560,6 +576,10 @@ class App(Admin, Lineage, Observe):
                 f"the signal {name!r}: `mainspring signal {run_id} {name} PAYLOAD-JSON`, or "
                 f"app.signal({run_id!r}, {name!r}, payload)"
             )
+        if not ways and reason and reason.startswith("child:"):
+            child = self.store.get_run(reason.removeprefix("child:"))
+            if child is not None and child.status == "waiting":
+                ways.append(f"its child run, which waits: {self._waiting(child).message}")
         what = "; ".join(ways) or f"{reason or 'a signal'}"
         return RunWaiting(
             f"run {run_id} of {record.workflow!r} is waiting for {what}. It is kept, holding "
@@ -590,6 +610,7 @@ class App(Admin, Lineage, Observe):
             redact=self.redactor.redact_json if self.redactor is not None else None,
             # telemetry outermost: it times the attempt as the step's policy sees it
             interceptors=(self.telemetry, *self.interceptors),
+            children=self,
         )
         committer.observers.append(self.telemetry.committed)
         return engine

@@ -3,6 +3,7 @@ policies that wrap its tool and model calls."""
 
 from ._builtin import Allowlist, ApprovalRequired, ProviderRefusal, ToolCallBudget, ValidArguments
 from ._call import call_model
+from ._delegate import AgentTool, AgentWorkflow
 from ._guard import LoopGuard
 from ._loop import Agent, CompletionValidator
 from ._policy import ModelCall, ModelNext, Policy, ToolAdmitNext, ToolNext, ToolOutcome, ToolUse
@@ -12,6 +13,8 @@ __all__ = [
     "Agent",
     "AgentResult",
     "AgentState",
+    "AgentTool",
+    "AgentWorkflow",
     "Allowlist",
     "ApprovalRequired",
     "CompletionValidator",

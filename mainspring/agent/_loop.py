@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from .._clock import Clock
 from .._errors import (
     BudgetExceeded,
+    ConfigError,
     LoopDetected,
     ModelOutputError,
     StepFailed,
@@ -55,6 +56,7 @@ from ._builtin import (
     ValidArguments,
 )
 from ._call import DEFAULT_MODEL_RETRY, call_model
+from ._delegate import AgentTool, AgentWorkflow, Handoff, handoff_spec, handoff_task
 from ._parse import action_from_text
 from ._policy import ModelCall, Policy, ToolOutcome, ToolUse, compose
 from ._state import AgentResult, AgentState, PlanItem
@@ -151,6 +153,8 @@ class Agent:
     rate_limits: BoundRateLimits | None = None
     rate_account: str = "default"
     policies: tuple[Policy, ...] = ()
+    # agents the model may hand the task over to (``transfer_to_<name>``)
+    handoffs: tuple[AgentWorkflow, ...] = ()
     clock: Clock | None = None
     rng: random.Random | None = None
     inline_wait_s: float = 1.0
@@ -161,6 +165,13 @@ class Agent:
     def __post_init__(self) -> None:
         # Bad configuration fails where the agent is defined, not in a worker.
         _ = self._output, self._deps
+        for target in self.handoffs:
+            if not isinstance(target, AgentWorkflow):
+                raise ConfigError(
+                    f"agent {self.name!r}: handoffs take agents (what app.agent returns), "
+                    f"got {target!r}"
+                )
+            handoff_spec(target)  # a name that cannot be a tool's fails here
 
     @functools.cached_property
     def _counter(self) -> TokenCounter:
@@ -186,6 +197,7 @@ class Agent:
 
     def tool_specs(self) -> list[ToolSpec]:
         extra = [ASK_HUMAN] if self.ask_human else []
+        extra += [handoff_spec(target) for target in self.handoffs]
         finish = FINISH if self._output is None else self._output.spec
         return [*self.tools.specs(self.allowed), *extra, UPDATE_STATE, finish]
 
@@ -215,6 +227,8 @@ class Agent:
             done, answer = await self._act(ctx, run, turn, response)
             run.history.add(turn)
             if done:
+                if isinstance(answer, Handoff):
+                    return answer.merged(run.state, run.sessions)
                 return self._result(ctx, run, "done", answer, None)
             verdict, why = run.guard.observe(turn)
             if verdict == "stop":
@@ -300,6 +314,12 @@ class Agent:
         todo: list[tuple[int, ToolUse]] = []
         admit = compose([p.admit_tool for p in self._admission(run)], _admitted)
         for i, call in enumerate(calls):
+            target = self._handoff_target(call.name)
+            if target is not None:  # the task moves to that agent, as a child run
+                result = await ctx.child(target, handoff_task(self.name, call.arguments, run.state))
+                results[i] = (f"handed over to {target.name}", False, False)
+                turn.results = [_result(c, results.get(j)) for j, c in enumerate(calls)]
+                return True, Handoff(result)
             if call.name == "finish":
                 done, answer, error = self._check_finish(run, call)
                 results[i] = ("accepted", False, False) if done else (error, True, True)
@@ -335,6 +355,12 @@ class Agent:
         else:
             run.failed_turns = 0
         return False, None
+
+    def _handoff_target(self, name: str) -> AgentWorkflow | None:
+        for target in self.handoffs:
+            if name == f"transfer_to_{target.name}":
+                return target
+        return None
 
     def _calls(self, run: Progress, turn: Turn, response: ModelResponse) -> list[ToolCall] | None:
         """The reply's tool calls, or one written as text; ``None`` when the text is
@@ -599,7 +625,10 @@ async def _run_tool(use: ToolUse) -> ToolOutcome:
     tool, args = use.tool, use.arguments
     assert tool is not None and args is not None  # admitted: resolved and validated
     try:
-        value = await tool.run(use.ctx, args)
+        if isinstance(tool, AgentTool):  # a sub-agent's usage counts in this budget
+            value = await tool.run(use.ctx, args, state=use.state)
+        else:
+            value = await tool.run(use.ctx, args)
     except StepFailed as exc:
         return ToolOutcome(tool.render_error(exc), True)
     except StepInterrupted as exc:

@@ -231,6 +231,7 @@ def show(
         )
         # The whole run's, whatever --last/--errors/--step pick: 429s and rate waits.
         rate = build_trace(record, steps)
+        children = app.children(run_id)
         steps = pick_steps(
             steps,
             where=lambda s: (s.session, s.seq),
@@ -247,6 +248,10 @@ def show(
             "waits": rate.rate_waits,
             "waited_s": round(rate.rate_wait_s, 3),
         }
+        run_json["children"] = [
+            {"run": c.id, "workflow": c.workflow, "status": c.status, "step": c.parent_step}
+            for c in children
+        ]
         print_json({"run": run_json, "steps": [_step_json(s) for s in steps]})
         return
     out = console()
@@ -271,7 +276,11 @@ def show(
     if record.recoveries:
         facts.append(("recoveries", str(record.recoveries)))
     if record.parent is not None:
-        facts.append(("forked from", f"run {record.parent}, step {record.parent_step}"))
+        how = "child of" if record.parent_kind == "child" else "forked from"
+        facts.append((how, f"run {record.parent}, step {record.parent_step}"))
+    if children:
+        lines = [f"{c.id} {c.workflow} {c.status} (step {c.parent_step})" for c in children]
+        facts.append((f"children ({len(children)})", "\n".join(lines)))
     times = f"created {_clock(record.created_at, now)}, updated {_clock(record.updated_at, now)}"
     if record.finished_at is not None:
         times += f", finished {_clock(record.finished_at, now)}"
@@ -463,8 +472,10 @@ def _run_json(r: RunRecord, current: StepRecord | None) -> dict[str, Any]:
         "recoveries": r.recoveries,
         "cancel_requested": r.cancel_requested,
         "version": r.version,  # of the code that submitted it (App(version=...))
-        # A fork's lineage: the run and step it was forked from.
-        "parent": None if r.parent is None else {"run": r.parent, "step": r.parent_step},
+        # Lineage: the run and step it was forked from, or that started it as a child.
+        "parent": None
+        if r.parent is None
+        else {"run": r.parent, "step": r.parent_step, "kind": r.parent_kind},
         "created_at": _iso(r.created_at),
         "updated_at": _iso(r.updated_at),
         "active_at": _iso(_active_at(r, current)),

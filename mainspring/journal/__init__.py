@@ -1,8 +1,9 @@
 """The durable engine: run contexts, replay, step modes, sessions."""
 
 from ._batch import BatchCommitter
+from ._children import ChildHandle
 from ._context import RunContext, SimulatedCrash, StepInfo, StepMode, current_step
-from ._engine import Committer, Engine, RunControl
+from ._engine import ChildStarter, Committer, Engine, RunControl
 from ._executor import Outcome, execute
 from ._intercept import StepCall, StepInterceptor
 from ._retry import RetryPolicy
@@ -11,6 +12,8 @@ from ._workflow import Workflow
 
 __all__ = [
     "BatchCommitter",
+    "ChildHandle",
+    "ChildStarter",
     "Committer",
     "Engine",
     "Execution",

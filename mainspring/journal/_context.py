@@ -26,6 +26,7 @@ from .._requests import Approval, RequestKind
 from .._serde import dumps, loads
 from ..storage import JournalRole, RunRecord, StepRecord
 from . import _patches
+from ._children import ChildHandle, start_child
 from ._control import SimulatedCrash, _ContinueAsNew
 from ._cursor import Cursor
 from ._engine import Engine, RunControl
@@ -33,6 +34,7 @@ from ._retry import RetryPolicy
 from ._stepinfo import StepInfo, current_step
 from ._steps import StepMode, Steps
 from ._waits import MISSING, Waits
+from ._workflow import Workflow
 
 __all__ = ["RunContext", "SimulatedCrash", "StepInfo", "StepMode", "current_step"]
 
@@ -356,6 +358,41 @@ class RunContext:
                 ``max_supported`` (its code was removed while it was in flight).
         """
         return _patches.version(self._cursor, change_id, min_supported, max_supported)
+
+    # -- child runs -------------------------------------------------------------------
+
+    async def start_child(
+        self, workflow: Workflow[..., T] | str, /, *args: Any, key: str | None = None, **kwargs: Any
+    ) -> ChildHandle[T]:
+        """Start ``workflow`` (a registered workflow or agent, or its name) as a child
+        run and return a :class:`ChildHandle`; ``await handle`` gives its result.
+
+        The child is a run of its own (journal, lease, status, retries), listed as a
+        child of this run. Its start is journaled here and its idempotency key is
+        derived from this run and position (or from ``key``, which must then name one
+        child of this run only), so a crash or replay never starts it twice.
+        Cancelling this run cancels its unfinished children.
+
+        Raises:
+            ConfigError: the workflow is not registered, or the arguments do not fit.
+        """
+        return start_child(self._cursor, self._waits, workflow, args, kwargs, key)
+
+    async def child(
+        self, workflow: Workflow[..., T] | str, /, *args: Any, key: str | None = None, **kwargs: Any
+    ) -> T:
+        """Run ``workflow`` (or an agent: ``await ctx.child(researcher, "task")``) as a
+        durable child run and return its result: :meth:`start_child` then wait. While
+        the child runs, this run waits (status ``waiting``, wait reason
+        ``child:<id>``), holding no worker. Several children run at once with
+        ``asyncio.gather(ctx.child(a, 1), ctx.child(b, 2))``.
+
+        Raises:
+            ChildFailed: the child failed (``.child_id``, ``.error``).
+            ChildCancelled: the child was cancelled.
+        """
+        handle: ChildHandle[T] = await self.start_child(workflow, *args, key=key, **kwargs)
+        return await handle.result()
 
     # -- journaled values and sessions ------------------------------------------------
 

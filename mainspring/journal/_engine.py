@@ -6,14 +6,15 @@ import random
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal, Protocol
 
 from .._clock import Clock
 from ..storage import RunWrite, Store, WriteResult
 from ._intercept import StepInterceptor
 from ._retry import RetryPolicy
+from ._workflow import Workflow
 
-__all__ = ["Committer", "Engine", "RunControl"]
+__all__ = ["ChildStarter", "Committer", "Engine", "RunControl"]
 
 
 class Committer:
@@ -43,6 +44,26 @@ class Committer:
         return None
 
 
+class ChildStarter(Protocol):
+    """What the engine needs from the application to start child runs (the
+    :class:`~mainspring.App` is one)."""
+
+    def child_workflow(self, target: Any) -> Workflow[Any, Any]:
+        """The registered workflow ``target`` names (a :class:`Workflow` or a name)."""
+
+    def start_child(
+        self,
+        workflow: Workflow[Any, Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        *,
+        key: str,
+        parent: str,
+        parent_step: str,
+    ) -> str:
+        """Create the child run (or find the one ``key`` names) and return its id."""
+
+
 @dataclass(slots=True)
 class Engine:
     """Shared, per-process parts: the store, time, randomness and settings."""
@@ -60,6 +81,8 @@ class Engine:
     redact: Callable[[str], str] | None = None
     # wrap every executed step attempt (the App's ``interceptors``), outermost first
     interceptors: tuple[StepInterceptor, ...] = ()
+    # starts child runs (``ctx.child``); None: this engine cannot (no App behind it)
+    children: ChildStarter | None = None
 
 
 @dataclass(slots=True)

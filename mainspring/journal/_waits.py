@@ -137,9 +137,11 @@ class Waits:
         timeout: float | None,
         default: Any = MISSING,
         request: str | None = None,
+        reason: str | None = None,
     ) -> Any:
         """``wait_for``; ``request`` (JSON) marks the wait as a request to a human and
-        stays in the journal row, listed while pending and kept once answered."""
+        stays in the journal row, listed while pending and kept once answered;
+        ``reason``: the run's wait reason while parked here (``signal:<name>``)."""
         if WAIT_SIGNAL_SEP in signal:
             raise ValueError(f"a signal name cannot contain {WAIT_SIGNAL_SEP!r}: {signal!r}")
         cur = self.cur
@@ -166,7 +168,7 @@ class Waits:
             done = await self._answered(rec, signal)
             if done is not None:
                 return self._result(done, signal, default)
-            await self._park_wait(rec, signal)
+            await self._park_wait(rec, signal, reason)
 
     async def _answered(self, rec: StepRecord, signal: str) -> StepRecord | None:
         """The wait's row completed by a stored signal or by its deadline, if either."""
@@ -197,10 +199,10 @@ class Waits:
             )
         return None
 
-    async def _park_wait(self, rec: StepRecord, signal: str) -> None:
+    async def _park_wait(self, rec: StepRecord, signal: str, reason: str | None = None) -> None:
         cur = self.cur
         try:
-            await self._park(rec.seq, signal, rec.wake_at, f"signal:{signal}")
+            await self._park(rec.seq, signal, rec.wake_at, reason or f"signal:{signal}")
         except asyncio.CancelledError:
             if cur.stop is None:  # the workflow cancelled it (the loser of a race)
                 meta = "" if rec.output is None else rec.output[1:-1] + ","

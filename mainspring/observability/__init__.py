@@ -12,6 +12,7 @@ from ._metrics import LATENCY_BUCKETS, MetricsCollector, metrics_text
 from ._names import StepRole, model_of, step_role
 from ._otel import export_trace
 from ._redact import BUILTIN_PATTERNS, SECRET_KEYS, Redactor
+from ._spans import child_traceparent
 from ._trace import RunTrace, TraceEntry, TraceKind, build_trace, trace_entries
 from ._traceparent import parse_traceparent
 
@@ -31,6 +32,7 @@ __all__ = [
     "TraceEntry",
     "TraceKind",
     "build_trace",
+    "child_traceparent",
     "diagnose",
     "export_trace",
     "metrics_text",

@@ -27,7 +27,7 @@ from ..storage import RunRecord, RunTransition, StepRecord
 from ._names import model_of, tool_of_name
 from ._traceparent import parse_traceparent
 
-__all__ = ["LiveSpans", "SpanEmitter", "span_id_of", "trace_id_of"]
+__all__ = ["LiveSpans", "SpanEmitter", "child_traceparent", "span_id_of", "trace_id_of"]
 
 log = logging.getLogger("mainspring.observability")
 
@@ -52,6 +52,16 @@ def span_id_of(run_id: str, key: str) -> int:
     """The span id of ``key`` (``"run"`` or ``"session:seq:attempt"``) in a run."""
     digest = hashlib.sha256(f"mainspring:{run_id}:{key}".encode()).digest()
     return int.from_bytes(digest[:8]) or 1
+
+
+def child_traceparent(parent_id: str, parent_traceparent: str | None, step: str) -> str:
+    """The W3C ``traceparent`` a child run started at ``step`` (``"session:seq"``) of
+    run ``parent_id`` is given: the parent's trace, the span of that step (its first
+    attempt) as the parent span, so that the child's spans nest under it."""
+    caller = parse_traceparent(parent_traceparent)
+    trace_id = caller.trace_id if caller is not None else trace_id_of(parent_id)
+    flags = caller.flags & 1 if caller is not None else 1
+    return f"00-{trace_id:032x}-{span_id_of(parent_id, f'{step}:1'):016x}-{flags:02x}"
 
 
 def configured_provider(tracer_provider: Any) -> Any:

@@ -41,6 +41,7 @@ from ._schemas import (
     AnswerIn,
     CancelIn,
     CancelOut,
+    ChildOut,
     CurrentStep,
     ErrorOut,
     ForkIn,
@@ -306,7 +307,18 @@ def create_app(
         record = app.get_run(run_id)
         current = app.store.last_steps([run_id]).get(run_id)
         pending = [] if record.finished else app.requests(run_id)
-        return _run_out(record, current, pending, full=True, admin=key.allows("admin"))
+        out = _run_out(record, current, pending, full=True, admin=key.allows("admin"))
+        out.children = [
+            ChildOut(
+                id=c.id,
+                workflow=c.workflow,
+                status=c.status,
+                parent_step=c.parent_step,
+                url=f"/runs/{c.id}",
+            )
+            for c in app.children(run_id)
+        ]
+        return out
 
     @api.get(
         "/runs/{run_id}/steps",
@@ -747,6 +759,7 @@ def _run_out(
         parent=r.parent,
         parent_step=r.parent_step,
         version=r.version,
+        parent_kind=r.parent_kind,
         created_at=r.created_at,
         updated_at=r.updated_at,
         finished_at=r.finished_at,

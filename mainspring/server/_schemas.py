@@ -98,6 +98,16 @@ class CurrentStep(BaseModel):
     status: str
 
 
+class ChildOut(BaseModel):
+    id: str
+    workflow: str
+    status: RunStatusName
+    parent_step: str | None = Field(
+        None, description="The parent's step that started it, 'session:seq'."
+    )
+    url: str
+
+
 class RunOut(BaseModel):
     id: str
     workflow: str
@@ -115,9 +125,23 @@ class RunOut(BaseModel):
     error: Any = None
     current_step: CurrentStep | None = None
     pending_requests: list[RequestOut] = Field(default_factory=list)
-    parent: str | None = Field(None, description="A fork's source run (null: not a fork).")
+    parent: str | None = Field(
+        None,
+        description="A fork's source run, or the run that started this one as a child "
+        "(null: neither).",
+    )
     parent_step: str | None = Field(
-        None, description="The source run's step the fork was made from, 'session:seq'."
+        None,
+        description="The parent's step the fork was made from, or that started the "
+        "child, 'session:seq'.",
+    )
+    parent_kind: Literal["fork", "child"] | None = Field(
+        None, description="What the parent is to this run: 'fork' or 'child'."
+    )
+    children: list[ChildOut] = Field(
+        default_factory=list,
+        description="The child runs this run started (ctx.child), in order; in a run's "
+        "own view only.",
     )
     version: str | None = Field(
         None,

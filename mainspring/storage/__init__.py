@@ -8,6 +8,7 @@ from urllib.parse import urlsplit
 from .._errors import ConfigError
 from ._api import SCOPES, WEBHOOK_EVENTS, ApiKey, Delivery, Scope, Webhook, WebhookEvent
 from ._base import Cursor, Heartbeat, PruneResult, Snapshot, Store
+from ._children import CHILD_SIGNAL_PREFIX, child_signal
 from ._migrations import LATEST as SCHEMA_VERSION
 from ._rates import RateRow, RateTxn
 from ._records import (
@@ -32,6 +33,7 @@ from ._url import redact_url
 from .sqlite import DatabaseGone, SQLiteStore
 
 __all__ = [
+    "CHILD_SIGNAL_PREFIX",
     "FINISHED",
     "JOURNAL_ROLES",
     "SCHEMA_VERSION",
@@ -63,6 +65,7 @@ __all__ = [
     "Webhook",
     "WebhookEvent",
     "WriteResult",
+    "child_signal",
     "join_wait_signals",
     "open_store",
     "redact_url",

@@ -9,6 +9,7 @@ from typing import Any
 
 from .._serde import loads
 from ._api import queue_event
+from ._children import tell_parent
 from ._connection import Connection, Cursor
 from ._records import (
     FINISHED,
@@ -306,6 +307,7 @@ class JournalTables(Connection):
             )
             if t.status in FINISHED:
                 queue_event(cur, w.run_id, f"run.{t.status}", _event_run(t.status, t), now)  # type: ignore[arg-type]
+                tell_parent(self, cur, w.run_id, now)
         elif t.kind == "suspend":
             wake_at = t.wake_at
             if cancel_requested:

@@ -10,6 +10,7 @@ from typing import Any, ClassVar
 
 from .._serde import dumps, loads
 from ._api import queue_event
+from ._children import tell_parent
 from ._connection import Connection
 from ._records import RunRecord
 from ._rows import _RUN_COLUMNS, _run, _versions_sql
@@ -175,6 +176,7 @@ class LeaseTables(Connection):
                             },
                             now,
                         )
+                        tell_parent(self, cur, rid, now)
                         continue
                     cur.execute(
                         "UPDATE ms_runs SET status = 'running', epoch = epoch + 1, owner = ?,"

@@ -11,6 +11,7 @@ from typing import Any
 from .._errors import RunConflict, RunNotFound
 from .._serde import dumps, loads
 from ._api import queue_event
+from ._children import cancel_children, tell_parent
 from ._connection import Connection
 from ._records import FINISHED, RunRecord
 from ._rows import (
@@ -74,6 +75,16 @@ class RunTables(Connection):
             " VALUES (?, ?, ?, 'queued', ?, ?, ?, ?, ?, ?, ?, ?)"
         )
         with self._write() as cur:
+            if parent is not None:
+                # The parent's row is held while its child is added, so that a cancel
+                # of the parent (which holds it too) sees the child and cancels it.
+                cur.execute(
+                    f"SELECT cancel_requested, status FROM ms_runs WHERE id = ?{self._row_lock}",
+                    (parent,),
+                )
+                held = cur.fetchone()
+                if held is None:
+                    raise RunNotFound(f"cannot start a child of {parent!r}: no such run")
             if key is None:
                 cur.execute(insert, values)
                 created = True
@@ -93,7 +104,15 @@ class RunTables(Connection):
                         run_id=existing.id,
                     )
                 return existing, False
-            self._notify(cur, run_id)
+            if parent is not None and (held[0] or held[1] in FINISHED):
+                # Started by a parent being cancelled (or gone): born cancelled.
+                cur.execute(
+                    "UPDATE ms_runs SET status = 'cancelled', cancel_requested = 1, error = ?,"
+                    " finished_at = ? WHERE id = ?",
+                    (_cancel_error("its parent run was cancelled"), now, run_id),
+                )
+            else:
+                self._notify(cur, run_id)
             cur.execute(f"SELECT {_RUN_COLUMNS} FROM ms_runs WHERE id = ?", (run_id,))
             return _run(cur.fetchone()), True
 
@@ -114,13 +133,18 @@ class RunTables(Connection):
         search: str | None = None,
         summary: bool = False,
         versions: Sequence[str | None] | None = None,
+        parent: str | None = None,
     ) -> list[RunRecord]:
         """Newest first. ``since``: created at or after this time; ``search``: text
         found (case-insensitively) in the id, key, input, output or error; ``summary``:
         leave input, output and hand-off out (``None``), for lists; ``versions``: only
-        runs submitted by these code versions (``None`` in it: with no version)."""
+        runs submitted by these code versions (``None`` in it: with no version);
+        ``parent``: only the runs whose parent (child runs and forks) is that run."""
         where: list[str] = []
         params: list[Any] = []
+        if parent is not None:
+            where.append("parent = ?")
+            params.append(parent)
         if statuses:
             where.append(f"status IN ({', '.join('?' * len(statuses))})")
             params.extend(statuses)
@@ -362,9 +386,18 @@ class RunTables(Connection):
         marked and its worker cancels it at the next step boundary (status stays
         ``running`` until then). A finished run is left exactly as it is and its
         final status returned.
+
+        The cancel cascades: the run's unfinished child runs (``ctx.child``) are
+        cancelled with it, recursively, in the same transaction.
         """
         error = _cancel_error(reason)
         with self._write() as cur:
+            cur.execute("SELECT status FROM ms_runs WHERE id = ?", (run_id,))
+            first = cur.fetchone()
+            if first is not None and first[0] not in FINISHED:
+                # Children first: their rows are locked before the parent's, the
+                # order a child's own end takes.
+                cancel_children(self, cur, run_id, error, now)
             # Locked: a worker's commit (a suspend, a finish) cannot slip between
             # this read and the write below.
             cur.execute(f"SELECT status FROM ms_runs WHERE id = ?{self._row_lock}", (run_id,))
@@ -374,6 +407,8 @@ class RunTables(Connection):
             status: str = row[0]
             if status in FINISHED:
                 return status
+            # A child started while the cancel came in (its start holds this row).
+            cancel_children(self, cur, run_id, error, now)
             if status == "running":
                 cur.execute(
                     "UPDATE ms_runs SET cancel_requested = 1, error = ?, updated_at = ?"
@@ -391,6 +426,7 @@ class RunTables(Connection):
             queue_event(
                 cur, run_id, "run.cancelled", {"status": "cancelled", "error": loads(error)}, now
             )
+            tell_parent(self, cur, run_id, now)
             return "cancelled"
 
     # -- retention ----------------------------------------------------------------------

@@ -338,6 +338,8 @@ class Worker:
         app = self.app
         claimed: list[RunRecord] = []
         targets: list[str | None] = list(named) or [self._only]
+        if self._only is not None and not named:
+            targets += self._descendants(self._only)  # app.run runs its children too
         for run_id in targets:
             claimed += app.store.claim(
                 worker=self.worker_id,
@@ -476,8 +478,25 @@ class Worker:
         assert self._only is not None
         record = self.app.store.get_run(self._only)
         if self._return_on_wait and record is not None and record.status == "waiting":
-            return True  # app.run says what the run waits for instead of hanging
+            # app.run says what the run waits for instead of hanging, unless it waits
+            # for a child run it can still run itself.
+            return not any(
+                not r.finished and r.status != "waiting"
+                for r in (self.app.store.get_run(c) for c in self._descendants(self._only))
+                if r is not None
+            )
         return record is None or record.finished
+
+    def _descendants(self, run_id: str) -> list[str]:
+        """The unfinished child runs of ``run_id``, and theirs (app.run's family)."""
+        found: list[str] = []
+        todo = [run_id]
+        while todo:
+            for r in self.app.store.list_runs(parent=todo.pop(), limit=1000, summary=True):
+                if r.parent_kind == "child" and not r.finished:
+                    found.append(r.id)
+                    todo.append(r.id)
+        return found
 
     def _due_soon(self, names: list[str], horizon_s: float, idle_at: list[float]) -> bool:
         """Whether a sleeping run is due within ``horizon_s`` and waiting can reach it.

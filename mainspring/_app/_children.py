@@ -1,0 +1,85 @@
+"""Child runs as the App starts them for a workflow's ``ctx.child`` (the App is the
+engine's :class:`~mainspring.journal.ChildStarter`), and how to list them. Mixed
+into :class:`~mainspring.App`."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .._clock import Clock
+from .._errors import RunConflict
+from .._serde import loads
+from ..journal import Workflow
+from ..observability import child_traceparent
+from ..storage import RunRecord, Store
+from ._lineage import new_id
+
+__all__ = ["Children"]
+
+
+class Children:
+    """Starting and listing an App's child runs."""
+
+    if TYPE_CHECKING:
+        clock: Clock
+        version: str | None
+
+        @property
+        def store(self) -> Store: ...
+
+        def get_workflow(self, workflow: Workflow[Any, Any] | str) -> Workflow[Any, Any]: ...
+
+        def _redact(self, text: str) -> str: ...
+
+    def children(self, run_id: str) -> list[RunRecord]:
+        """The child runs ``run_id`` started (``ctx.child``) in the order it started
+        them (by journal position), as summaries (no input, output or hand-off)."""
+        found = self.store.list_runs(parent=run_id, limit=10_000, summary=True)
+        return sorted((r for r in found if r.parent_kind == "child"), key=_position)
+
+    def child_workflow(self, target: Any) -> Workflow[Any, Any]:
+        """The registered workflow a ``ctx.child`` names (a workflow, an agent's
+        workflow, or a name)."""
+        return self.get_workflow(target)
+
+    def start_child(
+        self,
+        workflow: Workflow[Any, Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        *,
+        key: str,
+        parent: str,
+        parent_step: str,
+    ) -> str:
+        """Create the child run ``key`` names, or find it (a replay); its id."""
+        encoded = self._redact(workflow.encode_input(tuple(args), dict(kwargs)))
+        record = self.store.get_run(parent)
+        traceparent = child_traceparent(
+            parent, record.traceparent if record is not None else None, parent_step
+        )
+        child, created = self.store.create_run(
+            run_id=new_id(),
+            workflow=workflow.name,
+            input=encoded,
+            key=key,
+            now=self.clock.now(),
+            traceparent=traceparent,
+            parent=parent,
+            parent_step=parent_step,
+            # The code running the parent starts it: its version, so the workers
+            # that may take the parent may take the child too.
+            version=self.version,
+        )
+        if not created and (child.parent != parent or loads(child.input) != loads(encoded)):
+            raise RunConflict(
+                f"the child key {key!r} already names a run of {workflow.name!r} with other "
+                "input (or of another parent): give each child of a run its own key",
+                run_id=parent,
+            )
+        return child.id
+
+
+def _position(run: RunRecord) -> tuple[int, int]:
+    session, _, seq = (run.parent_step or "0:0").partition(":")
+    return int(session), int(seq or 0)

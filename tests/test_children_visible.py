@@ -1,0 +1,116 @@
+"""Child runs are visible: ``mainspring show`` (text and JSON), the HTTP API's run
+view, the dashboard's run page, and the trace export nests a child under the step
+of its parent that started it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+from fastapi.testclient import TestClient
+from typer.testing import CliRunner
+
+import mainspring as ms
+from mainspring.cli import cli
+from mainspring.server import create_app
+
+
+def _family(db: str) -> tuple[str, str]:
+    app = ms.App(db)
+
+    @app.workflow
+    async def kid(ctx: ms.RunContext, n: int) -> int:
+        return await ctx.step(lambda: n + 1, name="add")
+
+    @app.workflow
+    async def parent(ctx: ms.RunContext) -> int:
+        return await ctx.child(kid, 1)
+
+    try:
+        run_id = app.submit(parent).run_id
+        asyncio.run(app.worker().run(until_idle=True))
+        (child,) = app.children(run_id)
+        return run_id, child.id
+    finally:
+        app.close()
+
+
+def test_show_api_and_dashboard_list_children_and_parents(tmp_path: Path) -> None:
+    db = f"sqlite:///{tmp_path / 'kids.db'}"
+    parent, child = _family(db)
+    app = ms.App(db)
+    try:
+        _, admin = app.store.create_api_key("ops", ["admin"], app.clock.now())
+        auth = {"Authorization": f"Bearer {admin}"}
+        with TestClient(create_app(app, webhooks=False)) as client:
+            body = client.get(f"/runs/{parent}", headers=auth).json()
+            assert body["output"] == 2
+            assert body["children"] == [
+                {
+                    "id": child,
+                    "workflow": "kid",
+                    "status": "succeeded",
+                    "parent_step": "0:0",
+                    "url": f"/runs/{child}",
+                }
+            ]
+            body = client.get(f"/runs/{child}", headers=auth).json()
+            assert (body["parent"], body["parent_step"], body["parent_kind"]) == (
+                parent,
+                "0:0",
+                "child",
+            )
+            schema = client.get("/openapi.json").json()["components"]["schemas"]
+            assert "children" in schema["RunOut"]["properties"]
+            r = client.post(
+                "/ui/login",
+                content=f"key={admin}",
+                headers={
+                    "Origin": "http://testserver",
+                    "Content-Type": "application/x-www-form-urlencoded",
+                },
+                follow_redirects=False,
+            )
+            assert r.status_code in (302, 303), r.text
+            page = client.get(f"/ui/runs/{parent}").text
+            assert f'href="/ui/runs/{child}" class="child-run"' in page
+            page = client.get(f"/ui/runs/{child}").text
+            assert f'<dt>child of</dt><dd><a href="/ui/runs/{parent}" id="run-parent"' in page
+    finally:
+        app.close()
+    shown = CliRunner().invoke(cli, ["show", parent, "--db", db])
+    assert f"{child} kid succeeded (step 0:0)" in shown.output
+    shown = CliRunner().invoke(cli, ["show", child, "--db", db])
+    assert f"child of     run {parent}, step 0:0" in shown.output
+    data = json.loads(CliRunner().invoke(cli, ["show", parent, "--db", db, "--json"]).stdout)
+    assert data["run"]["children"] == [
+        {"run": child, "workflow": "kid", "status": "succeeded", "step": "0:0"}
+    ]
+
+
+def test_trace_export_nests_a_child_under_its_parents_step(tmp_path: Path) -> None:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from mainspring.observability import export_trace
+
+    db = f"sqlite:///{tmp_path / 'trace.db'}"
+    parent, child = _family(db)
+    app = ms.App(db)
+    try:
+        exporter = InMemorySpanExporter()
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+        export_trace(app.trace(parent), tracer_provider=provider)
+        export_trace(app.trace(child), tracer_provider=provider)
+    finally:
+        app.close()
+    spans = exporter.get_finished_spans()
+    assert len({s.context.trace_id for s in spans}) == 1  # one trace for the family
+    starts = [s for s in spans if s.attributes.get("mainspring.step.position") == "0:0"]
+    start = next(s for s in starts if s.name.endswith("child:kid"))
+    child_root = next(s for s in spans if s.attributes.get("mainspring.run.id") == child)
+    assert child_root.parent is not None
+    assert child_root.parent.span_id == start.context.span_id
