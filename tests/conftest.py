@@ -74,6 +74,27 @@ def stack(tmp_path: Path, db_url: str) -> Iterator[Any]:
 
 
 # -- running beside other pytest-xdist workers ------------------------------------------
+
+# An xdist worker starts with COLUMNS=80 and LINES=24 of its own, which narrows every
+# Rich table the CLI tests read (the CLI widens piped output only when COLUMNS is
+# unset): a worker gets the terminal variables of the pytest that started it.
+_TERMINAL_VARS = ("COLUMNS", "LINES", "TERM")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    node.workerinput["mainspring_terminal"] = {k: os.environ.get(k) for k in _TERMINAL_VARS}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    terminal = getattr(config, "workerinput", {}).get("mainspring_terminal", {})
+    for name, value in terminal.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
 #
 # Under pytest-xdist (pyproject's addopts) every worker holds a shared lock on the
 # services (the PostgreSQL server) while it runs a test module; a test marked
