@@ -95,7 +95,6 @@ def pytest_configure(config: pytest.Config) -> None:
             os.environ[name] = value
 
 
-#
 # Under pytest-xdist (pyproject's addopts) every worker holds a shared lock on the
 # services (the PostgreSQL server) while it runs a test module; a test marked
 # ``exclusive`` (it stops or restarts the server) takes it exclusively, so that it
