@@ -107,16 +107,24 @@ class _ServiceLock:
     def __init__(self, folder: Path) -> None:
         self._main = os.open(folder / "services.lock", os.O_RDWR | os.O_CREAT, 0o600)
         self._turnstile = os.open(folder / "services.turnstile", os.O_RDWR | os.O_CREAT, 0o600)
+        self.held: int | None = None  # fcntl.LOCK_SH or LOCK_EX
 
-    def take(self, mode: int) -> None:
+    def hold(self, mode: int) -> None:
+        if self.held == mode:
+            return
+        # Never an upgrade in place: two workers upgrading at once would wait for each other.
+        self.release()
         fcntl.flock(self._turnstile, fcntl.LOCK_EX)
         try:
             fcntl.flock(self._main, mode)
         finally:
             fcntl.flock(self._turnstile, fcntl.LOCK_UN)
+        self.held = mode
 
     def release(self) -> None:
-        fcntl.flock(self._main, fcntl.LOCK_UN)
+        if self.held is not None:
+            fcntl.flock(self._main, fcntl.LOCK_UN)
+            self.held = None
 
 
 @pytest.fixture(scope="session")
@@ -132,11 +140,19 @@ def _shared_services(_service_lock: _ServiceLock | None) -> Iterator[None]:
     if _service_lock is None:
         yield
         return
-    _service_lock.take(fcntl.LOCK_SH)
+    _service_lock.hold(fcntl.LOCK_SH)
     try:
         yield
     finally:
         _service_lock.release()
+
+
+_NEXT_ITEM = pytest.StashKey["pytest.Item | None"]()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    item.stash[_NEXT_ITEM] = nextitem
 
 
 @pytest.fixture(autouse=True)
@@ -146,11 +162,10 @@ def _exclusive_services(
     if _service_lock is None or request.node.get_closest_marker("exclusive") is None:
         yield
         return
-    # Not an upgrade in place: two workers upgrading at once would wait for each other.
-    _service_lock.release()
-    _service_lock.take(fcntl.LOCK_EX)
+    _service_lock.hold(fcntl.LOCK_EX)
     try:
         yield
     finally:
-        _service_lock.release()
-        _service_lock.take(fcntl.LOCK_SH)
+        following = request.node.stash.get(_NEXT_ITEM, None)
+        if following is None or following.get_closest_marker("exclusive") is None:
+            _service_lock.hold(fcntl.LOCK_SH)  # else kept for the next exclusive test
