@@ -284,7 +284,7 @@ class Stores:
             return SQLiteStore(self.tmp / f"walk-{self.n}.db"), ledger
         from mainspring.storage.postgres import PostgresStore
 
-        pg.reset(self.dsn)
+        pg.reset_migrated(self.dsn)  # as the store would leave it: cheaper
         return PostgresStore(self.dsn, max_size=4), ledger
 
     def close(self) -> None:

@@ -337,6 +337,7 @@ def _completed_steps(c: PgCluster) -> int:
     return sum(r.status == "completed" for r in c.store.iter_all_steps())
 
 
+@pytest.mark.exclusive  # other xdist workers' tests must not see the server go down
 @pytest.mark.parametrize("outage", ["restart", "down-past-the-lease"])
 def test_pg_server_restart_mid_run_loses_nothing(
     make_cluster: MakeCluster, monkeypatch: pytest.MonkeyPatch, outage: str

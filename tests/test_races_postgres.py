@@ -340,7 +340,7 @@ async def _race(pg_dsn: str, tmp: Path, action: str, transition: str, rounds: in
     known = (action, transition) in KNOWN
     total = 0
     for _ in range(KNOWN_ROUNDS if known else rounds):
-        pg.reset(pg_dsn)
+        pg.reset_migrated(pg_dsn)  # Race opens a store, which would migrate it
         race = Race(pg_dsn, tmp, action, transition)
         try:
             problems = await race.round(RUNS_PER_ROUND)

@@ -92,7 +92,7 @@ class StoreMachine(RuleBasedStateMachine):
         else:
             from mainspring.storage.postgres import PostgresStore
 
-            pg.reset(PG_DSN[0])
+            pg.reset_migrated(PG_DSN[0])  # as the store would leave it: cheaper
             self.store = PostgresStore(PG_DSN[0], max_size=2)
 
     def teardown(self) -> None:
