@@ -138,6 +138,68 @@ def test_worker_process_exports_spans_over_otlp_while_the_run_is_unfinished(
     app.close()
 
 
+FAMILY_APP = """
+import mainspring as ms
+
+app = ms.App({url!r})
+
+
+@app.workflow
+async def kid(ctx: ms.RunContext, n: int) -> int:
+    return await ctx.step(lambda: n * 2, name="double")
+
+
+@app.workflow
+async def family(ctx: ms.RunContext) -> int:
+    return await ctx.child(kid, 20) + 1
+"""
+
+
+def test_a_parent_and_its_child_export_one_complete_tree_over_otlp(
+    tmp_path: Path, receiver: _Receiver
+) -> None:
+    """Live export of a child run: one trace for the family, no span whose parent the
+    receiver never got, and the child's run span under the parent's starting step."""
+    url = f"sqlite:///{tmp_path / 'family.db'}"
+    (tmp_path / "familyapp.py").write_text(textwrap.dedent(FAMILY_APP.format(url=url)))
+    app = ms.App(url)
+
+    @app.workflow
+    async def family(ctx: ms.RunContext) -> int:  # the same workflow, to submit it
+        raise AssertionError("executed by the worker process only")
+
+    run_id = app.submit(family).run_id
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(
+            [str(tmp_path), str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
+        ),
+        "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url,
+    }
+    cmd = [sys.executable, "-m", "mainspring", "worker", "familyapp:app", "--otel"]
+    done = subprocess.run(
+        [*cmd, "--until-idle"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert app.get_run(run_id).status == "succeeded"
+    app.close()
+    spans = {s["span_id"]: s for s in receiver.spans}
+    names = sorted(s["name"] for s in spans.values())
+    assert names == [
+        "signal child:" + names[0].split("child:")[-1],  # the parent's wait for the child
+        "step child:kid",
+        "step double",
+        "workflow family",
+        "workflow kid",
+    ]
+    assert len({s["trace_id"] for s in spans.values()}) == 1
+    orphans = [s["name"] for s in spans.values() if s["parent"] and s["parent"] not in spans]
+    assert orphans == []
+    (start,) = [s for s in spans.values() if s["name"] == "step child:kid"]
+    (kid_root,) = [s for s in spans.values() if s["name"] == "workflow kid"]
+    assert kid_root["parent"] == start["span_id"]
+
+
 BLOCKING_APP = """
 import pathlib
 import time

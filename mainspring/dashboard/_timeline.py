@@ -41,7 +41,7 @@ PAGE_TURNS = 25
 """Turns on one page of an agent's timeline."""
 PAGE_ROWS = 200
 """Rows on one page of a timeline without turns (a plain workflow)."""
-KINDS: tuple[StepRole, ...] = ("model", "tool", "step", "wait")
+KINDS: tuple[StepRole, ...] = ("model", "tool", "step", "wait", "child")
 """The kinds a person can filter by; ``rate`` and ``internal`` rows come with ``internal``."""
 _HIDDEN: frozenset[StepRole] = frozenset({"rate", "internal"})
 _MAX_PAGE = 1_000_000

@@ -158,6 +158,8 @@ def start_child(
         raise cur.fail(exc) from exc
     now = cur.now()
     output = dumps({"run_id": child_id})
-    cur.put(cur.new(seq, "step", name, status="completed", output=output, finished_at=now))
+    row = cur.new(seq, "step", name, status="completed", output=output, finished_at=now)
+    row.role = "child"
+    cur.put(row)
     cur.touch()
     return ChildHandle(waits, workflow, child_id)

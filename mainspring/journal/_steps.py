@@ -37,6 +37,10 @@ from ._stepinfo import StepInfo, current
 from ._threads import SHORT_WAIT_S, call_in_thread
 from ._waits import Waits
 
+# The roles a ctx.step may declare: "child" is the start of a child run, which only
+# ctx.child writes (it runs no function).
+STEP_ROLES = JOURNAL_ROLES - {"child"}
+
 __all__ = ["StepMode", "Steps"]
 
 log = logging.getLogger("mainspring.journal")
@@ -88,10 +92,10 @@ class Steps:
     ) -> Any:
         if mode not in ("at_least_once", "at_most_once"):
             raise ValueError(f"mode must be 'at_least_once' or 'at_most_once', got {mode!r}")
-        if role not in JOURNAL_ROLES:
+        if role not in STEP_ROLES:
             raise ConfigError(
                 f"ctx.step(role={role!r}): unknown role; expected one of "
-                f"{', '.join(repr(r) for r in sorted(JOURNAL_ROLES))} (an argument of the "
+                f"{', '.join(repr(r) for r in sorted(STEP_ROLES))} (an argument of the "
                 "function named role is passed with functools.partial(fn, role=...))"
             )
         cur = self.cur

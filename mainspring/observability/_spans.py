@@ -24,7 +24,7 @@ from .._errors import MissingExtra
 from ..journal import StepInfo
 from ..models import ModelResponse
 from ..storage import RunRecord, RunTransition, StepRecord
-from ._names import model_of, tool_of_name
+from ._names import model_of, step_kind, tool_of_name
 from ._traceparent import parse_traceparent
 
 __all__ = ["LiveSpans", "SpanEmitter", "child_traceparent", "span_id_of", "trace_id_of"]
@@ -411,9 +411,12 @@ class LiveSpans:
         now: float,
     ) -> None:
         for row in ended:
-            if row.kind in ("sleep", "signal") and row.finished_at is not None:
+            # Rows that ran no step function, so execute_step saw none of them: waits,
+            # and the starts of child runs (whose spans the children's nest under).
+            child = row.kind == "step" and row.role == "child"
+            if (row.kind in ("sleep", "signal") or child) and row.finished_at is not None:
                 span = step_span(
-                    kind=row.kind,
+                    kind=step_kind(row.role) if child else row.kind,
                     name=row.name,
                     session=row.session,
                     seq=row.seq,

@@ -50,11 +50,12 @@ StepKind = Literal["step", "sleep", "signal", "now", "uuid", "random", "patch"]
 """What a journal row is. ``patch``: the marker of a code change a run took
 (``ctx.patched``, ``ctx.version``), named by the change's id, its version as output."""
 StepStatus = Literal["started", "retrying", "completed", "failed"]
-JournalRole = Literal["step", "model", "tool", "rate", "wait"]
+JournalRole = Literal["step", "model", "tool", "rate", "wait", "child"]
 """What a ``ctx.step`` row is, as its writer declared it (``ctx.step(..., role=...)``):
 ``model`` a model call, ``tool`` a tool call, ``rate`` rate-limit bookkeeping (a slot
 booked or given back), ``wait`` a rate-limit wait (the wake time after a provider's
-refusal), ``step`` any other step. Rows of the other kinds (sleeps, signals, recorded
+refusal), ``child`` the start of a child run (``ctx.child``; its output is the
+child's id), ``step`` any other step. Rows of the other kinds (sleeps, signals, recorded
 values) keep the default ``step``: their kind says what they are."""
 
 JOURNAL_ROLES: frozenset[str] = frozenset(get_args(JournalRole))

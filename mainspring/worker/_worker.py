@@ -277,6 +277,7 @@ class Worker:
             if free > 0 and isolated is None and self._kept and self._only is None:
                 claimed = await self._claim_kept(names, free)
                 free -= len(claimed)
+            named: list[str] = []
             if free > 0 and isolated is None:
                 try:
                     named = self._take_named(free)
@@ -308,6 +309,12 @@ class Worker:
                 if self._finished_only():
                     return
             elif idle_horizon_s is not None and not self._active and not claimed:
+                if named:
+                    # Only the runs pushes named were tried (one may have been woken
+                    # again meanwhile): a sweep sees every runnable run before this
+                    # worker calls itself idle, and it comes at once.
+                    self._sweep = True
+                    continue
                 if not self._due_soon(names, idle_horizon_s, idle_at):
                     return
             else:
