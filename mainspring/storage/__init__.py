@@ -11,6 +11,7 @@ from ._base import Cursor, Heartbeat, PruneResult, Snapshot, Store
 from ._children import CHILD_SIGNAL_PREFIX, child_signal
 from ._migrations import LATEST as SCHEMA_VERSION
 from ._rates import RateRow, RateTxn
+from ._schedules import CatchUp, ScheduleRecord
 from ._records import (
     FINISHED,
     JOURNAL_ROLES,
@@ -42,6 +43,7 @@ __all__ = [
     "WAKE_NOW",
     "WEBHOOK_EVENTS",
     "ApiKey",
+    "CatchUp",
     "Cursor",
     "DatabaseGone",
     "Delivery",
@@ -55,6 +57,7 @@ __all__ = [
     "RunTransition",
     "RunWrite",
     "SQLiteStore",
+    "ScheduleRecord",
     "Scope",
     "SignalRecord",
     "Snapshot",
