@@ -269,7 +269,7 @@ def test_a_bad_schedules_file_names_the_entry_and_field(tmp_path: Path) -> None:
     with pytest.raises(ms.ConfigError, match=r"entry 1: unknown field\(s\) \['workflw'\]"):
         app.load_schedules(bad)
     bad.write_text('{"schedule": [{"name": "a", "cron": "0 9 * * *", "workflow": "report"}]}')
-    with pytest.raises(ms.ConfigError, match="entry 1: .*argument"):
+    with pytest.raises(ms.ConfigError, match=r"entry 1: .*argument"):
         app.load_schedules(bad)
     with pytest.raises(ms.ConfigError, match="cannot read it"):
         app.load_schedules(tmp_path / "missing.toml")

@@ -72,8 +72,7 @@ def _zone(tz: str, where: str) -> ZoneInfo:
         return ZoneInfo(tz)
     except (ZoneInfoNotFoundError, ValueError):
         raise ConfigError(
-            f"{where}: unknown time zone {tz!r}; use an IANA name such as 'UTC' or "
-            "'Europe/Paris'"
+            f"{where}: unknown time zone {tz!r}; use an IANA name such as 'UTC' or 'Europe/Paris'"
         ) from None
 
 
@@ -234,7 +233,7 @@ class Schedules:
             args=tuple(args),
             kwargs=dict(kwargs),
             tz=tz,
-            catch_up=catch_up,  # type: ignore[arg-type]  # checked above
+            catch_up=catch_up,  # checked above
         )
         table = self._schedule_table()
         table[name] = declared
@@ -407,4 +406,3 @@ class Schedules:
                 name, False, now=now, next_at=next_due(row.cron, row.tz, now)
             )
         return self.get_schedule(name)
-

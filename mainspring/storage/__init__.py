@@ -11,7 +11,6 @@ from ._base import Cursor, Heartbeat, PruneResult, Snapshot, Store
 from ._children import CHILD_SIGNAL_PREFIX, child_signal
 from ._migrations import LATEST as SCHEMA_VERSION
 from ._rates import RateRow, RateTxn
-from ._schedules import CatchUp, ScheduleRecord
 from ._records import (
     FINISHED,
     JOURNAL_ROLES,
@@ -30,6 +29,7 @@ from ._records import (
     join_wait_signals,
     split_wait_signals,
 )
+from ._schedules import CatchUp, ScheduleRecord
 from ._url import redact_url
 from .sqlite import DatabaseGone, SQLiteStore
 

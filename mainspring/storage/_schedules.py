@@ -57,6 +57,21 @@ class ScheduleRecord:
     created_at: float
     updated_at: float
 
+    def summary(self) -> dict[str, Any]:
+        """The schedule as JSON-ready data (what the CLI's ``--json`` and the HTTP
+        API show): every field but the encoded input and the row's timestamps."""
+        return {
+            "name": self.name,
+            "cron": self.cron,
+            "tz": self.tz,
+            "workflow": self.workflow,
+            "catch_up": self.catch_up,
+            "paused": self.paused,
+            "next_at": self.next_at,
+            "last_at": self.last_at,
+            "last_run": self.last_run,
+        }
+
 
 def _record(row: Any) -> ScheduleRecord:
     return ScheduleRecord(
