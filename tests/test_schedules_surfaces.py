@@ -125,3 +125,10 @@ def test_dashboard_lists_schedules_with_pause_for_admins(app: ms.App) -> None:
         page = client.get("/ui/schedules").text
         assert 'data-paused="yes"' in page and 'data-action="resume"' in page
         assert 'href="/ui/schedules"' in client.get("/ui/").text  # linked from every page
+        # A run a schedule started says so on its page.
+        app.resume_schedule("standup")
+        app.clock.advance(app.get_schedule("standup").next_at - app.clock.now())  # type: ignore[attr-defined]
+        (run_id,) = app.tick_schedules()
+        run_page = client.get(f"/ui/runs/{run_id}").text
+        assert "started by" in run_page
+        assert "<code>standup</code> for 2026-01-06T08:00:00Z" in run_page
