@@ -4,8 +4,11 @@ dashboard list schedules and pause and resume them."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -132,3 +135,43 @@ def test_dashboard_lists_schedules_with_pause_for_admins(app: ms.App) -> None:
         run_page = client.get(f"/ui/runs/{run_id}").text
         assert "started by" in run_page
         assert "<code>standup</code> for 2026-01-06T08:00:00Z" in run_page
+
+
+def test_worker_command_loads_a_schedules_file(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'app.db'}"
+    (tmp_path / "sched_app.py").write_text(
+        "import mainspring as ms\n"
+        f"app = ms.App({url!r})\n"
+        "@app.workflow\n"
+        "async def report(ctx, scope: str) -> str:\n"
+        "    return scope\n",
+        encoding="utf-8",
+    )
+    (tmp_path / "schedules.toml").write_text(
+        '[[schedule]]\nname = "nightly"\ncron = "0 3 * * *"\nworkflow = "report"\n'
+        'args = ["all"]\ntz = "Europe/Paris"\ncatch_up = "once"\n',
+        encoding="utf-8",
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "mainspring", "worker", "sched_app:app"]
+        + ["--schedules", "schedules.toml", "--until-idle"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    (stored,) = json.loads(_cli("schedules", "list", "--db", url, "--json").output)
+    assert stored["name"] == "nightly" and stored["tz"] == "Europe/Paris"
+    assert stored["catch_up"] == "once" and stored["workflow"] == "report"
+    (tmp_path / "bad.toml").write_text('[[schedule]]\nname = "x"\ncron = "0 3 * *"\n')
+    bad = subprocess.run(
+        [sys.executable, "-m", "mainspring", "worker", "sched_app:app"]
+        + ["--schedules", "bad.toml", "--until-idle"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert bad.returncode == 2
+    assert "bad.toml', entry 1: 'workflow' is required" in bad.stderr
