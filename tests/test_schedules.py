@@ -64,6 +64,8 @@ def test_each_due_time_starts_one_run_across_two_workers(pair: Any) -> None:
         "schedule:standup:2026-01-06T09:00:00Z",
     ]
     assert {r.workflow for r in runs} == {"report"}
+    assert {r.schedule for r in runs} == {"standup"}
+    assert a.get_run(a.submit("report", "by hand").run_id).schedule is None
     row = a.get_schedule("standup")
     assert row.last_run == second[0] and row.next_at == _at(2026, 1, 7, 9)
     assert row.last_at == _at(2026, 1, 6, 9)

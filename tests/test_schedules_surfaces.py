@@ -133,8 +133,24 @@ def test_dashboard_lists_schedules_with_pause_for_admins(app: ms.App) -> None:
         app.clock.advance(app.get_schedule("standup").next_at - app.clock.now())  # type: ignore[attr-defined]
         (run_id,) = app.tick_schedules()
         run_page = client.get(f"/ui/runs/{run_id}").text
-        assert "started by" in run_page
-        assert "<code>standup</code> for 2026-01-06T08:00:00Z" in run_page
+        assert "started by the" in run_page
+        assert "<code>standup</code> (schedule:standup:2026-01-06T08:00:00Z)" in run_page
+        shown = client.get(f"/runs/{run_id}", headers={"X-API-Key": admin_token}).json()
+        assert shown["schedule"] == "standup"
+        assert shown["key"] == "schedule:standup:2026-01-06T08:00:00Z"
+        cli_shown = _cli("show", run_id, "--db", app.url)
+        assert "schedule" in cli_shown.output and "standup" in cli_shown.output
+
+
+def _worker(where: Path, schedules: str) -> subprocess.CompletedProcess[str]:
+    command = ["worker", "sched_app:app", "--schedules", schedules, "--until-idle"]
+    return subprocess.run(
+        [sys.executable, "-m", "mainspring", *command],
+        cwd=where,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_worker_command_loads_a_schedules_file(tmp_path: Path) -> None:
@@ -152,26 +168,12 @@ def test_worker_command_loads_a_schedules_file(tmp_path: Path) -> None:
         'args = ["all"]\ntz = "Europe/Paris"\ncatch_up = "once"\n',
         encoding="utf-8",
     )
-    done = subprocess.run(
-        [sys.executable, "-m", "mainspring", "worker", "sched_app:app"]
-        + ["--schedules", "schedules.toml", "--until-idle"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = _worker(tmp_path, "schedules.toml")
     assert done.returncode == 0, done.stderr
     (stored,) = json.loads(_cli("schedules", "list", "--db", url, "--json").output)
     assert stored["name"] == "nightly" and stored["tz"] == "Europe/Paris"
     assert stored["catch_up"] == "once" and stored["workflow"] == "report"
     (tmp_path / "bad.toml").write_text('[[schedule]]\nname = "x"\ncron = "0 3 * *"\n')
-    bad = subprocess.run(
-        [sys.executable, "-m", "mainspring", "worker", "sched_app:app"]
-        + ["--schedules", "bad.toml", "--until-idle"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    bad = _worker(tmp_path, "bad.toml")
     assert bad.returncode == 2
     assert "bad.toml', entry 1: 'workflow' is required" in bad.stderr

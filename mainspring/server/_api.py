@@ -763,6 +763,7 @@ def _run_out(
         parent=r.parent,
         parent_step=r.parent_step,
         version=r.version,
+        schedule=r.schedule,
         parent_kind=r.parent_kind,
         created_at=r.created_at,
         updated_at=r.updated_at,

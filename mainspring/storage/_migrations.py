@@ -193,7 +193,9 @@ CREATE INDEX ms_runs_parent ON ms_runs (parent) WHERE parent IS NOT NULL;
     # expression read in a time zone, the workflow and its encoded input, the catch-up
     # policy), when it is next due, whether it is paused, and the last run it started.
     # Workers move next_at on with a conditional UPDATE, so one of them fires each time.
+    # A run a schedule started names it (ms_runs.schedule; its key names the due time).
     11: """
+ALTER TABLE ms_runs ADD COLUMN schedule TEXT;
 CREATE TABLE ms_schedules (
     name TEXT PRIMARY KEY,
     cron TEXT NOT NULL,

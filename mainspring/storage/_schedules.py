@@ -207,9 +207,9 @@ class ScheduleTables(Connection):
             workflow, encoded = cur.fetchone()
             cur.execute(
                 "INSERT INTO ms_runs (id, workflow, idem_key, status, input, created_at,"
-                " updated_at, version) VALUES (?, ?, ?, 'queued', ?, ?, ?, ?)"
+                " updated_at, version, schedule) VALUES (?, ?, ?, 'queued', ?, ?, ?, ?, ?)"
                 " ON CONFLICT (idem_key) DO NOTHING",
-                (run_id, workflow, key, encoded, now, now, version),
+                (run_id, workflow, key, encoded, now, now, version, name),
             )
             if cur.rowcount != 1:
                 return None
