@@ -23,7 +23,7 @@ EXPECTED = {
     "StepCall", "StepInterceptor", "Overloaded", "call_model",
     "ApiKey", "Delivery", "SCOPES", "Scope", "Webhook", "WebhookEvent",
     "ChildFailed", "ChildCancelled", "ChildHandle",
-    "ScheduleNotFound",
+    "Schedule", "ScheduleNotFound",
 }  # fmt: skip
 
 

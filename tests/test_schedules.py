@@ -191,6 +191,33 @@ def test_time_zone_and_the_dst_change(db_url: str) -> None:
         app.close()
 
 
+def test_fall_back_runs_a_repeated_wall_time_once(db_url: str) -> None:
+    # New York falls back on Sunday 2026-11-01 (02:00 EDT -> 01:00 EST): 01:00-01:59 twice.
+    clock = FakeClock(start=_at(2026, 11, 1, 0, 45, tz="America/New_York"))
+    app = _app(db_url, clock)
+    try:
+        app.schedule("half-hourly", "*/30 * * * *", "report", "ny", tz="America/New_York")
+        app.schedule("half-one", "30 1 * * *", "report", "once", tz="America/New_York")
+        app.tick_schedules()
+        keys: list[str] = []
+        for _ in range(12):  # every 15 minutes, 01:00 EDT to 02:45 EST (05:00Z to 07:45Z)
+            clock.advance(900)
+            keys += [app.get_run(r).key or "" for r in app.tick_schedules()]
+        assert sorted(keys) == [
+            "schedule:half-hourly:2026-11-01T05:00:00Z",  # 01:00 EDT
+            "schedule:half-hourly:2026-11-01T05:30:00Z",  # 01:30 EDT
+            # 01:00 and 01:30 EST, the repeated hour, start nothing
+            "schedule:half-hourly:2026-11-01T07:00:00Z",  # 02:00 EST
+            "schedule:half-hourly:2026-11-01T07:30:00Z",  # 02:30 EST
+            "schedule:half-one:2026-11-01T05:30:00Z",  # 01:30 EDT, the first one
+        ]
+        assert app.get_schedule("half-one").next_at == _at(
+            2026, 11, 2, 1, 30, tz="America/New_York"
+        )
+    finally:
+        app.close()
+
+
 def test_a_changed_definition_starts_afresh_and_an_unchanged_one_keeps_its_state(
     db_url: str,
 ) -> None:

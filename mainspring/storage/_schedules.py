@@ -219,9 +219,3 @@ class ScheduleTables(Connection):
             )
             self._notify(cur, run_id)
             return run_id
-
-    def delete_schedule(self, name: str) -> bool:
-        """Forget schedule ``name`` (its runs stay). False if there was none."""
-        with self._write() as cur:
-            cur.execute("DELETE FROM ms_schedules WHERE name = ?", (name,))
-            return cur.rowcount == 1
