@@ -302,3 +302,35 @@ def test_a_bad_schedules_file_names_the_entry_and_field(tmp_path: Path) -> None:
         app.load_schedules(bad)
     with pytest.raises(ms.ConfigError, match="cannot read it"):
         app.load_schedules(tmp_path / "missing.toml")
+
+
+@pytest.mark.slow
+def test_many_due_times_raced_by_four_workers_start_one_run_each(db_url: str) -> None:
+    clock = FakeClock(start=MONDAY_0850)
+    apps = [_app(db_url, clock) for _ in range(4)]
+    try:
+        for app in apps:
+            app.schedule("minutely", "* * * * *", "report", "all")
+            app.tick_schedules()
+        started: list[str] = []
+        lock = threading.Lock()
+        for _ in range(60):
+            clock.advance(60)
+            barrier = threading.Barrier(len(apps))
+
+            def tick(app: ms.App, barrier: threading.Barrier = barrier) -> None:
+                barrier.wait()
+                ids = app.tick_schedules()
+                with lock:
+                    started.extend(ids)
+
+            threads = [threading.Thread(target=tick, args=(app,)) for app in apps]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(timeout=60)
+        keys = [r.key for r in _runs(apps[0])]
+        assert len(started) == len(keys) == 60 == len(set(keys))
+    finally:
+        for app in apps:
+            app.close()
