@@ -20,10 +20,11 @@ import json
 import logging
 import os
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import croniter
@@ -47,6 +48,8 @@ log = logging.getLogger("mainspring")
 
 SKIP_GRACE_S = 60.0
 """Under ``catch_up="skip"``, how late a due time may be and still start its run."""
+
+W = TypeVar("W", bound=Workflow[Any, Any])
 
 _CATCH_UPS: tuple[CatchUp, ...] = ("skip", "once")
 _SEARCH = 100_000  # cron times tried before giving up (a schedule that never fires)
@@ -149,6 +152,30 @@ class Schedules:
             self._declared_schedules = {}
             self._schedules_synced = False
             return self._declared_schedules
+
+    @overload
+    def schedule(
+        self,
+        cron: str,
+        /,
+        *,
+        name: str | None = None,
+        tz: str = "UTC",
+        catch_up: CatchUp = "skip",
+    ) -> Callable[[W], W]: ...
+
+    @overload
+    def schedule(
+        self,
+        name: str,
+        cron: str,
+        workflow: Workflow[Any, Any] | str,
+        /,
+        *args: Any,
+        tz: str = "UTC",
+        catch_up: CatchUp = "skip",
+        **kwargs: Any,
+    ) -> Schedule: ...
 
     def schedule(
         self,
