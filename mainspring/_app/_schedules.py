@@ -202,8 +202,8 @@ class Schedules:
         Args:
             tz: the IANA zone the cron's times are wall times of.
             catch_up: what a worker does with due times missed while no worker ran:
-                ``"skip"`` starts none of them (only a time at most
-                :data:`SKIP_GRACE_S` late runs); ``"once"`` starts one run, for the
+                ``"skip"`` starts none of them (only a time at most 60 seconds
+                late runs); ``"once"`` starts one run, for the
                 most recent. Either way the schedule then resumes at its next time.
 
         Raises:
