@@ -3,7 +3,7 @@
 The public names are all here; everything else is private and may change.
 """
 
-from ._app import App, RunHandle
+from ._app import App, RunHandle, Schedule
 from ._clock import Clock, FakeClock, SystemClock
 from ._errors import (
     ApprovalRejected,
@@ -30,6 +30,7 @@ from ._errors import (
     RunFailed,
     RunNotFound,
     RunWaiting,
+    ScheduleNotFound,
     SchemaVersionError,
     SerializationError,
     StepFailed,
@@ -123,6 +124,8 @@ __all__ = [
     "RunRecord",
     "RunTrace",
     "RunWaiting",
+    "Schedule",
+    "ScheduleNotFound",
     "SchemaVersionError",
     "Scope",
     "SerializationError",

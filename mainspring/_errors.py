@@ -40,6 +40,7 @@ Tree::
     ├── LeaseLost                 another worker took the run over (epoch fencing)
     ├── ValidationFailed          an output failed its validators
     ├── RunNotFound               no run with that id
+    ├── ScheduleNotFound          no schedule with that name
     ├── RunConflict               the run is not in a state that allows the request
     ├── RequestNotFound           no pending request to a human by that id
     ├── InvalidAnswer             a malformed answer to a request (bad decision or choice)
@@ -86,6 +87,7 @@ __all__ = [
     "RunFailed",
     "RunNotFound",
     "RunWaiting",
+    "ScheduleNotFound",
     "SchemaVersionError",
     "SerializationError",
     "StepFailed",
@@ -285,6 +287,10 @@ class ValidationFailed(MainspringError):
 
 class RunNotFound(MainspringError):
     """No run has that id."""
+
+
+class ScheduleNotFound(MainspringError):
+    """No schedule has that name."""
 
 
 class RunConflict(MainspringError):

@@ -102,6 +102,9 @@ MATRIX: dict[str, tuple[str | tuple[str, ...] | None, int, Callable[[Fixture], C
             None,
         ),
     ),
+    "GET /schedules": ("read", 200, lambda f: ("/schedules", None)),
+    "POST /schedules/{name}/pause": ("admin", 200, lambda f: ("/schedules/nightly/pause", None)),
+    "POST /schedules/{name}/resume": ("admin", 200, lambda f: ("/schedules/nightly/resume", None)),
 }
 CREDENTIALS = ("none", "wrong", "revoked", *SCOPES)
 
@@ -128,6 +131,7 @@ def _app(path: Path) -> ms.App:
 
         await ctx.step(fail, name="fail", retry=ms.RetryPolicy.never())
 
+    app.schedule("nightly", "0 3 * * *", plain)
     return app
 
 
@@ -141,6 +145,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Fixt
     gone, keys["revoked"] = app.store.create_api_key("gone", ["admin"], now)
     app.store.revoke_api_key(gone.id, now)
     finished = app.submit("plain").run_id
+    app.sync_schedules()  # stored, as a worker's first tick stores it
     fixture = Fixture(app=app, keys=keys, finished=finished)
     fixture.drain()
     sock = socket.socket()

@@ -14,6 +14,7 @@ from ._keys import keys_commands, webhooks_commands
 from ._lab import lab_commands, preflight
 from ._observe import doctor, fork, retry, tail, trace
 from ._runs import cancel, runs, show, signal, submit
+from ._schedules import schedules_commands
 from ._serve import serve
 from ._worker import worker
 
@@ -54,6 +55,7 @@ cli.add_typer(db_commands)
 cli.add_typer(keys_commands)
 cli.add_typer(webhooks_commands)
 cli.add_typer(lab_commands)
+cli.add_typer(schedules_commands)
 cli.command()(preflight)
 
 

@@ -266,6 +266,8 @@ def show(
     ]
     if record.version is not None:
         facts.append(("version", record.version))
+    if record.schedule is not None:
+        facts.append(("schedule", record.schedule))
     holder = "no owner"
     if record.owner is not None:
         holder = f"owner {record.owner}"
@@ -472,6 +474,7 @@ def _run_json(r: RunRecord, current: StepRecord | None) -> dict[str, Any]:
         "recoveries": r.recoveries,
         "cancel_requested": r.cancel_requested,
         "version": r.version,  # of the code that submitted it (App(version=...))
+        "schedule": r.schedule,  # the schedule that started it, if one did
         # Lineage: the run and step it was forked from, or that started it as a child.
         "parent": None
         if r.parent is None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from pathlib import Path
 from typing import Annotated, Literal
 
 import typer
@@ -52,6 +53,14 @@ def worker(
             " replaying (--no-sticky: every wake-up replays)."
         ),
     ] = True,
+    schedules: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--schedules",
+            help="A TOML or JSON file of schedules to declare (repeatable;"
+            " docs/schedules-and-queues.md).",
+        ),
+    ] = None,
 ) -> None:
     """Execute runs: claim, replay, step, heartbeat. Stops gracefully on SIGTERM/SIGINT."""
     logging.basicConfig(
@@ -60,6 +69,8 @@ def worker(
     if lease_s is not None and lease_s <= 0:
         raise typer.BadParameter(f"must be > 0, got {lease_s!r}", param_hint="--lease-s")
     app = load_app(app_spec)
+    for path in schedules or []:
+        app.load_schedules(path)
     if otel:
         app.enable_tracing()
     if metrics_port is not None:

@@ -218,6 +218,18 @@ def dashboard_router(
             now=time.time(),
         )
 
+    @router.get("/schedules")
+    def schedules(request: Request) -> Response:
+        key = key_of(request)
+        if key is None:
+            return login_first()
+        return page(
+            "schedules.html",
+            key=key,
+            schedules=app.list_schedules(),
+            can_admin=key.allows("admin"),
+        )
+
     @router.get("/runs/{run_id}")
     def run_page(request: Request, run_id: str) -> Response:
         key = key_of(request)

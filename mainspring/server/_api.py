@@ -27,6 +27,7 @@ from .. import (
     ReservedSignal,
     RunConflict,
     RunNotFound,
+    ScheduleNotFound,
     StoreUnavailable,
 )
 from ..dashboard import Sessions, dashboard_router
@@ -37,6 +38,7 @@ from ._events import event_stream, runs_stream
 from ._guard import BrowserGuard
 from ._http_metrics import RequestCounter
 from ._limits import BodySizeLimit
+from ._schedules import add_schedule_routes
 from ._schemas import (
     AnswerIn,
     CancelIn,
@@ -567,6 +569,7 @@ def create_app(
             raise RunNotFound(f"no webhook {webhook_id!r}")
         return Response(status_code=204)
 
+    add_schedule_routes(api, app, read=Read, admin=Admin, responses=_responses)
     return api
 
 
@@ -612,6 +615,7 @@ def _errors(api: FastAPI, app: App) -> None:
 
     statuses: list[tuple[type[MainspringError], int, str]] = [
         (RunNotFound, 404, "not_found"),
+        (ScheduleNotFound, 404, "not_found"),
         (RequestNotFound, 404, "request_not_found"),
         (RunConflict, 409, "conflict"),
         (ReservedSignal, 403, "forbidden"),
@@ -759,6 +763,7 @@ def _run_out(
         parent=r.parent,
         parent_step=r.parent_step,
         version=r.version,
+        schedule=r.schedule,
         parent_kind=r.parent_kind,
         created_at=r.created_at,
         updated_at=r.updated_at,

@@ -148,6 +148,11 @@ class RunOut(BaseModel):
         description="The code version of the App that submitted the run "
         "(App(version=...)); null: none declared.",
     )
+    schedule: str | None = Field(
+        None,
+        description="The schedule that started the run (its key names the due time); "
+        "null: not started by a schedule.",
+    )
 
 
 class RunList(BaseModel):

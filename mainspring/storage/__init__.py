@@ -29,6 +29,7 @@ from ._records import (
     join_wait_signals,
     split_wait_signals,
 )
+from ._schedules import CatchUp, ScheduleRecord
 from ._url import redact_url
 from .sqlite import DatabaseGone, SQLiteStore
 
@@ -42,6 +43,7 @@ __all__ = [
     "WAKE_NOW",
     "WEBHOOK_EVENTS",
     "ApiKey",
+    "CatchUp",
     "Cursor",
     "DatabaseGone",
     "Delivery",
@@ -55,6 +57,7 @@ __all__ = [
     "RunTransition",
     "RunWrite",
     "SQLiteStore",
+    "ScheduleRecord",
     "Scope",
     "SignalRecord",
     "Snapshot",

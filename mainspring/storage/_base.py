@@ -6,7 +6,8 @@ Each part holds its own SQL, shared by every dialect:
   (``_journal.py``);
 * signals and requests to humans (``_signals.py``);
 * API keys, webhooks and their outbox (``_api.py``);
-* the rate limiters' tables (``_rates.py``).
+* the rate limiters' tables (``_rates.py``);
+* schedules (``_schedules.py``).
 
 They all sit on :class:`~mainspring.storage._connection.Connection`: the dialect's
 transactions and hooks, and the schema. A dialect (``sqlite.py``, ``postgres.py``)
@@ -26,12 +27,22 @@ from ._leases import Heartbeat, LeaseTables
 from ._rates import RateTables
 from ._records import WAKE_NOW
 from ._runs import PruneResult, RunTables
+from ._schedules import ScheduleTables
 from ._signals import SignalTables
 
 __all__ = ["WAKE_NOW", "Cursor", "Heartbeat", "PruneResult", "Snapshot", "Store"]
 
 
-class Store(RunTables, LeaseTables, JournalTables, SignalTables, ApiTables, RateTables, ABC):
+class Store(
+    RunTables,
+    LeaseTables,
+    JournalTables,
+    SignalTables,
+    ApiTables,
+    RateTables,
+    ScheduleTables,
+    ABC,
+):
     """Durable home of runs, their journals and signals, requests to humans, API
     keys, webhooks and the rate limiters' state.
 

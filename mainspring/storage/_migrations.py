@@ -189,6 +189,29 @@ ALTER TABLE ms_runs ADD COLUMN version TEXT;
 UPDATE ms_runs SET parent_kind = 'fork' WHERE parent IS NOT NULL;
 CREATE INDEX ms_runs_parent ON ms_runs (parent) WHERE parent IS NOT NULL;
 """,
+    # Schedules (storage/_schedules.py): one row per schedule, its definition (a cron
+    # expression read in a time zone, the workflow and its encoded input, the catch-up
+    # policy), when it is next due, whether it is paused, and the last run it started.
+    # Workers move next_at on with a conditional UPDATE, so one of them fires each time.
+    # A run a schedule started names it (ms_runs.schedule; its key names the due time).
+    11: """
+ALTER TABLE ms_runs ADD COLUMN schedule TEXT;
+CREATE TABLE ms_schedules (
+    name TEXT PRIMARY KEY,
+    cron TEXT NOT NULL,
+    tz TEXT NOT NULL,
+    workflow TEXT NOT NULL,
+    input TEXT NOT NULL,
+    catch_up TEXT NOT NULL,
+    next_at {float} NOT NULL,
+    paused INTEGER NOT NULL DEFAULT 0,
+    last_at {float},
+    last_run TEXT,
+    created_at {float} NOT NULL,
+    updated_at {float} NOT NULL
+);
+CREATE INDEX ms_schedules_due ON ms_schedules (next_at) WHERE paused = 0;
+""",
 }
 
 LATEST = max(MIGRATIONS)

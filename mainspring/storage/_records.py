@@ -97,6 +97,9 @@ class RunRecord:
     parent_step: str | None = None
     parent_kind: ParentKind | None = None
     version: str | None = None
+    # The schedule that started the run (its key, ``schedule:<name>:<time>``, names
+    # the due time); None: it was not started by a schedule.
+    schedule: str | None = None
 
     @property
     def finished(self) -> bool:

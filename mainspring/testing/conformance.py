@@ -546,3 +546,103 @@ class StoreConformance:
                 assert "batch" in str(exc)
             else:
                 raise AssertionError("batch=0 was accepted")
+
+    # -- schedules --------------------------------------------------------------------
+
+    def _schedule(self, s: Store, cron: str = "0 9 * * *", next_at: float = T0) -> bool:
+        return s.put_schedule(
+            name="daily",
+            cron=cron,
+            tz="UTC",
+            workflow="wf",
+            input='{"args":[],"kwargs":{}}',
+            catch_up="skip",
+            next_at=next_at,
+            now=T0,
+        )[1]
+
+    def test_put_schedule_keeps_an_unchanged_definition_and_rewrites_a_changed_one(self) -> None:
+        with self.store() as s:
+            assert self._schedule(s)
+            assert s.set_schedule_paused("daily", True, now=T0)
+            assert not self._schedule(s, next_at=T0 + 99)  # unchanged: state kept
+            kept = s.get_schedule("daily")
+            assert kept is not None and kept.paused and kept.next_at == T0
+            assert self._schedule(s, cron="0 10 * * *", next_at=T0 + 99)
+            changed = s.get_schedule("daily")
+            assert changed is not None and changed.next_at == T0 + 99 and changed.paused
+            assert [r.name for r in s.list_schedules()] == ["daily"]
+            assert not s.set_schedule_paused("nope", True, now=T0)
+            assert s.get_schedule("nope") is None
+
+    def test_concurrent_fires_of_one_due_time_start_one_run(self) -> None:
+        with self.store() as s:
+            self._schedule(s)
+            assert [r.name for r in s.due_schedules(T0)] == ["daily"]
+            assert s.due_schedules(T0 - 1) == []
+            stores = [self.reopen() for _ in range(4)]
+            started: list[str | None] = [None] * len(stores)
+            barrier = threading.Barrier(len(stores))
+
+            def fire(i: int) -> None:
+                barrier.wait()
+                started[i] = stores[i].fire_schedule(
+                    name="daily",
+                    seen_next_at=T0,
+                    next_at=T0 + 86_400,
+                    due_at=T0,
+                    run_id=f"r{i}",
+                    key="schedule:daily:T0",
+                    version=None,
+                    now=T0,
+                )
+
+            threads = [threading.Thread(target=fire, args=(i,)) for i in range(len(stores))]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            for extra in stores:
+                extra.close()
+            (winner,) = [r for r in started if r is not None]
+            run = s.get_run(winner)
+            assert run is not None and run.key == "schedule:daily:T0" and run.status == "queued"
+            row = s.get_schedule("daily")
+            assert row is not None and row.next_at == T0 + 86_400 and row.last_run == winner
+            assert s.due_schedules(T0 + 1) == []
+
+    def test_a_paused_schedule_is_not_due_and_does_not_fire(self) -> None:
+        with self.store() as s:
+            self._schedule(s)
+            s.set_schedule_paused("daily", True, now=T0)
+            assert s.due_schedules(T0 + 10) == []
+            fired = s.fire_schedule(
+                name="daily",
+                seen_next_at=T0,
+                next_at=T0 + 86_400,
+                due_at=T0,
+                run_id="r",
+                key="schedule:daily:T0",
+                version=None,
+                now=T0,
+            )
+            assert fired is None and s.get_run("r") is None
+            s.set_schedule_paused("daily", False, now=T0, next_at=T0 + 86_400)
+            row = s.get_schedule("daily")
+            assert row is not None and not row.paused and row.next_at == T0 + 86_400
+            # A skipped time moves the schedule on and starts nothing.
+            assert (
+                s.fire_schedule(
+                    name="daily",
+                    seen_next_at=T0 + 86_400,
+                    next_at=T0 + 2 * 86_400,
+                    due_at=None,
+                    run_id="r",
+                    key="schedule:daily:T1",
+                    version=None,
+                    now=T0,
+                )
+                is None
+            )
+            moved = s.get_schedule("daily")
+            assert moved is not None and moved.next_at == T0 + 2 * 86_400 and moved.last_run is None

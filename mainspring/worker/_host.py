@@ -79,6 +79,10 @@ class WorkerHost(Protocol):
     def telemetry(self) -> WorkerTelemetry:
         """Where the worker reports its load and the runs it holds."""
 
+    def tick_schedules(self) -> list[str]:
+        """Fire the host's schedules that are due now (at most one run per due time
+        across every worker); the ids of the runs this call started."""
+
     def engine(self, committer: Committer, threads: ThreadPoolExecutor) -> Engine:
         """The engine that executes steps for a worker committing through ``committer``
         and running synchronous steps on ``threads`` (randomness, retry policy,

@@ -42,6 +42,8 @@ __all__ = ["Worker", "WorkerStats"]
 
 log = logging.getLogger("mainspring.worker")
 
+_SCHEDULE_TICK_S = 1.0  # how often a worker fires due schedules (seconds of the App's clock)
+
 
 @dataclass
 class WorkerStats:
@@ -133,6 +135,7 @@ class Worker:
         self._named: set[str] = set()
         self._sweep = True
         self._fatal: DatabaseGone | None = None
+        self._ticked_at: float | None = None  # the App's clock at the last schedule tick
 
     def request_stop(self) -> None:
         """Stop claiming and drain (safe to call from a signal handler)."""
@@ -277,6 +280,8 @@ class Worker:
             if free > 0 and isolated is None and self._kept and self._only is None:
                 claimed = await self._claim_kept(names, free)
                 free -= len(claimed)
+            if self._only is None:
+                await self._tick_schedules()
             named: list[str] = []
             if free > 0 and isolated is None:
                 try:
@@ -325,6 +330,19 @@ class Worker:
                 await asyncio.wait_for(self._wakeup.wait(), self._next_poll_s())
             except TimeoutError:
                 self._sweep = True
+
+    async def _tick_schedules(self) -> None:
+        """Fire the due schedules, at most once a second of the App's clock (every
+        worker does; the store lets one of them start each due time's run)."""
+        now = self.app.clock.now()
+        if self._ticked_at is not None and now - self._ticked_at < _SCHEDULE_TICK_S:
+            return
+        self._ticked_at = now
+        try:
+            if await asyncio.to_thread(self.app.tick_schedules):
+                self._sweep = True  # claim what was just started without waiting a poll
+        except (StoreUnavailable, StoreError) as exc:
+            log.warning("worker %s: schedule tick failed: %s", self.worker_id, exc)
 
     def _take_named(self, free: int) -> list[str]:
         """The runs pushes named, to claim by id (up to ``free``); none when this

@@ -1,0 +1,435 @@
+"""Schedules: cron expressions that start runs of a workflow, fired by whichever
+worker ticks first (docs/schedules-and-queues.md). Mixed into :class:`~mainspring.App`.
+
+A schedule is declared in code (``app.schedule``) or in a file
+(``app.load_schedules``); a worker writes the declarations to the store's
+``ms_schedules`` table at its first tick and then, at every tick, fires the due
+schedules through :meth:`~mainspring.storage.Store.fire_schedule` (one worker wins
+each due time; the run's key is ``schedule:<name>:<due time in UTC>``).
+
+Cron times are wall times in the schedule's zone, computed by ``croniter`` on naive
+local times and placed in the zone by ``zoneinfo`` with ``fold=0``: a wall time that
+a spring-forward skips happens at the same instant as the time one hour later (02:30
+runs at 03:30 the day clocks go from 02:00 to 03:00); a wall time that a fall-back
+repeats happens once, at its first occurrence.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tomllib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar, overload
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from croniter import croniter
+
+from .._clock import Clock
+from .._errors import ConfigError, ScheduleNotFound
+from ..journal import Workflow
+from ..storage import CatchUp, ScheduleRecord, Store
+from ._lineage import new_id
+
+__all__ = [
+    "SKIP_GRACE_S",
+    "Schedule",
+    "Schedules",
+    "next_due",
+    "previous_due",
+    "schedule_key",
+]
+
+log = logging.getLogger("mainspring")
+
+SKIP_GRACE_S = 60.0
+"""Under ``catch_up="skip"``, how late a due time may be and still start its run."""
+
+W = TypeVar("W", bound=Workflow[Any, Any])
+
+_CATCH_UPS: tuple[CatchUp, ...] = ("skip", "once")
+_SEARCH = 100_000  # cron times tried before giving up (a schedule that never fires)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Schedule:
+    """A schedule as declared: ``workflow`` started with ``args``/``kwargs`` at every
+    time ``cron`` (five fields: minute hour day-of-month month day-of-week) names in
+    zone ``tz``."""
+
+    name: str
+    cron: str
+    workflow: str
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    tz: str = "UTC"
+    catch_up: CatchUp = "skip"
+
+
+def _zone(tz: str, where: str) -> ZoneInfo:
+    try:
+        return ZoneInfo(tz)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise ConfigError(
+            f"{where}: unknown time zone {tz!r}; use an IANA name such as 'UTC' or 'Europe/Paris'"
+        ) from None
+
+
+def check_cron(cron: str, where: str) -> None:
+    """Raise ConfigError unless ``cron`` is a five-field cron expression."""
+    if not isinstance(cron, str) or len(cron.split()) != 5 or not croniter.is_valid(cron):
+        raise ConfigError(
+            f"{where}: {cron!r} is not a cron expression of five fields (minute hour "
+            "day-of-month month day-of-week), e.g. '0 9 * * 1-5'"
+        )
+
+
+def _local(ts: float, zone: ZoneInfo) -> datetime:
+    return datetime.fromtimestamp(ts, zone).replace(tzinfo=None)
+
+
+def _instant(wall: datetime, zone: ZoneInfo) -> float:
+    return wall.replace(tzinfo=zone, fold=0).timestamp()
+
+
+def next_due(cron: str, tz: str, after: float) -> float:
+    """The first time ``cron`` names in zone ``tz`` strictly after ``after``."""
+    zone = _zone(tz, f"cron {cron!r}")
+    times = croniter(cron, _local(after, zone))
+    for _ in range(_SEARCH):
+        due = _instant(times.get_next(datetime), zone)
+        if due > after:
+            return due
+    raise ConfigError(f"cron {cron!r} in {tz}: no time after {_iso(after)}")
+
+
+def previous_due(cron: str, tz: str, at: float) -> float:
+    """The last time ``cron`` names in zone ``tz`` at or before ``at``."""
+    zone = _zone(tz, f"cron {cron!r}")
+    times = croniter(cron, _local(at, zone) + timedelta(seconds=1))
+    for _ in range(_SEARCH):
+        due = _instant(times.get_prev(datetime), zone)
+        if due <= at:
+            return due
+    raise ConfigError(f"cron {cron!r} in {tz}: no time before {_iso(at)}")
+
+
+def _iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def schedule_key(name: str, due_at: float) -> str:
+    """The idempotency key of the run schedule ``name`` starts for ``due_at``:
+    ``schedule:<name>:<due time, UTC, ISO 8601>``."""
+    return f"schedule:{name}:{_iso(due_at)}"
+
+
+class Schedules:
+    """Declaring, firing, listing and pausing schedules."""
+
+    if TYPE_CHECKING:
+        clock: Clock
+        version: str | None
+
+        @property
+        def store(self) -> Store: ...
+
+        def get_workflow(self, workflow: Workflow[Any, Any] | str) -> Workflow[Any, Any]: ...
+
+        def _redact(self, text: str) -> str: ...
+
+    _declared_schedules: dict[str, Schedule]
+    _schedules_synced: bool
+
+    def _schedule_table(self) -> dict[str, Schedule]:
+        try:
+            return self._declared_schedules
+        except AttributeError:
+            self._declared_schedules = {}
+            self._schedules_synced = False
+            return self._declared_schedules
+
+    @overload
+    def schedule(
+        self,
+        cron: str,
+        /,
+        *,
+        name: str | None = None,
+        tz: str = "UTC",
+        catch_up: CatchUp = "skip",
+    ) -> Callable[[W], W]: ...
+
+    @overload
+    def schedule(
+        self,
+        name: str,
+        cron: str,
+        workflow: Workflow[Any, Any] | str,
+        /,
+        *args: Any,
+        tz: str = "UTC",
+        catch_up: CatchUp = "skip",
+        **kwargs: Any,
+    ) -> Schedule: ...
+
+    def schedule(
+        self,
+        name_or_cron: str,
+        cron: str | None = None,
+        workflow: Workflow[Any, Any] | str | None = None,
+        /,
+        *args: Any,
+        name: str | None = None,
+        tz: str = "UTC",
+        catch_up: CatchUp = "skip",
+        **kwargs: Any,
+    ) -> Any:
+        """Start ``workflow(*args, **kwargs)`` at every time a cron expression names.
+
+        Two forms::
+
+            app.schedule("nightly", "0 3 * * *", report, "all", tz="Europe/Paris")
+
+            @app.schedule("0 9 * * 1-5", tz="America/New_York")  # named after the workflow
+            @app.workflow
+            async def standup(ctx): ...
+
+        Args:
+            tz: the IANA zone the cron's times are wall times of.
+            catch_up: what a worker does with due times missed while no worker ran:
+                ``"skip"`` starts none of them (only a time at most 60 seconds
+                late runs); ``"once"`` starts one run, for the
+                most recent. Either way the schedule then resumes at its next time.
+
+        Raises:
+            ConfigError: a bad cron expression, zone, catch-up or name.
+            UnknownWorkflow: the workflow is not registered in this App.
+        """
+        if cron is None:
+            if workflow is not None or args or kwargs:
+                raise ConfigError(
+                    "app.schedule(cron) as a decorator takes only the cron expression and "
+                    "name=, tz=, catch_up=; to pass arguments, call "
+                    "app.schedule(name, cron, workflow, *args)"
+                )
+            cron_expr = name_or_cron
+
+            def decorate(target: Any) -> Any:
+                if not isinstance(target, Workflow):
+                    raise ConfigError(
+                        "@app.schedule(...) decorates a workflow: put it above @app.workflow"
+                    )
+                self._declare(name or target.name, cron_expr, target, (), {}, tz, catch_up)
+                return target
+
+            return decorate
+        if workflow is None:
+            raise ConfigError(f"schedule {name_or_cron!r}: name the workflow it starts")
+        if name is not None:
+            raise ConfigError("app.schedule(name, cron, workflow): name= is for the decorator")
+        return self._declare(name_or_cron, cron, workflow, args, kwargs, tz, catch_up)
+
+    def _declare(
+        self,
+        name: str,
+        cron: str,
+        workflow: Workflow[Any, Any] | str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        tz: str,
+        catch_up: str,
+    ) -> Schedule:
+        where = f"schedule {name!r}"
+        if not isinstance(name, str) or not name.strip() or len(name) > 200:
+            raise ConfigError(f"{where}: a schedule's name is a non-empty string")
+        check_cron(cron, where)
+        _zone(tz, where)
+        if catch_up not in _CATCH_UPS:
+            raise ConfigError(f"{where}: catch_up must be 'skip' or 'once', not {catch_up!r}")
+        found = self.get_workflow(workflow)
+        found.encode_input(tuple(args), dict(kwargs))  # arguments it cannot take fail now
+        declared = Schedule(
+            name=name,
+            cron=cron,
+            workflow=found.name,
+            args=tuple(args),
+            kwargs=dict(kwargs),
+            tz=tz,
+            catch_up=catch_up,  # checked above
+        )
+        table = self._schedule_table()
+        table[name] = declared
+        self._schedules_synced = False
+        return declared
+
+    def load_schedules(self, path: str | os.PathLike[str]) -> list[Schedule]:
+        """Declare the schedules a TOML or JSON file lists.
+
+        TOML::
+
+            [[schedule]]
+            name = "nightly-report"
+            cron = "0 3 * * *"
+            workflow = "report"          # a registered workflow's name
+            args = ["all"]               # optional
+            kwargs = {}                  # optional
+            tz = "Europe/Paris"          # optional, default UTC
+            catch_up = "once"            # optional, default skip
+
+        JSON: ``{"schedule": [{"name": ..., "cron": ..., "workflow": ...}]}``.
+
+        Raises:
+            ConfigError: the file is missing, unreadable, or an entry is wrong (the
+                message names the file, the entry and the field).
+        """
+        file = Path(path)
+        try:
+            text = file.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(f"schedules file {str(file)!r}: cannot read it: {exc}") from None
+        try:
+            data: Any = json.loads(text) if file.suffix == ".json" else tomllib.loads(text)
+        except (ValueError, tomllib.TOMLDecodeError) as exc:
+            kind = "JSON" if file.suffix == ".json" else "TOML"
+            raise ConfigError(f"schedules file {str(file)!r} is not valid {kind}: {exc}") from None
+        if not isinstance(data, dict) or set(data) - {"schedule"}:
+            raise ConfigError(
+                f"schedules file {str(file)!r}: expected only a list named 'schedule' "
+                "([[schedule]] tables in TOML)"
+            )
+        entries = data.get("schedule", [])
+        if not isinstance(entries, list):
+            raise ConfigError(f"schedules file {str(file)!r}: 'schedule' must be a list")
+        out: list[Schedule] = []
+        fields = {"name", "cron", "workflow", "args", "kwargs", "tz", "catch_up"}
+        for i, entry in enumerate(entries, 1):
+            where = f"schedules file {str(file)!r}, entry {i}"
+            if not isinstance(entry, dict):
+                raise ConfigError(f"{where}: expected a table of fields")
+            if unknown := sorted(set(entry) - fields):
+                raise ConfigError(f"{where}: unknown field(s) {unknown}; known: {sorted(fields)}")
+            for needed in ("name", "cron", "workflow"):
+                if not isinstance(entry.get(needed), str):
+                    raise ConfigError(f"{where}: {needed!r} is required (a string)")
+            args, kwargs = entry.get("args", []), entry.get("kwargs", {})
+            if not isinstance(args, list) or not isinstance(kwargs, dict):
+                raise ConfigError(f"{where}: 'args' is a list and 'kwargs' a table")
+            try:
+                out.append(
+                    self._declare(
+                        entry["name"],
+                        entry["cron"],
+                        entry["workflow"],
+                        tuple(args),
+                        kwargs,
+                        str(entry.get("tz", "UTC")),
+                        str(entry.get("catch_up", "skip")),
+                    )
+                )
+            except ConfigError as exc:
+                raise ConfigError(f"{where}: {exc}") from None
+        return out
+
+    @property
+    def schedules(self) -> dict[str, Schedule]:
+        """The schedules declared in this App, by name."""
+        return dict(self._schedule_table())
+
+    def sync_schedules(self) -> None:
+        """Write this App's declared schedules to the store (a worker does at its
+        first tick). A new schedule, or one whose definition changed, is next due at
+        its first time after now; an unchanged one keeps its state."""
+        now = self.clock.now()
+        for declared in self._schedule_table().values():
+            found = self.get_workflow(declared.workflow)
+            encoded = self._redact(found.encode_input(declared.args, declared.kwargs))
+            _, changed = self.store.put_schedule(
+                name=declared.name,
+                cron=declared.cron,
+                tz=declared.tz,
+                workflow=declared.workflow,
+                input=encoded,
+                catch_up=declared.catch_up,
+                next_at=next_due(declared.cron, declared.tz, now),
+                now=now,
+            )
+            if changed:
+                log.info("schedule %s: %s in %s", declared.name, declared.cron, declared.tz)
+        self._schedules_synced = True
+
+    def tick_schedules(self) -> list[str]:
+        """Fire the schedules due now: for each, start at most one run (see
+        ``catch_up``) and move it to its next time. Safe from any number of workers
+        at once: each due time starts one run. Returns the ids of the runs this call
+        started."""
+        self._schedule_table()
+        if not self._schedules_synced:
+            self.sync_schedules()
+        now = self.clock.now()
+        started: list[str] = []
+        for row in self.store.due_schedules(now):
+            try:
+                latest = max(previous_due(row.cron, row.tz, now), row.next_at)
+                due = latest if row.catch_up == "once" or now - latest <= SKIP_GRACE_S else None
+                run = self.store.fire_schedule(
+                    name=row.name,
+                    seen_next_at=row.next_at,
+                    next_at=next_due(row.cron, row.tz, now),
+                    due_at=due,
+                    run_id=new_id(),
+                    key=schedule_key(row.name, latest),
+                    version=self.version,
+                    now=now,
+                )
+            except ConfigError as exc:  # a row another version wrote that this one cannot read
+                log.warning("schedule %s: cannot fire it: %s", row.name, exc)
+                continue
+            if run is not None:
+                started.append(run)
+                log.info("schedule %s: started run %s for %s", row.name, run, _iso(latest))
+        return started
+
+    def list_schedules(self) -> list[ScheduleRecord]:
+        """Every schedule in the store (those some worker has synced), by name."""
+        return self.store.list_schedules()
+
+    def get_schedule(self, name: str) -> ScheduleRecord:
+        """The stored schedule ``name``.
+
+        Raises:
+            ScheduleNotFound: no schedule has that name in the store.
+        """
+        found = self.store.get_schedule(name)
+        if found is None:
+            raise ScheduleNotFound(f"no schedule named {name!r}")
+        return found
+
+    def pause_schedule(self, name: str) -> ScheduleRecord:
+        """Stop ``name`` from starting runs (on every worker) until resumed.
+
+        Raises:
+            ScheduleNotFound: no schedule has that name in the store.
+        """
+        if not self.store.set_schedule_paused(name, True, now=self.clock.now()):
+            raise ScheduleNotFound(f"no schedule named {name!r}")
+        return self.get_schedule(name)
+
+    def resume_schedule(self, name: str) -> ScheduleRecord:
+        """Let ``name`` start runs again, from its next time after now: the times
+        that passed while it was paused start nothing, whatever its catch-up.
+
+        Raises:
+            ScheduleNotFound: no schedule has that name in the store.
+        """
+        row = self.get_schedule(name)
+        now = self.clock.now()
+        if row.paused:
+            self.store.set_schedule_paused(
+                name, False, now=now, next_at=next_due(row.cron, row.tz, now)
+            )
+        return self.get_schedule(name)
