@@ -29,6 +29,7 @@ from ._records import (
     join_wait_signals,
     split_wait_signals,
 )
+from ._streams import TokenChunk
 from ._url import redact_url
 from .sqlite import DatabaseGone, SQLiteStore
 
@@ -62,6 +63,7 @@ __all__ = [
     "StepRecord",
     "StepStatus",
     "Store",
+    "TokenChunk",
     "Webhook",
     "WebhookEvent",
     "WriteResult",

@@ -27,11 +27,14 @@ from ._rates import RateTables
 from ._records import WAKE_NOW
 from ._runs import PruneResult, RunTables
 from ._signals import SignalTables
+from ._streams import StreamTables
 
 __all__ = ["WAKE_NOW", "Cursor", "Heartbeat", "PruneResult", "Snapshot", "Store"]
 
 
-class Store(RunTables, LeaseTables, JournalTables, SignalTables, ApiTables, RateTables, ABC):
+class Store(
+    RunTables, LeaseTables, JournalTables, SignalTables, ApiTables, RateTables, StreamTables, ABC
+):
     """Durable home of runs, their journals and signals, requests to humans, API
     keys, webhooks and the rate limiters' state.
 

@@ -189,6 +189,28 @@ ALTER TABLE ms_runs ADD COLUMN version TEXT;
 UPDATE ms_runs SET parent_kind = 'fork' WHERE parent IS NOT NULL;
 CREATE INDEX ms_runs_parent ON ms_runs (parent) WHERE parent IS NOT NULL;
 """,
+    # Placeholders on this branch: the schedules (11) and queues (12) branches own
+    # these numbers; a merge takes their SQL.
+    11: "",
+    12: "",
+    # Live token streams (storage/_streams.py): a model step's output deltas while the
+    # call is in flight, batched (never one row per token), per attempt. Ephemeral:
+    # not the journal (which keeps the final reply); pruned by age and with their run.
+    13: """
+CREATE TABLE ms_stream_chunks (
+    id {autoid},
+    run_id TEXT NOT NULL,
+    session INTEGER NOT NULL,
+    seq INTEGER NOT NULL,
+    attempt INTEGER NOT NULL,
+    idx INTEGER NOT NULL,
+    text TEXT NOT NULL,
+    end_reason TEXT,
+    created_at {float} NOT NULL
+);
+CREATE INDEX ms_stream_chunks_run ON ms_stream_chunks (run_id, id);
+CREATE INDEX ms_stream_chunks_created ON ms_stream_chunks (created_at);
+""",
 }
 
 LATEST = max(MIGRATIONS)
