@@ -60,6 +60,7 @@ from ._children import Children
 from ._handle import RunHandle
 from ._lineage import Lineage, local_user, new_id
 from ._observe import Observe
+from ._streams import Streams
 from ._versions import check_version
 
 __all__ = ["DEFAULT_URL", "App", "RunHandle"]
@@ -74,7 +75,7 @@ DEFAULT_URL = "sqlite:///mainspring.db"
 _DEFAULT_REDACTOR = Redactor()
 
 
-class App(Admin, Children, Lineage, Observe):
+class App(Admin, Children, Lineage, Observe, Streams):
     """Workflows registered over one store.
 
     Args:

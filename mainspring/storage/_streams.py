@@ -70,7 +70,9 @@ class StreamTables(Connection):
                 (run_id, session, seq, attempt, idx, text, end, now),
             )
 
-    def tokens_after(self, run_id: str, after_id: int = 0, *, limit: int = 1000) -> list[TokenChunk]:
+    def tokens_after(
+        self, run_id: str, after_id: int = 0, *, limit: int = 1000
+    ) -> list[TokenChunk]:
         """The run's stream rows with an id past ``after_id``, oldest first."""
         with self._read() as cur:
             cur.execute(
