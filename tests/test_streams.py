@@ -280,3 +280,75 @@ async def test_a_streamed_reply_is_the_reply_of_a_plain_request(provider: str) -
     assert replies[True] == replies[False]
     assert replies[True][1].tool_calls[0].arguments == json.dumps({"a": 1, "b": [2, 3]})
     assert "".join(pieces) == TEXT + "Adding." and len(pieces) > 3  # in pieces, live
+
+
+# -- the dashboard ------------------------------------------------------------------------------
+
+
+def test_the_run_page_of_a_running_run_has_a_live_answer_region(
+    served: tuple[str, str, str],
+) -> None:
+    base, key, db_url = served
+    app = ms.App(db_url)
+    answer = _answer_workflow(app, ScriptedModel([TEXT], chunk_size=5))
+    try:
+        queued = app.submit(answer, "go").run_id
+        with httpx.Client(base_url=base, headers={"Origin": base}, timeout=30) as browser:
+            login = browser.post("/ui/login", data={"key": key})
+            assert login.status_code in (200, 303), login.text
+            page = browser.get(f"/ui/runs/{queued}")
+            assert page.status_code == 200, page.text
+            html = page.text
+        # A region that assistive technology reads as it changes, fed by tokens events
+        # as text (textContent, never HTML).
+        assert '<pre id="answer" aria-live="polite"></pre>' in html
+        assert 'events.addEventListener("tokens"' in html
+        assert "answer.textContent += t.text" in html and "innerHTML" not in html.split(
+            'addEventListener("tokens"'
+        )[1]
+    finally:
+        app.close()
+
+
+# -- an agent over the wire ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+async def test_an_agent_streams_its_turns_over_the_wire_and_journals_only_replies(
+    app: ms.App, provider: str
+) -> None:
+    pytest.importorskip(provider)
+    server_cls = FakeOpenAIServer if provider == "openai" else FakeAnthropicServer
+    model_cls = ms.models.OpenAIModel if provider == "openai" else ms.models.AnthropicModel
+
+    @app.tool
+    def weather(city: str) -> str:
+        """Today's weather.
+
+        Args:
+            city: the city.
+        """
+        return f"clear in {city}"
+
+    with server_cls() as server:
+        server.script(
+            [
+                server.tool_call("weather", {"city": "Lyon"}, text="Let me look."),
+                server.text(TEXT),
+            ]
+        )
+        model = model_cls("m", base_url=server.base_url, api_key="k", stream=True)
+        agent = app.agent("w", model=model, instructions="Answer.", tools=[weather])
+        result = await app.run(agent, "Weather in Lyon?")
+        await model.aclose()
+        assert all(b.get("stream") is True for b in server.bodies)
+    assert (result.status, result.answer) == ("done", TEXT)
+    run_id = app.list_runs()[0].id
+    events = [e async for e in app.stream(run_id, poll_s=0.01)]
+    streams = {(e.session, e.seq) for e in events}
+    assert len(streams) == 2  # one per model turn
+    assert "".join(e.text for e in events) == "Let me look." + TEXT
+    assert [e.end for e in events if e.end] == ["done", "done"]
+    models = [s for s in app.steps(run_id) if s.role == "model"]
+    assert [(s.session, s.seq) for s in models] == sorted(streams)
+    assert TEXT in (models[-1].output or "") and '"weather"' in (models[0].output or "")
