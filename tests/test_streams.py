@@ -303,9 +303,10 @@ def test_the_run_page_of_a_running_run_has_a_live_answer_region(
         # as text (textContent, never HTML).
         assert '<pre id="answer" aria-live="polite"></pre>' in html
         assert 'events.addEventListener("tokens"' in html
-        assert "answer.textContent += t.text" in html and "innerHTML" not in html.split(
-            'addEventListener("tokens"'
-        )[1]
+        assert (
+            "answer.textContent += t.text" in html
+            and "innerHTML" not in html.split('addEventListener("tokens"')[1]
+        )
     finally:
         app.close()
 
