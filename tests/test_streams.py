@@ -353,3 +353,44 @@ async def test_an_agent_streams_its_turns_over_the_wire_and_journals_only_replie
     models = [s for s in app.steps(run_id) if s.role == "model"]
     assert [(s.session, s.seq) for s in models] == sorted(streams)
     assert TEXT in (models[-1].output or "") and '"weather"' in (models[0].output or "")
+
+
+def test_a_reader_resuming_between_two_attempts_still_marks_the_first_interrupted(
+    db_url: str,
+) -> None:
+    app = ms.App(db_url)
+    try:
+        store = app.store
+        store.append_tokens("r", 0, 4, 1, 0, "The qu", 1.0)  # attempt 1, then its worker died
+        [seen] = app.follow_tokens("r").poll()
+        assert (seen.text, seen.end) == ("The qu", None)
+        store.append_tokens("r", 0, 4, 2, 0, "The quick", 2.0)  # the retry streams anew
+        store.append_tokens("r", 0, 4, 2, 1, "", 3.0, end="done")
+        # A reader that reconnects after the first batch knows attempt 1 was still open.
+        resumed = app.follow_tokens("r", after=seen.cursor).poll()
+        assert [(e.attempt, e.text, e.end) for e in resumed] == [
+            (1, "", "interrupted"),
+            (2, "The quick", None),
+            (2, "", "done"),
+        ]
+        assert resumed[0].to_json() == {
+            "type": "tokens",
+            "session": 0,
+            "seq": 4,
+            "attempt": 1,
+            "end": "interrupted",
+        }
+        # A stream a failed attempt ended says so itself; one left open when the run
+        # ended is closed by the reader.
+        store.append_tokens("r", 0, 5, 1, 0, "Hal", 4.0, end="failed")
+        store.append_tokens("r", 0, 6, 1, 0, "Open", 5.0)
+        follower = app.follow_tokens("r", after=resumed[-1].cursor)
+        tail = follower.poll() + follower.close_open()
+        assert [(e.seq, e.text, e.end) for e in tail] == [
+            (5, "Hal", None),
+            (5, "", "interrupted"),
+            (6, "Open", None),
+            (6, "", "interrupted"),
+        ]
+    finally:
+        app.close()
