@@ -394,3 +394,33 @@ def test_a_reader_resuming_between_two_attempts_still_marks_the_first_interrupte
         ]
     finally:
         app.close()
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+async def test_a_provider_stream_that_breaks_off_is_retried_and_streams_anew(
+    app: ms.App, provider: str
+) -> None:
+    pytest.importorskip(provider)
+    server_cls = FakeOpenAIServer if provider == "openai" else FakeAnthropicServer
+    model_cls = ms.models.OpenAIModel if provider == "openai" else ms.models.AnthropicModel
+    with server_cls() as server:
+        server.script([server.text(TEXT), server.text(TEXT)])
+        server.stream_cut_after = 6  # the first reply's connection drops mid-text
+        model = model_cls("m", base_url=server.base_url, api_key="k", stream=True)
+        retry = ms.RetryPolicy(max_attempts=3, initial_s=0.01, max_s=0.01)
+        agent = app.agent("w", model=model, instructions="Answer.", model_retry=retry)
+        result = await app.run(agent, "Go")
+        await model.aclose()
+    assert (result.status, result.answer) == ("done", TEXT)
+    run_id = app.list_runs()[0].id
+    events = [e async for e in app.stream(run_id, poll_s=0.01)]
+    first = [e for e in events if e.attempt == 1]
+    assert first and first[-1].end == "interrupted"
+    assert TEXT.startswith("".join(e.text for e in first)) and len(first) > 1
+    second = [e for e in events if e.attempt == 2]
+    assert "".join(e.text for e in second) == TEXT and second[-1].end == "done"
+    [model_step] = [s for s in app.steps(run_id) if s.role == "model"]
+    assert (model_step.status, model_step.attempt) == ("completed", 2)
+    # The drop was a transient error of attempt 1 (the SDK says "connection error" or
+    # the adapter "the stream broke off"), retried as such.
+    assert "TransientError" in (model_step.error or "")

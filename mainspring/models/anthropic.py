@@ -33,7 +33,13 @@ from .._errors import (
     TransientError,
 )
 from ._base import Model
-from ._common import LoopClients, error_fields, rate_limit_headers, retry_after_from_headers
+from ._common import (
+    LoopClients,
+    error_fields,
+    rate_limit_headers,
+    retry_after_from_headers,
+    transport_errors,
+)
 from ._types import (
     AssistantMessage,
     FinishReason,
@@ -221,6 +227,8 @@ class AnthropicModel(Model):
             raise TransientError(f"{self.name}: connection failed: {exc}") from exc
         except anthropic.APIError as exc:  # an error event in the middle of a stream
             raise TransientError(f"{self.name}: the stream broke off: {exc}") from exc
+        except transport_errors() as exc:  # the connection dropped in the middle of a stream
+            raise TransientError(f"{self.name}: the stream broke off: {exc!r}") from exc
         except TypeError as exc:
             # The SDK's way of saying it found no credentials, before any request is sent.
             if "authentication" not in str(exc):

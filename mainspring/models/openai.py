@@ -32,7 +32,13 @@ from .._errors import (
     TransientError,
 )
 from ._base import Model
-from ._common import LoopClients, error_fields, rate_limit_headers, retry_after_from_headers
+from ._common import (
+    LoopClients,
+    error_fields,
+    rate_limit_headers,
+    retry_after_from_headers,
+    transport_errors,
+)
 from ._types import (
     AssistantMessage,
     FinishReason,
@@ -227,6 +233,8 @@ class OpenAIModel(Model):
             raise TransientError(f"{self.name}: connection failed: {exc}") from exc
         except openai.APIError as exc:  # an error event in the middle of a stream
             raise TransientError(f"{self.name}: the stream broke off: {exc}") from exc
+        except transport_errors() as exc:  # the connection dropped in the middle of a stream
+            raise TransientError(f"{self.name}: the stream broke off: {exc!r}") from exc
 
     def _request_kwargs(
         self,

@@ -202,13 +202,20 @@ class _Handler(BaseHTTPRequestHandler):
         for name, value in wire.headers.items():
             self.send_header(name, value)
         self.end_headers()
-        gap = self.server.owner.stream_gap_s
-        for event, data in wire.events:
+        owner = self.server.owner
+        gap = owner.stream_gap_s
+        with owner._lock:
+            cut, owner.stream_cut_after = owner.stream_cut_after, None
+        for n, (event, data) in enumerate(wire.events):
+            if cut is not None and n >= cut:  # the connection drops mid-stream
+                self.close_connection = True
+                self.connection.shutdown(socket.SHUT_RDWR)
+                return
             frame = (f"event: {event}\n" if event else "") + f"data: {data}\n\n"
             raw = frame.encode()
             self.wfile.write(f"{len(raw):x}\r\n".encode() + raw + b"\r\n")
             self.wfile.flush()
-            if gap > 0 and self.server.owner._stopping.wait(gap):
+            if gap > 0 and owner._stopping.wait(gap):
                 break
         self.wfile.write(b"0\r\n\r\n")
         self.wfile.flush()
@@ -321,6 +328,8 @@ class FakeProviderServer(ABC):
         self._stopping = threading.Event()
         #: Seconds between two streamed events (0: send them back to back).
         self.stream_gap_s = 0.0
+        #: The next streamed reply drops its connection after this many events.
+        self.stream_cut_after: int | None = None
         self._http: _HTTPServer | None = None
         self._thread: threading.Thread | None = None
 
