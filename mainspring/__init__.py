@@ -3,7 +3,7 @@
 The public names are all here; everything else is private and may change.
 """
 
-from ._app import App, RunHandle, Schedule
+from ._app import App, RunHandle, Schedule, TokenEvent, TokenFollower
 from ._clock import Clock, FakeClock, SystemClock
 from ._errors import (
     ApprovalRejected,
@@ -141,6 +141,8 @@ __all__ = [
     "StoreError",
     "StoreUnavailable",
     "SystemClock",
+    "TokenEvent",
+    "TokenFollower",
     "Tool",
     "ToolContext",
     "ToolInputError",

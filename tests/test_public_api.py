@@ -24,6 +24,7 @@ EXPECTED = {
     "ApiKey", "Delivery", "SCOPES", "Scope", "Webhook", "WebhookEvent",
     "ChildFailed", "ChildCancelled", "ChildHandle",
     "Schedule", "ScheduleNotFound",
+    "TokenEvent", "TokenFollower",
 }  # fmt: skip
 
 

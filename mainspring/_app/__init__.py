@@ -9,5 +9,14 @@ from ._core import DEFAULT_URL, App
 from ._handle import RunHandle
 from ._lineage import local_user
 from ._schedules import Schedule
+from ._streams import TokenEvent, TokenFollower
 
-__all__ = ["DEFAULT_URL", "App", "RunHandle", "Schedule", "local_user"]
+__all__ = [
+    "DEFAULT_URL",
+    "App",
+    "RunHandle",
+    "Schedule",
+    "TokenEvent",
+    "TokenFollower",
+    "local_user",
+]

@@ -61,6 +61,7 @@ from ._handle import RunHandle
 from ._lineage import Lineage, local_user, new_id
 from ._observe import Observe
 from ._schedules import Schedules
+from ._streams import Streams
 from ._versions import check_version
 
 __all__ = ["DEFAULT_URL", "App", "RunHandle"]
@@ -75,7 +76,7 @@ DEFAULT_URL = "sqlite:///mainspring.db"
 _DEFAULT_REDACTOR = Redactor()
 
 
-class App(Admin, Children, Lineage, Observe, Schedules):
+class App(Admin, Children, Lineage, Observe, Schedules, Streams):
     """Workflows registered over one store.
 
     Args:

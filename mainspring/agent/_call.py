@@ -38,7 +38,7 @@ from .._errors import BudgetExceeded, ConfigError, Overloaded, RateLimited, Step
 from .._stepnames import model_step_name
 from ..context import counter_for
 from ..hitl import approval
-from ..journal import RetryPolicy, RunContext, current_step
+from ..journal import RetryPolicy, RunContext, SimulatedCrash, current_step
 from ..limits import (
     Booking,
     BoundRateLimits,
@@ -236,7 +236,20 @@ class _Call:
 
     async def _request(self) -> ModelResponse:
         m, prices = self.model, self.prices
-        reply = await m.request(self.messages, tools=self.tools, settings=self.settings)
+        if m.streams:  # its text goes out live as it forms; the journal keeps the reply
+            writer = self.ctx.token_writer()
+            try:
+                reply = await m.stream(
+                    self.messages, tools=self.tools, settings=self.settings, on_text=writer.write
+                )
+            except SimulatedCrash:
+                raise  # the process "died": it writes nothing more, as a real crash
+            except BaseException:
+                await writer.close("failed")
+                raise
+            await writer.close("done")
+        else:
+            reply = await m.request(self.messages, tools=self.tools, settings=self.settings)
         if price_of(m.model_id, prices) is None:
             return reply
         return dataclasses.replace(reply, cost_usd=cost_usd(m.model_id, reply.usage, prices))

@@ -6,6 +6,7 @@ from ._context import RunContext, SimulatedCrash, StepInfo, StepMode, current_st
 from ._engine import ChildStarter, Committer, Engine, RunControl
 from ._executor import Outcome, execute
 from ._intercept import StepCall, StepInterceptor
+from ._live import TokenWriter
 from ._retry import RetryPolicy
 from ._sticky import Execution
 from ._workflow import Workflow
@@ -26,6 +27,7 @@ __all__ = [
     "StepInfo",
     "StepInterceptor",
     "StepMode",
+    "TokenWriter",
     "Workflow",
     "current_step",
     "execute",

@@ -30,6 +30,7 @@ from ._children import ChildHandle, start_child
 from ._control import SimulatedCrash, _ContinueAsNew
 from ._cursor import Cursor
 from ._engine import Engine, RunControl
+from ._live import TokenWriter
 from ._retry import RetryPolicy
 from ._stepinfo import StepInfo, current_step
 from ._steps import StepMode, Steps
@@ -407,6 +408,11 @@ class RunContext:
             "uuid", lambda: str(uuid_mod.UUID(int=rng.getrandbits(128), version=4))
         )
         return uuid_mod.UUID(text)
+
+    def token_writer(self) -> TokenWriter:
+        """A live token stream for the step running now (its text, shown while it
+        runs, never journaled: see docs/streaming.md). Call it from a step function."""
+        return TokenWriter(self._engine.store, self._engine.clock, current_step())
 
     def random(self) -> float:
         """A random float in [0, 1), journaled."""

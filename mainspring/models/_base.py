@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Self
 
@@ -32,6 +32,10 @@ class Model(ABC):
     name: str
     provider: str
     model_id: str
+    #: Whether :meth:`stream` hands out text as it is generated (adapters built with
+    #: ``stream=True``, a :class:`ScriptedModel` given chunks). When ``False`` the
+    #: runtime calls :meth:`request` and writes no live stream.
+    streams: bool = False
 
     @abstractmethod
     async def request(
@@ -59,6 +63,26 @@ class Model(ABC):
             QuotaExhausted: the account is out of credit or quota.
             ConfigError: the request itself is wrong (unknown model, bad parameter).
         """
+
+    async def stream(
+        self,
+        messages: Sequence[Message],
+        *,
+        tools: Sequence[ToolSpec] = (),
+        settings: ModelSettings | None = None,
+        on_text: Callable[[str], None],
+    ) -> ModelResponse:
+        """Send one request, calling ``on_text`` with each piece of the reply's text as
+        it arrives, and return the same reply :meth:`request` would (tool calls
+        included). Errors are those of :meth:`request`; one raised after some text was
+        handed out means that text is void (the runtime starts a new stream on retry).
+
+        The default has nothing to stream: it calls :meth:`request` and hands out the
+        whole text at once."""
+        reply = await self.request(messages, tools=tools, settings=settings)
+        if reply.text:
+            on_text(reply.text)
+        return reply
 
     async def warm(self) -> None:  # noqa: B027 - an optional hook, not abstract
         """Do now the one-time work of a first request (an HTTP client, its lazy

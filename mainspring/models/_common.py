@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
+import functools
+import importlib
+import importlib.util
 import json
 import math
 import re
@@ -31,7 +34,24 @@ __all__ = [
     "parse_duration",
     "rate_limit_headers",
     "retry_after_from_headers",
+    "transport_errors",
 ]
+
+
+@functools.cache
+def transport_errors() -> tuple[type[Exception], ...]:
+    """The HTTP transport errors of the SDKs' HTTP clients: ``httpx`` (openai) and
+    ``httpx2`` (newer anthropic releases). A connection dropped in the middle of a
+    streamed body surfaces as one of them, not as the SDK's own error. Imported when
+    first asked (an ``except`` clause evaluates it only for an exception)."""
+    found: list[type[Exception]] = []
+    for name in ("httpx", "httpx2"):
+        if importlib.util.find_spec(name) is not None:
+            error = getattr(importlib.import_module(name), "TransportError", None)
+            if isinstance(error, type) and issubclass(error, Exception):
+                found.append(error)
+    return tuple(found)
+
 
 _RATE_LIMIT_PREFIXES = ("x-ratelimit-", "anthropic-ratelimit-")
 _RETRY_HEADERS = ("retry-after", "retry-after-ms")

@@ -12,12 +12,13 @@ and ``cache_write_tokens`` say how many of them were read from or written to the
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
 import os
 import re
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterable, Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from .._errors import (
@@ -32,7 +33,13 @@ from .._errors import (
     TransientError,
 )
 from ._base import Model
-from ._common import LoopClients, error_fields, rate_limit_headers, retry_after_from_headers
+from ._common import (
+    LoopClients,
+    error_fields,
+    rate_limit_headers,
+    retry_after_from_headers,
+    transport_errors,
+)
 from ._types import (
     AssistantMessage,
     FinishReason,
@@ -54,6 +61,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 
 __all__ = [
     "AnthropicModel",
+    "assemble_events",
     "map_status_error",
     "messages_to_wire",
     "response_from_wire",
@@ -92,6 +100,9 @@ class AnthropicModel(Model):
             retries are turned off). Without it, one client is made per event loop.
         max_tokens: the reply's token cap when the request's settings give none (the
             API requires one).
+        stream: ask for a streamed reply (``stream: true``) so the runtime can show its
+            text as it forms (:meth:`stream`, docs/streaming.md); the reply assembled
+            from the events is the one :meth:`request` returns.
 
     Raises:
         ConfigError: ``model_id`` is empty or ``max_tokens`` is not positive.
@@ -108,7 +119,9 @@ class AnthropicModel(Model):
         timeout_s: float = 60.0,
         client: anthropic.AsyncAnthropic | None = None,
         max_tokens: int = 4096,
+        stream: bool = False,
     ) -> None:
+        self.streams = stream
         if not model_id or not model_id.strip():
             raise ConfigError(f"AnthropicModel needs a model id, got {model_id!r}")
         if max_tokens < 1:
@@ -158,11 +171,52 @@ class AnthropicModel(Model):
         kwargs = self._request_kwargs(messages, tools, settings)
         client = self._client()
         started = time.perf_counter()
-        try:
+        with self._mapped_errors():
             raw: Any = await client.messages.with_raw_response.create(**kwargs)
             message: Any = raw.parse()
             if inspect.isawaitable(message):  # SDK 2.x parses raw responses asynchronously
                 message = await message
+        latency = time.perf_counter() - started
+        return response_from_wire(
+            message.model_dump(mode="json"),
+            headers=raw.headers,
+            latency_s=latency,
+            model=self.model_id,
+        )
+
+    async def stream(
+        self,
+        messages: Sequence[Message],
+        *,
+        tools: Sequence[ToolSpec] = (),
+        settings: ModelSettings | None = None,
+        on_text: Callable[[str], None],
+    ) -> ModelResponse:
+        """Send one streamed Messages API request, handing out its text deltas; see
+        :meth:`Model.stream`. The events are assembled into the message a
+        non-streamed request gets (text and ``tool_use`` blocks, stop reason, usage)."""
+        kwargs = self._request_kwargs(messages, tools, settings)
+        kwargs["stream"] = True
+        client = self._client()
+        started = time.perf_counter()
+        with self._mapped_errors():
+            raw: Any = await client.messages.with_raw_response.create(**kwargs)
+            events: Any = raw.parse()
+            if inspect.isawaitable(events):
+                events = await events
+            body = await assemble_events(events, on_text)
+        return response_from_wire(
+            body,
+            headers=raw.headers,
+            latency_s=time.perf_counter() - started,
+            model=self.model_id,
+        )
+
+    @contextlib.contextmanager
+    def _mapped_errors(self) -> Iterator[None]:
+        """The SDK's errors as mainspring's."""
+        try:
+            yield
         except anthropic.APIStatusError as exc:
             raise map_status_error(
                 exc.status_code, exc.body, exc.response.headers, model=self.name
@@ -171,6 +225,10 @@ class AnthropicModel(Model):
             raise TransientError(f"{self.name}: request timed out after {self.timeout_s}s") from exc
         except anthropic.APIConnectionError as exc:
             raise TransientError(f"{self.name}: connection failed: {exc}") from exc
+        except anthropic.APIError as exc:  # an error event in the middle of a stream
+            raise TransientError(f"{self.name}: the stream broke off: {exc}") from exc
+        except transport_errors() as exc:  # the connection dropped in the middle of a stream
+            raise TransientError(f"{self.name}: the stream broke off: {exc!r}") from exc
         except TypeError as exc:
             # The SDK's way of saying it found no credentials, before any request is sent.
             if "authentication" not in str(exc):
@@ -178,13 +236,6 @@ class AnthropicModel(Model):
             raise PermissionDenied(
                 f"{self.name}: no API key: set ANTHROPIC_API_KEY or pass api_key= ({exc})"
             ) from exc
-        latency = time.perf_counter() - started
-        return response_from_wire(
-            message.model_dump(mode="json"),
-            headers=raw.headers,
-            latency_s=latency,
-            model=self.model_id,
-        )
 
     def _request_kwargs(
         self,
@@ -338,6 +389,46 @@ def response_from_wire(
         rate_limit=rate_limit_headers(headers),
         latency_s=latency_s,
     )
+
+
+async def assemble_events(
+    events: AsyncIterable[Any], on_text: Callable[[str], None]
+) -> dict[str, Any]:
+    """Streamed Messages API events as the message a non-streamed request gets,
+    handing each text delta to ``on_text`` as it arrives."""
+    message: dict[str, Any] = {"content": [], "usage": {}}
+    blocks: dict[int, dict[str, Any]] = {}
+    partial: dict[int, list[str]] = {}
+    async for event in events:
+        data = event if isinstance(event, Mapping) else event.model_dump(mode="json")
+        kind = data.get("type")
+        index = int(data.get("index") or 0)
+        if kind == "message_start":
+            message = dict(data.get("message") or {})
+            message["usage"] = dict(message.get("usage") or {})
+        elif kind == "content_block_start":
+            blocks[index] = dict(data.get("content_block") or {})
+        elif kind == "content_block_delta":
+            delta = data.get("delta") or {}
+            block = blocks.setdefault(index, {"type": "text", "text": ""})
+            if delta.get("type") == "text_delta" and block.get("type") == "text":
+                block["text"] = (block.get("text") or "") + delta.get("text", "")
+                if delta.get("text"):
+                    on_text(delta["text"])
+            elif delta.get("type") == "input_json_delta":
+                partial.setdefault(index, []).append(delta.get("partial_json") or "")
+        elif kind == "content_block_stop" and index in partial:
+            text = "".join(partial.pop(index))
+            blocks[index]["input"] = json.loads(text) if text.strip() else {}
+        elif kind == "message_delta":
+            delta = data.get("delta") or {}
+            for key in ("stop_reason", "stop_sequence"):
+                if key in delta:
+                    message[key] = delta[key]
+            usage = data.get("usage") or {}
+            message["usage"].update({k: v for k, v in usage.items() if v is not None})
+    message["content"] = [blocks[i] for i in sorted(blocks)]
+    return message
 
 
 def map_status_error(

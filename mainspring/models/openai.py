@@ -11,12 +11,13 @@ tokens included; ``cache_read_tokens`` says how many of them came from the cache
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
 import os
 import re
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterable, Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from .._errors import (
@@ -31,7 +32,13 @@ from .._errors import (
     TransientError,
 )
 from ._base import Model
-from ._common import LoopClients, error_fields, rate_limit_headers, retry_after_from_headers
+from ._common import (
+    LoopClients,
+    error_fields,
+    rate_limit_headers,
+    retry_after_from_headers,
+    transport_errors,
+)
 from ._types import (
     AssistantMessage,
     FinishReason,
@@ -51,7 +58,13 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise MissingExtra("OpenAIModel", "openai", exc.name) from exc
 
-__all__ = ["OpenAIModel", "map_status_error", "messages_to_wire", "response_from_wire"]
+__all__ = [
+    "OpenAIModel",
+    "assemble_chunks",
+    "map_status_error",
+    "messages_to_wire",
+    "response_from_wire",
+]
 
 # Local servers (Ollama, llama.cpp, LM Studio) ignore the key but the SDK insists on one.
 _LOCAL_API_KEY = "not-needed"
@@ -90,6 +103,9 @@ class OpenAIModel(Model):
         timeout_s: the deadline of one request; past it, :class:`TransientError`.
         client: an ``openai.AsyncOpenAI`` to use instead of making one (its retries are
             turned off). Without it, one client is made per event loop.
+        stream: ask for a streamed reply (``stream: true`` with the usage chunk) so the
+            runtime can show its text as it forms (:meth:`stream`, docs/streaming.md);
+            the reply assembled is the one :meth:`request` returns.
 
     Raises:
         ConfigError: ``model_id`` is empty.
@@ -105,7 +121,9 @@ class OpenAIModel(Model):
         api_key: str | None = None,
         timeout_s: float = 60.0,
         client: openai.AsyncOpenAI | None = None,
+        stream: bool = False,
     ) -> None:
+        self.streams = stream
         if not model_id or not model_id.strip():
             raise ConfigError(f"OpenAIModel needs a model id, got {model_id!r}")
         self.model_id = model_id
@@ -157,11 +175,54 @@ class OpenAIModel(Model):
         kwargs = self._request_kwargs(messages, tools, settings)
         client = self._client()
         started = time.perf_counter()
-        try:
+        with self._mapped_errors():
             raw: Any = await client.chat.completions.with_raw_response.create(**kwargs)
             completion: Any = raw.parse()
             if inspect.isawaitable(completion):  # newer SDKs' raw responses parse async
                 completion = await completion
+        latency = time.perf_counter() - started
+        return response_from_wire(
+            completion.model_dump(mode="json"),
+            headers=raw.headers,
+            latency_s=latency,
+            model=self.model_id,
+        )
+
+    async def stream(
+        self,
+        messages: Sequence[Message],
+        *,
+        tools: Sequence[ToolSpec] = (),
+        settings: ModelSettings | None = None,
+        on_text: Callable[[str], None],
+    ) -> ModelResponse:
+        """Send one streamed Chat Completions request, handing out its text deltas;
+        see :meth:`Model.stream`. The chunks are assembled into the body a
+        non-streamed request gets (text, refusal, tool calls by index, finish
+        reason, the usage chunk), read as :meth:`request` reads it."""
+        kwargs = self._request_kwargs(messages, tools, settings)
+        kwargs["stream"] = True
+        kwargs["stream_options"] = {"include_usage": True}
+        client = self._client()
+        started = time.perf_counter()
+        with self._mapped_errors():
+            raw: Any = await client.chat.completions.with_raw_response.create(**kwargs)
+            chunks: Any = raw.parse()
+            if inspect.isawaitable(chunks):
+                chunks = await chunks
+            body = await assemble_chunks(chunks, on_text)
+        return response_from_wire(
+            body,
+            headers=raw.headers,
+            latency_s=time.perf_counter() - started,
+            model=self.model_id,
+        )
+
+    @contextlib.contextmanager
+    def _mapped_errors(self) -> Iterator[None]:
+        """The SDK's errors as mainspring's."""
+        try:
+            yield
         except openai.APIStatusError as exc:
             raise map_status_error(
                 exc.status_code, exc.body, exc.response.headers, model=self.name
@@ -170,13 +231,10 @@ class OpenAIModel(Model):
             raise TransientError(f"{self.name}: request timed out after {self.timeout_s}s") from exc
         except openai.APIConnectionError as exc:
             raise TransientError(f"{self.name}: connection failed: {exc}") from exc
-        latency = time.perf_counter() - started
-        return response_from_wire(
-            completion.model_dump(mode="json"),
-            headers=raw.headers,
-            latency_s=latency,
-            model=self.model_id,
-        )
+        except openai.APIError as exc:  # an error event in the middle of a stream
+            raise TransientError(f"{self.name}: the stream broke off: {exc}") from exc
+        except transport_errors() as exc:  # the connection dropped in the middle of a stream
+            raise TransientError(f"{self.name}: the stream broke off: {exc!r}") from exc
 
     def _request_kwargs(
         self,
@@ -323,6 +381,53 @@ def response_from_wire(
         rate_limit=rate_limit_headers(headers),
         latency_s=latency_s,
     )
+
+
+async def assemble_chunks(
+    chunks: AsyncIterable[Any], on_text: Callable[[str], None]
+) -> dict[str, Any]:
+    """``chat.completion.chunk`` events (the first choice's) as a Chat Completions
+    body, handing each text delta to ``on_text`` as it arrives."""
+    texts: list[str] = []
+    refusals: list[str] = []
+    calls: dict[int, dict[str, Any]] = {}
+    finish: str | None = None
+    usage: Any = None
+    model = ""
+    async for chunk in chunks:
+        data = chunk if isinstance(chunk, Mapping) else chunk.model_dump(mode="json")
+        model = data.get("model") or model
+        usage = data.get("usage") or usage
+        for choice in data.get("choices") or []:
+            if choice.get("index", 0) != 0:
+                continue
+            delta = choice.get("delta") or {}
+            if delta.get("content"):
+                texts.append(delta["content"])
+                on_text(delta["content"])
+            if delta.get("refusal"):
+                refusals.append(delta["refusal"])
+            for part in delta.get("tool_calls") or []:
+                slot = calls.setdefault(
+                    int(part.get("index") or 0),
+                    {"id": None, "type": "function", "function": {"name": "", "arguments": ""}},
+                )
+                slot["id"] = part.get("id") or slot["id"]
+                function = part.get("function") or {}
+                slot["function"]["name"] += function.get("name") or ""
+                slot["function"]["arguments"] += function.get("arguments") or ""
+            finish = choice.get("finish_reason") or finish
+    message = {
+        "role": "assistant",
+        "content": "".join(texts) if texts else None,
+        "refusal": "".join(refusals) or None,
+        "tool_calls": [calls[i] for i in sorted(calls)] or None,
+    }
+    return {
+        "model": model,
+        "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+        "usage": usage,
+    }
 
 
 def map_status_error(

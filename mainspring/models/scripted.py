@@ -17,6 +17,7 @@ such function can play every turn.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import inspect
 import json
@@ -77,6 +78,11 @@ class ScriptedModel(Model):
             request, so a retried request gets the same turn again and a fresh process
             recovering a run picks up where the conversation is (compaction that drops
             assistant messages moves it back, though).
+        chunk_size: stream each reply's text in pieces of this many characters
+            (:meth:`stream`; ``streams`` is then ``True``); ``None``: no streaming.
+        on_chunk: called (and awaited, if async) with ``(index, piece)`` before each
+            piece is handed out: a test pauses a stream mid-way here (awaiting an
+            event) or ends it (raising).
 
     Attributes:
         requests: every request received, in order.
@@ -95,7 +101,14 @@ class ScriptedModel(Model):
         *,
         model_id: str = "scripted",
         turn_from: Literal["requests", "history"] = "requests",
+        chunk_size: int | None = None,
+        on_chunk: Callable[[int, str], Awaitable[None] | None] | None = None,
     ) -> None:
+        if chunk_size is not None and chunk_size < 1:
+            raise ConfigError(f"chunk_size must be a positive number, got {chunk_size!r}")
+        self.chunk_size = chunk_size
+        self.streams = chunk_size is not None
+        self._on_chunk = on_chunk
         if turn_from not in ("requests", "history"):
             raise ConfigError(f"turn_from must be 'requests' or 'history', got {turn_from!r}")
         self.model_id = model_id
@@ -155,6 +168,29 @@ class ScriptedModel(Model):
         if self._function is not None or self.turn_from != "requests":
             return None
         return max(0, len(self._turns) - len(self.requests))
+
+    async def stream(
+        self,
+        messages: Sequence[Message],
+        *,
+        tools: Sequence[ToolSpec] = (),
+        settings: ModelSettings | None = None,
+        on_text: Callable[[str], None],
+    ) -> ModelResponse:
+        """Play the next turn, handing its text out in ``chunk_size`` pieces; see
+        :meth:`Model.stream`."""
+        reply = await self.request(messages, tools=tools, settings=settings)
+        text = reply.text or ""
+        size = self.chunk_size or max(1, len(text))
+        for index, start in enumerate(range(0, len(text), size)):
+            piece = text[start : start + size]
+            if self._on_chunk is not None:
+                paused = self._on_chunk(index, piece)
+                if inspect.isawaitable(paused):
+                    await paused
+            on_text(piece)
+            await asyncio.sleep(0)  # let readers and writers of the stream run
+        return reply
 
     async def request(
         self,

@@ -355,8 +355,9 @@ def create_app(
         last_event_id: Annotated[str | None, Header(max_length=200)] = None,
     ) -> StreamingResponse:
         """Follow a run as Server-Sent Events: ``status`` when it changes, ``step``
-        for each journal row started or finished, ``end`` when it is over. Reconnect
-        with ``Last-Event-ID`` to resume where the stream broke off."""
+        for each journal row started or finished, ``tokens`` for a model's text as
+        it forms, ``end`` when it is over. Reconnect with ``Last-Event-ID`` to
+        resume where the stream broke off."""
         app.get_run(run_id)
         return StreamingResponse(
             streams.hold(

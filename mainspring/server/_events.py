@@ -6,6 +6,11 @@ every row after the watermark in its current state again, so nothing is missed;
 rows past the watermark may arrive twice (dedupe on ``session``, ``seq``,
 ``status``). For a run without parallel steps the watermark is its last finished
 step, so a reconnect repeats nothing.
+
+Live model output comes as ``tokens`` events (docs/streaming.md), sent before the
+step events of the same poll. Once a run has any, every event id ends in
+``~t<cursor>``: the last stream row sent, so a reconnect resumes the text exactly
+where it broke off (nothing repeated, nothing lost).
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import re
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -20,7 +26,9 @@ from .. import App, RunNotFound
 from ..serde import loads, public_error
 from ..storage import StepRecord
 
-__all__ = ["event_stream", "parse_event_id", "runs_stream"]
+__all__ = ["event_stream", "parse_event_id", "parse_token_cursor", "runs_stream"]
+
+_TOKEN_CURSOR = re.compile(r"~t(\d{1,15})$")
 
 _KEEPALIVE_S = 15.0
 _MAX_POSITION = 1 << 53
@@ -41,6 +49,12 @@ def parse_event_id(value: str | None) -> tuple[int, int]:
         if 0 <= session < _MAX_POSITION and -1 <= seq < _MAX_POSITION:
             return session, seq
     return -1, -1
+
+
+def parse_token_cursor(value: str | None) -> int:
+    """The token stream cursor in a ``Last-Event-ID`` (0: from the start)."""
+    found = _TOKEN_CURSOR.search(value or "")
+    return int(found.group(1)) if found else 0
 
 
 def _frame(event: str, event_id: str, data: dict[str, Any]) -> bytes:
@@ -91,6 +105,13 @@ async def event_stream(
     after ``max_s`` seconds the stream ends and the client resumes with
     ``Last-Event-ID`` (no connection is held for ever)."""
     mark = parse_event_id(last_event_id)
+    tokens = await asyncio.to_thread(
+        app.follow_tokens, run_id, after=parse_token_cursor(last_event_id)
+    )
+
+    def tail() -> str:
+        return f"~t{tokens.cursor}" if tokens.cursor else ""
+
     sent: dict[tuple[int, int], str] = {}  # rows past the watermark, as last sent
     status: str | None = None
     quiet = 0.0
@@ -103,10 +124,20 @@ async def event_stream(
         try:
             run = await asyncio.to_thread(app.get_run, run_id)
         except RunNotFound:  # pruned while we followed it
-            yield _frame("end", f"{mark[0]}.{mark[1]}~gone", {"status": "gone"})
+            yield _frame("end", f"{mark[0]}.{mark[1]}~gone{tail()}", {"status": "gone"})
             return
         steps = await asyncio.to_thread(app.store.steps_after, run_id, *mark)
-        emitted = False
+        # Read after the steps: the text of every step seen finished is all here.
+        live = await asyncio.to_thread(tokens.poll)
+        if run.finished:
+            live += tokens.close_open()
+        emitted = bool(live)
+        for t in live:
+            yield _frame(
+                "tokens",
+                f"{mark[0]}.{mark[1]}~tok.{t.session}.{t.seq}.{t.attempt}~t{t.cursor}",
+                t.to_json(),
+            )
         for s in steps:
             key = (s.session, s.seq)
             if sent.get(key) != s.status:
@@ -116,7 +147,7 @@ async def event_stream(
                     sent.pop(key, None)
                 yield _frame(
                     "step",
-                    f"{mark[0]}.{mark[1]}~{s.session}.{s.seq}.{s.status}",
+                    f"{mark[0]}.{mark[1]}~{s.session}.{s.seq}.{s.status}{tail()}",
                     _step_data(s, full=full),
                 )
                 emitted = True
@@ -132,12 +163,12 @@ async def event_stream(
             if run.finished:
                 data["output"] = _decode(run.output)
                 data["error"] = _error(run.error, full)
-            yield _frame("status", f"{mark[0]}.{mark[1]}~run.{status}", data)
+            yield _frame("status", f"{mark[0]}.{mark[1]}~run.{status}{tail()}", data)
             emitted = True
         # A run cancelled in a wait or sleep keeps that row 'started' for good: after
         # one more poll (for rows still being written) the stream ends anyway.
         if run.finished and (not steps_pending(steps) or seen_finished):
-            yield _frame("end", f"{mark[0]}.{mark[1]}~end", {"status": run.status})
+            yield _frame("end", f"{mark[0]}.{mark[1]}~end{tail()}", {"status": run.status})
             return
         seen_finished = run.finished
         if emitted:

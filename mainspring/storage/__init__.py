@@ -30,6 +30,7 @@ from ._records import (
     split_wait_signals,
 )
 from ._schedules import CatchUp, ScheduleRecord
+from ._streams import TokenChunk
 from ._url import redact_url
 from .sqlite import DatabaseGone, SQLiteStore
 
@@ -65,6 +66,7 @@ __all__ = [
     "StepRecord",
     "StepStatus",
     "Store",
+    "TokenChunk",
     "Webhook",
     "WebhookEvent",
     "WriteResult",

@@ -29,6 +29,7 @@ from ._records import WAKE_NOW
 from ._runs import PruneResult, RunTables
 from ._schedules import ScheduleTables
 from ._signals import SignalTables
+from ._streams import StreamTables
 
 __all__ = ["WAKE_NOW", "Cursor", "Heartbeat", "PruneResult", "Snapshot", "Store"]
 
@@ -41,6 +42,7 @@ class Store(
     ApiTables,
     RateTables,
     ScheduleTables,
+    StreamTables,
     ABC,
 ):
     """Durable home of runs, their journals and signals, requests to humans, API

@@ -212,6 +212,26 @@ CREATE TABLE ms_schedules (
 );
 CREATE INDEX ms_schedules_due ON ms_schedules (next_at) WHERE paused = 0;
 """,
+    # Reserved for queues (their branch owns the number): nothing to do.
+    12: "",
+    # Live token streams (storage/_streams.py): a model step's output deltas while the
+    # call is in flight, batched (never one row per token), per attempt. Ephemeral:
+    # not the journal (which keeps the final reply); pruned by age and with their run.
+    13: """
+CREATE TABLE ms_stream_chunks (
+    id {autoid},
+    run_id TEXT NOT NULL,
+    session INTEGER NOT NULL,
+    seq INTEGER NOT NULL,
+    attempt INTEGER NOT NULL,
+    idx INTEGER NOT NULL,
+    text TEXT NOT NULL,
+    end_reason TEXT,
+    created_at {float} NOT NULL
+);
+CREATE INDEX ms_stream_chunks_run ON ms_stream_chunks (run_id, id);
+CREATE INDEX ms_stream_chunks_created ON ms_stream_chunks (created_at);
+""",
 }
 
 LATEST = max(MIGRATIONS)

@@ -38,7 +38,7 @@ def _tool_input(call: FakeToolCall) -> Any:
 
 
 class FakeAnthropicServer(FakeProviderServer):
-    """A fake Anthropic endpoint, ``POST /v1/messages`` (non-streaming).
+    """A fake Anthropic endpoint, ``POST /v1/messages`` (``stream: true`` served as its events).
 
     The official ``anthropic`` SDK (and :class:`~mainspring.models.AnthropicModel`) talk
     to it unmodified: ``text`` and ``tool_use`` content blocks, ``stop_reason``, ``usage``
@@ -252,7 +252,53 @@ class FakeAnthropicServer(FakeProviderServer):
             },
         }
 
+    def _stream_events(
+        self, body: Mapping[str, Any], request: RecordedRequest
+    ) -> list[tuple[str | None, str]]:
+        return _stream_events(body)
+
 
 def _rfc3339(when: datetime) -> str:
     """A time as Anthropic's reset headers write it: ``2026-01-01T00:00:07Z``."""
     return when.replace(microsecond=0).isoformat().replace("+00:00", "Z")
+
+
+def _event(name: str, data: dict[str, Any]) -> tuple[str | None, str]:
+    return name, json.dumps({"type": name, **data})
+
+
+def _stream_events(body: Mapping[str, Any]) -> list[tuple[str | None, str]]:
+    """A Messages API reply as its streamed events: ``message_start`` (no content,
+    the input usage), per block ``content_block_start`` / ``content_block_delta``
+    (``text_delta`` or ``input_json_delta``) / ``content_block_stop``, then
+    ``message_delta`` (stop reason, output usage) and ``message_stop``."""
+    usage = dict(body["usage"])
+    start = {**body, "content": [], "stop_reason": None, "stop_sequence": None}
+    start["usage"] = {**usage, "output_tokens": 1}
+    out = [_event("message_start", {"message": start}), ("ping", json.dumps({"type": "ping"}))]
+    for index, block in enumerate(body["content"]):
+        if block["type"] == "text":
+            opened: dict[str, Any] = {"type": "text", "text": ""}
+            deltas = [{"type": "text_delta", "text": p} for p in _pieces(block["text"])]
+        else:
+            opened = {**block, "input": {}}
+            deltas = [
+                {"type": "input_json_delta", "partial_json": p}
+                for p in ["", *_pieces(json.dumps(block["input"]))]
+            ]
+        out.append(_event("content_block_start", {"index": index, "content_block": opened}))
+        out.extend(_event("content_block_delta", {"index": index, "delta": d}) for d in deltas)
+        out.append(_event("content_block_stop", {"index": index}))
+    delta = {"stop_reason": body["stop_reason"], "stop_sequence": body["stop_sequence"]}
+    out.append(
+        _event(
+            "message_delta", {"delta": delta, "usage": {"output_tokens": usage["output_tokens"]}}
+        )
+    )
+    out.append(_event("message_stop", {}))
+    return out
+
+
+def _pieces(text: str, size: int = 4) -> list[str]:
+    """Text in the small pieces a provider streams it in."""
+    return [text[i : i + size] for i in range(0, len(text), size)]

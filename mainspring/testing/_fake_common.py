@@ -128,6 +128,8 @@ class _Wire:
     status: int
     headers: dict[str, str]
     body: Mapping[str, Any]
+    # A streamed reply (the request said "stream": true): (event name or None, data).
+    events: tuple[tuple[str | None, str], ...] | None = None
 
 
 _REASONS = {429: "Too Many Requests", 529: "Overloaded"}
@@ -178,6 +180,9 @@ class _Handler(BaseHTTPRequestHandler):
             wire = owner._render_error(
                 owner._error(500, f"{type(owner).__name__}: the scripted reply raised {exc!r}")
             )
+        if wire.events is not None:
+            self._stream(wire)
+            return
         data = json.dumps(wire.body).encode()
         self.send_response(wire.status, _REASONS.get(wire.status))
         self.send_header("content-type", "application/json")
@@ -186,6 +191,34 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header(name, value)
         self.end_headers()
         self.wfile.write(data)
+
+    def _stream(self, wire: _Wire) -> None:
+        """Server-sent events, one HTTP chunk each, as the providers stream."""
+        assert wire.events is not None
+        self.send_response(wire.status)
+        self.send_header("content-type", "text/event-stream; charset=utf-8")
+        self.send_header("cache-control", "no-cache")
+        self.send_header("transfer-encoding", "chunked")
+        for name, value in wire.headers.items():
+            self.send_header(name, value)
+        self.end_headers()
+        owner = self.server.owner
+        gap = owner.stream_gap_s
+        with owner._lock:
+            cut, owner.stream_cut_after = owner.stream_cut_after, None
+        for n, (event, data) in enumerate(wire.events):
+            if cut is not None and n >= cut:  # the connection drops mid-stream
+                self.close_connection = True
+                self.connection.shutdown(socket.SHUT_RDWR)
+                return
+            frame = (f"event: {event}\n" if event else "") + f"data: {data}\n\n"
+            raw = frame.encode()
+            self.wfile.write(f"{len(raw):x}\r\n".encode() + raw + b"\r\n")
+            self.wfile.flush()
+            if gap > 0 and owner._stopping.wait(gap):
+                break
+        self.wfile.write(b"0\r\n\r\n")
+        self.wfile.flush()
 
     do_POST = _serve
     do_GET = _serve
@@ -293,6 +326,10 @@ class FakeProviderServer(ABC):
         self._lock = threading.Lock()
         self._served = 0
         self._stopping = threading.Event()
+        #: Seconds between two streamed events (0: send them back to back).
+        self.stream_gap_s = 0.0
+        #: The next streamed reply drops its connection after this many events.
+        self.stream_cut_after: int | None = None
         self._http: _HTTPServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -523,6 +560,9 @@ class FakeProviderServer(ABC):
                     (self.buckets.clock(), usage.input_tokens, usage.output_tokens)
                 )
         headers = {**self._rate_limit_headers(request), **reply.headers}
+        if isinstance(request.body, Mapping) and request.body.get("stream"):
+            events = tuple(self._stream_events(body, request))
+            return _Wire(reply.status, headers, body, events)
         return _Wire(reply.status, headers, body)
 
     def _next_reply(self, request: RecordedRequest, index: int) -> tuple[FakeReply, bool]:
@@ -579,6 +619,12 @@ class FakeProviderServer(ABC):
         )
 
     # -- what each provider defines ------------------------------------------------------
+
+    @abstractmethod
+    def _stream_events(
+        self, body: Mapping[str, Any], request: RecordedRequest
+    ) -> list[tuple[str | None, str]]:
+        """A rendered reply as the provider's streamed events (``stream: true``)."""
 
     @abstractmethod
     def _api_key_of(self, request: RecordedRequest) -> str | None:

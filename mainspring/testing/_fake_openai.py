@@ -25,7 +25,7 @@ _ERROR_TYPES = {
 
 
 class FakeOpenAIServer(FakeProviderServer):
-    """A fake OpenAI endpoint, ``POST /v1/chat/completions`` (non-streaming).
+    """A fake OpenAI endpoint, ``POST /v1/chat/completions`` (``stream: true`` served as chunks).
 
     The official ``openai`` SDK (and :class:`~mainspring.models.OpenAIModel`) talk to
     it unmodified: function-calling ``tool_calls``, ``usage``, ``x-ratelimit-*`` headers,
@@ -239,3 +239,46 @@ class FakeOpenAIServer(FakeProviderServer):
                 "completion_tokens_details": {"reasoning_tokens": 0},
             },
         }
+
+    def _stream_events(
+        self, body: Mapping[str, Any], request: RecordedRequest
+    ) -> list[tuple[str | None, str]]:
+        """The reply as ``chat.completion.chunk`` events ending in ``[DONE]``: a role
+        chunk, the text in pieces, each tool call (id and name, then its arguments in
+        pieces), the finish reason, and the usage chunk when ``stream_options`` asks
+        for it."""
+        asked = request.body if isinstance(request.body, Mapping) else {}
+        choice = body["choices"][0]
+        message = choice["message"]
+        head = {k: body[k] for k in ("id", "object", "created", "model", "system_fingerprint")}
+        head["object"] = "chat.completion.chunk"
+        out: list[tuple[str | None, str]] = []
+
+        def chunk(delta: dict[str, Any], finish: str | None = None) -> None:
+            choices = [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]
+            out.append((None, json.dumps({**head, "choices": choices})))
+
+        chunk({"role": "assistant", "content": "", "refusal": None})
+        for piece in _pieces(message.get("content") or ""):
+            chunk({"content": piece})
+        if message.get("refusal"):
+            chunk({"refusal": message["refusal"]})
+        for i, call in enumerate(message.get("tool_calls") or []):
+            function = call["function"]
+            start = {"index": i, "id": call["id"], "type": "function"}
+            chunk(
+                {"tool_calls": [{**start, "function": {"name": function["name"], "arguments": ""}}]}
+            )
+            for piece in _pieces(function["arguments"]):
+                chunk({"tool_calls": [{"index": i, "function": {"arguments": piece}}]})
+        chunk({}, choice["finish_reason"])
+        options = asked.get("stream_options")
+        if isinstance(options, Mapping) and options.get("include_usage"):
+            out.append((None, json.dumps({**head, "choices": [], "usage": body["usage"]})))
+        out.append((None, "[DONE]"))
+        return out
+
+
+def _pieces(text: str, size: int = 4) -> list[str]:
+    """Text in the small pieces a provider streams it in."""
+    return [text[i : i + size] for i in range(0, len(text), size)]
