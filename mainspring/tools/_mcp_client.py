@@ -63,13 +63,19 @@ class Connection:
         self._ready = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._error: BaseException | None = None
+        self._broken = False
         self.tools: list[dict[str, Any]] = []
         self.loop: asyncio.AbstractEventLoop | None = None
 
     @property
     def alive(self) -> bool:
         """Open and not ended (a stdio server that exited ends its connection)."""
-        return self._session is not None and self._task is not None and not self._task.done()
+        return (
+            not self._broken
+            and self._session is not None
+            and self._task is not None
+            and not self._task.done()
+        )
 
     async def open(self, timeout_s: float) -> None:
         """Start the server (stdio) or connect (HTTP), initialize, list the tools.
@@ -135,6 +141,17 @@ class Connection:
             RuntimeError: the server answered with a protocol error (bad arguments,
                 no such tool): not retryable.
         """
+        try:
+            return await self._call(name, arguments, meta)
+        except ServerGone:
+            # Never reuse a connection that lost an answer: the next call opens anew.
+            self._broken = True
+            self._closing.set()
+            raise
+
+    async def _call(
+        self, name: str, arguments: dict[str, Any], meta: dict[str, Any]
+    ) -> dict[str, Any]:
         session = self._session
         if session is None:
             raise ServerGone(f"the connection is closed ({self._error})")
