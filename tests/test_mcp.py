@@ -1,61 +1,23 @@
 """MCP tool servers (``app.mcp``) against a real server built with the SDK's server
-side (examples/mcp_files/fs_server.py), over stdio and streamable HTTP: schemas reach
-the model, calls are journaled tool steps carrying the idempotency key, annotations
-decide effects (approval for destructive tools), allowlists hold, and a server that
-dies mid-call is restarted with each write taking effect once."""
+side (examples/mcp_files/fs_server.py) over stdio: schemas reach the model, calls are
+journaled tool steps carrying the idempotency key, annotations decide effects
+(approval for destructive tools), allowlists and overrides hold, and a server that
+changed under a run is a clear error. Crashes and HTTP: tests/test_mcp_faults.py."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from _mcp import app, folder, ledger_path, stdio, tool_steps
 
 import mainspring as ms
 from mainspring.testing import EffectLedger, ScriptedModel
-from mainspring.tools import MCPTool, MCPToolset
+from mainspring.tools import MCPTool
 
-ROOT = Path(__file__).resolve().parent.parent
-SERVER = ROOT / "examples" / "mcp_files" / "fs_server.py"
+__all__ = ["app", "folder", "ledger_path"]  # fixtures
 call = ScriptedModel.call
-
-
-@pytest.fixture
-def folder(tmp_path: Path) -> Path:
-    made = tmp_path / "files"
-    made.mkdir()
-    (made / "notes.txt").write_text("buy milk\n")
-    return made
-
-
-@pytest.fixture
-def ledger_path(tmp_path: Path) -> Path:
-    return tmp_path / "ledger.db"
-
-
-@pytest.fixture
-async def app(tmp_path: Path) -> AsyncIterator[ms.App]:
-    made = ms.App(f"sqlite:///{tmp_path / 'ms.db'}", poll_interval_s=0.01, inline_wait_s=5.0)
-    try:
-        yield made
-    finally:
-        await made.close_mcp()
-        made.close()
-
-
-def stdio(app: ms.App, folder: Path, ledger: Path, **options: Any) -> MCPToolset:
-    env = {"PYTHONPATH": str(ROOT), "FS_LEDGER": str(ledger), **options.pop("env", {})}
-    return app.mcp(
-        "fs", command=[sys.executable, str(SERVER), str(folder)], env=env, prefix="fs_", **options
-    )
-
-
-def tool_steps(app: ms.App, run_id: str) -> list[tuple[str, str, str]]:
-    return [(s.name, s.status, s.role) for s in app.steps(run_id) if s.role != "model"]
 
 
 async def test_stdio_tools_reach_the_model_and_run_as_tool_steps(
@@ -97,96 +59,6 @@ async def test_stdio_tools_reach_the_model_and_run_as_tool_steps(
     ledger.close()
 
 
-async def test_streamable_http_server(app: ms.App, folder: Path, ledger_path: Path) -> None:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "FS_LEDGER": str(ledger_path)}
-    server = subprocess.Popen(
-        [sys.executable, str(SERVER), str(folder), "--http"],
-        stdout=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
-    try:
-        assert server.stdout is not None
-        line = server.stdout.readline()
-        assert line.startswith("PORT "), line
-        url = f"http://127.0.0.1:{int(line.split()[1])}/mcp"
-        web = app.mcp("web", url=url, headers={"X-Team": "ops"})
-        model = ScriptedModel(
-            [
-                call("write_file", {"path": "a.txt", "content": "alpha"}),
-                call("read_file", {"path": "a.txt"}),
-                call("finish", {"answer": "ok"}),
-            ]
-        )
-        agent = app.agent("web_clerk", model=model, instructions="Files.", tools=[web])
-        result = await app.run(agent, "Write then read")
-        assert result.status == "done"
-        assert any("alpha" in getattr(m, "content", "") for m in model.requests[2].messages)
-        run_id = app.list_runs()[0].id
-        write = next(s for s in app.steps(run_id) if s.name == "tool:write_file")
-        ledger = EffectLedger(ledger_path)
-        assert ledger.applied(f"{run_id}:{write.session}:{write.seq}") == 1
-        ledger.close()
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
-        if server.stdout is not None:
-            server.stdout.close()
-
-
-async def test_idempotent_write_survives_a_server_crash_mid_call(
-    app: ms.App, folder: Path, ledger_path: Path, tmp_path: Path
-) -> None:
-    marker = tmp_path / "crashed"
-    fs = stdio(app, folder, ledger_path, env={"FS_CRASH": f"write_file:{marker}"})
-    model = ScriptedModel(
-        [
-            call("fs_write_file", {"path": "out.txt", "content": "once"}),
-            call("finish", {"answer": "written"}),
-        ]
-    )
-    agent = app.agent("writer", model=model, instructions="Write.", tools=[fs])
-    result = await app.run(agent, "Write out.txt")
-    assert marker.exists()  # the first server died during the call
-    assert (result.status, result.answer) == ("done", "written")
-    run_id = app.list_runs()[0].id
-    (write,) = [s for s in app.steps(run_id) if s.name == "tool:fs_write_file"]
-    assert (write.status, write.attempt) == ("completed", 2)
-    key = f"{run_id}:{write.session}:{write.seq}"
-    ledger = EffectLedger(ledger_path)
-    # Sent twice with one key (the restarted server recognised it): one effect.
-    assert (ledger.calls(key), ledger.applied(key)) == (2, 1)
-    assert ledger.report().duplicate_effects == {}
-    ledger.close()
-    assert (folder / "out.txt").read_text() == "once"
-
-
-async def test_non_idempotent_write_is_not_sent_again_after_a_crash(
-    app: ms.App, folder: Path, ledger_path: Path, tmp_path: Path
-) -> None:
-    marker = tmp_path / "crashed"
-    fs = stdio(app, folder, ledger_path, env={"FS_CRASH": f"append_line:{marker}"})
-    model = ScriptedModel(
-        [
-            call("fs_append_line", {"path": "notes.txt", "line": "call Ana"}),
-            call("fs_read_file", {"path": "notes.txt"}),  # the server was restarted
-            call("finish", {"answer": "checked"}),
-        ]
-    )
-    agent = app.agent("appender", model=model, instructions="Append.", tools=[fs])
-    result = await app.run(agent, "Append a line")
-    assert result.status == "done"
-    run_id = app.list_runs()[0].id
-    (append,) = [s for s in app.steps(run_id) if s.name == "tool:fs_append_line"]
-    assert (append.status, append.attempt) == ("failed", 1)
-    told = model.requests[1].messages[-1].content
-    assert "may or may not have taken effect" in told and "append_line" in told
-    ledger = EffectLedger(ledger_path)
-    assert ledger.calls(f"{run_id}:{append.session}:{append.seq}") == 1
-    ledger.close()
-    assert (folder / "notes.txt").read_text() == "buy milk\ncall Ana\n"
-
-
 async def test_destructive_tool_waits_for_approval(
     app: ms.App, folder: Path, ledger_path: Path
 ) -> None:
@@ -208,9 +80,7 @@ async def test_destructive_tool_waits_for_approval(
     assert not (folder / "notes.txt").exists()
 
 
-async def test_allowlist_and_effect_overrides(
-    app: ms.App, folder: Path, ledger_path: Path
-) -> None:
+async def test_allowlist_and_effect_overrides(app: ms.App, folder: Path, ledger_path: Path) -> None:
     fs = stdio(
         app,
         folder,
@@ -263,3 +133,90 @@ async def test_a_tool_that_changed_on_the_server_is_a_clear_error(
         message = str(failed.value)
         assert words in message and "'fs'" in message, message
         assert ("'read_file'" if which == "changed" else "'shred_file'") in message
+
+
+LISTING = [
+    {"name": "look", "inputSchema": {"type": "object"}, "annotations": {"readOnlyHint": True}},
+    {"name": "put", "inputSchema": {"type": "object"}, "annotations": {"idempotentHint": True}},
+    {"name": "add", "inputSchema": {"type": "object"}},
+    {
+        "name": "drop",
+        "inputSchema": {
+            "type": "object",
+            "properties": {"path": {"type": "string", "title": "Path"}},
+            "required": ["path"],
+        },
+        "annotations": {"destructiveHint": True},
+    },
+]
+
+
+def test_effects_and_modes_come_from_the_annotations(app: ms.App) -> None:
+    fs = app.mcp("unit", command=["true"], prefix="u_", effects={"add": "read"})
+    listed = fs.tools_from(LISTING)
+    by_name = {t.name: t for t in listed.tools}
+    assert listed.allowed == ("u_look", "u_put", "u_add", "u_drop")
+    summary = {n: (t.effect, t.mode, t.requires_approval) for n, t in by_name.items()}
+    assert summary == {
+        "u_look": ("read", "at_least_once", False),
+        "u_put": ("write", "at_least_once", False),  # idempotentHint: may be sent again
+        "u_add": ("read", "at_least_once", False),  # overridden by effects=
+        "u_drop": ("irreversible", "at_most_once", True),
+    }
+    plain = app.mcp("plain", command=["true"]).tools_from(LISTING)
+    add = next(t for t in plain.tools if t.name == "add")
+    assert (add.effect, add.mode) == ("write", "at_most_once")  # no hint: never re-sent
+    drop = by_name["u_drop"]
+    assert drop.spec().parameters == {
+        "type": "object",
+        "properties": {"path": {"type": "string"}},
+        "required": ["path"],
+    }
+    with pytest.raises(ms.ToolInputError, match=r"u_drop: .*'path' is a required property"):
+        drop.prepare("{}")
+    with pytest.raises(ms.ToolInputError, match=r"argument 'path': 3 is not of type 'string'"):
+        drop.prepare('{"path": 3}')
+    assert drop.prepare('{"path": "a"}') == {"path": "a"}
+
+
+def test_toolset_configuration_errors(app: ms.App) -> None:
+    bad: list[tuple[dict[str, Any], str]] = [
+        ({}, "give command"),
+        ({"command": ["x"], "url": "http://h/mcp"}, "not both"),
+        ({"command": "python server.py"}, "non-empty list of strings"),
+        ({"url": "ftp://h"}, "http:// or https://"),
+        ({"url": "http://h/mcp", "env": {"A": "1"}}, "env= and cwd= are for a stdio"),
+        ({"command": ["x"], "headers": {"A": "1"}}, "headers= is for url="),
+        ({"command": ["x"], "effects": {"a": "dangerous"}}, "effects\\['a'\\] must be one of"),
+        ({"command": ["x"], "prefix": "no spaces"}, "prefix 'no spaces'"),
+        ({"command": ["x"], "timeout_s": 0}, "timeout_s must be"),
+    ]
+    for options, message in bad:
+        with pytest.raises(ms.ConfigError, match=message):
+            app.mcp("bad", **options)
+    app.mcp("twice", command=["x"])
+    with pytest.raises(ms.ConfigError, match="already declared"):
+        app.mcp("twice", command=["x"])
+    fs = app.mcp("strict", command=["x"], allow=["look", "gone"])
+    with pytest.raises(ms.ConfigError, match=r"allow= names tools it does not have: \['gone'\]"):
+        fs.tools_from(LISTING)
+    odd = [{"name": "has.dot", "inputSchema": {"type": "object"}}]
+    with pytest.raises(ms.ConfigError, match=r"'has\.dot'.*not a valid tool name"):
+        app.mcp("odd", command=["x"]).tools_from(odd)
+    assert app.mcp("odd2", command=["x"], allow=[]).tools_from(odd).tools == ()
+    with pytest.raises(ms.ConfigError, match="tools= takes tools"):
+        app.agent("a", model=ScriptedModel([]), instructions="x", tools=["read_file"])  # type: ignore[list-item]
+
+
+async def test_a_tool_name_clash_is_a_configuration_error(
+    app: ms.App, folder: Path, ledger_path: Path
+) -> None:
+    @app.tool
+    def fs_read_file(path: str) -> str:
+        """A local tool with the name the server's tool gets."""
+        return path
+
+    fs = stdio(app, folder, ledger_path)
+    agent = app.agent("clash", model=ScriptedModel([]), instructions="x", tools=[fs_read_file, fs])
+    with pytest.raises(ms.RunFailed, match=r"'fs_read_file' of MCPToolset\('fs'.*prefix="):
+        await app.run(agent, "go")

@@ -106,8 +106,10 @@ class MCPToolset(Toolset):
         if (command is None) == (url is None):
             raise ConfigError(f"{owner}: give command=[...] (stdio) or url=... (HTTP), not both")
         if command is not None:
-            if isinstance(command, str) or not command or not all(
-                isinstance(c, str) and c for c in command
+            if (
+                isinstance(command, str)
+                or not command
+                or not all(isinstance(c, str) and c for c in command)
             ):
                 raise ConfigError(
                     f"{owner}: command must be a non-empty list of strings, got {command!r}"

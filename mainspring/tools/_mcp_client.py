@@ -87,7 +87,9 @@ class Connection:
         self._task = asyncio.create_task(self._hold(), name="mainspring-mcp")
         ready = asyncio.create_task(self._ready.wait())
         try:
-            await asyncio.wait({ready, self._task}, timeout=timeout_s, return_when="FIRST_COMPLETED")
+            await asyncio.wait(
+                {ready, self._task}, timeout=timeout_s, return_when="FIRST_COMPLETED"
+            )
         finally:
             ready.cancel()
         if not self._ready.is_set() or self._session is None:
@@ -194,7 +196,9 @@ async def _list_all(session: mcp.ClientSession) -> list[dict[str, Any]]:
     for _ in range(1000):
         params = mcp_types.PaginatedRequestParams(cursor=cursor) if cursor else None
         page = await session.list_tools(params=params)
-        found.extend(t.model_dump(by_alias=True, exclude_none=True, mode="json") for t in page.tools)
+        found.extend(
+            t.model_dump(by_alias=True, exclude_none=True, mode="json") for t in page.tools
+        )
         cursor = page.next_cursor
         if not cursor:
             break
