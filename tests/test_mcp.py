@@ -220,3 +220,33 @@ async def test_a_tool_name_clash_is_a_configuration_error(
     agent = app.agent("clash", model=ScriptedModel([]), instructions="x", tools=[fs_read_file, fs])
     with pytest.raises(ms.RunFailed, match=r"'fs_read_file' of MCPToolset\('fs'.*prefix="):
         await app.run(agent, "go")
+
+
+async def test_a_run_keeps_its_listing_when_the_server_changes_under_it(
+    app: ms.App, folder: Path, ledger_path: Path
+) -> None:
+    fs = stdio(app, folder, ledger_path)
+    model = ScriptedModel(
+        [
+            call("fs_delete_file", {"path": "notes.txt"}),
+            call("finish", {"answer": "tried"}),
+        ]
+    )
+    agent = app.agent("cleaner", model=model, instructions="Clean.", tools=[fs])
+    run = app.submit(agent, "Delete the notes")
+    await app.worker().run(until_idle=True)
+    (request,) = app.requests()  # listed with delete_file; waiting for approval
+    # A new deployment of the server no longer has delete_file.
+    await app.close_mcp()
+    assert fs.env is not None
+    fs.env["FS_HIDE"] = "delete_file"
+    app.answer(run.run_id, request.id, decision="approve", by="reviewer")
+    await app.worker().run(until_idle=True)
+    result = await run.result()
+    assert result.answer == "tried"
+    told = model.requests[1].messages[-1].content
+    assert "MCP server 'fs' no longer has the tool 'delete_file'" in told, told
+    assert (folder / "notes.txt").exists()
+    # The replay after the wait used the journaled listing: one listing step.
+    names = [s.name for s in app.steps(run.run_id)]
+    assert names.count("mcp:fs:tools") == 1

@@ -9,9 +9,10 @@ it once), ``append_line`` is not, and ``delete_file`` is destructive. Every call
 idempotency key (``_meta["mainspring/idempotency_key"]``) is honoured: a repeated
 key returns the first answer without doing anything again.
 
-Two switches exist for the tests: ``FS_LEDGER`` (a path) records every call in a
+Three switches exist for the tests: ``FS_LEDGER`` (a path) records every call in a
 :class:`mainspring.testing.EffectLedger`; ``FS_CRASH`` (``tool:marker-path``) makes
-the first call of that tool do its work and then kill the server before it answers.
+the first call of that tool do its work and then kill the server before it answers;
+``FS_HIDE`` (``tool,tool``) leaves tools out, as a newer version of a server might.
 """
 
 from __future__ import annotations
@@ -119,6 +120,10 @@ async def _serve_http() -> None:
     port = http.servers[0].sockets[0].getsockname()[1]
     print(f"PORT {port}", flush=True)
     await task
+
+
+for _hidden in filter(None, os.environ.get("FS_HIDE", "").split(",")):
+    server.remove_tool(_hidden)
 
 
 if __name__ == "__main__":
