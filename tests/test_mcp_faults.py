@@ -5,6 +5,7 @@ one is an unknown outcome never sent again; and a streamable HTTP server."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -113,3 +114,49 @@ async def test_non_idempotent_write_is_not_sent_again_after_a_crash(
     assert ledger.calls(f"{run_id}:{append.session}:{append.seq}") == 1
     ledger.close()
     assert (folder / "notes.txt").read_text() == "buy milk\ncall Ana\n"
+
+
+def _server_pids() -> list[int]:
+    """The example servers this test process started (its children)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            cmdline = (entry / "cmdline").read_bytes()
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == os.getpid() and b"fs_server.py" in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds the server's process in /proc")
+async def test_a_server_that_died_between_calls_is_restarted_before_a_write(
+    app: ms.App, folder: Path, ledger_path: Path
+) -> None:
+    fs = stdio(app, folder, ledger_path)
+    model = ScriptedModel(
+        [
+            call("fs_read_file", {"path": "notes.txt"}),
+            call("fs_delete_file", {"path": "notes.txt"}),  # irreversible: approval first
+            call("finish", {"answer": "deleted"}),
+        ]
+    )
+    agent = app.agent("cleaner", model=model, instructions="Clean.", tools=[fs])
+    run = app.submit(agent, "Delete the notes")
+    await app.worker().run(until_idle=True)
+    (request,) = app.requests()
+    (pid,) = _server_pids()
+    os.kill(pid, signal.SIGKILL)  # the server dies while the run waits
+    app.answer(run.run_id, request.id, decision="approve", by="reviewer")
+    await app.worker().run(until_idle=True)
+    result = await run.result()
+    assert result.answer == "deleted"
+    assert not (folder / "notes.txt").exists()
+    (delete,) = [s for s in app.steps(run.run_id) if s.name == "tool:fs_delete_file"]
+    assert (delete.status, delete.attempt) == ("completed", 1)  # found dead before sending
+    ledger = EffectLedger(ledger_path)
+    assert ledger.calls(f"{run.run_id}:{delete.session}:{delete.seq}") == 1
+    ledger.close()

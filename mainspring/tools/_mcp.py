@@ -272,6 +272,10 @@ class MCPToolset(Toolset):
 
         ctx = tool.context()
         connection = await self.connect()
+        if tool.mode == "at_most_once" and not await connection.ping(self.connect_timeout_s):
+            # The server died since the last call (between calls nothing notices):
+            # find out now, while nothing is sent, rather than lose this call's answer.
+            connection = await self.connect()
         self._check_drift(tool, connection.tools)
         meta = {IDEMPOTENCY_META_KEY: ctx.idempotency_key, "mainspring/attempt": ctx.attempt}
         try:

@@ -163,7 +163,13 @@ class Connection:
         assert self._task is not None
         # A stdio server that exits ends the holder task: don't wait for an answer
         # that cannot come.
-        await asyncio.wait({call, self._task}, return_when="FIRST_COMPLETED")
+        try:
+            await asyncio.wait({call, self._task}, return_when="FIRST_COMPLETED")
+        except asyncio.CancelledError:  # the step's timeout, or the run ending
+            call.cancel()
+            self._broken = True  # an answer may still come: never read it as another's
+            self._closing.set()
+            raise
         if not call.done():
             call.cancel()
             with contextlib.suppress(BaseException):
@@ -179,6 +185,20 @@ class Connection:
             raise ServerGone(f"{type(exc).__name__}: {exc}") from None
         dumped: dict[str, Any] = result.model_dump(by_alias=True, exclude_none=True, mode="json")
         return dumped
+
+    async def ping(self, timeout_s: float) -> bool:
+        """Whether the server still answers (nothing else is sent). A connection that
+        does not is closed, so that the next :meth:`open` starts afresh."""
+        session = self._session
+        if session is not None and self.alive:
+            try:
+                await asyncio.wait_for(session.send_ping(), timeout_s)
+                return True
+            except Exception:
+                pass
+        self._broken = True
+        self._closing.set()
+        return False
 
     async def close(self) -> None:
         """End the session (a stdio server is stopped)."""
