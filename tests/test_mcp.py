@@ -6,6 +6,7 @@ changed under a run is a clear error. Crashes and HTTP: tests/test_mcp_faults.py
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -250,3 +251,14 @@ async def test_a_run_keeps_its_listing_when_the_server_changes_under_it(
     # The replay after the wait used the journaled listing: one listing step.
     names = [s.name for s in app.steps(run.run_id)]
     assert names.count("mcp:fs:tools") == 1
+
+
+async def test_a_server_that_cannot_start_fails_the_listing_clearly(app: ms.App) -> None:
+    broken = app.mcp("broken", command=[sys.executable, "-c", "import sys; sys.exit(3)"])
+    agent = app.agent("lost", model=ScriptedModel([]), instructions="x", tools=[broken])
+    with pytest.raises(ms.RunFailed) as failed:
+        await app.run(agent, "go")
+    message = str(failed.value)
+    assert "MCP server 'broken' (stdio) could not be reached" in message, message
+    (listing,) = app.steps(app.list_runs()[0].id)
+    assert (listing.name, listing.status, listing.attempt) == ("mcp:broken:tools", "failed", 3)

@@ -19,7 +19,8 @@ What the agent gets, and the choices behind it:
   A call that was never sent (the server could not start) is retried in every mode.
 * **Connections.** Opened lazily, once per worker process and event loop, never
   journaled, shared by every call; a server that died is started again on the next
-  call.
+  call. Before an ``at_most_once`` call the server is pinged, so that one that died
+  between calls is restarted while nothing is sent.
 * **Drift.** A call checks the live server still has the tool with the input schema
   the run listed; if not, the call fails with a :class:`ConfigError` naming server
   and tool (the model is told; nothing is sent).
