@@ -61,24 +61,34 @@ async def test_stdio_tools_reach_the_model_and_run_as_tool_steps(
 
 
 async def test_destructive_tool_waits_for_approval(
-    app: ms.App, folder: Path, ledger_path: Path
+    db_url: str, folder: Path, ledger_path: Path
 ) -> None:
-    fs = stdio(app, folder, ledger_path)
-    model = ScriptedModel(
-        [call("fs_delete_file", {"path": "notes.txt"}), call("finish", {"answer": "deleted"})]
-    )
-    agent = app.agent("cleaner", model=model, instructions="Clean.", tools=[fs])
-    run = app.submit(agent, "Delete the notes")
-    await app.worker().run(until_idle=True)
-    (request,) = app.requests()
-    assert request.id.startswith("approval:")
-    assert app.get_run(run.run_id).status == "waiting"
-    assert (folder / "notes.txt").exists()  # nothing deleted before the approval
-    app.answer(run.run_id, request.id, decision="approve", by="reviewer")
-    await app.worker().run(until_idle=True)
-    result = await run.result()
-    assert result.answer == "deleted"
-    assert not (folder / "notes.txt").exists()
+    app = ms.App(db_url, poll_interval_s=0.01, inline_wait_s=5.0)  # both stores
+    try:
+        fs = stdio(app, folder, ledger_path)
+        model = ScriptedModel(
+            [call("fs_delete_file", {"path": "notes.txt"}), call("finish", {"answer": "deleted"})]
+        )
+        agent = app.agent("cleaner", model=model, instructions="Clean.", tools=[fs])
+        run = app.submit(agent, "Delete the notes")
+        await app.worker().run(until_idle=True)
+        (request,) = app.requests()
+        assert request.id.startswith("approval:")
+        assert request.preview["effect"] == "irreversible"
+        assert app.get_run(run.run_id).status == "waiting"
+        assert (folder / "notes.txt").exists()  # nothing deleted before the approval
+        app.answer(run.run_id, request.id, decision="approve", by="reviewer")
+        await app.worker().run(until_idle=True)
+        result = await run.result()
+        assert result.answer == "deleted"
+        assert not (folder / "notes.txt").exists()
+        (delete,) = [s for s in app.steps(run.run_id) if s.name == "tool:fs_delete_file"]
+        ledger = EffectLedger(ledger_path)
+        assert ledger.calls(f"{run.run_id}:{delete.session}:{delete.seq}") == 1
+        ledger.close()
+    finally:
+        await app.close_mcp()
+        app.close()
 
 
 async def test_allowlist_and_effect_overrides(app: ms.App, folder: Path, ledger_path: Path) -> None:
