@@ -49,6 +49,7 @@ LAZY: dict[tuple[str, str], str] = {
     ("mainspring.storage", "mainspring.storage.postgres"): "psycopg (extra [postgres])",
     ("mainspring.cli._db", "mainspring.storage.postgres"): "psycopg (extra [postgres])",
     ("mainspring.cli._serve", "mainspring.server"): "FastAPI and uvicorn (extra [server])",
+    ("mainspring.tools._mcp", "mainspring.tools._mcp_client"): "the mcp SDK (extra [mcp])",
 }
 
 MAX_LINES = 800

@@ -643,5 +643,7 @@ def test_public_names_are_pinned() -> None:
     assert set(mainspring.tools.__all__) == {
         "Effect", "OutputSchema", "Tool", "ToolContext", "ToolDeps", "ToolRegistry",
         "Validator", "tool", "describe_errors", "parse_arguments", "tool_of",
+        "Toolset", "ToolList", "MCPToolset", "MCPTool", "MCPToolError", "effect_of",
+        "IDEMPOTENCY_META_KEY",
     }  # fmt: skip
     assert isinstance(send_email, Tool)

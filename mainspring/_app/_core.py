@@ -45,20 +45,16 @@ from ..limits import (
     price_of,
 )
 from ..models import Message, Model, ModelResponse, ModelSettings, ToolSpec, resolve_model
-from ..observability import (
-    MetricsCollector,
-    Redactor,
-    Telemetry,
-    parse_traceparent,
-)
+from ..observability import MetricsCollector, Redactor, Telemetry, parse_traceparent
 from ..storage import RunRecord, Store, open_store, redact_url
-from ..tools import Effect, Tool, ToolRegistry, Validator
+from ..tools import Effect, Tool, ToolRegistry, Toolset, Validator
 from ..tools import tool as make_tool
 from ..worker import Worker
 from ._admin import Admin
 from ._children import Children
 from ._handle import RunHandle
 from ._lineage import Lineage, local_user, new_id
+from ._mcp import MCPServers
 from ._observe import Observe
 from ._schedules import Schedules
 from ._streams import Streams
@@ -76,7 +72,7 @@ DEFAULT_URL = "sqlite:///mainspring.db"
 _DEFAULT_REDACTOR = Redactor()
 
 
-class App(Admin, Children, Lineage, Observe, Schedules, Streams):
+class App(Admin, Children, Lineage, MCPServers, Observe, Schedules, Streams):
     """Workflows registered over one store.
 
     Args:
@@ -246,7 +242,7 @@ class App(Admin, Children, Lineage, Observe, Schedules, Streams):
         *,
         model: str | Model,
         instructions: str,
-        tools: Sequence[Tool[Any, Any]] = (),
+        tools: Sequence[Tool[Any, Any] | Toolset] = (),
         limits: Limits | None = None,
         context: ContextPolicy | None = None,
         settings: ModelSettings | None = None,
@@ -277,7 +273,7 @@ class App(Admin, Children, Lineage, Observe, Schedules, Streams):
             model: ``"openai:gpt-4.1-mini"``, ``"anthropic:claude-sonnet-4-5"``,
                 ``"openai:NAME@http://host/v1"`` (any OpenAI-compatible endpoint) or a
                 :class:`~mainspring.models.Model` (``ScriptedModel`` in tests).
-            tools: the agent's allowlist; tools not yet registered are registered.
+            tools: its allowlist: tools (registered if new) and toolsets (``app.mcp``).
             limits: steps, tool calls, tokens, cost and wall time (pause and ask first).
             context: how much history each request carries.
             settings / planning_settings: sampling for execution and planning turns.
@@ -310,7 +306,8 @@ class App(Admin, Children, Lineage, Observe, Schedules, Streams):
                 child run from this one's state, and its result is this run's result
                 (see ``docs/composition.md``).
         """
-        for t in tools:
+        plain, toolsets = self.split_tools(name, tools)
+        for t in plain:
             if t.name not in self.tools:
                 self.tools.add(t)
         resolved = resolve_model(model)
@@ -329,7 +326,8 @@ class App(Admin, Children, Lineage, Observe, Schedules, Streams):
             model=resolved,
             instructions=instructions,
             tools=self.tools,
-            allowed=tuple(t.name for t in tools),
+            allowed=tuple(t.name for t in plain),
+            toolsets=toolsets,
             limits=budget,
             context=context or ContextPolicy(),
             settings=settings,

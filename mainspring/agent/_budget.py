@@ -12,6 +12,7 @@ from ..context import History
 from ..hitl import approval
 from ..journal import RunContext
 from ..limits import Limits
+from ..tools import ToolRegistry
 from ._guard import LoopGuard
 from ._state import AgentState
 
@@ -37,6 +38,9 @@ class Progress:
     recent: int | None = None  # fewer verbatim turns after a context overflow
     # Reported prompt tokens / our count, smoothed: corrects the estimate for the model.
     calibration: float = 1.0
+    # This session's tools (the agent's, plus what its toolsets listed) and allowlist.
+    tools: ToolRegistry = field(default_factory=ToolRegistry)
+    allowed: tuple[str, ...] = ()
 
 
 async def check_limits(ctx: RunContext, run: Progress) -> str | None:

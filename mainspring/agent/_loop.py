@@ -45,7 +45,14 @@ from ..models import (
     ToolResultMessage,
     ToolSpec,
 )
-from ..tools import OutputSchema, ToolDeps, ToolRegistry, describe_errors, parse_arguments
+from ..tools import (
+    OutputSchema,
+    ToolDeps,
+    ToolRegistry,
+    Toolset,
+    describe_errors,
+    parse_arguments,
+)
 from ._budget import Progress, check_limits, checkpoint
 from ._builtin import (
     Allowlist,
@@ -161,6 +168,8 @@ class Agent:
     output_type: Any = None
     deps: Callable[[], Any] | None = None
     deps_type: type | None = None
+    # sources of tools listed when a session starts (MCP servers: ``app.mcp``)
+    toolsets: tuple[Toolset, ...] = ()
 
     def __post_init__(self) -> None:
         # Bad configuration fails where the agent is defined, not in a worker.
@@ -195,11 +204,39 @@ class Agent:
         generic: Any = AgentResult  # subscripted with a runtime value
         return generic if self.output_type is None else generic[self.output_type]
 
-    def tool_specs(self) -> list[ToolSpec]:
+    def tool_specs(
+        self, tools: ToolRegistry | None = None, allowed: tuple[str, ...] | None = None
+    ) -> list[ToolSpec]:
+        """What the model is told it may call (``tools`` and ``allowed``: a session's,
+        with what its toolsets listed; the agent's own by default)."""
         extra = [ASK_HUMAN] if self.ask_human else []
         extra += [handoff_spec(target) for target in self.handoffs]
         finish = FINISH if self._output is None else self._output.spec
-        return [*self.tools.specs(self.allowed), *extra, UPDATE_STATE, finish]
+        registry = self.tools if tools is None else tools
+        names = self.allowed if allowed is None else allowed
+        return [*registry.specs(names), *extra, UPDATE_STATE, finish]
+
+    async def _toolbox(self, ctx: RunContext) -> tuple[ToolRegistry, tuple[str, ...]]:
+        """This session's tools and allowlist: the agent's, and its toolsets' (each
+        listed once per session, as journaled steps)."""
+        if not self.toolsets:
+            return self.tools, self.allowed
+        registry = ToolRegistry(t for t in self.tools if t.name in self.allowed)
+        allowed = list(self.allowed)
+        taken = {"finish", "update_state", "ask_human"}
+        taken.update(handoff_spec(target).name for target in self.handoffs)
+        for toolset in self.toolsets:
+            listed = await toolset.list_tools(ctx)
+            for t in listed.tools:
+                if t.name in registry or t.name in taken:
+                    raise ConfigError(
+                        f"agent {self.name!r}: the tool {t.name!r} of {toolset!r} has the "
+                        "name of another tool of the agent; give the toolset a prefix= "
+                        "(or leave the tool out with allow=[...])"
+                    )
+                registry.add(t)
+            allowed.extend(listed.allowed)
+        return registry, tuple(allowed)
 
     async def run(self, ctx: RunContext, task: str) -> AgentResult:
         """The workflow body: one session of the loop, its tools given its deps."""
@@ -208,7 +245,8 @@ class Agent:
 
     async def _session(self, ctx: RunContext, task: str) -> AgentResult:
         run = self._resume(ctx, task)
-        specs = self.tool_specs()
+        run.tools, run.allowed = await self._toolbox(ctx)
+        specs = self.tool_specs(run.tools, run.allowed)
         while True:
             stop = await check_limits(ctx, run) or await checkpoint(ctx, run)
             if stop is not None:
@@ -368,7 +406,7 @@ class Agent:
         calls = list(response.tool_calls)
         if calls or not (response.text and response.text.strip()):
             return calls
-        known = {*self.allowed, "finish", "update_state"}
+        known = {*run.allowed, "finish", "update_state"}
         if self.ask_human:
             known.add("ask_human")
         found = action_from_text(response.text, f"text_{run.state.turns}", known)
@@ -382,7 +420,7 @@ class Agent:
     def _admission(self, run: Progress) -> list[Policy]:
         """The policies that admit this turn's tool calls, outermost first."""
         return [
-            Allowlist(self.tools, self.allowed),
+            Allowlist(run.tools, run.allowed),
             ValidArguments(),
             ToolCallBudget(run.limits.max_tool_calls, run.state.tool_calls),
             *self.policies,
