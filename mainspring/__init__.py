@@ -3,7 +3,7 @@
 The public names are all here; everything else is private and may change.
 """
 
-from ._app import App, RunHandle
+from ._app import App, Queue, RunHandle
 from ._clock import Clock, FakeClock, SystemClock
 from ._errors import (
     ApprovalRejected,
@@ -108,6 +108,7 @@ __all__ = [
     "NondeterminismError",
     "Overloaded",
     "PermissionDenied",
+    "Queue",
     "QuotaExhausted",
     "RateLimited",
     "Redactor",

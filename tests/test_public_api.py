@@ -23,6 +23,7 @@ EXPECTED = {
     "StepCall", "StepInterceptor", "Overloaded", "call_model",
     "ApiKey", "Delivery", "SCOPES", "Scope", "Webhook", "WebhookEvent",
     "ChildFailed", "ChildCancelled", "ChildHandle",
+    "Queue",
 }  # fmt: skip
 
 

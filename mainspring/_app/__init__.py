@@ -7,5 +7,6 @@ its API keys and webhooks, ``_lineage`` forks and retries.
 from ._core import DEFAULT_URL, App
 from ._handle import RunHandle
 from ._lineage import local_user
+from ._queues import Queue
 
-__all__ = ["DEFAULT_URL", "App", "RunHandle", "local_user"]
+__all__ = ["DEFAULT_URL", "App", "Queue", "RunHandle", "local_user"]

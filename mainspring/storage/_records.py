@@ -69,6 +69,9 @@ class RunRecord:
     ``"child"`` (started by it as a step). ``None`` for a run with no parent.
     ``version``: the code version of the application that submitted it
     (``App(version=...)``), ``None`` when none was declared.
+    ``queue`` / ``queue_key`` / ``priority``: the queue it was submitted to (``None``:
+    none), its key within that queue (per-key limits) and its priority there
+    (higher first).
     """
 
     id: str
@@ -96,6 +99,9 @@ class RunRecord:
     parent_step: str | None = None
     parent_kind: ParentKind | None = None
     version: str | None = None
+    queue: str | None = None
+    queue_key: str | None = None
+    priority: int = 0
 
     @property
     def finished(self) -> bool:
