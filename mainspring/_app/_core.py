@@ -653,14 +653,17 @@ class App(Admin, Children, Lineage, Observe, Queues):
         search: str | None = None,
         summary: bool = False,
         versions: Sequence[str | None] | None = None,
+        queue: str | None = None,
     ) -> list[RunRecord]:
         """Runs, newest first. ``since``: created at or after this timestamp;
         ``search``: text in the id, key, input, output or error (any case);
         ``summary``: without input, output and hand-off (``None``); ``versions``: only
-        runs submitted by these code versions (``None`` in it: with no version)."""
+        runs submitted by these code versions (``None`` in it: with no version);
+        ``queue``: only runs submitted to that queue."""
         statuses = [status] if isinstance(status, str) else status
         return self.store.list_runs(
             statuses=statuses,
+            queue=queue,
             workflow=workflow,
             limit=limit,
             offset=offset,

@@ -29,6 +29,7 @@ from typing import Any
 
 from .._errors import ConfigError
 from ._connection import Connection, Cursor
+from ._rows import _versions_sql
 
 __all__ = ["QueueRecord", "QueueTables", "check_queue_limits"]
 
@@ -151,6 +152,30 @@ class QueueTables(Connection):
     def get_queue(self, name: str) -> QueueRecord | None:
         """One queue of :meth:`queues`, or ``None``."""
         return next((q for q in self.queues() if q.name == name), None)
+
+    def queue_backlog(
+        self,
+        workflows: Sequence[str] | None = None,
+        versions: Sequence[str | None] | None = None,
+    ) -> bool:
+        """Whether a run of these workflows (and code versions, as :meth:`claim`
+        takes them) waits in a queue for its first start: a worker that would stop
+        when idle has work coming once a slot frees or the rate admits it."""
+        names = list(workflows) if workflows is not None else None
+        if names == []:
+            return False
+        sql = "SELECT 1 FROM ms_runs WHERE status = 'queued' AND queue IS NOT NULL"
+        params: list[Any] = []
+        if names:
+            sql += f" AND workflow IN ({', '.join('?' * len(names))})"
+            params += names
+        if versions is not None:
+            v_sql, v_params = _versions_sql(versions)
+            sql += f" AND {v_sql}"
+            params += v_params
+        with self._read() as cur:
+            cur.execute(sql + " LIMIT 1", params)
+            return cur.fetchone() is not None
 
     def _claim_queued(
         self,

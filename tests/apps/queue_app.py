@@ -1,6 +1,6 @@
 """An App for the queue process tests: each step marks itself active in a ledger
-file while it works, and the ledger keeps the most ever active at once, per queue
-key and in all.
+file while it works, and the ledger keeps the most steps ever active at once in the
+queue ("limited") and per queue key.
 
 Reads MAINSPRING_DATABASE_URL (the store) and MAINSPRING_TEST_LEDGER (a SQLite file)
 from the environment.
@@ -21,11 +21,9 @@ STEP_S = 0.05
 
 def _ledger() -> sqlite3.Connection:
     conn = sqlite3.connect(os.environ["MAINSPRING_TEST_LEDGER"], timeout=30, isolation_level=None)
-    conn.execute("CREATE TABLE IF NOT EXISTS active (run TEXT PRIMARY KEY, key TEXT, pid INTEGER)")
+    conn.execute("CREATE TABLE IF NOT EXISTS active (run TEXT PRIMARY KEY, lane TEXT, key TEXT)")
     conn.execute("CREATE TABLE IF NOT EXISTS peak (what TEXT PRIMARY KEY, n INTEGER)")
-    conn.execute(
-        "CREATE TABLE IF NOT EXISTS started (run TEXT PRIMARY KEY, priority INTEGER, seq INTEGER)"
-    )
+    conn.execute("CREATE TABLE IF NOT EXISTS started (run TEXT PRIMARY KEY, pid INTEGER)")
     return conn
 
 
@@ -36,21 +34,20 @@ def _peak(conn: sqlite3.Connection, what: str, n: int) -> None:
     )
 
 
-def work(run: str, key: str | None, priority: int) -> None:
+def work(run: str, lane: str, key: str | None) -> None:
+    """Be active for a moment, counting who else is."""
     conn = _ledger()
     try:
         conn.execute("BEGIN IMMEDIATE")
-        conn.execute("INSERT OR REPLACE INTO active VALUES (?, ?, ?)", (run, key, os.getpid()))
-        (total,) = conn.execute("SELECT count(*) FROM active").fetchone()
-        _peak(conn, "total", total)
+        conn.execute("INSERT OR REPLACE INTO active VALUES (?, ?, ?)", (run, lane, key))
+        (n,) = conn.execute("SELECT count(*) FROM active WHERE lane = ?", (lane,)).fetchone()
+        _peak(conn, lane, n)
         if key is not None:
-            (same,) = conn.execute("SELECT count(*) FROM active WHERE key = ?", (key,)).fetchone()
-            _peak(conn, "per_key", same)
-        (pids,) = conn.execute("SELECT count(DISTINCT pid) FROM active").fetchone()
-        _peak(conn, "processes", pids)
-        conn.execute(
-            "INSERT OR IGNORE INTO started SELECT ?, ?, count(*) FROM started", (run, priority)
-        )
+            (same,) = conn.execute(
+                "SELECT count(*) FROM active WHERE lane = ? AND key = ?", (lane, key)
+            ).fetchone()
+            _peak(conn, f"{lane}:per_key", same)
+        conn.execute("INSERT OR IGNORE INTO started VALUES (?, ?)", (run, os.getpid()))
         conn.execute("COMMIT")
         time.sleep(STEP_S)
         conn.execute("DELETE FROM active WHERE run = ?", (run,))
@@ -59,6 +56,6 @@ def work(run: str, key: str | None, priority: int) -> None:
 
 
 @app.workflow
-async def job(ctx: ms.RunContext, key: str | None, priority: int) -> str:
-    await ctx.step(work, ctx.run_id, key, priority)
+async def job(ctx: ms.RunContext, lane: str, key: str | None) -> str:
+    await ctx.step(work, ctx.run_id, lane, key)
     return ctx.run_id

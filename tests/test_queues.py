@@ -1,0 +1,198 @@
+"""Queues: declared on the App, submitted to, and enforced by the store across
+worker processes (the store's own rules are in the conformance suite,
+mainspring/testing/_queue_conformance.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import mainspring as ms
+from mainspring.storage import FINISHED
+
+ROOT = Path(__file__).resolve().parent
+
+
+async def _record(ctx: ms.RunContext, label: str) -> str:
+    return label
+
+
+def test_submit_to_a_declared_queue(app: ms.App) -> None:
+    emails = app.queue("emails", concurrency=10, per_key=1, rate=5.0)
+    wf = app.workflow(_record)
+    handle = app.submit(wf, "a", queue=emails, queue_key="customer-42", priority=5)
+    run = app.get_run(handle.run_id)
+    assert (run.queue, run.queue_key, run.priority) == ("emails", "customer-42", 5)
+    by_name = app.get_run(app.submit(wf, "b", queue="emails").run_id)
+    assert (by_name.queue, by_name.queue_key, by_name.priority) == ("emails", None, 0)
+    plain = app.get_run(app.submit(wf, "c").run_id)
+    assert (plain.queue, plain.queue_key, plain.priority) == (None, None, 0)
+    [q] = app.queues()
+    assert (q.name, q.concurrency, q.per_key, q.rate, q.burst, q.queued) == (
+        "emails",
+        10,
+        1,
+        5.0,
+        1,
+        2,
+    )
+    assert [r.id for r in app.list_runs(queue="emails")] == [by_name.id, run.id]
+
+
+def test_queue_mistakes_are_named(app: ms.App) -> None:
+    wf = app.workflow(_record)
+    app.queue("emails", concurrency=2)
+    with pytest.raises(ms.ConfigError, match="'emials' is not declared"):
+        app.submit(wf, "a", queue="emials")
+    with pytest.raises(ms.ConfigError, match="need a queue"):
+        app.submit(wf, "a", priority=3)
+    with pytest.raises(ms.ConfigError, match="already declared with other limits"):
+        app.queue("emails", concurrency=3)
+    assert app.queue("emails", concurrency=2).concurrency == 2  # the same again is fine
+    with pytest.raises(ms.ConfigError, match="concurrency must be an int >= 1"):
+        app.queue("other", concurrency=0)
+    with pytest.raises(ms.ConfigError, match="rate must be"):
+        app.queue("other", rate=-1.0)
+    with pytest.raises(ms.ConfigError, match="priority must be an int"):
+        app.submit(wf, "a", queue="emails", priority=1.5)  # type: ignore[arg-type]
+    with pytest.raises(ms.ConfigError, match="queue_key must be a string"):
+        app.submit(wf, "a", queue="emails", queue_key=42)  # type: ignore[arg-type]
+    assert app.list_runs() == []
+
+
+def test_one_worker_starts_a_queue_by_priority_one_at_a_time(app: ms.App) -> None:
+    app.queue("serial", concurrency=1)
+    order: list[str] = []
+
+    async def note(ctx: ms.RunContext, label: str) -> str:
+        order.append(label)
+        await asyncio.sleep(0)
+        return label
+
+    wf = app.workflow(note, name="note")
+    for label, priority in [("low", 0), ("high", 9), ("mid", 5), ("high2", 9)]:
+        app.submit(wf, label, queue="serial", priority=priority)
+    free = app.submit(wf, "free")
+    asyncio.run(app.worker(concurrency=8).run(until_idle=True))
+    assert order[0] == "free" or order.index("free") >= 0
+    assert [x for x in order if x != "free"] == ["high", "high2", "mid", "low"]
+    assert app.get_run(free.run_id).status == "succeeded"
+
+
+def test_a_run_waiting_for_a_person_gives_its_slot_back(app: ms.App) -> None:
+    app.queue("serial", concurrency=1)
+
+    async def asks(ctx: ms.RunContext) -> str:
+        return str(await ctx.wait_for("go"))
+
+    waiting = app.workflow(asks, name="asks")
+    wf = app.workflow(_record, name="record")
+    first = app.submit(waiting, queue="serial")
+    second = app.submit(wf, "next", queue="serial")
+    asyncio.run(app.worker(concurrency=4).run(until_idle=True))
+    assert app.get_run(first.run_id).status == "waiting"
+    assert app.get_run(second.run_id).status == "succeeded"
+    app.signal(first.run_id, "go", "yes")
+    asyncio.run(app.worker(concurrency=4).run(until_idle=True))
+    assert app.get_run(first.run_id).status == "succeeded"
+
+
+# -- two worker processes ----------------------------------------------------------------
+
+
+def _workers(tmp: Path, url: str, n: int) -> tuple[list[subprocess.Popen[bytes]], dict[str, str]]:
+    env = {
+        **os.environ,
+        "MAINSPRING_DATABASE_URL": url,
+        "MAINSPRING_TEST_LEDGER": str(tmp / "ledger.db"),
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    procs = []
+    for i in range(n):
+        with open(tmp / f"worker-{i}.log", "wb") as log:
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "mainspring", "worker", "apps.queue_app:app"]
+                    + ["--concurrency", "8"],
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                )
+            )
+    return procs, env
+
+
+def _wait_for(what: str, check: object, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():  # type: ignore[operator]
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+def test_limits_hold_across_two_worker_processes(tmp_path: Path, db_url: str) -> None:
+    procs, env = _workers(tmp_path, db_url, 2)
+    try:
+        _wait_for(
+            "both workers to start",
+            lambda: all(
+                "started on" in (tmp_path / f"worker-{i}.log").read_text() for i in range(2)
+            ),
+        )
+        saved = {k: os.environ.get(k) for k in ("MAINSPRING_DATABASE_URL",)}
+        os.environ["MAINSPRING_DATABASE_URL"] = db_url
+        try:
+            import apps.queue_app
+
+            module = importlib.reload(apps.queue_app)
+            assert module.app.store.url  # opened on this test's database
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+        app = module.app
+        keys = ["k0", "k1", "k2", None]
+        ids = [
+            app.submit(module.job, "limited", keys[i % 4], queue="limited", queue_key=keys[i % 4])
+            for i in range(24)
+        ]
+        # Runs in no queue go on beside the queue, unlimited by it.
+        free = [app.submit(module.job, "free", None) for _ in range(6)]
+
+        def done() -> bool:
+            return all(app.get_run(h.run_id).status in FINISHED for h in ids + free)
+
+        _wait_for("every run to finish", done)
+        assert {app.get_run(h.run_id).status for h in ids + free} == {"succeeded"}
+        app.close()
+        ledger = sqlite3.connect(tmp_path / "ledger.db")
+        peaks = dict(ledger.execute("SELECT what, n FROM peak").fetchall())
+        marks = ", ".join("?" * len(ids))
+        pids = ledger.execute(
+            f"SELECT DISTINCT pid FROM started WHERE run IN ({marks})", [h.run_id for h in ids]
+        ).fetchall()
+        ledger.close()
+        assert 1 <= peaks["limited"] <= 2, peaks
+        assert peaks["limited:per_key"] == 1, peaks
+        assert len(pids) == 2, f"one worker ran every run of the queue: {pids}"
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(10)
