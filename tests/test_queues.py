@@ -20,6 +20,7 @@ import mainspring as ms
 from mainspring.storage import FINISHED
 
 ROOT = Path(__file__).resolve().parent
+WORKER = (sys.executable, "-m", "mainspring", "worker", "apps.queue_app:app")
 
 
 async def _record(ctx: ms.RunContext, label: str) -> str:
@@ -109,7 +110,7 @@ def test_a_run_waiting_for_a_person_gives_its_slot_back(app: ms.App) -> None:
 # -- two worker processes ----------------------------------------------------------------
 
 
-def _workers(tmp: Path, url: str, n: int) -> tuple[list[subprocess.Popen[bytes]], dict[str, str]]:
+def _workers(tmp: Path, url: str, n: int) -> list[subprocess.Popen[bytes]]:
     env = {
         **os.environ,
         "MAINSPRING_DATABASE_URL": url,
@@ -121,14 +122,13 @@ def _workers(tmp: Path, url: str, n: int) -> tuple[list[subprocess.Popen[bytes]]
         with open(tmp / f"worker-{i}.log", "wb") as log:
             procs.append(
                 subprocess.Popen(
-                    [sys.executable, "-m", "mainspring", "worker", "apps.queue_app:app"]
-                    + ["--concurrency", "8"],
+                    [*WORKER, "--concurrency", "8"],
                     env=env,
                     stdout=log,
                     stderr=subprocess.STDOUT,
                 )
             )
-    return procs, env
+    return procs
 
 
 def _wait_for(what: str, check: object, timeout: float = 120.0) -> None:
@@ -140,7 +140,7 @@ def _wait_for(what: str, check: object, timeout: float = 120.0) -> None:
 
 
 def test_limits_hold_across_two_worker_processes(tmp_path: Path, db_url: str) -> None:
-    procs, env = _workers(tmp_path, db_url, 2)
+    procs = _workers(tmp_path, db_url, 2)
     try:
         _wait_for(
             "both workers to start",
