@@ -196,3 +196,38 @@ def test_limits_hold_across_two_worker_processes(tmp_path: Path, db_url: str) ->
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait(10)
+
+
+def test_queues_over_http(app: ms.App) -> None:
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from mainspring.server import create_app
+
+    app.queue("emails", concurrency=3, per_key=1)
+    app.workflow(_record, name="record")
+    _, token = app.store.create_api_key("ops", ["read", "submit"], app.clock.now())
+    auth = {"Authorization": f"Bearer {token}"}
+    with TestClient(create_app(app, webhooks=False)) as c:
+        body = {"workflow": "record", "args": ["a"], "queue": "emails", "queue_key": "c-1"}
+        made = c.post("/runs", json={**body, "priority": 4}, headers=auth)
+        assert made.status_code == 202, made.text
+        run = c.get(made.json()["url"], headers=auth).json()
+        assert (run["queue"], run["queue_key"], run["priority"]) == ("emails", "c-1", 4)
+        bad = c.post("/runs", json={**body, "queue": "nope"}, headers=auth)
+        assert bad.status_code == 422 and "'nope' is not declared" in bad.text
+        c.post("/runs", json={"workflow": "record", "args": ["b"]}, headers=auth)
+        listed = c.get("/runs", params={"queue": "emails"}, headers=auth).json()["runs"]
+        assert [r["id"] for r in listed] == [run["id"]]
+        assert c.get("/queues", headers=auth).json() == [
+            {
+                "name": "emails",
+                "concurrency": 3,
+                "per_key": 1,
+                "rate": None,
+                "burst": 1,
+                "running": 0,
+                "queued": 1,
+                "waiting": 0,
+            }
+        ]

@@ -37,6 +37,7 @@ from ._events import event_stream, runs_stream
 from ._guard import BrowserGuard
 from ._http_metrics import RequestCounter
 from ._limits import BodySizeLimit
+from ._queues import queue_routes
 from ._schemas import (
     AnswerIn,
     CancelIn,
@@ -252,7 +253,14 @@ def create_app(
         ``traceparent`` header puts the run's spans in the caller's trace."""
         key = body.key or idempotency_key or None
         handle = app.enqueue(
-            body.workflow, body.args, body.kwargs, key=key, traceparent=traceparent
+            body.workflow,
+            body.args,
+            body.kwargs,
+            key=key,
+            traceparent=traceparent,
+            queue=body.queue,
+            queue_key=body.queue_key,
+            priority=body.priority,
         )
         url = f"/runs/{handle.run_id}"
         response.headers["Location"] = url
@@ -274,13 +282,15 @@ def create_app(
         status: Annotated[list[RunStatusName] | None, Query()] = None,
         workflow: Annotated[str | None, Query(max_length=200)] = None,
         version: Annotated[str | None, Query(max_length=200)] = None,
+        queue: Annotated[str | None, Query(max_length=200)] = None,
         limit: Annotated[int, Query(ge=1, le=500)] = 50,
         offset: Annotated[int, Query(ge=0, le=10_000_000)] = 0,
     ) -> RunList:
-        """Runs, newest first, filtered by status (repeatable), workflow and the code
-        version that submitted them (``App(version=...)``)."""
+        """Runs, newest first, filtered by status (repeatable), workflow, queue and the
+        code version that submitted them (``App(version=...)``)."""
         records = app.list_runs(
             status=status,
+            queue=queue,
             workflow=workflow,
             limit=limit,
             offset=offset,
@@ -528,6 +538,8 @@ def create_app(
             text, content_type = app.metrics().render()
         return Response(content=text, media_type=content_type)
 
+    api.include_router(queue_routes(app, key_with("read"), _responses()))
+
     @api.get("/webhooks", response_model=list[WebhookOut], tags=["admin"], responses=_responses())
     def list_webhooks(_key: Admin) -> list[WebhookOut]:
         return [
@@ -759,6 +771,9 @@ def _run_out(
         parent=r.parent,
         parent_step=r.parent_step,
         version=r.version,
+        queue=r.queue,
+        queue_key=r.queue_key,
+        priority=r.priority,
         parent_kind=r.parent_kind,
         created_at=r.created_at,
         updated_at=r.updated_at,
