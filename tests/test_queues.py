@@ -231,3 +231,57 @@ def test_queues_over_http(app: ms.App) -> None:
                 "waiting": 0,
             }
         ]
+
+
+def test_queues_from_the_command_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from mainspring.cli import cli
+
+    db = f"sqlite:///{tmp_path / 'cli.db'}"
+    monkeypatch.setenv("MAINSPRING_DATABASE_URL", db)
+
+    def invoke(*args: str) -> str:
+        result = CliRunner().invoke(cli, list(args))
+        assert result.exit_code == 0, result.output
+        return result.output
+
+    made = json.loads(
+        invoke(
+            "submit",
+            "apps.queue_app:app",
+            "job",
+            "--args",
+            '["limited", "c-1"]',
+            "--queue",
+            "limited",
+            "--queue-key",
+            "c-1",
+            "--priority",
+            "3",
+            "--json",
+        )
+    )
+    assert made["queue"] == {"name": "limited", "key": "c-1", "priority": 3}
+    invoke("submit", "apps.queue_app:app", "job", "--args", '["free", null]')
+    listed = json.loads(invoke("runs", "--db", db, "--queue", "limited", "--json"))
+    assert [r["id"] for r in listed["runs"]] == [made["id"]]
+    assert "limited (key c-1, priority 3)" in invoke("runs", "--db", db)
+    assert "limited (key c-1, priority 3)" in invoke("show", made["id"], "--db", db)
+    summary = json.loads(invoke("queues", "--db", db, "--json"))
+    assert summary["queues"] == [
+        {
+            "name": "limited",
+            "concurrency": 2,
+            "per_key": 1,
+            "rate": None,
+            "burst": 1,
+            "running": 0,
+            "queued": 1,
+            "waiting": 0,
+        }
+    ]
+    text = invoke("queues", "--db", db)
+    assert "limited" in text and "concurrency" in text

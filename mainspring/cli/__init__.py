@@ -13,6 +13,7 @@ from ._human import answer, approve, pending
 from ._keys import keys_commands, webhooks_commands
 from ._lab import lab_commands, preflight
 from ._observe import doctor, fork, retry, tail, trace
+from ._queues import queues
 from ._runs import cancel, runs, show, signal, submit
 from ._serve import serve
 from ._worker import worker
@@ -36,6 +37,7 @@ def _root() -> None:
 cli.command()(worker)
 cli.command()(submit)
 cli.command()(runs)
+cli.command()(queues)
 cli.command()(show)
 cli.command()(signal)
 cli.command()(cancel)
