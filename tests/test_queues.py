@@ -107,6 +107,32 @@ def test_a_run_waiting_for_a_person_gives_its_slot_back(app: ms.App) -> None:
     assert app.get_run(first.run_id).status == "succeeded"
 
 
+def test_the_rate_of_starts_follows_the_apps_clock(db_url: str) -> None:
+    clock = ms.FakeClock()
+    app = ms.App(db_url, clock=clock, poll_interval_s=0.01)
+    try:
+        app.queue("slow", rate=1.0)  # one start a second
+        wf = app.workflow(_record, name="record")
+        ids = [app.submit(wf, str(i), queue="slow").run_id for i in range(4)]
+
+        def drain() -> int:
+            """How many have run (one clock reading: their order among them is by id)."""
+            asyncio.run(app.worker().run(until_idle=True))
+            return sum(app.get_run(r).status == "succeeded" for r in ids)
+
+        assert drain() == 1
+        clock.advance(0.5)
+        assert drain() == 1
+        clock.advance(0.5)
+        assert drain() == 2
+        clock.advance(10)  # an idle spell banks no more than the burst (1)
+        assert drain() == 3
+        clock.advance(1)
+        assert drain() == 4
+    finally:
+        app.close()
+
+
 # -- two worker processes ----------------------------------------------------------------
 
 
@@ -242,6 +268,9 @@ def test_queues_from_the_command_line(tmp_path: Path, monkeypatch: pytest.Monkey
 
     db = f"sqlite:///{tmp_path / 'cli.db'}"
     monkeypatch.setenv("MAINSPRING_DATABASE_URL", db)
+    import apps.queue_app
+
+    importlib.reload(apps.queue_app)  # a fresh App: an earlier test closed its store
 
     def invoke(*args: str) -> str:
         result = CliRunner().invoke(cli, list(args))
