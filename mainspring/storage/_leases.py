@@ -12,7 +12,7 @@ from .._serde import dumps, loads
 from ._api import queue_event
 from ._children import tell_parent
 from ._connection import Cursor
-from ._queues import QueueTables
+from ._queues import QueueTables, ready_queues_sql
 from ._records import RunRecord
 from ._rows import _RUN_COLUMNS, _run, _versions_sql
 
@@ -263,6 +263,7 @@ class LeaseTables(QueueTables):
         one = " AND id = ?" if run_id is not None else ""
         one_params = [run_id] if run_id is not None else []
         lock = self._lock_clause
+        woken = f"status IN ('sleeping', 'waiting') AND wake_at <= {now_sql}"
         kinds = (  # name, rank, order, recovering, condition, its parameters
             ("expired", 0, "lease_until", True, f"status = 'running' AND lease_until < {now_sql}"),
             (
@@ -270,7 +271,7 @@ class LeaseTables(QueueTables):
                 1,
                 "wake_at",
                 False,
-                f"status IN ('sleeping', 'waiting') AND wake_at <= {now_sql} AND queue IS NULL",
+                f"{woken} AND queue IS NULL",
             ),
             ("fresh", 2, "created_at", False, "status = 'queued' AND queue IS NULL"),
         )
@@ -300,11 +301,9 @@ class LeaseTables(QueueTables):
             " wait_signal = NULL, recoveries = p.n, updated_at = ? FROM picked p"
             " WHERE r.id = p.id AND (SELECT k FROM special) = 0"
             f" RETURNING p.rank, p.ord, {returned})"
-            # Runs in queues that may start: two probes of partial indexes.
-            " SELECT s.k, EXISTS (SELECT 1 FROM ms_runs WHERE status = 'queued'"
-            f" AND queue IS NOT NULL{wf_sql}{one}) OR EXISTS (SELECT 1 FROM ms_runs"
-            f" WHERE status IN ('sleeping', 'waiting') AND queue IS NOT NULL"
-            f" AND wake_at <= {now_sql}{wf_sql}{one}),"
+            # Runs in queues that may start: per declared queue, two index probes.
+            " SELECT s.k, EXISTS (SELECT 1 FROM ms_queues q WHERE"
+            f" {ready_queues_sql(wf_sql + one, woken)}),"
             " c.* FROM special s LEFT JOIN claimed c ON TRUE ORDER BY c.rank, c.ord"
         )
         isolate = isolate_after if isolate_after is not None else max_recoveries + 1

@@ -31,12 +31,24 @@ from .._errors import ConfigError
 from ._connection import Connection, Cursor
 from ._rows import _versions_sql
 
-__all__ = ["QueueRecord", "QueueTables", "check_queue_limits"]
+__all__ = ["QueueRecord", "QueueTables", "check_queue_limits", "ready_queues_sql"]
 
 # The runs of a queue that wait for a slot: fresh ones, and woken ones (their wake
 # time has come).
 _FRESH = "status = 'queued'"
 _WOKEN = "status IN ('sleeping', 'waiting') AND wake_at <= {at}"
+
+
+def ready_queues_sql(wf_sql: str, woken: str) -> str:
+    """A condition on ``ms_queues q``: the queue has a run of ``wf_sql`` waiting for a
+    slot. Each probe is an ordered top-1 on the queue's partial index, which the
+    planner keeps to (an ``EXISTS`` lets it scan the whole table for a first row)."""
+    return (
+        f"(SELECT id FROM ms_runs WHERE queue = q.name AND {_FRESH}{wf_sql}"
+        " ORDER BY priority DESC, created_at LIMIT 1) IS NOT NULL"
+        f" OR (SELECT id FROM ms_runs WHERE queue = q.name AND {woken}{wf_sql}"
+        " ORDER BY wake_at LIMIT 1) IS NOT NULL"
+    )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -210,9 +222,8 @@ class QueueTables(Connection):
             left = min(left, 1)
         else:
             cur.execute(
-                "SELECT name FROM ms_queues q WHERE EXISTS (SELECT 1 FROM ms_runs"
-                f" WHERE queue = q.name AND {_FRESH}{wf_sql}) OR EXISTS (SELECT 1 FROM ms_runs"
-                f" WHERE queue = q.name AND {woken}{wf_sql}) ORDER BY name",
+                f"SELECT name FROM ms_queues q WHERE {ready_queues_sql(wf_sql, woken)}"
+                " ORDER BY name",
                 [*wf_params, *at_params, *wf_params],
             )
             names = [r[0] for r in cur.fetchall()]
