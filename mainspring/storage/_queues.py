@@ -176,17 +176,22 @@ class QueueTables(Connection):
         names = list(workflows) if workflows is not None else None
         if names == []:
             return False
-        sql = "SELECT 1 FROM ms_runs WHERE status = 'queued' AND queue IS NOT NULL"
+        wf_sql = ""
         params: list[Any] = []
         if names:
-            sql += f" AND workflow IN ({', '.join('?' * len(names))})"
+            wf_sql += f" AND workflow IN ({', '.join('?' * len(names))})"
             params += names
         if versions is not None:
             v_sql, v_params = _versions_sql(versions)
-            sql += f" AND {v_sql}"
+            wf_sql += f" AND {v_sql}"
             params += v_params
         with self._read() as cur:
-            cur.execute(sql + " LIMIT 1", params)
+            cur.execute(
+                "SELECT 1 FROM ms_queues q WHERE (SELECT id FROM ms_runs WHERE queue = q.name"
+                f" AND {_FRESH}{wf_sql} ORDER BY priority DESC, created_at LIMIT 1) IS NOT NULL"
+                " LIMIT 1",
+                params,
+            )
             return cur.fetchone() is not None
 
     def _claim_queued(

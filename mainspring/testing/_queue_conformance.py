@@ -76,6 +76,10 @@ class QueueConformance:
             assert self._claim(s, now=T0 + 12) == []
             [q] = s.queues()
             assert (q.name, q.concurrency, q.running, q.queued) == ("q", 2, 2, 2)
+            # What an idle worker asks: runs wait in a queue (of its workflows).
+            assert s.queue_backlog(["wf"]) and s.queue_backlog(None)
+            assert not s.queue_backlog(["other"]) and not s.queue_backlog([])
+            assert not s.queue_backlog(["wf"], versions=["v9"])
 
     def test_queue_priorities_then_submission_order(self) -> None:
         with self.store() as s:
