@@ -166,6 +166,25 @@ def _wait_for(what: str, check: object, timeout: float = 120.0) -> None:
 
 
 def test_limits_hold_across_two_worker_processes(tmp_path: Path, db_url: str) -> None:
+    saved = os.environ.get("MAINSPRING_DATABASE_URL")
+    os.environ["MAINSPRING_DATABASE_URL"] = db_url
+    try:
+        import apps.queue_app
+
+        module = importlib.reload(apps.queue_app)
+        assert module.app.store.url  # opened on this test's database
+    finally:
+        if saved is None:
+            os.environ.pop("MAINSPRING_DATABASE_URL", None)
+        else:
+            os.environ["MAINSPRING_DATABASE_URL"] = saved
+    app = module.app
+    # Waiting before the workers start: one at a time, by priority, whoever claims.
+    priorities = [3, 9, 1, 9, 5, 0]
+    serial = {
+        app.submit(module.job, "serial", None, queue="serial", priority=p).run_id: p
+        for p in priorities
+    }
     procs = _workers(tmp_path, db_url, 2)
     try:
         _wait_for(
@@ -174,20 +193,6 @@ def test_limits_hold_across_two_worker_processes(tmp_path: Path, db_url: str) ->
                 "started on" in (tmp_path / f"worker-{i}.log").read_text() for i in range(2)
             ),
         )
-        saved = {k: os.environ.get(k) for k in ("MAINSPRING_DATABASE_URL",)}
-        os.environ["MAINSPRING_DATABASE_URL"] = db_url
-        try:
-            import apps.queue_app
-
-            module = importlib.reload(apps.queue_app)
-            assert module.app.store.url  # opened on this test's database
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
-        app = module.app
         keys = ["k0", "k1", "k2", None]
         ids = [
             app.submit(module.job, "limited", keys[i % 4], queue="limited", queue_key=keys[i % 4])
@@ -197,7 +202,8 @@ def test_limits_hold_across_two_worker_processes(tmp_path: Path, db_url: str) ->
         free = [app.submit(module.job, "free", None) for _ in range(6)]
 
         def done() -> bool:
-            return all(app.get_run(h.run_id).status in FINISHED for h in ids + free)
+            every = [h.run_id for h in ids + free] + list(serial)
+            return all(app.get_run(r).status in FINISHED for r in every)
 
         _wait_for("every run to finish", done)
         assert {app.get_run(h.run_id).status for h in ids + free} == {"succeeded"}
@@ -208,7 +214,10 @@ def test_limits_hold_across_two_worker_processes(tmp_path: Path, db_url: str) ->
         pids = ledger.execute(
             f"SELECT DISTINCT pid FROM started WHERE run IN ({marks})", [h.run_id for h in ids]
         ).fetchall()
+        started = [r for (r,) in ledger.execute("SELECT run FROM started ORDER BY rowid")]
         ledger.close()
+        assert [serial[r] for r in started if r in serial] == sorted(priorities, reverse=True)
+        assert peaks["serial"] == 1, peaks
         assert 1 <= peaks["limited"] <= 2, peaks
         assert peaks["limited:per_key"] == 1, peaks
         assert len(pids) == 2, f"one worker ran every run of the queue: {pids}"
