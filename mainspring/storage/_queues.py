@@ -307,12 +307,13 @@ class QueueTables(Connection):
             k for k, n in by_key.items() if k is not None and per_key and n >= per_key
         }
         passed: list[str] = []  # suspects left for a caller that holds nothing
+        suspect = False  # taken: then it is the claim's only run
         tat = float(tat)
         for fresh, where, order in (
             (False, _WOKEN.format(at=at_sql), "wake_at"),
             (True, _FRESH, "created_at"),
         ):
-            while len(claimed) < room:
+            while len(claimed) < room and not suspect:
                 if fresh and rate is not None and max(tat, clock) - clock > (burst - 1) / rate:
                     break  # the rate admits no start before the next claim
                 want = room - len(claimed)
@@ -339,12 +340,12 @@ class QueueTables(Connection):
                         continue
                     if only is not None and rid != only:
                         return [], False  # not its turn
-                    if isolate_after is not None and isolate_after <= recoveries <= max_recoveries:
-                        if not alone or claimed:
-                            passed.append(rid)
-                            continue
-                        self._start_queued(cur, rid, worker, now, lease_s, at)
-                        return [rid], True
+                    is_suspect = isolate_after is not None and (
+                        isolate_after <= recoveries <= max_recoveries
+                    )
+                    if is_suspect and (not alone or claimed):
+                        passed.append(rid)  # a suspect runs alone
+                        continue
                     if fresh and rate is not None:
                         base = max(tat, clock)
                         if base - clock > (burst - 1) / rate:
@@ -354,13 +355,16 @@ class QueueTables(Connection):
                     claimed.append(rid)
                     if key is not None:
                         by_key[key] = by_key.get(key, 0) + 1
-                if len(found) < page:
+                    if is_suspect:
+                        suspect = True
+                        break
+                if suspect or len(found) < page:
                     break
                 if fresh and rate is not None and max(tat, clock) - clock > (burst - 1) / rate:
                     break
         if rate is not None and tat != float(row[4]):
             cur.execute("UPDATE ms_queues SET tat = ? WHERE name = ?", (tat, name))
-        return claimed, False
+        return claimed, suspect
 
     def _start_queued(
         self,

@@ -139,6 +139,20 @@ class QueueConformance:
             taken = self._claim(s, now=T0 + 2 + LEASE + 1, worker="w2")
             assert self._ids(taken) == ["r0"] and taken[0].epoch == r0.epoch + 1
 
+    def test_a_suspect_in_a_queue_starts_only_alone(self) -> None:
+        with self.store() as s:
+            self._queued(s, "r0")
+            self._claim(s, now=T0)
+            self._claim(s, now=T0 + LEASE + 1)  # its worker died: recovered once
+            [r0] = self._claim(s, now=T0 + 2 * LEASE + 2)  # and twice
+            assert r0.recoveries == 2
+            assert s.release("r0", r0.epoch, T0 + 2 * LEASE + 3)  # queued again
+            self._queued(s, "r1", now=T0 + 100)
+            got = self._claim(s, now=T0 + 200, isolate_after=2, alone=False)
+            assert self._ids(got) == ["r1"]
+            alone = self._claim(s, now=T0 + 201, isolate_after=2, alone=True)
+            assert self._ids(alone) == ["r0"]
+
     def test_runs_in_no_queue_are_unaffected(self) -> None:
         with self.store() as s:
             s.declare_queue("q", concurrency=1, now=T0)
