@@ -319,3 +319,34 @@ def test_queues_from_the_command_line(tmp_path: Path, monkeypatch: pytest.Monkey
     ]
     text = invoke("queues", "--db", db)
     assert "limited" in text and "concurrency" in text
+
+
+def test_runs_of_an_older_schema_keep_running_in_no_queue(tmp_path: Path) -> None:
+    from mainspring.storage import SQLiteStore
+    from mainspring.storage._migrations import MIGRATIONS
+
+    path = tmp_path / "old.db"
+    conn = sqlite3.connect(path, isolation_level=None)
+    ddl = {"float": "REAL", "autoid": "INTEGER PRIMARY KEY AUTOINCREMENT"}
+    for version in range(1, 11):  # the schema as it was before queues
+        sql = MIGRATIONS[version].format(**ddl, without_rowid=" WITHOUT ROWID")
+        for statement in sql.split(";"):
+            if statement.strip():
+                conn.execute(statement)
+    conn.execute("CREATE TABLE ms_meta (key TEXT PRIMARY KEY, value TEXT)")
+    conn.execute("INSERT INTO ms_meta VALUES ('schema_version', '10')")
+    conn.execute(
+        "INSERT INTO ms_runs (id, workflow, status, input, created_at, updated_at)"
+        " VALUES ('old', 'wf', 'queued', '[]', 1, 1)"
+    )
+    conn.close()
+    store = SQLiteStore(path)  # migrates
+    try:
+        run = store.get_run("old")
+        assert run is not None and (run.queue, run.queue_key, run.priority) == (None, None, 0)
+        [claimed] = store.claim(
+            worker="w", now=10, lease_s=5, limit=4, workflows=["wf"], max_recoveries=3
+        )
+        assert claimed.id == "old" and store.queues() == []
+    finally:
+        store.close()
