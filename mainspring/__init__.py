@@ -3,7 +3,7 @@
 The public names are all here; everything else is private and may change.
 """
 
-from ._app import App, RunHandle, Schedule, TokenEvent, TokenFollower
+from ._app import App, Queue, RunHandle, Schedule, TokenEvent, TokenFollower
 from ._clock import Clock, FakeClock, SystemClock
 from ._errors import (
     ApprovalRejected,
@@ -109,6 +109,7 @@ __all__ = [
     "NondeterminismError",
     "Overloaded",
     "PermissionDenied",
+    "Queue",
     "QuotaExhausted",
     "RateLimited",
     "Redactor",

@@ -25,6 +25,7 @@ EXPECTED = {
     "ChildFailed", "ChildCancelled", "ChildHandle",
     "Schedule", "ScheduleNotFound",
     "TokenEvent", "TokenFollower",
+    "Queue",
 }  # fmt: skip
 
 

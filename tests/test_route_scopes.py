@@ -88,6 +88,7 @@ MATRIX: dict[str, tuple[str | tuple[str, ...] | None, int, Callable[[Fixture], C
         lambda f: (f"/runs/{f.fresh('boom', run=True)}/retry", None),
     ),
     "GET /metrics": (("metrics", "read"), 200, lambda f: ("/metrics", None)),
+    "GET /queues": ("read", 200, lambda f: ("/queues", None)),
     "GET /webhooks": ("admin", 200, lambda f: ("/webhooks", None)),
     "POST /webhooks": (
         "admin",

@@ -8,12 +8,14 @@ schedules.
 from ._core import DEFAULT_URL, App
 from ._handle import RunHandle
 from ._lineage import local_user
+from ._queues import Queue
 from ._schedules import Schedule
 from ._streams import TokenEvent, TokenFollower
 
 __all__ = [
     "DEFAULT_URL",
     "App",
+    "Queue",
     "RunHandle",
     "Schedule",
     "TokenEvent",

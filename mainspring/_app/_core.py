@@ -56,6 +56,7 @@ from ._handle import RunHandle
 from ._lineage import Lineage, local_user, new_id
 from ._mcp import MCPServers
 from ._observe import Observe
+from ._queues import Queues
 from ._schedules import Schedules
 from ._streams import Streams
 from ._versions import check_version
@@ -72,7 +73,7 @@ DEFAULT_URL = "sqlite:///mainspring.db"
 _DEFAULT_REDACTOR = Redactor()
 
 
-class App(Admin, Children, Lineage, MCPServers, Observe, Schedules, Streams):
+class App(Admin, Children, Lineage, MCPServers, Observe, Queues, Schedules, Streams):
     """Workflows registered over one store.
 
     Args:
@@ -377,20 +378,6 @@ class App(Admin, Children, Lineage, MCPServers, Observe, Schedules, Streams):
 
     # -- starting runs ---------------------------------------------------------------
 
-    def submit(
-        self,
-        workflow: Workflow[P, R] | str,
-        /,
-        *args: Any,
-        key: str | None = None,
-        **kwargs: Any,
-    ) -> RunHandle:
-        """Enqueue a run for the workers and return at once.
-
-        A ``key`` makes submission idempotent: the same key returns the same run.
-        """
-        return self.enqueue(workflow, args, kwargs, key=key)
-
     async def call_model(
         self,
         ctx: RunContext,
@@ -458,10 +445,14 @@ class App(Admin, Children, Lineage, MCPServers, Observe, Schedules, Streams):
         *,
         key: str | None = None,
         traceparent: str | None = None,
+        queue: str | None = None,
+        queue_key: str | None = None,
+        priority: int = 0,
     ) -> RunHandle:
         """:meth:`submit` with the arguments as values (any keyword names, ``key``
         included): what the HTTP API calls. ``traceparent``: the caller's W3C trace
         context; the run's spans join that trace (a malformed one is ignored).
+        ``queue`` / ``queue_key`` / ``priority``: as :meth:`submit`'s.
 
         Raises:
             UnknownWorkflow: no workflow of that name.
@@ -470,7 +461,9 @@ class App(Admin, Children, Lineage, MCPServers, Observe, Schedules, Streams):
         """
         wf = self.get_workflow(workflow)
         encoded = self._redact(wf.encode_input(tuple(args), dict(kwargs or {})))
+        queued = self._queue_fields(queue, queue_key, priority)
         record, created = self.store.create_run(
+            **queued,
             run_id=new_id(),
             workflow=wf.name,
             input=encoded,
@@ -660,14 +653,17 @@ class App(Admin, Children, Lineage, MCPServers, Observe, Schedules, Streams):
         search: str | None = None,
         summary: bool = False,
         versions: Sequence[str | None] | None = None,
+        queue: str | None = None,
     ) -> list[RunRecord]:
         """Runs, newest first. ``since``: created at or after this timestamp;
         ``search``: text in the id, key, input, output or error (any case);
         ``summary``: without input, output and hand-off (``None``); ``versions``: only
-        runs submitted by these code versions (``None`` in it: with no version)."""
+        runs submitted by these code versions (``None`` in it: with no version);
+        ``queue``: only runs submitted to that queue."""
         statuses = [status] if isinstance(status, str) else status
         return self.store.list_runs(
             statuses=statuses,
+            queue=queue,
             workflow=workflow,
             limit=limit,
             offset=offset,

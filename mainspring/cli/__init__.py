@@ -13,6 +13,7 @@ from ._human import answer, approve, pending
 from ._keys import keys_commands, webhooks_commands
 from ._lab import lab_commands, preflight
 from ._observe import doctor, fork, retry, tail, trace
+from ._queues import queues
 from ._runs import cancel, runs, show, signal, submit
 from ._schedules import schedules_commands
 from ._serve import serve
@@ -37,6 +38,7 @@ def _root() -> None:
 cli.command()(worker)
 cli.command()(submit)
 cli.command()(runs)
+cli.command()(queues)
 cli.command()(show)
 cli.command()(signal)
 cli.command()(cancel)

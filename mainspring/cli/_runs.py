@@ -73,6 +73,13 @@ def submit(
         str | None,
         typer.Option(help="Idempotency key: submitting the same key again returns that run."),
     ] = None,
+    queue: Annotated[
+        str | None, typer.Option(help="A queue the App declares: the run starts within its limits.")
+    ] = None,
+    queue_key: Annotated[
+        str | None, typer.Option(help="The run's key in its queue (the per-key limit).")
+    ] = None,
+    priority: Annotated[int, typer.Option(help="Priority in the queue: higher starts first.")] = 0,
     as_json: JsonOption = False,
 ) -> None:
     """Submit a run for the workers and print its id."""
@@ -82,7 +89,15 @@ def submit(
         app = load_app(app_spec)
         try:
             # App.submit checks the arguments' types and a reused key's input.
-            handle = app.submit(workflow, *arg_list, key=key, **kwarg_map)
+            handle = app.enqueue(
+                workflow,
+                arg_list,
+                kwarg_map,
+                key=key,
+                queue=queue,
+                queue_key=queue_key,
+                priority=priority,
+            )
             record = app.get_run(handle.run_id)
             current = _current_step(app.store, record)
         finally:
@@ -138,6 +153,7 @@ def runs(
             " 'none': runs with no version).",
         ),
     ] = None,
+    queue: Annotated[str | None, typer.Option(help="Only runs submitted to this queue.")] = None,
     limit: Annotated[int, typer.Option(min=1, help="How many runs to list.")] = 50,
     offset: Annotated[int, typer.Option(min=0, help="Skip this many (newest first).")] = 0,
     as_json: JsonOption = False,
@@ -154,6 +170,7 @@ def runs(
                 offset=offset,
                 since=since_ts,
                 search=search,
+                queue=queue,
                 versions=None
                 if not version
                 else [None if v.strip().lower() == "none" else v.strip() for v in version],
@@ -186,6 +203,9 @@ def runs(
         versioned = any(r.version is not None for r in records)
         if versioned:  # a column only for those who version their code
             table.add_column("version", no_wrap=True)
+        queued = any(r.queue is not None for r in records)
+        if queued:  # and one for those who use queues
+            table.add_column("queue", no_wrap=True)
         for r, c in zip(records, currents, strict=True):
             table.add_row(
                 r.id,
@@ -197,10 +217,11 @@ def runs(
                 _clock(_active_at(r, c), now),
                 _wait_text(r, now),
                 *([r.version or "-"] if versioned else []),
+                *([_queue_text(r)] if queued else []),
             )
         out.print(table)
     else:
-        filtered = statuses or workflow or offset or since or search or version
+        filtered = statuses or workflow or offset or since or search or version or queue
         out.print("no runs match" if filtered else "no runs yet")
     total = sum(counts.values())
     by_status = ", ".join(f"{n} {s}" for s, n in counts.items()) or "none"
@@ -268,6 +289,8 @@ def show(
         facts.append(("version", record.version))
     if record.schedule is not None:
         facts.append(("schedule", record.schedule))
+    if record.queue is not None:
+        facts.append(("queue", _queue_text(record)))
     holder = "no owner"
     if record.owner is not None:
         holder = f"owner {record.owner}"
@@ -453,6 +476,15 @@ def _iso(ts: float | None) -> str | None:
     return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
+def _queue_text(r: RunRecord) -> str:
+    """A run's queue, its key there and its priority: ``emails (key c-1, priority 4)``."""
+    if r.queue is None:
+        return "-"
+    more = [f"key {r.queue_key}"] if r.queue_key is not None else []
+    more += [f"priority {r.priority}"] if r.priority else []
+    return r.queue + (f" ({', '.join(more)})" if more else "")
+
+
 def _run_json(r: RunRecord, current: StepRecord | None) -> dict[str, Any]:
     suspended = r.status in _SUSPENDED
     return {
@@ -475,6 +507,9 @@ def _run_json(r: RunRecord, current: StepRecord | None) -> dict[str, Any]:
         "cancel_requested": r.cancel_requested,
         "version": r.version,  # of the code that submitted it (App(version=...))
         "schedule": r.schedule,  # the schedule that started it, if one did
+        "queue": None
+        if r.queue is None
+        else {"name": r.queue, "key": r.queue_key, "priority": r.priority},
         # Lineage: the run and step it was forked from, or that started it as a child.
         "parent": None
         if r.parent is None

@@ -31,20 +31,18 @@ from .. import (
     StoreUnavailable,
 )
 from ..dashboard import Sessions, dashboard_router
-from ..hitl import Request as HumanRequest
-from ..serde import loads, public_error
-from ..storage import FINISHED, ApiKey, RunRecord, Scope, StepRecord, redact_url
+from ..storage import FINISHED, ApiKey, Scope, redact_url
 from ._events import event_stream, runs_stream
 from ._guard import BrowserGuard
 from ._http_metrics import RequestCounter
 from ._limits import BodySizeLimit
+from ._queues import queue_routes
 from ._schedules import add_schedule_routes
 from ._schemas import (
     AnswerIn,
     CancelIn,
     CancelOut,
     ChildOut,
-    CurrentStep,
     ErrorOut,
     ForkIn,
     Health,
@@ -55,13 +53,13 @@ from ._schemas import (
     SignalIn,
     SignalOut,
     StepList,
-    StepOut,
     SubmitIn,
     SubmitOut,
     WebhookIn,
     WebhookOut,
 )
 from ._targets import TargetPolicy
+from ._views import request_out, run_out, step_out
 from ._webhooks import WebhookDispatcher
 
 __all__ = ["create_app"]
@@ -254,7 +252,14 @@ def create_app(
         ``traceparent`` header puts the run's spans in the caller's trace."""
         key = body.key or idempotency_key or None
         handle = app.enqueue(
-            body.workflow, body.args, body.kwargs, key=key, traceparent=traceparent
+            body.workflow,
+            body.args,
+            body.kwargs,
+            key=key,
+            traceparent=traceparent,
+            queue=body.queue,
+            queue_key=body.queue_key,
+            priority=body.priority,
         )
         url = f"/runs/{handle.run_id}"
         response.headers["Location"] = url
@@ -276,13 +281,15 @@ def create_app(
         status: Annotated[list[RunStatusName] | None, Query()] = None,
         workflow: Annotated[str | None, Query(max_length=200)] = None,
         version: Annotated[str | None, Query(max_length=200)] = None,
+        queue: Annotated[str | None, Query(max_length=200)] = None,
         limit: Annotated[int, Query(ge=1, le=500)] = 50,
         offset: Annotated[int, Query(ge=0, le=10_000_000)] = 0,
     ) -> RunList:
-        """Runs, newest first, filtered by status (repeatable), workflow and the code
-        version that submitted them (``App(version=...)``)."""
+        """Runs, newest first, filtered by status (repeatable), workflow, queue and the
+        code version that submitted them (``App(version=...)``)."""
         records = app.list_runs(
             status=status,
+            queue=queue,
             workflow=workflow,
             limit=limit,
             offset=offset,
@@ -294,7 +301,7 @@ def create_app(
         if len(records) == limit:
             nxt = str(request.url.include_query_params(offset=offset + limit))
         return RunList(
-            runs=[_run_out(r, current.get(r.id), [], summary=True) for r in records], next=nxt
+            runs=[run_out(r, current.get(r.id), [], summary=True) for r in records], next=nxt
         )
 
     @api.get(
@@ -309,7 +316,7 @@ def create_app(
         record = app.get_run(run_id)
         current = app.store.last_steps([run_id]).get(run_id)
         pending = [] if record.finished else app.requests(run_id)
-        out = _run_out(record, current, pending, full=True, admin=key.allows("admin"))
+        out = run_out(record, current, pending, full=True, admin=key.allows("admin"))
         out.children = [
             ChildOut(
                 id=c.id,
@@ -338,7 +345,7 @@ def create_app(
         """The run's journal in order, after a position if given (for paging)."""
         app.get_run(run_id)
         steps = app.store.steps_after(run_id, after_session, after_seq, limit=limit)
-        return StepList(steps=[_step_out(s, admin=key.allows("admin")) for s in steps])
+        return StepList(steps=[step_out(s, admin=key.allows("admin")) for s in steps])
 
     @api.get(
         "/runs/{run_id}/events",
@@ -425,7 +432,7 @@ def create_app(
     )
     def pending(_key: Read) -> list[RequestOut]:
         """Every request waiting for a human, oldest first."""
-        return [_request_out(r) for r in app.requests()]
+        return [request_out(r) for r in app.requests()]
 
     @api.post(
         "/runs/{run_id}/requests/{request_id}",
@@ -445,7 +452,7 @@ def create_app(
             answer=body.answer,
             by=key.name,
         )
-        return _request_out(request)
+        return request_out(request)
 
     @api.post(
         "/runs/{run_id}/cancel",
@@ -530,6 +537,8 @@ def create_app(
         with metrics_lock:  # the collector caches finished runs: one scrape at a time
             text, content_type = app.metrics().render()
         return Response(content=text, media_type=content_type)
+
+    api.include_router(queue_routes(app, key_with("read"), _responses()))
 
     @api.get("/webhooks", response_model=list[WebhookOut], tags=["admin"], responses=_responses())
     def list_webhooks(_key: Admin) -> list[WebhookOut]:
@@ -711,79 +720,3 @@ def _is_json(content_type: str | None) -> bool:
 
 def _body_error(exc: RequestValidationError) -> bool:
     return any(tuple(e.get("loc", ()))[:1] == ("body",) for e in exc.errors())
-
-
-def _decode(text: str | None) -> Any:
-    if text is None:
-        return None
-    try:
-        return loads(text)
-    except Exception:  # a journal row that is not JSON: show it as text
-        return text
-
-
-def _step_out(s: StepRecord, *, admin: bool) -> StepOut:
-    return StepOut(
-        session=s.session,
-        seq=s.seq,
-        kind=s.kind,
-        name=s.name,
-        status=s.status,
-        attempt=s.attempt,
-        started_at=s.started_at,
-        finished_at=s.finished_at,
-        output=_decode(s.output),
-        error=_decode(s.error) if admin else public_error(_decode(s.error)),
-    )
-
-
-def _request_out(r: HumanRequest) -> RequestOut:
-    return RequestOut(**r.to_json(), url=f"/runs/{r.run_id}/requests/{r.id}")
-
-
-def _run_out(
-    r: RunRecord,
-    current: StepRecord | None,
-    pending: list[HumanRequest],
-    *,
-    full: bool = False,
-    admin: bool = False,
-    summary: bool = False,
-) -> RunOut:
-    """A run for the API: ``full`` adds its input; ``admin`` keeps a failure's
-    traceback; ``summary`` (lists) leaves out the output, which the run's URL serves."""
-    error = _decode(r.error)
-    suspended = r.status in ("sleeping", "waiting")
-    return RunOut(
-        id=r.id,
-        workflow=r.workflow,
-        key=r.key,
-        status=r.status,
-        session=r.session,
-        recoveries=r.recoveries,
-        parent=r.parent,
-        parent_step=r.parent_step,
-        version=r.version,
-        schedule=r.schedule,
-        parent_kind=r.parent_kind,
-        created_at=r.created_at,
-        updated_at=r.updated_at,
-        finished_at=r.finished_at,
-        wait_reason=r.wait_reason if suspended else None,
-        wake_at=r.wake_at if suspended and r.wake_at else None,
-        input=_decode(r.input) if full else None,
-        output=None if summary else _decode(r.output),
-        error=error if admin else public_error(error),
-        current_step=(
-            CurrentStep(
-                session=current.session,
-                seq=current.seq,
-                kind=current.kind,
-                name=current.name,
-                status=current.status,
-            )
-            if current is not None
-            else None
-        ),
-        pending_requests=[_request_out(p) for p in pending],
-    )

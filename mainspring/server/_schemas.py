@@ -11,6 +11,7 @@ __all__ = [
     "CancelIn",
     "ErrorBody",
     "ErrorOut",
+    "QueueOut",
     "RequestOut",
     "RunList",
     "RunOut",
@@ -53,6 +54,24 @@ class SubmitIn(_In):
         max_length=200,
         description="Idempotency key: the same key returns the same run "
         "(also accepted as the Idempotency-Key header).",
+    )
+    queue: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=200,
+        description="A queue the App declares (app.queue): the run starts within its limits.",
+    )
+    queue_key: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=200,
+        description="The run's key in its queue, for the queue's per-key limit.",
+    )
+    priority: int = Field(
+        default=0,
+        ge=-(2**31) + 1,
+        le=2**31 - 1,
+        description="The run's priority in its queue: higher starts first.",
     )
 
 
@@ -153,6 +172,20 @@ class RunOut(BaseModel):
         description="The schedule that started the run (its key names the due time); "
         "null: not started by a schedule.",
     )
+    queue: str | None = Field(None, description="The queue the run was submitted to.")
+    queue_key: str | None = Field(None, description="The run's key in its queue.")
+    priority: int = Field(0, description="The run's priority in its queue (higher first).")
+
+
+class QueueOut(BaseModel):
+    name: str
+    concurrency: int | None = Field(description="Runs of the queue running at once (null: any).")
+    per_key: int | None = Field(description="Runs of one queue key running at once (null: any).")
+    rate: float | None = Field(description="Starts per second (null: no limit).")
+    burst: int = Field(description="Starts the rate lets through back to back.")
+    running: int = Field(description="Runs of the queue running (each holds a slot).")
+    queued: int = Field(description="Runs waiting for their first start.")
+    waiting: int = Field(description="Runs sleeping or waiting: they hold no slot.")
 
 
 class RunList(BaseModel):

@@ -10,6 +10,7 @@ from ._api import SCOPES, WEBHOOK_EVENTS, ApiKey, Delivery, Scope, Webhook, Webh
 from ._base import Cursor, Heartbeat, PruneResult, Snapshot, Store
 from ._children import CHILD_SIGNAL_PREFIX, child_signal
 from ._migrations import LATEST as SCHEMA_VERSION
+from ._queues import QueueRecord, check_queue_limits
 from ._rates import RateRow, RateTxn
 from ._records import (
     FINISHED,
@@ -51,6 +52,7 @@ __all__ = [
     "Heartbeat",
     "JournalRole",
     "PruneResult",
+    "QueueRecord",
     "RateRow",
     "RateTxn",
     "RunRecord",
@@ -70,6 +72,7 @@ __all__ = [
     "Webhook",
     "WebhookEvent",
     "WriteResult",
+    "check_queue_limits",
     "child_signal",
     "join_wait_signals",
     "open_store",

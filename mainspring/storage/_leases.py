@@ -11,7 +11,8 @@ from typing import Any, ClassVar
 from .._serde import dumps, loads
 from ._api import queue_event
 from ._children import tell_parent
-from ._connection import Connection
+from ._connection import Cursor
+from ._queues import QueueTables, ready_queues_sql
 from ._records import RunRecord
 from ._rows import _RUN_COLUMNS, _run, _versions_sql
 
@@ -26,7 +27,7 @@ class Heartbeat:
     cancel: frozenset[str]
 
 
-class LeaseTables(Connection):
+class LeaseTables(QueueTables):
     """Claiming, heartbeats and release: methods of every
     :class:`~mainspring.storage.Store`."""
 
@@ -90,8 +91,11 @@ class LeaseTables(Connection):
         if run_id is not None:
             queries = [
                 (
-                    "SELECT id, status, recoveries FROM ms_runs WHERE id = ? AND (status = 'queued'"
-                    f" OR (status IN ('sleeping', 'waiting') AND wake_at <= {at})"
+                    # A run in a queue starts (or wakes) only within its queue's limits:
+                    # _claim_queued below, not here. Its takeover keeps its slot.
+                    "SELECT id, status, recoveries FROM ms_runs WHERE id = ? AND"
+                    " (((status = 'queued' OR (status IN ('sleeping', 'waiting')"
+                    f" AND wake_at <= {at})) AND queue IS NULL)"
                     f" OR (status = 'running' AND lease_until < {at})){one_sql}{lock}",
                     [run_id, *at_params, *at_params, *one_params],
                 )
@@ -105,13 +109,14 @@ class LeaseTables(Connection):
                 ),
                 (
                     "SELECT id, status, recoveries FROM ms_runs WHERE status IN"
-                    f" ('sleeping', 'waiting') AND wake_at <= {at}{wf_sql} ORDER BY wake_at"
+                    f" ('sleeping', 'waiting') AND wake_at <= {at} AND queue IS NULL{wf_sql}"
+                    " ORDER BY wake_at"
                     f" LIMIT ?{lock}",
                     [*at_params, *wf_params],
                 ),
                 (
-                    f"SELECT id, status, recoveries FROM ms_runs WHERE status = 'queued'{wf_sql}"
-                    f" ORDER BY created_at LIMIT ?{lock}",
+                    "SELECT id, status, recoveries FROM ms_runs WHERE status = 'queued'"
+                    f" AND queue IS NULL{wf_sql} ORDER BY created_at LIMIT ?{lock}",
                     [*wf_params],
                 ),
             ]
@@ -130,7 +135,25 @@ class LeaseTables(Connection):
                 at=(at, at_params),
             )
             if found is not None:
-                return found
+                runs, in_queues = found
+                left = limit - len(runs)
+                if not in_queues or left <= 0:
+                    return runs
+                with self._write() as cur:
+                    ids = self._claim_queued(
+                        cur,
+                        worker=worker,
+                        now=now,
+                        lease_s=lease_s,
+                        left=left,
+                        wf=(wf_sql, wf_params),
+                        run_id=run_id,
+                        at=(at, at_params),
+                        isolate_after=isolate_after,
+                        max_recoveries=max_recoveries,
+                        alone=alone and not runs,
+                    )
+                    return runs + self._records(cur, ids)
         claimed: list[str] = []
         suspect = False
         with self._write() as cur:
@@ -185,14 +208,31 @@ class LeaseTables(Connection):
                         (worker, *at_params, lease_s, count, now, rid),
                     )
                     claimed.append(rid)
-            if not claimed:
-                return []
-            cur.execute(
-                f"SELECT {_RUN_COLUMNS} FROM ms_runs WHERE id IN ({', '.join('?' * len(claimed))})",
-                claimed,
-            )
-            by_id = {r.id: r for r in map(_run, cur.fetchall())}
-        return [by_id[rid] for rid in claimed]
+            if not suspect and len(claimed) < limit:
+                claimed += self._claim_queued(
+                    cur,
+                    worker=worker,
+                    now=now,
+                    lease_s=lease_s,
+                    left=limit - len(claimed),
+                    wf=(wf_sql, wf_params),
+                    run_id=run_id,
+                    at=(at, at_params),
+                    isolate_after=isolate_after,
+                    max_recoveries=max_recoveries,
+                    alone=alone and not claimed,
+                )
+            return self._records(cur, claimed)
+
+    def _records(self, cur: Cursor, ids: list[str]) -> list[RunRecord]:
+        """The claimed runs' records, in claim order."""
+        if not ids:
+            return []
+        cur.execute(
+            f"SELECT {_RUN_COLUMNS} FROM ms_runs WHERE id IN ({', '.join('?' * len(ids))})", ids
+        )
+        by_id = {r.id: r for r in map(_run, cur.fetchall())}
+        return [by_id[rid] for rid in ids]
 
     def _claim_at_once(
         self,
@@ -206,19 +246,24 @@ class LeaseTables(Connection):
         run_id: str | None,
         isolate_after: int | None,
         at: tuple[str, list[Any]],
-    ) -> list[RunRecord] | None:
+    ) -> tuple[list[RunRecord], bool] | None:
         """The usual claim as one ``UPDATE ... RETURNING`` (one round trip): the
         candidates in claim order (expired leases by ``lease_until``, then due
         sleepers and waiters by ``wake_at``, then queued runs by ``created_at``),
         each kind locked only up to what the kinds before it left of ``limit``.
         When any candidate is a suspect or is to be dead-lettered, nothing is
         claimed and ``None`` sends the caller to the statement-by-statement claim,
-        which applies those rules (they are rare: crashes)."""
+        which applies those rules (they are rare: crashes).
+
+        Runs in queues are left out but for takeovers (they keep their slot); the
+        flag returned with the runs says whether any of them may start now, for
+        :meth:`_claim_queued`."""
         wf_sql, wf_params = wf
         now_sql, now_params = at
         one = " AND id = ?" if run_id is not None else ""
         one_params = [run_id] if run_id is not None else []
         lock = self._lock_clause
+        woken = f"status IN ('sleeping', 'waiting') AND wake_at <= {now_sql}"
         kinds = (  # name, rank, order, recovering, condition, its parameters
             ("expired", 0, "lease_until", True, f"status = 'running' AND lease_until < {now_sql}"),
             (
@@ -226,9 +271,9 @@ class LeaseTables(Connection):
                 1,
                 "wake_at",
                 False,
-                f"status IN ('sleeping', 'waiting') AND wake_at <= {now_sql}",
+                f"{woken} AND queue IS NULL",
             ),
-            ("fresh", 2, "created_at", False, "status = 'queued'"),
+            ("fresh", 2, "created_at", False, "status = 'queued' AND queue IS NULL"),
         )
         ctes: list[str] = []
         params: list[Any] = []
@@ -256,16 +301,20 @@ class LeaseTables(Connection):
             " wait_signal = NULL, recoveries = p.n, updated_at = ? FROM picked p"
             " WHERE r.id = p.id AND (SELECT k FROM special) = 0"
             f" RETURNING p.rank, p.ord, {returned})"
-            " SELECT s.k, c.* FROM special s LEFT JOIN claimed c ON TRUE ORDER BY c.rank, c.ord"
+            # Runs in queues that may start: per declared queue, two index probes.
+            " SELECT s.k, EXISTS (SELECT 1 FROM ms_queues q WHERE"
+            f" {ready_queues_sql(wf_sql + one, woken)}),"
+            " c.* FROM special s LEFT JOIN claimed c ON TRUE ORDER BY c.rank, c.ord"
         )
         isolate = isolate_after if isolate_after is not None else max_recoveries + 1
         params += [max_recoveries, isolate, max_recoveries, worker, *now_params, lease_s, now]
+        params += [*wf_params, *one_params, *now_params, *wf_params, *one_params]
         with self._autocommit() as cur:
             cur.execute(sql, params)
             rows = cur.fetchall()
         if rows[0][0]:
             return None
-        return [_run(r[3:]) for r in rows if r[1] is not None]
+        return [_run(r[4:]) for r in rows if r[2] is not None], bool(rows[0][1])
 
     def heartbeat(
         self,

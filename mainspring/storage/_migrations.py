@@ -212,8 +212,33 @@ CREATE TABLE ms_schedules (
 );
 CREATE INDEX ms_schedules_due ON ms_schedules (next_at) WHERE paused = 0;
 """,
-    # Reserved for queues (their branch owns the number): nothing to do.
-    12: "",
+    # Queues (docs/schedules-and-queues.md): a run's queue, its key within the queue
+    # (per-key limits: one run at a time per customer) and its priority (higher
+    # first); the declared limits of each queue and the theoretical arrival time of
+    # its rate of starts (GCRA), advanced in the claim's transaction. Queue-less
+    # claims read their own partial index, so a backlog in queues never slows them.
+    12: """
+ALTER TABLE ms_runs ADD COLUMN queue TEXT;
+ALTER TABLE ms_runs ADD COLUMN queue_key TEXT;
+ALTER TABLE ms_runs ADD COLUMN priority INTEGER NOT NULL DEFAULT 0;
+CREATE TABLE ms_queues (
+    name TEXT PRIMARY KEY,
+    concurrency INTEGER,
+    per_key INTEGER,
+    rate {float},
+    burst INTEGER NOT NULL DEFAULT 1,
+    tat {float} NOT NULL DEFAULT 0,
+    updated_at {float} NOT NULL
+);
+DROP INDEX ms_runs_queued;
+CREATE INDEX ms_runs_queued ON ms_runs (created_at) WHERE status = 'queued' AND queue IS NULL;
+CREATE INDEX ms_runs_queue_fresh ON ms_runs (queue, priority DESC, created_at)
+    WHERE status = 'queued' AND queue IS NOT NULL;
+CREATE INDEX ms_runs_queue_wake ON ms_runs (queue, wake_at)
+    WHERE status IN ('sleeping', 'waiting') AND queue IS NOT NULL;
+CREATE INDEX ms_runs_queue_running ON ms_runs (queue, queue_key)
+    WHERE status = 'running' AND queue IS NOT NULL;
+""",
     # Live token streams (storage/_streams.py): a model step's output deltas while the
     # call is in flight, batched (never one row per token), per attempt. Ephemeral:
     # not the journal (which keeps the final reply); pruned by age and with their run.

@@ -70,6 +70,9 @@ class RunRecord:
     ``"child"`` (started by it as a step). ``None`` for a run with no parent.
     ``version``: the code version of the application that submitted it
     (``App(version=...)``), ``None`` when none was declared.
+    ``queue`` / ``queue_key`` / ``priority``: the queue it was submitted to (``None``:
+    none), its key within that queue (per-key limits) and its priority there
+    (higher first).
     """
 
     id: str
@@ -100,6 +103,9 @@ class RunRecord:
     # The schedule that started the run (its key, ``schedule:<name>:<time>``, names
     # the due time); None: it was not started by a schedule.
     schedule: str | None = None
+    queue: str | None = None
+    queue_key: str | None = None
+    priority: int = 0
 
     @property
     def finished(self) -> bool:

@@ -11,7 +11,8 @@ from ._records import RunRecord, SignalRecord, StepRecord
 _RUN_COLUMNS = (
     "id, workflow, idem_key, status, input, output, error, session, handoff, epoch, owner,"
     " lease_until, wake_at, wait_reason, recoveries, cancel_requested, created_at, updated_at,"
-    " finished_at, traceparent, parent, parent_step, parent_kind, version, schedule"
+    " finished_at, traceparent, parent, parent_step, parent_kind, version, schedule,"
+    " queue, queue_key, priority"
 )
 # The same, without the large values (input, output, hand-off): what lists need.
 _RUN_SUMMARY_COLUMNS = _RUN_COLUMNS.replace("input, output,", "NULL, NULL,").replace(
@@ -77,6 +78,9 @@ def _run(row: Sequence[Any]) -> RunRecord:
         parent_kind=row[22],
         version=row[23],
         schedule=row[24],
+        queue=row[25],
+        queue_key=row[26],
+        priority=row[27],
     )
 
 

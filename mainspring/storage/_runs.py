@@ -58,23 +58,38 @@ class RunTables(Connection):
         parent: str | None = None,
         parent_step: str | None = None,
         version: str | None = None,
+        queue: str | None = None,
+        queue_key: str | None = None,
+        priority: int = 0,
     ) -> tuple[RunRecord, bool]:
         """Insert a queued run, or return the existing run with that ``key``.
         ``traceparent``: the caller's W3C trace context, kept with the run.
         ``parent`` / ``parent_step``: the run that starts this one as its child, and
         its step (``"session:seq"``). ``version``: the submitting code's version.
+        ``queue`` / ``queue_key`` / ``priority``: the queue that starts it within its
+        limits (created with no limits if it was never declared), its key there and
+        its priority (higher first).
 
         Returns ``(run, created)``.
         """
         kind = None if parent is None else "child"
         values: tuple[Any, ...] = (run_id, workflow, key, input, now, now, traceparent)
-        values += (parent, parent_step, kind, version)
+        values += (parent, parent_step, kind, version, queue, queue_key, priority)
         insert = (
             "INSERT INTO ms_runs (id, workflow, idem_key, status, input, created_at,"
-            " updated_at, traceparent, parent, parent_step, parent_kind, version)"
-            " VALUES (?, ?, ?, 'queued', ?, ?, ?, ?, ?, ?, ?, ?)"
+            " updated_at, traceparent, parent, parent_step, parent_kind, version, queue,"
+            " queue_key, priority) VALUES (?, ?, ?, 'queued', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
         )
+        if queue is None and (queue_key is not None or priority):
+            raise ValueError("queue_key and priority need a queue")
         with self._write() as cur:
+            if queue is not None:
+                # Every queue a run names has a row: the claim finds queues by them.
+                cur.execute(
+                    "INSERT INTO ms_queues (name, updated_at) VALUES (?, ?)"
+                    " ON CONFLICT (name) DO NOTHING",
+                    (queue, now),
+                )
             if parent is not None:
                 # The parent's row is held while its child is added, so that a cancel
                 # of the parent (which holds it too) sees the child and cancels it.
@@ -126,6 +141,7 @@ class RunTables(Connection):
         self,
         *,
         statuses: Sequence[str] | None = None,
+        queue: str | None = None,
         workflow: str | None = None,
         limit: int = 50,
         offset: int = 0,
@@ -139,9 +155,13 @@ class RunTables(Connection):
         found (case-insensitively) in the id, key, input, output or error; ``summary``:
         leave input, output and hand-off out (``None``), for lists; ``versions``: only
         runs submitted by these code versions (``None`` in it: with no version);
-        ``parent``: only the runs whose parent (child runs and forks) is that run."""
+        ``parent``: only the runs whose parent (child runs and forks) is that run;
+        ``queue``: only the runs submitted to that queue."""
         where: list[str] = []
         params: list[Any] = []
+        if queue is not None:
+            where.append("queue = ?")
+            params.append(queue)
         if parent is not None:
             where.append("parent = ?")
             params.append(parent)
@@ -299,8 +319,9 @@ class RunTables(Connection):
                 )
             cur.execute(
                 "INSERT INTO ms_runs (id, workflow, status, input, session, handoff,"
-                " created_at, updated_at, parent, parent_step, parent_kind, version)"
-                " VALUES (?, ?, 'queued', ?, ?, ?, ?, ?, ?, ?, 'fork', ?)",
+                " created_at, updated_at, parent, parent_step, parent_kind, version, queue,"
+                " queue_key, priority) VALUES (?, ?, 'queued', ?, ?, ?, ?, ?, ?, ?, 'fork', ?,"
+                " ?, ?, ?)",
                 (
                     run_id,
                     source.workflow,
@@ -312,6 +333,10 @@ class RunTables(Connection):
                     source.id,
                     parent_step if parent_step is not None else f"{session}:{upto_seq}",
                     source.version,
+                    # A fork waits its turn in its source's queue.
+                    source.queue,
+                    source.queue_key,
+                    source.priority,
                 ),
             )
             cur.execute(

@@ -23,6 +23,7 @@ from typing import Any
 
 from .._errors import RunConflict, RunNotFound, SchemaVersionError
 from ..storage import SCHEMA_VERSION, RunStatus, RunTransition, RunWrite, StepRecord, Store
+from ._queue_conformance import QueueConformance
 
 __all__ = ["StoreConformance"]
 
@@ -48,7 +49,7 @@ def _step(run_id: str, seq: int, epoch: int, status: str = "completed", **kw: An
     return StepRecord(**fields)
 
 
-class StoreConformance:
+class StoreConformance(QueueConformance):
     """Behaviour every :class:`Store` must have. Override :meth:`make_store`."""
 
     @abstractmethod

@@ -524,7 +524,8 @@ class Worker:
         return found
 
     def _due_soon(self, names: list[str], horizon_s: float, idle_at: list[float]) -> bool:
-        """Whether a sleeping run is due within ``horizon_s`` and waiting can reach it.
+        """Whether a sleeping run is due within ``horizon_s`` (or a run waits in a
+        queue for a slot) and waiting can reach it.
 
         ``idle_at`` holds the clock's reading at the previous idle check: a clock that
         did not move over a poll interval (a FakeClock) will not bring a run due by
@@ -536,10 +537,13 @@ class Worker:
         idle_at[:] = [now]
         try:
             wake = self.app.store.next_wake(names, self.versions)
+            if wake is not None and wake <= now + horizon_s:
+                return True
+            # A run waiting in a queue starts once a slot frees or the rate admits it.
+            return self.app.store.queue_backlog(names, self.versions)
         except (StoreUnavailable, StoreError) as exc:
             log.warning("worker %s: reading the next wake-up failed: %s", self.worker_id, exc)
             return True  # try again at the next poll rather than leave a run behind
-        return wake is not None and wake <= now + horizon_s
 
     def _start(self, engine: Engine, record: RunRecord) -> _Active:
         self.stats.claimed += 1

@@ -1,0 +1,175 @@
+"""Queues as an App declares them and submits to them (docs/schedules-and-queues.md).
+Mixed into :class:`~mainspring.App`; the store enforces the limits
+(``storage/_queues.py``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .._clock import Clock
+from .._errors import ConfigError
+from ..journal import Workflow
+from ..storage import QueueRecord, Store, check_queue_limits
+from ._handle import RunHandle
+
+__all__ = ["Queue", "Queues"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Queue:
+    """A named queue and its limits, enforced across every worker of the store.
+
+    Attributes:
+        name: what runs are submitted to (``app.submit(wf, queue="emails")``).
+        concurrency: runs of the queue running at once (``None``: no limit).
+        per_key: runs of one ``queue_key`` running at once (``1``: one at a time per
+            customer; ``None``: no limit).
+        rate: starts per second (``None``: no limit); up to ``burst`` may start back
+            to back.
+    """
+
+    name: str
+    concurrency: int | None = None
+    per_key: int | None = None
+    rate: float | None = None
+    burst: int = 1
+
+
+class Queues:
+    """Declaring queues and submitting runs to them."""
+
+    if TYPE_CHECKING:
+        clock: Clock
+
+        @property
+        def store(self) -> Store: ...
+
+        def enqueue(
+            self,
+            workflow: Workflow[Any, Any] | str,
+            args: tuple[Any, ...] = (),
+            kwargs: dict[str, Any] | None = None,
+            *,
+            key: str | None = None,
+            traceparent: str | None = None,
+            queue: str | None = None,
+            queue_key: str | None = None,
+            priority: int = 0,
+        ) -> RunHandle: ...
+
+    _queues: dict[str, Queue]
+    _queues_written: set[str]
+
+    def queue(
+        self,
+        name: str,
+        *,
+        concurrency: int | None = None,
+        per_key: int | None = None,
+        rate: float | None = None,
+        burst: int = 1,
+    ) -> Queue:
+        """Declare the queue ``name`` with its limits; submit to it with
+        ``app.submit(wf, ..., queue=name)``.
+
+        The limits are written to the store with the first run submitted to the
+        queue from this process (the store keeps the last declaration written), and
+        every worker of the store enforces them: a run in the queue starts only when
+        the queue has fewer than ``concurrency`` runs running, its ``queue_key`` fewer
+        than ``per_key``, and the rate admits a start. Only running runs hold a slot;
+        a sleeping or waiting run gives its slot back until it wakes.
+
+        Raises:
+            ConfigError: a limit is not valid, or the name was declared with other
+                limits.
+        """
+        check_queue_limits(name, concurrency, per_key, rate, burst)
+        declared = Queue(
+            name=name, concurrency=concurrency, per_key=per_key, rate=rate, burst=burst
+        )
+        known = self._declared().get(name)
+        if known is not None and known != declared:
+            raise ConfigError(f"queue {name!r} is already declared with other limits: {known!r}")
+        self._queues[name] = declared
+        return declared
+
+    def queues(self) -> list[QueueRecord]:
+        """Every queue in the store with its limits and how many of its runs are
+        running, queued and sleeping or waiting."""
+        return self.store.queues()
+
+    def submit(
+        self,
+        workflow: Workflow[Any, Any] | str,
+        /,
+        *args: Any,
+        key: str | None = None,
+        queue: Queue | str | None = None,
+        queue_key: str | None = None,
+        priority: int = 0,
+        **kwargs: Any,
+    ) -> RunHandle:
+        """Enqueue a run for the workers and return at once.
+
+        A ``key`` makes submission idempotent: the same key returns the same run.
+
+        Args:
+            queue: a queue declared with :meth:`queue` (or its name): the run starts
+                only within the queue's limits.
+            queue_key: the run's key within its queue, for its ``per_key`` limit
+                (a customer, a tenant).
+            priority: runs of a queue start by priority, higher first, then in
+                submission order.
+        """
+        name = queue.name if isinstance(queue, Queue) else queue
+        return self.enqueue(
+            workflow,
+            args,
+            kwargs,
+            key=key,
+            queue=name,
+            queue_key=queue_key,
+            priority=priority,
+        )
+
+    def _declared(self) -> dict[str, Queue]:
+        if not hasattr(self, "_queues"):
+            self._queues, self._queues_written = {}, set()
+        return self._queues
+
+    def _queue_fields(
+        self, queue: str | None, queue_key: str | None, priority: int
+    ) -> dict[str, Any]:
+        """What :meth:`Store.create_run` is told of a run's queue, once the queue is
+        known to be declared and its limits written."""
+        if queue is None:
+            if queue_key is not None or priority:
+                raise ConfigError(
+                    f"queue_key={queue_key!r} and priority={priority!r} need a queue: "
+                    "submit(..., queue=...)"
+                )
+            return {}
+        declared = self._declared().get(queue)
+        if declared is None:
+            raise ConfigError(
+                f"queue {queue!r} is not declared in this App; declare it first with "
+                f"app.queue({queue!r}, concurrency=..., per_key=..., rate=...)"
+            )
+        if queue_key is not None and (not isinstance(queue_key, str) or len(queue_key) > 200):
+            raise ConfigError(
+                f"queue_key must be a string of at most 200 characters, not {queue_key!r}"
+            )
+        if isinstance(priority, bool) or not isinstance(priority, int) or abs(priority) > 2**31 - 1:
+            raise ConfigError(f"priority must be an int (higher starts first), not {priority!r}")
+        if queue not in self._queues_written:
+            self.store.declare_queue(
+                queue,
+                concurrency=declared.concurrency,
+                per_key=declared.per_key,
+                rate=declared.rate,
+                burst=declared.burst,
+                now=self.clock.now(),
+            )
+            self._queues_written.add(queue)
+        return {"queue": queue, "queue_key": queue_key, "priority": priority}

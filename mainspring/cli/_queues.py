@@ -1,0 +1,56 @@
+"""``mainspring queues``: each queue's limits and how many of its runs are running,
+queued and waiting."""
+
+from __future__ import annotations
+
+from rich.table import Table
+
+from ._common import AppOption, DbOption, JsonOption, cli_errors, console, open_app, print_json
+
+__all__ = ["queues"]
+
+
+def queues(db: DbOption = None, app_spec: AppOption = None, as_json: JsonOption = False) -> None:
+    """List queues: their limits, and their runs running, queued and waiting (a
+    sleeping or waiting run holds no slot)."""
+    with cli_errors(), open_app(db, app_spec) as app:
+        found = app.queues()
+    if as_json:
+        print_json(
+            {
+                "queues": [
+                    {
+                        "name": q.name,
+                        "concurrency": q.concurrency,
+                        "per_key": q.per_key,
+                        "rate": q.rate,
+                        "burst": q.burst,
+                        "running": q.running,
+                        "queued": q.queued,
+                        "waiting": q.waiting,
+                    }
+                    for q in found
+                ]
+            }
+        )
+        return
+    out = console()
+    if not found:
+        out.print("no queues yet (declare one with app.queue(...) and submit to it)")
+        return
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for column in ("queue", "running", "queued", "waiting", "concurrency", "per key", "rate/s"):
+        table.add_column(column, no_wrap=True, justify="left" if column == "queue" else "right")
+    for q in found:
+        table.add_row(
+            q.name,
+            str(q.running),
+            str(q.queued),
+            str(q.waiting),
+            "-" if q.concurrency is None else str(q.concurrency),
+            "-" if q.per_key is None else str(q.per_key),
+            "-"
+            if q.rate is None
+            else f"{q.rate:g}" + (f" (burst {q.burst})" if q.burst > 1 else ""),
+        )
+    out.print(table)

@@ -1,0 +1,91 @@
+"""The API's views of runs, steps and requests (what ``_api`` answers with)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..hitl import Request as HumanRequest
+from ..serde import loads, public_error
+from ..storage import RunRecord, StepRecord
+from ._schemas import CurrentStep, RequestOut, RunOut, StepOut
+
+__all__ = ["decode", "request_out", "run_out", "step_out"]
+
+
+def decode(text: str | None) -> Any:
+    if text is None:
+        return None
+    try:
+        return loads(text)
+    except Exception:  # a journal row that is not JSON: show it as text
+        return text
+
+
+def step_out(s: StepRecord, *, admin: bool) -> StepOut:
+    return StepOut(
+        session=s.session,
+        seq=s.seq,
+        kind=s.kind,
+        name=s.name,
+        status=s.status,
+        attempt=s.attempt,
+        started_at=s.started_at,
+        finished_at=s.finished_at,
+        output=decode(s.output),
+        error=decode(s.error) if admin else public_error(decode(s.error)),
+    )
+
+
+def request_out(r: HumanRequest) -> RequestOut:
+    return RequestOut(**r.to_json(), url=f"/runs/{r.run_id}/requests/{r.id}")
+
+
+def run_out(
+    r: RunRecord,
+    current: StepRecord | None,
+    pending: list[HumanRequest],
+    *,
+    full: bool = False,
+    admin: bool = False,
+    summary: bool = False,
+) -> RunOut:
+    """A run for the API: ``full`` adds its input; ``admin`` keeps a failure's
+    traceback; ``summary`` (lists) leaves out the output, which the run's URL serves."""
+    error = decode(r.error)
+    suspended = r.status in ("sleeping", "waiting")
+    return RunOut(
+        id=r.id,
+        workflow=r.workflow,
+        key=r.key,
+        status=r.status,
+        session=r.session,
+        recoveries=r.recoveries,
+        parent=r.parent,
+        parent_step=r.parent_step,
+        version=r.version,
+        schedule=r.schedule,
+        queue=r.queue,
+        queue_key=r.queue_key,
+        priority=r.priority,
+        parent_kind=r.parent_kind,
+        created_at=r.created_at,
+        updated_at=r.updated_at,
+        finished_at=r.finished_at,
+        wait_reason=r.wait_reason if suspended else None,
+        wake_at=r.wake_at if suspended and r.wake_at else None,
+        input=decode(r.input) if full else None,
+        output=None if summary else decode(r.output),
+        error=error if admin else public_error(error),
+        current_step=(
+            CurrentStep(
+                session=current.session,
+                seq=current.seq,
+                kind=current.kind,
+                name=current.name,
+                status=current.status,
+            )
+            if current is not None
+            else None
+        ),
+        pending_requests=[request_out(p) for p in pending],
+    )
