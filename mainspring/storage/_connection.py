@@ -177,7 +177,7 @@ class Connection(ABC):
                     f"knows versions up to {LATEST}: upgrade mainspring to open it"
                 )
             # In order; a number may be absent while branches that each add one merge.
-            for version in sorted(v for v in MIGRATIONS if v > current):
+            for version in range(current + 1, LATEST + 1):
                 for statement in self._ddl(MIGRATIONS[version]).split(";"):
                     if statement.strip():
                         cur.execute(statement)
