@@ -15,7 +15,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from .. import App, Limits, ToolContext
+from .. import App, Limits, Tool, ToolContext
 from ..models import (
     AssistantMessage,
     Message,
@@ -56,7 +56,11 @@ def _policy(spec: TaskSpec, seed: int, rates: PolicyRates) -> Any:
         last = messages[-1] if messages else None
         result = last.content if isinstance(last, ToolResultMessage) else None
         previous = next(
-            (m.tool_calls[0] for m in reversed(messages) if isinstance(m, AssistantMessage) and m.tool_calls),
+            (
+                m.tool_calls[0]
+                for m in reversed(messages)
+                if isinstance(m, AssistantMessage) and m.tool_calls
+            ),
             None,
         )
         made, _ = world().model_calls(label)
@@ -146,7 +150,7 @@ def build_app(url: str | None = None) -> App:
         """Close a ticket."""
         return _call(ctx, "close_ticket", ticket=ticket)
 
-    tools = {
+    tools: dict[str, list[Tool[Any, Any]]] = {
         "migrate": [progress, validate, write, checkpoint],
         "support": [progress, open_ticket, refund, close_ticket],
     }

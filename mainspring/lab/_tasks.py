@@ -114,9 +114,7 @@ TASKS: dict[str, TaskSpec] = {
         (
             _PROGRESS,
             ToolDef("open_ticket", "Open a ticket and read it.", _int_arg("ticket")),
-            ToolDef(
-                "refund", "Refund a ticket (irreversible).", _int_arg("ticket"), True, True
-            ),
+            ToolDef("refund", "Refund a ticket (irreversible).", _int_arg("ticket"), True, True),
             ToolDef("close_ticket", "Close a ticket.", _int_arg("ticket")),
         ),
         calls_per_item=2.2,
@@ -231,7 +229,9 @@ class World:
     def duplicate_effects(self, label: str | None = None) -> int:
         """Effects that happened more than once: a key applied twice, or one item's
         write or refund applied under two keys."""
-        labels = [label] if label else [r for (r,) in self._conn().execute("SELECT label FROM runs")]
+        labels = (
+            [label] if label else [r for (r,) in self._conn().execute("SELECT label FROM runs")]
+        )
         extra = 0
         for one in labels:
             for effect in ("write", "refund"):
@@ -240,7 +240,7 @@ class World:
 
     def model_calls(self, label: str | None = None) -> tuple[int, int]:
         """``(calls, tokens)`` the model was paid for, re-paid calls after crashes included."""
-        sql, args = "SELECT COUNT(*), COALESCE(SUM(tokens), 0) FROM model_calls", ()
+        sql, args = "SELECT COUNT(*), COALESCE(SUM(tokens), 0) FROM model_calls", tuple[str, ...]()
         if label:
             sql, args = sql + " WHERE label = ?", (label,)
         calls, tokens = self._conn().execute(sql, args).fetchone()
@@ -248,14 +248,16 @@ class World:
 
     def injected(self, label: str | None = None) -> dict[str, int]:
         """How many errors of each kind the policy made."""
-        sql, args = "SELECT kind, COUNT(*) FROM injected", ()
+        sql, args = "SELECT kind, COUNT(*) FROM injected", tuple[str, ...]()
         if label:
             sql, args = sql + " WHERE label = ?", (label,)
         return {k: int(n) for k, n in self._conn().execute(sql + " GROUP BY kind", args)}
 
     def record_model_call(self, label: str, tokens: int) -> None:
         """Count one model call that was paid for (a reply came back)."""
-        self._conn().execute("INSERT INTO model_calls (label, tokens) VALUES (?, ?)", (label, tokens))
+        self._conn().execute(
+            "INSERT INTO model_calls (label, tokens) VALUES (?, ?)", (label, tokens)
+        )
 
     def record_injected(self, label: str, kind: str) -> None:
         """Count one error the policy made on purpose."""
@@ -298,9 +300,11 @@ class World:
         return {**done, "next": self.next(label)}
 
     def _state(self, label: str, idx: int) -> str | None:
-        row = self._conn().execute(
-            "SELECT state FROM items WHERE label = ? AND idx = ?", (label, idx)
-        ).fetchone()
+        row = (
+            self._conn()
+            .execute("SELECT state FROM items WHERE label = ? AND idx = ?", (label, idx))
+            .fetchone()
+        )
         return None if row is None else str(row[0])
 
     def _set(self, label: str, idx: int, state: str) -> None:
@@ -359,7 +363,7 @@ class World:
         return {"ok": True, tool: idx, "needs_refund": _needs_refund(idx)}
 
     def _needs_checkpoint(self, label: str) -> bool:
-        return self.next(label)["action"] == "checkpoint"
+        return bool(self.next(label)["action"] == "checkpoint")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
