@@ -88,7 +88,7 @@ class TaskSpec:
 _PROGRESS = ToolDef(
     "progress",
     "What is left to do: the next action and its item.",
-    {"type": "object", "properties": {}, "additionalProperties": False},
+    {"type": "object", "properties": {}, "required": [], "additionalProperties": False},
 )
 
 TASKS: dict[str, TaskSpec] = {
@@ -295,8 +295,22 @@ class World:
         return {"action": "finish"}
 
     def call(self, label: str, tool: str, arguments: dict[str, Any], key: str) -> dict[str, Any]:
-        """Run one tool call of a run; the result always says what is ``next``."""
-        done = self._apply(label, tool, arguments, key)
+        """Run one tool call of a run; the result always says what is ``next``.
+
+        Arguments that do not fit the tool's schema get an error result (a runner
+        with no validation of its own passes them through)."""
+        task = self._conn().execute("SELECT task FROM runs WHERE label = ?", (label,)).fetchone()
+        names = [t.name for t in TASKS[task[0]].tools] if task else []
+        if tool not in names:
+            done: dict[str, Any] = {"ok": False, "error": f"no tool {tool!r} in this task"}
+        else:
+            wanted = TASKS[task[0]].tool(tool).parameters["required"]
+            if sorted(arguments) != sorted(wanted) or not all(
+                isinstance(arguments[k], int) for k in wanted
+            ):
+                done = {"ok": False, "error": f"{tool} takes integer {wanted}, got {arguments!r}"}
+            else:
+                done = self._apply(label, tool, arguments, key)
         return {**done, "next": self.next(label)}
 
     def _state(self, label: str, idx: int) -> str | None:
