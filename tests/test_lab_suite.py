@@ -11,8 +11,7 @@ from typer.testing import CliRunner
 
 from mainspring import ConfigError
 from mainspring.cli import cli
-from mainspring.lab import TASKS, PolicyRates, SuiteProfile, run_suite
-from mainspring.lab._tasks import World, decide
+from mainspring.lab import TASKS, PolicyRates, SuiteProfile, SuiteWorld, decide, run_suite
 
 runner = CliRunner()
 _KINDS = ("malformed", "wrong_tool", "repeat", "forget")
@@ -73,8 +72,8 @@ def test_policy_asks_the_world_when_it_lost_track() -> None:
 
 @pytest.mark.parametrize("task", ["migrate", "support"])
 def test_a_plain_loop_over_the_world_finishes_despite_policy_errors(task: str, tmp_path) -> None:
-    # The interface a peer runner uses: decide() plays the model, World.call the tools.
-    world = World(tmp_path / "world.db")
+    # The interface a peer runner uses: decide() plays the model, SuiteWorld.call the tools.
+    world = SuiteWorld(tmp_path / "world.db")
     world.add_run(task, "b1", 12)
     rng, rates = (
         random.Random(5),
@@ -106,7 +105,7 @@ def test_a_plain_loop_over_the_world_finishes_despite_policy_errors(task: str, t
 
 
 def test_the_world_counts_a_planted_duplicate_effect(tmp_path) -> None:
-    world = World(tmp_path / "world.db")
+    world = SuiteWorld(tmp_path / "world.db")
     world.add_run("migrate", "m1", 2)
     world.add_run("support", "s1", 3)
     assert world.call("m1", "validate", {"record": 0}, "k1")["ok"]

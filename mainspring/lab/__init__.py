@@ -23,7 +23,7 @@ from ._stats import pass_hat_k, theory_success, wilson
 from ._stubs import lab_stubs
 from ._suite import SuiteCell, SuiteProfile, run_suite, suite_markdown
 from ._target import LabTarget, parse_json_args, resolve_target, run_workflow_lab
-from ._tasks import TASKS, PolicyRates
+from ._tasks import TASKS, PolicyRates, SuiteWorld, TaskSpec, ToolDef, decide
 
 __all__ = [
     "CHECKS",
@@ -44,7 +44,11 @@ __all__ = [
     "PreflightReport",
     "SuiteCell",
     "SuiteProfile",
+    "SuiteWorld",
+    "TaskSpec",
+    "ToolDef",
     "TrialFailure",
+    "decide",
     "failure_lines",
     "html_report",
     "import_object",

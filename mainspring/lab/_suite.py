@@ -29,7 +29,7 @@ from typing import Any
 from .. import ConfigError, MainspringError
 from ._stats import pass_hat_k, wilson
 from ._suite_app import build_app
-from ._tasks import TASKS, PolicyRates, World
+from ._tasks import TASKS, PolicyRates, SuiteWorld
 
 __all__ = ["SuiteCell", "SuiteProfile", "run_suite", "suite_markdown"]
 
@@ -163,7 +163,7 @@ def _cell(
     with tempfile.TemporaryDirectory(prefix="mainspring-suite-") as tmp:
         where = Path(tmp)
         url = f"sqlite:///{where / 'suite.db'}"
-        world = World(where / "world.db")
+        world = SuiteWorld(where / "world.db")
         rates = {**asdict(profile.policy), "transient": profile.transient}
         env = {
             **os.environ,
@@ -194,7 +194,7 @@ def _cell(
 
 def _drive(
     app: Any,
-    world: World,
+    world: SuiteWorld,
     env: dict[str, str],
     where: Path,
     labels: dict[str, str],
@@ -242,7 +242,7 @@ def _drive(
 
 def _audit(
     app: Any,
-    world: World,
+    world: SuiteWorld,
     task: str,
     steps: int,
     items: int,

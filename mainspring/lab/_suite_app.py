@@ -26,19 +26,19 @@ from ..models import (
     ToolSpec,
 )
 from ..testing import FaultProfile, FaultyModel, ScriptedModel
-from ._tasks import TASKS, PolicyRates, TaskSpec, World, decide
+from ._tasks import TASKS, PolicyRates, SuiteWorld, TaskSpec, decide
 
 __all__ = ["app", "build_app", "world"]
 
 _LABEL = re.compile(r"batch (\w+)")
-_worlds: dict[str, World] = {}
+_worlds: dict[str, SuiteWorld] = {}
 
 
-def world() -> World:
+def world() -> SuiteWorld:
     """This process's handle on the world file of ``MAINSPRING_SUITE_WORLD``."""
     path = os.environ["MAINSPRING_SUITE_WORLD"]
     if path not in _worlds:
-        _worlds[path] = World(path)
+        _worlds[path] = SuiteWorld(path)
     return _worlds[path]
 
 

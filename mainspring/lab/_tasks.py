@@ -7,21 +7,21 @@ OpenAI Agents SDK) uses, none of it tied to mainspring's agent machinery:
   schema of the arguments, whether a reviewer must approve the call), its
   instructions, and how many items a run of ``steps`` steps handles
   (:meth:`TaskSpec.items`: about one tool call per step on the clean path).
-* :class:`World` is the outside world of every run of a cell, one SQLite file shared
+* :class:`SuiteWorld` is the outside world of every run of a cell, one SQLite file shared
   by processes: the items' states and the effect ledger
   (:class:`~mainspring.testing.EffectLedger`, whose tables live in the same file).
-  :meth:`World.call` runs one tool call ``(task, label, tool, arguments, key)``;
+  :meth:`SuiteWorld.call` runs one tool call ``(label, tool, arguments, key)``;
   ``key`` is the call's idempotency key (the same on every re-execution of one
   call). It returns a JSON-ready dict that always carries ``next``: what the world
-  says is to do next. :meth:`World.check` audits a run's end state,
-  :meth:`World.duplicate_effects` counts effects that happened twice.
+  says is to do next. :meth:`SuiteWorld.check` audits a run's end state,
+  :meth:`SuiteWorld.duplicate_effects` counts effects that happened twice.
 * :func:`decide` is the stochastic scripted policy that plays the model: from the
   messages it sees (the last tool result's ``next``) it picks the next tool call,
   and with the rates of :class:`PolicyRates` makes the errors models make —
   malformed arguments, the wrong tool, repeating its last call, forgetting progress
   (acting on an item already done). Each injected error is recorded in the world
-  (:meth:`World.injected`) with each model call and its tokens
-  (:meth:`World.model_calls`), crashes' re-paid calls included.
+  (:meth:`SuiteWorld.injected`) with each model call and its tokens
+  (:meth:`SuiteWorld.model_calls`), crashes' re-paid calls included.
 
 A run's task text is ``"<task> batch <label>"``; the label names the run's items.
 """
@@ -38,7 +38,7 @@ from typing import Any
 
 from ..testing import EffectLedger
 
-__all__ = ["TASKS", "PolicyRates", "TaskSpec", "ToolDef", "World", "decide", "label_of"]
+__all__ = ["TASKS", "PolicyRates", "SuiteWorld", "TaskSpec", "ToolDef", "decide", "label_of"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,7 +131,7 @@ def _needs_refund(ticket: int) -> bool:
     return ticket % 5 == 2
 
 
-class World:
+class SuiteWorld:
     """The world of one cell's runs: items, effects and the model's calls, in one file.
 
     Args:
