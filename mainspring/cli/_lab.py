@@ -374,6 +374,10 @@ def suite(
         int, typer.Option(help="SIGKILL a worker about every N model calls (0: never).")
     ] = 50,
     workers: Annotated[int, typer.Option(help="Worker processes alive at once.")] = 2,
+    model_attempts: Annotated[
+        int | None,
+        typer.Option(help="Attempts per model call (default: mainspring's model_retry)."),
+    ] = None,
     quick: Annotated[
         bool,
         typer.Option("--quick", help="A small sample for CI: 10 steps, 3 runs, kills every 8."),
@@ -387,7 +391,11 @@ def suite(
     with cli_errors():
         tasks = [t.strip() for t in task.split(",") if t.strip()]
         lengths = [10] if quick else parse_steps(steps)
-        profile = SuiteProfile(transient=transient, kill_every=8 if quick else kill_every)
+        profile = SuiteProfile(
+            transient=transient,
+            kill_every=8 if quick else kill_every,
+            model_attempts=model_attempts,
+        )
         err = console()
         err.stderr = True
         with err.status("suite: starting workers...") as status:

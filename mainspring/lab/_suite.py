@@ -44,11 +44,14 @@ class SuiteProfile:
         transient: the share of model calls that fail with a transient error.
         kill_every: SIGKILL a worker about every this many model calls (0: never).
         policy: the policy's own error rates.
+        model_attempts: attempts of each model call (``None``: mainspring's default
+            ``model_retry``).
     """
 
     transient: float = 0.1
     kill_every: int = 50
     policy: PolicyRates = field(default_factory=PolicyRates)
+    model_attempts: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -174,6 +177,8 @@ def _cell(
             # Room for the clean path three times over: errors cost turns.
             "MAINSPRING_SUITE_MAX_STEPS": str(int(steps * 3 + 30)),
         }
+        if profile.model_attempts is not None:
+            env["MAINSPRING_SUITE_MODEL_ATTEMPTS"] = str(profile.model_attempts)
         app = build_app(url)
         labels: dict[str, str] = {}
         try:

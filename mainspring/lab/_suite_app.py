@@ -3,7 +3,9 @@
 Configured by the environment the suite gives its workers: ``MAINSPRING_DATABASE_URL``
 (the store), ``MAINSPRING_SUITE_WORLD`` (the world's SQLite file),
 ``MAINSPRING_SUITE_SEED``, ``MAINSPRING_SUITE_RATES`` (the policy's error rates and the
-provider's transient rate, as JSON) and ``MAINSPRING_SUITE_MAX_STEPS``.
+provider's transient rate, as JSON), ``MAINSPRING_SUITE_MAX_STEPS`` and
+``MAINSPRING_SUITE_MODEL_ATTEMPTS`` (the model retry policy's attempts; mainspring's
+default when unset).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from .. import App, Limits, Tool, ToolContext
+from .. import App, Limits, RetryPolicy, Tool, ToolContext
 from ..models import (
     AssistantMessage,
     Message,
@@ -157,6 +159,8 @@ def build_app(url: str | None = None) -> App:
     seed = int(os.environ.get("MAINSPRING_SUITE_SEED", "0"))
     rates, transient = _rates()
     max_steps = int(os.environ.get("MAINSPRING_SUITE_MAX_STEPS", "100"))
+    attempts = os.environ.get("MAINSPRING_SUITE_MODEL_ATTEMPTS")
+    retry = RetryPolicy(max_attempts=int(attempts)) if attempts else None
     for name, spec in TASKS.items():
         model = _Metered(
             FaultyModel(
@@ -171,6 +175,7 @@ def build_app(url: str | None = None) -> App:
             instructions=spec.instructions,
             tools=tools[name],
             limits=Limits(max_steps=max_steps),
+            model_retry=retry,
         )
     return suite
 
