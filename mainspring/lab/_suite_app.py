@@ -26,13 +26,14 @@ from ..models import (
     ModelSettings,
     ToolResultMessage,
     ToolSpec,
+    UserMessage,
 )
 from ..testing import FaultProfile, FaultyModel, ScriptedModel
 from ._tasks import TASKS, PolicyRates, SuiteWorld, TaskSpec, decide
 
 __all__ = ["app", "build_app", "world"]
 
-_LABEL = re.compile(r"batch (\w+)")
+_LABEL = re.compile(r"\bbatch (\w+)")
 _worlds: dict[str, SuiteWorld] = {}
 
 
@@ -46,7 +47,9 @@ def world() -> SuiteWorld:
 
 def _label(messages: Sequence[Message]) -> str:
     for message in messages:
-        found = _LABEL.search(getattr(message, "content", None) or "")
+        if not isinstance(message, UserMessage):
+            continue
+        found = _LABEL.search(message.content)
         if found:
             return found.group(1)
     raise ValueError("the task text names no batch")
@@ -55,8 +58,11 @@ def _label(messages: Sequence[Message]) -> str:
 def _policy(spec: TaskSpec, seed: int, rates: PolicyRates) -> Any:
     def play(messages: Sequence[Message], tools: Sequence[ToolSpec]) -> ModelResponse:
         label = _label(messages)
-        last = messages[-1] if messages else None
-        result = last.content if isinstance(last, ToolResultMessage) else None
+        # Like a model reading its history: the latest tool result says what is next
+        # (a repair request or a loop nudge after it does not erase it).
+        result = next(
+            (m.content for m in reversed(messages) if isinstance(m, ToolResultMessage)), None
+        )
         previous = next(
             (
                 m.tool_calls[0]
