@@ -350,6 +350,8 @@ class SuiteWorld:
             return {"ok": False, "error": f"{tool} {idx}: item is {state}"}
         if tool == "refund" and not _needs_refund(idx):
             return {"ok": False, "error": f"ticket {idx} needs no refund"}
+        if tool == "close_ticket" and state == "opened" and _needs_refund(idx):
+            return {"ok": False, "error": f"ticket {idx} needs its refund before closing"}
         if tool == "write" and self._needs_checkpoint(label):
             return {"ok": False, "error": "a checkpoint is due before more writes"}
         payload = {"label": label, "item": idx}
