@@ -13,6 +13,7 @@ from .. import ConfigError
 from ..lab import (
     LabProfile,
     LabResult,
+    SuiteProfile,
     failure_lines,
     html_report,
     markdown_report,
@@ -23,7 +24,9 @@ from ..lab import (
     rich_table,
     run_chaos,
     run_lab,
+    run_suite,
     run_workflow_lab,
+    suite_markdown,
 )
 from ..lab import preflight as check
 from ._common import JsonOption, cli_errors, console, print_json
@@ -355,4 +358,64 @@ def preflight(
         missing = sum(f.status == "fail" for f in report.findings)
         out.print("ready" if report.ok else f"{missing} item(s) missing")
     if not report.ok:
+        raise typer.Exit(1)
+
+
+@lab_commands.command()
+def suite(
+    task: Annotated[
+        str, typer.Option(help="Tasks, comma-separated: migrate, support.")
+    ] = "migrate,support",
+    steps: Annotated[str, typer.Option(help="Task lengths in steps, comma-separated.")] = "10,100",
+    runs: Annotated[int, typer.Option(help="Runs per task and length.")] = 20,
+    seed: Annotated[int, typer.Option(help="Seed of the policy's draws.")] = 0,
+    transient: Annotated[float, typer.Option(help="Transient model error rate.")] = 0.1,
+    kill_every: Annotated[
+        int, typer.Option(help="SIGKILL a worker about every N model calls (0: never).")
+    ] = 50,
+    workers: Annotated[int, typer.Option(help="Worker processes alive at once.")] = 2,
+    model_attempts: Annotated[
+        int | None,
+        typer.Option(help="Attempts per model call (default: mainspring's model_retry)."),
+    ] = None,
+    quick: Annotated[
+        bool,
+        typer.Option("--quick", help="A small sample for CI: 10 steps, 3 runs, kills every 8."),
+    ] = False,
+    json_out: JsonOption = False,
+) -> None:
+    """The horizon suite: long agent tasks under model, provider and process faults.
+
+    Exits 1 when a run failed or an effect happened twice.
+    """
+    with cli_errors():
+        tasks = [t.strip() for t in task.split(",") if t.strip()]
+        lengths = [10] if quick else parse_steps(steps)
+        profile = SuiteProfile(
+            transient=transient,
+            kill_every=8 if quick else kill_every,
+            model_attempts=model_attempts,
+        )
+        err = console()
+        err.stderr = True
+        with err.status("suite: starting workers...") as status:
+            cells = run_suite(
+                tasks=tasks,
+                steps=lengths,
+                runs=3 if quick else runs,
+                seed=seed,
+                profile=profile,
+                workers=workers,
+                progress=lambda c: status.update(f"suite: {c.task} at {c.steps} steps done"),
+            )
+    ok = all(c.succeeded == c.runs and c.duplicate_effects == 0 for c in cells)
+    if json_out:
+        print_json({"ok": ok, "cells": [c.to_dict() for c in cells]})
+    else:
+        print(suite_markdown(cells))
+        for cell in cells:
+            for failure in cell.failures[:10]:
+                print(f"  failure: {failure}")
+        print("OK: every run succeeded, no effect twice" if ok else "FAILED")
+    if not ok:
         raise typer.Exit(1)

@@ -6,8 +6,9 @@ full mainspring — by success rate (Wilson intervals), pass^k, steps to failure
 recoveries, duplicate effects, tokens and cost per success (:func:`run_lab` on seed
 000's chain, :func:`run_workflow_lab` on your own workflow or agent);
 kill real worker processes at random and audit the journal and the effect ledger
-(:func:`run_chaos`); check a workflow or agent against the pre-release checklist
-(:func:`preflight`).
+(:func:`run_chaos`); run long agent tasks under model, provider and process
+faults (:func:`run_suite`, the horizon suite); check a workflow or agent against
+the pre-release checklist (:func:`preflight`).
 """
 
 from ._chaos import ChaosResult, run_chaos
@@ -20,13 +21,16 @@ from ._report import failure_lines, html_report, markdown_report, rich_table
 from ._run import PASS_K, Cell, LabResult, TrialFailure, parse_steps, run_lab
 from ._stats import pass_hat_k, theory_success, wilson
 from ._stubs import lab_stubs
+from ._suite import SuiteCell, SuiteProfile, run_suite, suite_markdown
 from ._target import LabTarget, parse_json_args, resolve_target, run_workflow_lab
+from ._tasks import TASKS, PolicyRates, SuiteWorld, TaskSpec, ToolDef, decide
 
 __all__ = [
     "CHECKS",
     "PASS_K",
     "POLICIES",
     "POLICY_TITLES",
+    "TASKS",
     "Cell",
     "ChaosResult",
     "FailureCause",
@@ -36,8 +40,15 @@ __all__ = [
     "LabResult",
     "LabTarget",
     "Policy",
+    "PolicyRates",
     "PreflightReport",
+    "SuiteCell",
+    "SuiteProfile",
+    "SuiteWorld",
+    "TaskSpec",
+    "ToolDef",
     "TrialFailure",
+    "decide",
     "failure_lines",
     "html_report",
     "import_object",
@@ -53,7 +64,9 @@ __all__ = [
     "rich_table",
     "run_chaos",
     "run_lab",
+    "run_suite",
     "run_workflow_lab",
+    "suite_markdown",
     "theory_success",
     "wilson",
 ]

@@ -1,0 +1,139 @@
+"""The horizon suite: the quick sample passes under faults, the policy errs as asked,
+the world counts a planted duplicate effect, and the CLI runs it."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+from typer.testing import CliRunner
+
+from mainspring import ConfigError
+from mainspring.cli import cli
+from mainspring.lab import TASKS, PolicyRates, SuiteProfile, SuiteWorld, decide, run_suite
+
+runner = CliRunner()
+_KINDS = ("malformed", "wrong_tool", "repeat", "forget")
+
+
+def test_quick_suite_succeeds_under_kills_transients_and_policy_errors() -> None:
+    # The CLI's --quick sample: both tasks, 10 steps, 3 runs each, a SIGKILL about
+    # every 8 model calls, 10 % transient model errors, the policy's default error rates.
+    result = runner.invoke(cli, ["lab", "suite", "--quick", "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    assert report["ok"] is True
+    cells = report["cells"]
+    assert [c["task"] for c in cells] == ["migrate", "support"]
+    for cell in cells:
+        assert cell["succeeded"] == cell["runs"] == 3, cell["failures"]
+        assert cell["duplicate_effects"] == 0
+        assert cell["kills"] >= 1  # process faults really happened
+        assert cell["model_calls"] >= cell["items"] * 2 * cell["runs"]
+        assert cell["pass_k"] == 1.0
+        assert cell["wilson95"][1] == 1.0
+    # The policy really erred, and mainspring's loop recovered from it.
+    assert sum(sum(c["injected"].values()) for c in cells) >= 1
+
+
+@pytest.mark.parametrize("kind", _KINDS)
+def test_policy_injects_each_error_at_its_rate(kind: str) -> None:
+    spec = TASKS["migrate"]
+    result = json.dumps({"ok": True, "next": {"action": "write", "record": 7}})
+    rates = PolicyRates(**{k: 0.25 if k == kind else 0.0 for k in _KINDS})
+    rng = random.Random(3)
+    made = [decide(spec, result, ("validate", '{"record": 7}'), rng, rates) for _ in range(2000)]
+    errors = [m for m in made if m[2] is not None]
+    assert {m[2] for m in errors} == {kind}
+    assert 400 <= len(errors) <= 600  # 25 % of 2,000, seeded
+    clean = [m for m in made if m[2] is None]
+    assert all(m[:2] == ("write", '{"record": 7}') for m in clean)
+    for tool, arguments, _ in errors:
+        if kind == "malformed":
+            assert tool == "write" and arguments != '{"record": 7}'
+        elif kind == "wrong_tool":
+            assert tool in ("validate", "checkpoint")
+        elif kind == "repeat":
+            assert (tool, arguments) == ("validate", '{"record": 7}')
+        else:
+            assert tool == "write" and json.loads(arguments)["record"] < 7
+
+
+def test_policy_asks_the_world_when_it_lost_track() -> None:
+    rates = PolicyRates(malformed=1.0, wrong_tool=0, repeat=0, forget=0)
+    for seen in (None, "not json", json.dumps({"ok": True})):
+        assert decide(TASKS["support"], seen, None, random.Random(0), rates) == (
+            "progress",
+            "{}",
+            None,
+        )
+
+
+@pytest.mark.parametrize("task", ["migrate", "support"])
+def test_a_plain_loop_over_the_world_finishes_despite_policy_errors(task: str, tmp_path) -> None:
+    # The interface a peer runner uses: decide() plays the model, SuiteWorld.call the tools.
+    world = SuiteWorld(tmp_path / "world.db")
+    world.add_run(task, "b1", 12)
+    rng, rates = (
+        random.Random(5),
+        PolicyRates(malformed=0.1, wrong_tool=0.1, repeat=0.1, forget=0.1),
+    )
+    last_result: str | None = None
+    last_call: tuple[str, str] | None = None
+    errors = 0
+    for turn in range(400):
+        tool, arguments, error = decide(TASKS[task], last_result, last_call, rng, rates)
+        errors += error is not None
+        if tool == "finish":
+            break
+        try:
+            parsed = json.loads(arguments)
+        except ValueError:
+            last_result = "repair: the arguments are not JSON"
+            continue
+        if not isinstance(parsed.get(next(iter(parsed), ""), 0), int):
+            last_result = "repair: the argument must be an integer"
+            continue
+        last_call = (tool, arguments)
+        last_result = json.dumps(world.call("b1", tool, parsed, f"b1:{turn}"))
+    assert tool == "finish"
+    assert errors > 0
+    assert world.check("b1") == []
+    assert world.duplicate_effects() == 0
+    world.close()
+
+
+def test_the_world_counts_a_planted_duplicate_effect(tmp_path) -> None:
+    world = SuiteWorld(tmp_path / "world.db")
+    world.add_run("migrate", "m1", 2)
+    world.add_run("support", "s1", 3)
+    assert world.call("m1", "validate", {"record": 0}, "k1")["ok"]
+    assert world.call("m1", "write", {"record": 0}, "k2")["ok"]
+    assert world.call("m1", "write", {"record": 0}, "k3")["ok"] is False  # already written
+    # A re-execution with the same key is deduplicated by the idempotent API ...
+    world.ledger.apply("k2", "write", {"label": "m1", "item": 0})
+    assert world.duplicate_effects() == 0
+    # ... but the same record written under another key is a duplicate effect.
+    world.ledger.apply("k-planted", "write", {"label": "m1", "item": 0})
+    assert world.duplicate_effects("m1") == 1
+    # A refund has no deduplication: twice is twice.
+    assert world.call("s1", "open_ticket", {"ticket": 2}, "k4")["ok"]
+    refused = world.call("s1", "close_ticket", {"ticket": 2}, "k4b")  # the wrong tool
+    assert refused["ok"] is False and "needs its refund" in refused["error"]
+    assert world.call("s1", "refund", {"ticket": 2}, "k5")["ok"]
+    world.ledger.apply_unsafe("refund:s1:2", "refund", {"label": "s1", "item": 2})
+    assert world.duplicate_effects("s1") == 1
+    assert world.duplicate_effects() == 2
+    assert any("refund effects" in p for p in world.check("s1"))
+    world.close()
+
+
+def test_bad_input_is_named() -> None:
+    with pytest.raises(ConfigError, match="unknown task"):
+        run_suite(tasks=["reconcile"], steps=[10], runs=1)
+    with pytest.raises(ConfigError, match="runs"):
+        run_suite(tasks=["migrate"], steps=[10], runs=0, profile=SuiteProfile())
+    result = runner.invoke(cli, ["lab", "suite", "--task", "nope", "--quick"])
+    assert result.exit_code != 0
+    assert "unknown task" in result.output
