@@ -105,7 +105,7 @@ class Agents:
                 tokens; bytes of model replies and tool results journaled; seconds),
                 and start the next from a hand-off of the state and a summary.
             prices: USD per million tokens per model id (defaults: ``limits.PRICES``).
-            model_retry: back-off for transient model errors (4 attempts, 1 s doubling).
+            model_retry: back-off for transient model errors (8 attempts, 1 s doubling to 30 s).
             ask_human: give the model an ``ask_human(question, choices?)`` tool; the
                 run waits durably for the answer (a request, like an approval).
             rate_account: which account's rate limits the model calls count against
