@@ -156,11 +156,11 @@ async def call_in_thread(
     deadline = None if timeout is None else loop.time() + timeout
     call = _Call(fn)
     submitted = None if _warm.try_call(call) else threads.submit(call.run)
+    ended = False
     if short_wait_s > 0:
         wait = short_wait_s if timeout is None else max(0.0, min(short_wait_s, timeout))
-        if call.ended.acquire(timeout=wait):
-            return call.outcome()
-    waiter = call.wait_async(loop)
+        ended = call.ended.acquire(timeout=wait)
+    waiter = None if ended else call.wait_async(loop)
     if waiter is not None:
         if submitted is not None:
             # A pool shut down with cancel_futures drops queued calls: they never run.
@@ -170,6 +170,8 @@ async def call_in_thread(
         else:  # the short wait counts: the deadline was set before it
             async with asyncio.timeout_at(deadline):
                 await waiter
+    # One line for both ways back: a failure's traceback (journaled with its error)
+    # is the same whichever way the result came.
     return call.outcome()
 
 
