@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from _helpers import drain
+from _helpers import drain, uvicorn_serving
 
 import mainspring as ms
 from mainspring.testing import ScriptedModel
@@ -43,30 +43,12 @@ def browser() -> Any:
 def served(db_url: str) -> Iterator[tuple[str, ms.App]]:
     """The HTTP API and dashboard of an App on ``db_url`` under uvicorn on 127.0.0.1
     (its own thread and App, as a server process would be): (base url, that App)."""
-    uvicorn = pytest.importorskip("uvicorn")
-    from mainspring.server import create_app
-
     app = ms.App(db_url)
-    config = uvicorn.Config(
-        create_app(app, webhooks=False, events_poll_s=0.05),
-        host="127.0.0.1",
-        port=0,
-        log_level="warning",
-        lifespan="on",
-    )
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    for _ in range(600):
-        if server.started:
-            break
-        threading.Event().wait(0.05)
-    assert server.started, "the server never listened"
-    port = server.servers[0].sockets[0].getsockname()[1]
-    yield f"http://127.0.0.1:{port}", app
-    server.should_exit = True
-    thread.join(30)
-    app.close()
+    try:
+        with uvicorn_serving(app) as base:
+            yield base, app
+    finally:
+        app.close()
 
 
 def _login(browser: Any, base: str, key: str) -> Any:

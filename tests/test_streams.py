@@ -8,13 +8,12 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import threading
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import httpx
 import pytest
-from _helpers import Crash, drain
+from _helpers import Crash, drain, uvicorn_serving
 
 import mainspring as ms
 from mainspring.models import ScriptedModel, ToolSpec, UserMessage
@@ -144,30 +143,13 @@ async def _until(check: Any, timeout: float = 30.0) -> None:
 def served(tmp_path: Any, db_url: str) -> Iterator[tuple[str, str, str]]:
     """The HTTP API of an App on ``db_url`` under uvicorn on 127.0.0.1 (its own thread
     and App, as a server process would be): (base url, admin key, db url)."""
-    uvicorn = pytest.importorskip("uvicorn")
-    from mainspring.server import create_app
-
     app = ms.App(db_url)
     key = app.create_key("ops", ["admin"])[1]
-    config = uvicorn.Config(
-        create_app(app, webhooks=False, events_poll_s=0.05),
-        host="127.0.0.1",
-        port=0,
-        log_level="warning",
-        lifespan="on",
-    )
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    for _ in range(600):
-        if server.started:
-            break
-        threading.Event().wait(0.05)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    yield f"http://127.0.0.1:{port}", key, db_url
-    server.should_exit = True
-    thread.join(30)
-    app.close()
+    try:
+        with uvicorn_serving(app) as base:
+            yield base, key, db_url
+    finally:
+        app.close()
 
 
 async def _sse(response: httpx.Response) -> AsyncIterator[dict[str, Any]]:

@@ -16,10 +16,8 @@ repeats happens once, at its first occurrence.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -30,6 +28,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from croniter import croniter
 
 from .._clock import Clock
+from .._config import config_entries
 from .._errors import ConfigError, ScheduleNotFound
 from ..journal import Workflow
 from ..storage import CatchUp, ScheduleRecord, Store
@@ -288,23 +287,7 @@ class Schedules:
                 message names the file, the entry and the field).
         """
         file = Path(path)
-        try:
-            text = file.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise ConfigError(f"schedules file {str(file)!r}: cannot read it: {exc}") from None
-        try:
-            data: Any = json.loads(text) if file.suffix == ".json" else tomllib.loads(text)
-        except (ValueError, tomllib.TOMLDecodeError) as exc:
-            kind = "JSON" if file.suffix == ".json" else "TOML"
-            raise ConfigError(f"schedules file {str(file)!r} is not valid {kind}: {exc}") from None
-        if not isinstance(data, dict) or set(data) - {"schedule"}:
-            raise ConfigError(
-                f"schedules file {str(file)!r}: expected only a list named 'schedule' "
-                "([[schedule]] tables in TOML)"
-            )
-        entries = data.get("schedule", [])
-        if not isinstance(entries, list):
-            raise ConfigError(f"schedules file {str(file)!r}: 'schedule' must be a list")
+        entries = config_entries(file, what="schedules", key="schedule")
         out: list[Schedule] = []
         fields = {"name", "cron", "workflow", "args", "kwargs", "tz", "catch_up"}
         for i, entry in enumerate(entries, 1):

@@ -4,17 +4,15 @@ configuration file that declares them."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import math
 import os
-import tomllib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import fields
 from pathlib import Path
-from typing import Any
 
 from .._clock import Clock, SystemClock
+from .._config import config_entries
 from .._errors import ConfigError, StoreError, StoreUnavailable
 from ..storage import Store
 from ._rate import (
@@ -400,24 +398,7 @@ def load_rate_limits(path: str | os.PathLike[str]) -> list[RateLimit]:
             message names the file, the entry and the field).
     """
     file = Path(path)
-    try:
-        text = file.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"rate limits file {str(file)!r}: cannot read it: {exc}") from None
-    try:
-        data: Any = json.loads(text) if file.suffix == ".json" else tomllib.loads(text)
-    except (ValueError, tomllib.TOMLDecodeError) as exc:
-        kind = "JSON" if file.suffix == ".json" else "TOML"
-        raise ConfigError(f"rate limits file {str(file)!r} is not valid {kind}: {exc}") from None
-    if not isinstance(data, dict) or set(data) - {"rate_limit"}:
-        found = sorted(data) if isinstance(data, dict) else data
-        raise ConfigError(
-            f"rate limits file {str(file)!r}: expected only a list named 'rate_limit' "
-            f"([[rate_limit]] tables in TOML), found {found!r:.200}"
-        )
-    entries = data.get("rate_limit", [])
-    if not isinstance(entries, list):
-        raise ConfigError(f"rate limits file {str(file)!r}: 'rate_limit' must be a list")
+    entries = config_entries(file, what="rate limits", key="rate_limit")
     out: list[RateLimit] = []
     for i, entry in enumerate(entries, 1):
         where = f"rate limits file {str(file)!r}, entry {i}"
