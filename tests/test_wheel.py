@@ -8,6 +8,7 @@ mainspring itself comes from the wheel, and the test checks that it did.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -52,30 +53,54 @@ def test_the_wheel_holds_the_demo_workflow(wheel: Path) -> None:
     assert "mainspring/cli/_demo.py" in names
 
 
-def test_demo_runs_from_the_installed_wheel(wheel: Path, tmp_path: Path) -> None:
-    venv = tmp_path / "venv"
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+@pytest.fixture(scope="module")
+def installed(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fresh venv with the wheel installed; its ``bin`` directory."""
+    root = tmp_path_factory.mktemp("wheel-venv")
+    venv = root / "venv"
+    env = _env()
     # --system-site-packages: the dependencies are already there, so nothing is downloaded;
     # the system pip is visible too, so the venv needs none of its own.
     _run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(venv)],
-         cwd=tmp_path, env=env)  # fmt: skip
+         cwd=root, env=env)  # fmt: skip
     python = venv / "bin" / "python"
     _run([str(python), "-m", "pip", "install", "--quiet", "--no-deps", str(wheel)],
-         cwd=tmp_path, env=env)  # fmt: skip
+         cwd=root, env=env)  # fmt: skip
     where = _run(
-        [str(python), "-c", "import mainspring; print(mainspring.__file__)"], cwd=tmp_path, env=env
+        [str(python), "-c", "import mainspring; print(mainspring.__file__)"], cwd=root, env=env
     ).stdout.strip()
     assert Path(where).is_relative_to(venv), where  # the wheel's copy, not the checkout
+    return venv / "bin"
 
+
+def _env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+
+
+def test_demo_runs_from_the_installed_wheel(installed: Path, tmp_path: Path) -> None:
     demo = tmp_path / "demo"
     done = _run(
-        [str(venv / "bin" / "mainspring"), "demo", "--yes", "--no-lab", "--customers", "12",
+        [str(installed / "mainspring"), "demo", "--yes", "--no-lab", "--customers", "12",
          "--dir", str(demo)],
         cwd=tmp_path,
-        env=env,
+        env=_env(),
     )  # fmt: skip
     assert "all 9 checks passed" in done.stdout, done.stdout
-    assert f"({venv}" in done.stdout  # the workflow line names the installed package
+    assert f"({installed.parent}" in done.stdout  # the workflow line names the installed package
     # The workers imported the same installed copy (their logs would show a traceback).
     for log in ("worker-1.log", "worker-2.log"):
         assert "Traceback" not in (demo / log).read_text()
+
+
+def test_the_horizon_suite_runs_from_the_installed_wheel(installed: Path, tmp_path: Path) -> None:
+    """``mainspring lab suite --quick``: its worker processes import the suite's App from the
+    installed package (no checkout on the path), and every run passes its audit."""
+    done = _run(
+        [str(installed / "mainspring"), "lab", "suite", "--quick", "--json"],
+        cwd=tmp_path,
+        env=_env(),
+    )
+    report = json.loads(done.stdout)
+    cells = report["cells"]
+    assert cells and all(c["succeeded"] == c["runs"] for c in cells), done.stdout
+    assert all(c["duplicate_effects"] == 0 for c in cells), done.stdout
