@@ -155,3 +155,42 @@ async def test_awaiting_the_result_of_a_waiting_run_says_so(
     ]
     assert f"mainspring signal {run.run_id} ship" in line
     app.close()
+
+
+async def test_a_worker_sweeps_before_it_calls_itself_idle(tmp_path: Path) -> None:
+    """A claim of only the runs a push named (here one that is no longer runnable) finds
+    nothing; the worker must still sweep for runs no push named before it stops as idle.
+    (On PostgreSQL a parent woken again by NOTIFY left its queued child behind this way.)"""
+    app = ms.App(f"sqlite:///{tmp_path / 'w.db'}")
+
+    @app.workflow
+    async def noop(ctx: ms.RunContext) -> str:
+        return "done"
+
+    handle = app.submit(noop)
+    worker = app.worker()
+    # As if a push had named a run that another worker took meanwhile, and no push
+    # named the queued run (the claim of named runs is not a sweep).
+    worker._named.add("run-that-someone-else-took")
+    worker._sweep = False
+    await asyncio.wait_for(worker.run(until_idle=True), BOUND_S)
+    assert app.get_run(handle.run_id).status == "succeeded"
+
+
+def test_app_methods_take_the_handle_submit_returned(tmp_path: Path) -> None:
+    """``app.submit`` returns a RunHandle; passing it where a run id goes works, and a
+    value of another type is a TypeError naming it, not a database error."""
+    app = ms.App(f"sqlite:///{tmp_path / 'h.db'}")
+
+    @app.workflow
+    async def waits(ctx: ms.RunContext) -> object:
+        return await ctx.wait_for("go")
+
+    handle = app.submit(waits)
+    assert app.get_run(handle).id == handle.run_id
+    assert app.signal(handle, "go", 7) >= 0
+    assert app.requests(handle) == []
+    assert app.cancel(handle) in ("cancelled", "running")
+    assert app.steps(handle) == app.steps(handle.run_id)
+    with pytest.raises(TypeError, match="not by int 42"):
+        app.get_run(42)  # type: ignore[arg-type]

@@ -12,6 +12,7 @@ from .._serde import loads
 from ..journal import Workflow
 from ..observability import child_traceparent
 from ..storage import RunRecord, Store
+from ._handle import RunHandle, run_id_of
 from ._lineage import new_id
 
 __all__ = ["Children"]
@@ -31,9 +32,10 @@ class Children:
 
         def _redact(self, text: str) -> str: ...
 
-    def children(self, run_id: str) -> list[RunRecord]:
+    def children(self, run_id: str | RunHandle) -> list[RunRecord]:
         """The child runs ``run_id`` started (``ctx.child``) in the order it started
         them (by journal position), as summaries (no input, output or hand-off)."""
+        run_id = run_id_of(run_id)
         found = self.store.list_runs(parent=run_id, limit=10_000, summary=True)
         return sorted((r for r in found if r.parent_kind == "child"), key=_position)
 

@@ -43,7 +43,7 @@ from ..worker import Worker
 from ._admin import Admin
 from ._agents import Agents
 from ._children import Children
-from ._handle import RunHandle
+from ._handle import RunHandle, run_id_of
 from ._lineage import Lineage, local_user, new_id
 from ._mcp import MCPServers
 from ._observe import Observe
@@ -439,7 +439,8 @@ class App(Admin, Agents, Children, Lineage, MCPServers, Observe, Queues, Schedul
             )
         return found[0]
 
-    def get_run(self, run_id: str) -> RunRecord:
+    def get_run(self, run_id: str | RunHandle) -> RunRecord:
+        run_id = run_id_of(run_id)
         record = self.store.get_run(run_id)
         if record is None:
             raise RunNotFound(f"no run {run_id!r} in {redact_url(self.url)!r}")
@@ -476,7 +477,7 @@ class App(Admin, Agents, Children, Lineage, MCPServers, Observe, Queues, Schedul
             versions=versions,
         )
 
-    def signal(self, run_id: str, name: str, payload: Any = None) -> int:
+    def signal(self, run_id: str | RunHandle, name: str, payload: Any = None) -> int:
         """Send a signal to a run; it is kept until a ``ctx.wait_for(name)`` takes it.
 
         Names reserved for requests to humans (``approval:…``, ``question:…``,
@@ -488,6 +489,7 @@ class App(Admin, Agents, Children, Lineage, MCPServers, Observe, Queues, Schedul
             RunNotFound: no such run.
             RunConflict: the run has finished.
         """
+        run_id = run_id_of(run_id)
         if is_request_signal(name):
             raise ReservedSignal(
                 f"signal {name!r} is reserved for the answer to a request: answer it with "
@@ -498,13 +500,14 @@ class App(Admin, Agents, Children, Lineage, MCPServers, Observe, Queues, Schedul
         encoded = self._redact(dumps(payload, what=f"payload of signal {name!r}"))
         return self.store.send_signal(run_id, name, encoded, self.clock.now())
 
-    def requests(self, run_id: str | None = None) -> list[Request]:
+    def requests(self, run_id: str | RunHandle | None = None) -> list[Request]:
         """Requests waiting for a human (of one run, or of all runs), oldest first."""
+        run_id = run_id_of(run_id)
         return self.store.pending_requests(run_id)
 
     def answer(
         self,
-        run_id: str,
+        run_id: str | RunHandle,
         request_id: str,
         *,
         decision: Decision | None = None,
@@ -524,6 +527,7 @@ class App(Admin, Agents, Children, Lineage, MCPServers, Observe, Queues, Schedul
             RunConflict: the run has finished or the request was already answered.
             InvalidAnswer: the answer does not fit the request.
         """
+        run_id = run_id_of(run_id)
 
         who = by if by is not None else local_user()
 
@@ -542,9 +546,10 @@ class App(Admin, Agents, Children, Lineage, MCPServers, Observe, Queues, Schedul
         request, _ = self.store.answer_request(run_id, request_id, payload, self.clock.now())
         return request
 
-    def cancel(self, run_id: str, reason: str | None = None) -> str:
+    def cancel(self, run_id: str | RunHandle, reason: str | None = None) -> str:
         """Cancel a run; returns its status afterwards (``running`` while its
         worker is stopping it)."""
+        run_id = run_id_of(run_id)
         if reason is not None and self.redactor is not None:
             reason = self.redactor.redact_text(reason)
         return self.store.cancel(run_id, self.clock.now(), reason)
@@ -553,8 +558,9 @@ class App(Admin, Agents, Children, Lineage, MCPServers, Observe, Queues, Schedul
         """JSON text as it may be stored (and so served): secrets redacted."""
         return text if self.redactor is None else self.redactor.redact_json(text)
 
-    async def result(self, run_id: str, *, timeout: float | None = None) -> Any:
+    async def result(self, run_id: str | RunHandle, *, timeout: float | None = None) -> Any:
         """Wait until the run finishes; return its result or raise :class:`RunFailed`."""
+        run_id = run_id_of(run_id)
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         told: str | None = None

@@ -17,7 +17,7 @@ from .._serde import dumps, loads
 from .._signals import is_request_signal
 from ..observability import Redactor
 from ..storage import RunRecord, StepRecord, Store
-from ._handle import RunHandle
+from ._handle import RunHandle, run_id_of
 
 if TYPE_CHECKING:
     from ._core import App
@@ -41,7 +41,7 @@ class Lineage:
 
     def fork(
         self,
-        run_id: str,
+        run_id: str | RunHandle,
         *,
         from_step: int | str,
         edit: Any = _NO_EDIT,
@@ -76,6 +76,7 @@ class Lineage:
             ConfigError: no such step, an edit that is not JSON, an edit of a
                 request's step, or an edit that ``decisions="ask"`` would drop.
         """
+        run_id = run_id_of(run_id)
         if decisions not in ("ask", "keep"):
             raise ConfigError(f"decisions must be 'ask' or 'keep', not {decisions!r}")
         source = self.get_run(run_id)
@@ -137,7 +138,7 @@ class Lineage:
         )
         return RunHandle(cast("App", self), record.id, True)
 
-    def retry(self, run_id: str) -> RunHandle:
+    def retry(self, run_id: str | RunHandle) -> RunHandle:
         """Queue a failed run again, from its failing step: the steps it completed
         replay from the journal and are not executed again; the failing step runs
         again with the same idempotency key.
@@ -150,6 +151,7 @@ class Lineage:
             RunNotFound: no such run.
             RunConflict: the run is not failed.
         """
+        run_id = run_id_of(run_id)
         record = self.get_run(run_id)
         if record.status != "failed":
             raise RunConflict(

@@ -17,6 +17,7 @@ from ..observability import (
     diagnose,
 )
 from ..storage import RunRecord, StepRecord, Store
+from ._handle import RunHandle, run_id_of
 
 if TYPE_CHECKING:
     from ..agent import Agent
@@ -39,20 +40,22 @@ class Observe:
 
         def get_run(self, run_id: str) -> RunRecord: ...
 
-    def trace(self, run_id: str) -> RunTrace:
+    def trace(self, run_id: str | RunHandle) -> RunTrace:
         """The run's trace: one entry per journaled step with its latency, tokens,
         cost, attempt and error class (redacted like the journal).
 
         Raises:
             RunNotFound: no such run.
         """
+        run_id = run_id_of(run_id)
         record = self.get_run(run_id)
         return build_trace(record, self.store.load_steps(run_id), self._prices(record.workflow))
 
-    def diagnose(self, run_id: str, *, stall_after_s: float = 600.0) -> Diagnosis:
+    def diagnose(self, run_id: str | RunHandle, *, stall_after_s: float = 600.0) -> Diagnosis:
         """``mainspring doctor``: match the run against the failure table (stopped
         half-way, looping, stale state, ignored tool error, context bloat, done but
         wrong), with what to check next."""
+        run_id = run_id_of(run_id)
         return diagnose(self.trace(run_id), now=self.clock.now(), stall_after_s=stall_after_s)
 
     def metrics(self) -> MetricsCollector:
@@ -96,6 +99,7 @@ class Observe:
         spec = self.agents.get(workflow)
         return spec.prices if spec is not None else None
 
-    def steps(self, run_id: str) -> list[StepRecord]:
+    def steps(self, run_id: str | RunHandle) -> list[StepRecord]:
+        run_id = run_id_of(run_id)
         self.get_run(run_id)
         return self.store.load_steps(run_id)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from ..storage import RunRecord, Store, TokenChunk
+from ._handle import RunHandle, run_id_of
 
 __all__ = ["Streams", "TokenEvent", "TokenFollower"]
 
@@ -133,13 +134,14 @@ class Streams:
 
         def get_run(self, run_id: str) -> RunRecord: ...
 
-    def follow_tokens(self, run_id: str, *, after: int = 0) -> TokenFollower:
+    def follow_tokens(self, run_id: str | RunHandle, *, after: int = 0) -> TokenFollower:
         """A reader of ``run_id``'s token streams from row ``after`` on (0: from
         what the store still holds). Blocking reads: call ``poll`` off the loop."""
+        run_id = run_id_of(run_id)
         return TokenFollower(self.store, run_id, after)
 
     async def stream(
-        self, run_id: str, *, after: int = 0, poll_s: float = 0.1
+        self, run_id: str | RunHandle, *, after: int = 0, poll_s: float = 0.1
     ) -> AsyncIterator[TokenEvent]:
         """The run's model output as it forms, until the run ends::
 
@@ -154,6 +156,7 @@ class Streams:
         Raises:
             RunNotFound: there is no such run.
         """
+        run_id = run_id_of(run_id)
         follower = await asyncio.to_thread(self.follow_tokens, run_id, after=after)
         while True:
             run = await asyncio.to_thread(self.get_run, run_id)
