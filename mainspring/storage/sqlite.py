@@ -251,6 +251,8 @@ class SQLiteStore(Store):
                 f"SQLite file {self.path!r} unavailable while {doing}: {text} "
                 f"(busy timeout {self.busy_timeout_ms} ms)"
             )
+        if isinstance(exc, sqlite3.ProgrammingError):  # a value of the wrong type, say
+            return StoreError(f"SQLite file {self.path!r} refused a value while {doing}: {text}")
         return StoreError(
             f"SQLite file {self.path!r} failed while {doing}: {text}; is it a mainspring "
             "database, and intact?"
