@@ -914,12 +914,12 @@ async def test_tracing_without_an_exporter_says_so_once(
 ) -> None:
     import threading
 
-    from mainspring.observability import _spans
+    from mainspring.observability import _setup
 
     for var in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.delenv("OTEL_TRACES_EXPORTER", raising=False)
-    monkeypatch.setattr(_spans, "_warned", threading.Event())  # a fresh process
+    monkeypatch.setattr(_setup, "_warned", threading.Event())  # a fresh process
 
     @fapp.workflow
     async def one(ctx: ms.RunContext) -> int:

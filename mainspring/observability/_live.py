@@ -16,6 +16,7 @@ does not make model calls look slow.
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import platform
 import threading
 from bisect import bisect_left
@@ -31,7 +32,8 @@ from ..models import ModelResponse
 from ..storage import RunRecord, RunWrite, StepRecord, WriteResult
 from ._metrics import LATENCY_BUCKETS, _prometheus, wait_reason_label
 from ._names import model_of, step_kind
-from ._spans import LiveSpans, configured_provider
+from ._setup import configured_provider
+from ._spans import LiveSpans
 
 if TYPE_CHECKING:
     from ._spans import LiveSpans  # imported when tracing is enabled: the otel extra
@@ -97,6 +99,9 @@ class Telemetry(StepInterceptor):
         # it finishes, and capped: a run resumed elsewhere leaves an entry behind.
         self._failed_at: dict[str, dict[tuple[int, int], float]] = {}
         self.spans: LiveSpans | None = None
+        # Live export: True (enabled), False (turned off, or its set-up cannot work),
+        # None (not decided: a starting worker follows the OTEL_* variables).
+        self.tracing: bool | None = None
         # The per-step work is a few dict updates under the lock: label tuples of a
         # step name are made once (names are few: the code's step functions).
         self._ok_labels: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {}
@@ -110,12 +115,19 @@ class Telemetry(StepInterceptor):
         capture_content: bool = False,
     ) -> None:
         """Export spans live through ``tracer_provider`` (see :meth:`App.enable_tracing`)."""
+        self.tracing = True
         self.spans = LiveSpans(
-            configured_provider(tracer_provider),
+            configured_provider(tracer_provider, os.environ),
             is_agent=is_agent,
             redact=redact,
             capture_content=capture_content,
         )
+
+    def disable_tracing(self) -> None:
+        """Export no spans, whatever the environment says."""
+        self.tracing = False
+        self.flush()
+        self.spans = None
 
     def flush(self) -> None:
         """Export the spans still batched (a stopping worker calls it)."""

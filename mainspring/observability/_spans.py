@@ -14,17 +14,16 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from .._errors import MissingExtra
 from ..journal import StepInfo
 from ..models import ModelResponse
 from ..storage import RunRecord, RunTransition, StepRecord
 from ._names import model_of, step_kind, tool_of_name
+from ._setup import otel, unconfigured, warn_no_exporter
 from ._traceparent import parse_traceparent
 
 __all__ = ["LiveSpans", "SpanEmitter", "child_traceparent", "span_id_of", "trace_id_of"]
@@ -32,14 +31,6 @@ __all__ = ["LiveSpans", "SpanEmitter", "child_traceparent", "span_id_of", "trace
 log = logging.getLogger("mainspring.observability")
 
 _NS = 1_000_000_000
-
-
-def otel() -> Any:
-    try:
-        import opentelemetry.trace
-    except ImportError as exc:
-        raise MissingExtra("OpenTelemetry export", "otel", exc.name) from None
-    return opentelemetry.trace
 
 
 def trace_id_of(run_id: str) -> int:
@@ -62,62 +53,6 @@ def child_traceparent(parent_id: str, parent_traceparent: str | None, step: str)
     trace_id = caller.trace_id if caller is not None else trace_id_of(parent_id)
     flags = caller.flags & 1 if caller is not None else 1
     return f"00-{trace_id:032x}-{span_id_of(parent_id, f'{step}:1'):016x}-{flags:02x}"
-
-
-def configured_provider(tracer_provider: Any) -> Any:
-    """``tracer_provider``, else the global one, else (with ``OTEL_EXPORTER_OTLP_*`` or
-    ``OTEL_TRACES_EXPORTER`` set) an SDK provider exporting over OTLP. Says once, in
-    the log, when spans would go nowhere."""
-    trace = otel()
-    if tracer_provider is not None:
-        return tracer_provider
-    current = trace.get_tracer_provider()
-    if not _unconfigured(current):
-        return current  # the application configured OpenTelemetry itself
-    wanted = os.environ.get("OTEL_TRACES_EXPORTER", "")
-    if wanted == "none" or not (
-        wanted
-        or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
-        or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
-    ):
-        warn_no_exporter()
-        return current
-    try:
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import (  # type: ignore[import-not-found,unused-ignore]
-            OTLPSpanExporter,
-        )
-        from opentelemetry.sdk.resources import Resource
-        from opentelemetry.sdk.trace import TracerProvider
-        from opentelemetry.sdk.trace.export import BatchSpanProcessor
-    except ImportError:
-        log.warning(
-            "OTEL_EXPORTER_OTLP_ENDPOINT is set but the OTLP exporter is not installed "
-            "(pip install 'mainspring[otel]' opentelemetry-exporter-otlp-proto-http); "
-            "spans go nowhere"
-        )
-        return current
-    provider = TracerProvider(resource=Resource.create())  # reads OTEL_SERVICE_NAME etc.
-    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
-    trace.set_tracer_provider(provider)
-    return provider
-
-
-_warned = threading.Event()
-
-
-def warn_no_exporter() -> None:
-    """Say once per process that spans go nowhere (rather than drop them in silence)."""
-    if not _warned.is_set():
-        _warned.set()
-        log.warning(
-            "OpenTelemetry spans go nowhere: no tracer provider is configured. Set "
-            "OTEL_EXPORTER_OTLP_ENDPOINT (with app.enable_tracing() or --otel), or pass "
-            "tracer_provider="
-        )
-
-
-def _unconfigured(provider: Any) -> bool:
-    return type(provider).__name__ in ("ProxyTracerProvider", "NoOpTracerProvider")
 
 
 class _NextIds:
@@ -157,7 +92,7 @@ class SpanEmitter:
 
     def __init__(self, tracer_provider: Any = None) -> None:
         self._trace = otel()
-        if tracer_provider is None and _unconfigured(self._trace.get_tracer_provider()):
+        if tracer_provider is None and unconfigured(self._trace.get_tracer_provider()):
             warn_no_exporter()
         self._tracer = self._trace.get_tracer("mainspring", tracer_provider=tracer_provider)
         self._ids = _NextIds()
