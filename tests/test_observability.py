@@ -463,6 +463,34 @@ async def test_takeovers_saturation_run_duration_and_webhook_backlog(
     assert age[()] == pytest.approx(60.0)
 
 
+async def test_dead_letters_are_counted_by_the_claim_that_makes_them(
+    fapp: ms.App, clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    @fapp.workflow
+    async def doomed(ctx: ms.RunContext) -> str:
+        return await ctx.step(lambda: "ok", name="only")
+
+    run_id = fapp.submit(doomed).run_id
+    # two workers claim it in turn and die: the next recovery is one too many
+    for dead in ("dead", "dead too"):
+        fapp.store.claim(worker=dead, now=clock.now(), lease_s=5, limit=1, workflows=None,
+                         max_recoveries=5, run_id=run_id)  # fmt: skip
+        clock.advance(10)
+    fapp.max_recoveries = 1
+    with caplog.at_level("WARNING", logger="mainspring.worker"):
+        await asyncio.wait_for(fapp.worker().run(until_idle=True), 30)
+    assert fapp.get_run(run_id).status == "failed"
+    families = _families(fapp)
+    # a counter of this process, beside the store-wide gauge (which pruning lowers)
+    assert _samples(families, "mainspring_dead_letters", "mainspring_dead_letters_total") == {
+        ("doomed",): 1.0
+    }
+    assert _samples(families, "mainspring_store_dead_lettered_runs") == {(): 1.0}
+    assert _samples(families, "mainspring_runs_claimed", "mainspring_runs_claimed_total") == {}
+    said = [r.message for r in caplog.records if "event=dead_letter" in r.message]
+    assert len(said) == 1 and f"run={run_id}" in said[0]
+
+
 async def test_worker_saturation_while_it_runs(fapp: ms.App) -> None:
     seen: list[dict[Any, float]] = []
     gate = asyncio.Event()

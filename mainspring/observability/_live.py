@@ -145,6 +145,12 @@ class Telemetry(StepInterceptor):
             if record.recoveries > 0:
                 self._inc("lease_takeovers", (record.workflow,))
 
+    def run_dead_lettered(self, workflow: str) -> None:
+        """A claim of this process's workers dead-lettered a run of ``workflow``: its
+        recoveries ran out, and it was moved to ``failed`` instead of claimed."""
+        with self._lock:
+            self._inc("dead_letters", (workflow,))
+
     def run_released(self, run_id: str) -> None:
         with self._lock:
             self._runs.pop(run_id, None)
@@ -386,6 +392,11 @@ _COUNTERS: tuple[tuple[str, str, list[str]], ...] = (
     (
         "lease_takeovers",
         "Claims of a run whose previous holder's lease had expired.",
+        ["workflow"],
+    ),
+    (
+        "dead_letters",
+        "Runs a claim of this process dead-lettered (recovery failed too often).",
         ["workflow"],
     ),
     ("http_requests", "HTTP API requests answered.", ["method", "route", "status"]),
