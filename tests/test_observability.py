@@ -862,6 +862,44 @@ async def test_traceparent_on_submit_puts_the_run_in_the_callers_trace(
     assert _ids(back) == _ids(mine)
 
 
+async def test_a_fork_sits_in_its_sources_trace_under_the_sources_root(fapp: ms.App) -> None:
+    provider, exporter = _memory_provider()
+    fapp.enable_tracing(provider)
+
+    @fapp.workflow
+    async def steps(ctx: ms.RunContext) -> int:
+        a = await ctx.step(lambda: 1, name="a")
+        return a + await ctx.step(lambda: 2, name="b")
+
+    source = fapp.enqueue(steps, traceparent=f"00-{CALLER_TRACE}-{CALLER_SPAN}-01").run_id
+    await drain(fapp)
+    fork = fapp.fork(source, from_step=0).run_id
+    await drain(fapp)
+    assert fapp.get_run(fork).status == "succeeded"
+    live = exporter.get_finished_spans()
+    (source_root,) = [
+        s for s in live if s.name == "workflow steps" and s.attributes["session.id"] == source
+    ]
+    mine = [s for s in live if s.attributes.get("session.id") == fork]
+    # the copied step "a" replayed: only "b" ran, and the fork's root
+    assert sorted(s.name for s in mine) == ["step b", "workflow steps"]
+    (root,) = [s for s in mine if s.name == "workflow steps"]
+    assert {s.context.trace_id for s in live} == {int(CALLER_TRACE, 16)}  # one trace
+    assert root.parent is not None and root.parent.span_id == source_root.context.span_id
+    assert root.attributes["mainspring.run.parent"] == source
+    assert root.attributes["mainspring.run.parent_kind"] == "fork"
+    assert root.attributes["mainspring.run.parent_step"] == "0:0"
+
+    # Back-fill agrees, and marks the step the fork copied (spent by the source).
+    provider2, again = _memory_provider()
+    export_trace(fapp.trace(fork), tracer_provider=provider2)
+    back = again.get_finished_spans()
+    assert _ids([s for s in back if s.name != "step a"]) == _ids(mine)
+    (copied,) = [s for s in back if s.name == "step a"]
+    assert copied.attributes["mainspring.step.copied"] is True
+    assert copied.context.trace_id == int(CALLER_TRACE, 16)
+
+
 async def test_content_capture_is_opt_in_redacted_and_capped(
     fapp: ms.App, clock: FakeClock
 ) -> None:

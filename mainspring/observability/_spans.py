@@ -26,7 +26,14 @@ from ._names import model_of, step_kind, tool_of_name
 from ._setup import otel, unconfigured, warn_no_exporter
 from ._traceparent import parse_traceparent
 
-__all__ = ["LiveSpans", "SpanEmitter", "child_traceparent", "span_id_of", "trace_id_of"]
+__all__ = [
+    "LiveSpans",
+    "SpanEmitter",
+    "child_traceparent",
+    "fork_traceparent",
+    "span_id_of",
+    "trace_id_of",
+]
 
 log = logging.getLogger("mainspring.observability")
 
@@ -53,6 +60,17 @@ def child_traceparent(parent_id: str, parent_traceparent: str | None, step: str)
     trace_id = caller.trace_id if caller is not None else trace_id_of(parent_id)
     flags = caller.flags & 1 if caller is not None else 1
     return f"00-{trace_id:032x}-{span_id_of(parent_id, f'{step}:1'):016x}-{flags:02x}"
+
+
+def fork_traceparent(source_id: str, source_traceparent: str | None) -> str:
+    """The W3C ``traceparent`` a fork of run ``source_id`` is given: the source's
+    trace, the source's root span as the parent span. So a fork's spans sit in its
+    source's trace, its root span beside the source's steps: the branch shows where it
+    left the source (its ``mainspring.run.parent_step``) in the same tree."""
+    caller = parse_traceparent(source_traceparent)
+    trace_id = caller.trace_id if caller is not None else trace_id_of(source_id)
+    flags = caller.flags & 1 if caller is not None else 1
+    return f"00-{trace_id:032x}-{span_id_of(source_id, 'run'):016x}-{flags:02x}"
 
 
 class _NextIds:
@@ -241,6 +259,10 @@ def run_span(
     }
     if agent:
         attrs["gen_ai.agent.name"] = record.workflow
+    if record.parent is not None:
+        attrs["mainspring.run.parent"] = record.parent
+        attrs["mainspring.run.parent_kind"] = record.parent_kind or ""
+        attrs["mainspring.run.parent_step"] = record.parent_step or ""
     error = None
     if record.status in ("failed", "cancelled"):
         error = (record.status, _error_text(record.error))
