@@ -904,8 +904,7 @@ async def test_content_capture_is_opt_in_redacted_and_capped(
     fapp: ms.App, clock: FakeClock
 ) -> None:
     provider, exporter = _memory_provider()
-    fapp.enable_tracing(provider, capture_content=True)
-    fapp.telemetry.spans.content_max_chars = 30  # type: ignore[union-attr]
+    fapp.enable_tracing(provider, capture_content=True, content_max_chars=30)
     second, _ = await _support_run(fapp, clock)
     spans = exporter.get_finished_spans()
     assert all(s.attributes["session.id"] == second for s in spans)

@@ -8,7 +8,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from .._clock import Clock
-from .._errors import MissingExtra
+from .._errors import ConfigError, MissingExtra
 from ..limits import PRICES, Price
 from ..observability import (
     Diagnosis,
@@ -74,7 +74,13 @@ class Observe:
             )
         return self._metrics
 
-    def enable_tracing(self, tracer_provider: Any = None, *, capture_content: bool = False) -> None:
+    def enable_tracing(
+        self,
+        tracer_provider: Any = None,
+        *,
+        capture_content: bool = False,
+        content_max_chars: int = 2000,
+    ) -> None:
         """Export OpenTelemetry spans live from this process's workers: each step
         attempt as it ends, each wait as it completes, a run's root span when it
         finishes. Ids derive from the run, so :func:`~mainspring.observability.export_trace`
@@ -94,15 +100,20 @@ class Observe:
                 ``llm.input_messages`` / ``llm.output_messages``, GenAI
                 ``gen_ai.input.messages`` / ``gen_ai.output.messages``), ``input.value``
                 / ``output.value``, and the run's input and output on its root span,
-                each redacted by the App's redactor and capped at 2,000 characters. Off
-                by default: spans often leave the trust boundary of the journal.
+                each redacted by the App's redactor and capped. Off by default: spans
+                often leave the trust boundary of the journal.
+            content_max_chars: the cap of each captured text (a longer one ends in
+                "…"); a model span keeps its system prompt and its last 20 messages.
         """
+        if content_max_chars < 1:
+            raise ConfigError(f"content_max_chars must be >= 1, got {content_max_chars!r}")
         redactor = self.redactor
         self.telemetry.enable_tracing(
             tracer_provider,
             is_agent=lambda workflow: workflow in self.agents,
             redact=redactor.redact_json if redactor is not None else None,
             capture_content=capture_content,
+            content_max_chars=content_max_chars,
         )
 
     def disable_tracing(self) -> None:

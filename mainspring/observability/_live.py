@@ -113,6 +113,7 @@ class Telemetry(StepInterceptor):
         is_agent: Callable[[str], bool],
         redact: Callable[[str], str] | None,
         capture_content: bool = False,
+        content_max_chars: int = 2000,
     ) -> None:
         """Export spans live through ``tracer_provider`` (see :meth:`App.enable_tracing`)."""
         self.tracing = True
@@ -121,6 +122,7 @@ class Telemetry(StepInterceptor):
             is_agent=is_agent,
             redact=redact,
             capture_content=capture_content,
+            content_max_chars=content_max_chars,
         )
 
     def disable_tracing(self) -> None:
