@@ -361,7 +361,11 @@ class LiveSpans:
         args, kwargs = arguments
         if kind == "model":
             # the model step is given the conversation it sends (agent._call)
-            sent = args[0] if len(args) == 1 and not kwargs and isinstance(args[0], list) else []
+            sent = (
+                args[0]
+                if len(args) == 1 and not kwargs and isinstance(args[0], list | tuple)
+                else ()
+            )
             reply = result if ok and isinstance(result, ModelResponse) else None
             return capture.model(sent, reply)
         if kind == "tool" and len(args) == 1 and not kwargs:
