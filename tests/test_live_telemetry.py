@@ -406,3 +406,42 @@ def test_no_otel_turns_the_environment_off_and_a_missing_extra_is_said_once(
     assert "pip install 'mainspring[otel]'" in said[0]
     assert receiver.spans == []
     app.close()
+
+
+def test_serve_with_a_worker_exports_from_the_environment_too(
+    tmp_path: Path, receiver: _Receiver
+) -> None:
+    import signal
+    import socket
+
+    url = f"sqlite:///{tmp_path / 'serve.db'}"
+    gate = tmp_path / "gate"
+    (tmp_path / "serveapp.py").write_text(GATED_APP.format(url=url, gate=str(gate)))
+    app = ms.App(url)
+
+    @app.workflow
+    async def order(ctx: ms.RunContext) -> str:
+        raise AssertionError("executed by the server's worker only")
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = _env(tmp_path, OTEL_EXPORTER_OTLP_ENDPOINT=receiver.url, OTEL_BSP_SCHEDULE_DELAY="50")
+    cmd = [sys.executable, "-m", "mainspring", "serve", "serveapp:app", "--worker"]
+    proc = subprocess.Popen([*cmd, "--port", str(port)], env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        run_id = app.submit(order).run_id
+        _until(lambda: bool(receiver.spans), "the first span")
+        assert app.get_run(run_id).status == "running"
+        gate.touch()
+        _until(lambda: app.get_run(run_id).status == "succeeded", "the run to end")
+        _until(lambda: len(receiver.spans) == 3, "the root span")
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert sorted(s["name"] for s in receiver.spans) == ["step pay", "step ship", "workflow order"]
+    assert len([line for line in err.splitlines() if "live spans go" in line]) == 1, err
+    app.close()
