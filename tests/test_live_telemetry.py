@@ -1,5 +1,6 @@
-"""End to end with real worker processes: live OTLP export started with `--otel` and
-only the standard `OTEL_*` variables, and the counters a worker serves on `--metrics-port`."""
+"""End to end with real worker processes: live OTLP export started with `--otel` or by
+the standard `OTEL_*` variables alone (and `--no-otel`, and the extra missing), and the
+counters a worker serves on `--metrics-port`."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import subprocess
 import sys
 import textwrap
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -282,4 +284,164 @@ def test_worker_metrics_port_serves_its_counters_while_it_runs(tmp_path: Path) -
             proc.kill()
             proc.wait()
     assert app.get_run(run_id).status == "succeeded"
+    app.close()
+
+
+GATED_APP = """
+import pathlib
+import time
+
+import mainspring as ms
+
+app = ms.App({url!r})
+
+
+@app.workflow
+async def order(ctx: ms.RunContext) -> str:
+    await ctx.step(lambda: "paid", name="pay")
+
+    def wait_for_gate() -> str:
+        gate = pathlib.Path({gate!r})
+        while not gate.exists():  # the test watches the receiver meanwhile
+            time.sleep(0.02)
+        return "shipped"
+
+    return await ctx.step(wait_for_gate, name="ship")
+"""
+
+
+def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(tmp_path), str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
+    )
+    return {**env, **extra}
+
+
+def _until(check: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + 30
+    while not check():
+        assert time.monotonic() < deadline, f"gave up waiting for {what}"
+        time.sleep(0.05)
+
+
+def test_the_otel_variables_alone_make_a_worker_export_live(
+    tmp_path: Path, receiver: _Receiver
+) -> None:
+    """No --otel and no code: OTEL_EXPORTER_OTLP_ENDPOINT is enough, and the spans
+    arrive while the run is still running."""
+    url = f"sqlite:///{tmp_path / 'env.db'}"
+    gate = tmp_path / "gate"
+    (tmp_path / "envapp.py").write_text(GATED_APP.format(url=url, gate=str(gate)))
+    app = ms.App(url)
+
+    @app.workflow
+    async def order(ctx: ms.RunContext) -> str:
+        raise AssertionError("executed by the worker process only")
+
+    run_id = app.submit(order).run_id
+    env = _env(
+        tmp_path,
+        OTEL_EXPORTER_OTLP_ENDPOINT=receiver.url,
+        OTEL_SERVICE_NAME="orders",
+        OTEL_BSP_SCHEDULE_DELAY="50",  # the batch processor's standard knob, in ms
+    )
+    cmd = [sys.executable, "-m", "mainspring", "worker", "envapp:app", "--until-idle"]
+    proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        _until(lambda: bool(receiver.spans), "the first span")
+        assert [s["name"] for s in receiver.spans] == ["step pay"]
+        assert app.get_run(run_id).status == "running"  # live: the run is not over
+        gate.touch()
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert app.get_run(run_id).status == "succeeded"
+    assert sorted(s["name"] for s in receiver.spans) == ["step pay", "step ship", "workflow order"]
+    said = [line for line in err.splitlines() if "live spans go" in line]
+    assert len(said) == 1, err  # where the spans go, said once
+    assert f"over OTLP/HTTP to {receiver.url}/v1/traces" in said[0]
+    app.close()
+
+
+def test_no_otel_turns_the_environment_off_and_a_missing_extra_is_said_once(
+    tmp_path: Path, receiver: _Receiver
+) -> None:
+    url = f"sqlite:///{tmp_path / 'off.db'}"
+    (tmp_path / "offapp.py").write_text(textwrap.dedent(FAMILY_APP.format(url=url)))
+    app = ms.App(url)
+
+    @app.workflow
+    async def kid(ctx: ms.RunContext, n: int) -> int:
+        raise AssertionError("executed by the worker process only")
+
+    cmd = [sys.executable, "-m", "mainspring", "worker", "offapp:app", "--until-idle"]
+    env = _env(tmp_path, OTEL_EXPORTER_OTLP_ENDPOINT=receiver.url, OTEL_BSP_SCHEDULE_DELAY="50")
+    first = app.submit(kid, 1).run_id
+    done = subprocess.run([*cmd, "--no-otel"], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert app.get_run(first).status == "succeeded"
+    assert receiver.spans == []  # --no-otel wins over the environment
+    assert "OpenTelemetry" not in done.stderr
+
+    # The same environment without the [otel] extra: said once, and the runs still run.
+    shadow = tmp_path / "no_otel"
+    (shadow / "opentelemetry").mkdir(parents=True)
+    (shadow / "opentelemetry" / "__init__.py").write_text(
+        "raise ModuleNotFoundError(\"No module named 'opentelemetry'\", name='opentelemetry')\n"
+    )
+    env["PYTHONPATH"] = os.pathsep.join([str(shadow), env["PYTHONPATH"]])
+    runs = [app.submit(kid, n).run_id for n in (2, 3)]
+    done = subprocess.run(
+        [*cmd, "--concurrency", "1"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert [app.get_run(r).status for r in runs] == ["succeeded", "succeeded"]
+    said = [line for line in done.stderr.splitlines() if "OpenTelemetry" in line]
+    assert len(said) == 1, done.stderr
+    assert f"over OTLP/HTTP to {receiver.url}/v1/traces" in said[0]
+    assert "pip install 'mainspring[otel]'" in said[0]
+    assert receiver.spans == []
+    app.close()
+
+
+def test_serve_with_a_worker_exports_from_the_environment_too(
+    tmp_path: Path, receiver: _Receiver
+) -> None:
+    import signal
+    import socket
+
+    url = f"sqlite:///{tmp_path / 'serve.db'}"
+    gate = tmp_path / "gate"
+    (tmp_path / "serveapp.py").write_text(GATED_APP.format(url=url, gate=str(gate)))
+    app = ms.App(url)
+
+    @app.workflow
+    async def order(ctx: ms.RunContext) -> str:
+        raise AssertionError("executed by the server's worker only")
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = _env(tmp_path, OTEL_EXPORTER_OTLP_ENDPOINT=receiver.url, OTEL_BSP_SCHEDULE_DELAY="50")
+    cmd = [sys.executable, "-m", "mainspring", "serve", "serveapp:app", "--worker"]
+    proc = subprocess.Popen([*cmd, "--port", str(port)], env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        run_id = app.submit(order).run_id
+        _until(lambda: bool(receiver.spans), "the first span")
+        assert app.get_run(run_id).status == "running"
+        gate.touch()
+        _until(lambda: app.get_run(run_id).status == "succeeded", "the run to end")
+        _until(lambda: len(receiver.spans) == 3, "the root span")
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert sorted(s["name"] for s in receiver.spans) == ["step pay", "step ship", "workflow order"]
+    assert len([line for line in err.splitlines() if "live spans go" in line]) == 1, err
     app.close()

@@ -463,6 +463,34 @@ async def test_takeovers_saturation_run_duration_and_webhook_backlog(
     assert age[()] == pytest.approx(60.0)
 
 
+async def test_dead_letters_are_counted_by_the_claim_that_makes_them(
+    fapp: ms.App, clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    @fapp.workflow
+    async def doomed(ctx: ms.RunContext) -> str:
+        return await ctx.step(lambda: "ok", name="only")
+
+    run_id = fapp.submit(doomed).run_id
+    # two workers claim it in turn and die: the next recovery is one too many
+    for dead in ("dead", "dead too"):
+        fapp.store.claim(worker=dead, now=clock.now(), lease_s=5, limit=1, workflows=None,
+                         max_recoveries=5, run_id=run_id)  # fmt: skip
+        clock.advance(10)
+    fapp.max_recoveries = 1
+    with caplog.at_level("WARNING", logger="mainspring.worker"):
+        await asyncio.wait_for(fapp.worker().run(until_idle=True), 30)
+    assert fapp.get_run(run_id).status == "failed"
+    families = _families(fapp)
+    # a counter of this process, beside the store-wide gauge (which pruning lowers)
+    assert _samples(families, "mainspring_dead_letters", "mainspring_dead_letters_total") == {
+        ("doomed",): 1.0
+    }
+    assert _samples(families, "mainspring_store_dead_lettered_runs") == {(): 1.0}
+    assert _samples(families, "mainspring_runs_claimed", "mainspring_runs_claimed_total") == {}
+    said = [r.message for r in caplog.records if "event=dead_letter" in r.message]
+    assert len(said) == 1 and f"run={run_id}" in said[0]
+
+
 async def test_worker_saturation_while_it_runs(fapp: ms.App) -> None:
     seen: list[dict[Any, float]] = []
     gate = asyncio.Event()
@@ -834,12 +862,49 @@ async def test_traceparent_on_submit_puts_the_run_in_the_callers_trace(
     assert _ids(back) == _ids(mine)
 
 
+async def test_a_fork_sits_in_its_sources_trace_under_the_sources_root(fapp: ms.App) -> None:
+    provider, exporter = _memory_provider()
+    fapp.enable_tracing(provider)
+
+    @fapp.workflow
+    async def steps(ctx: ms.RunContext) -> int:
+        a = await ctx.step(lambda: 1, name="a")
+        return a + await ctx.step(lambda: 2, name="b")
+
+    source = fapp.enqueue(steps, traceparent=f"00-{CALLER_TRACE}-{CALLER_SPAN}-01").run_id
+    await drain(fapp)
+    fork = fapp.fork(source, from_step=0).run_id
+    await drain(fapp)
+    assert fapp.get_run(fork).status == "succeeded"
+    live = exporter.get_finished_spans()
+    (source_root,) = [
+        s for s in live if s.name == "workflow steps" and s.attributes["session.id"] == source
+    ]
+    mine = [s for s in live if s.attributes.get("session.id") == fork]
+    # the copied step "a" replayed: only "b" ran, and the fork's root
+    assert sorted(s.name for s in mine) == ["step b", "workflow steps"]
+    (root,) = [s for s in mine if s.name == "workflow steps"]
+    assert {s.context.trace_id for s in live} == {int(CALLER_TRACE, 16)}  # one trace
+    assert root.parent is not None and root.parent.span_id == source_root.context.span_id
+    assert root.attributes["mainspring.run.parent"] == source
+    assert root.attributes["mainspring.run.parent_kind"] == "fork"
+    assert root.attributes["mainspring.run.parent_step"] == "0:0"
+
+    # Back-fill agrees, and marks the step the fork copied (spent by the source).
+    provider2, again = _memory_provider()
+    export_trace(fapp.trace(fork), tracer_provider=provider2)
+    back = again.get_finished_spans()
+    assert _ids([s for s in back if s.name != "step a"]) == _ids(mine)
+    (copied,) = [s for s in back if s.name == "step a"]
+    assert copied.attributes["mainspring.step.copied"] is True
+    assert copied.context.trace_id == int(CALLER_TRACE, 16)
+
+
 async def test_content_capture_is_opt_in_redacted_and_capped(
     fapp: ms.App, clock: FakeClock
 ) -> None:
     provider, exporter = _memory_provider()
-    fapp.enable_tracing(provider, capture_content=True)
-    fapp.telemetry.spans.content_max_chars = 30  # type: ignore[union-attr]
+    fapp.enable_tracing(provider, capture_content=True, content_max_chars=30)
     second, _ = await _support_run(fapp, clock)
     spans = exporter.get_finished_spans()
     assert all(s.attributes["session.id"] == second for s in spans)
@@ -914,12 +979,12 @@ async def test_tracing_without_an_exporter_says_so_once(
 ) -> None:
     import threading
 
-    from mainspring.observability import _spans
+    from mainspring.observability import _setup
 
     for var in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.delenv("OTEL_TRACES_EXPORTER", raising=False)
-    monkeypatch.setattr(_spans, "_warned", threading.Event())  # a fresh process
+    monkeypatch.setattr(_setup, "_warned", threading.Event())  # a fresh process
 
     @fapp.workflow
     async def one(ctx: ms.RunContext) -> int:

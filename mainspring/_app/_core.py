@@ -409,6 +409,7 @@ class App(Admin, Agents, Children, Lineage, MCPServers, Observe, Queues, Schedul
             children=self,
         )
         committer.observers.append(self.telemetry.committed)
+        self._trace_from_environment()
         return engine
 
     # -- looking and steering ----------------------------------------------------------

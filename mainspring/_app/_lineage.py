@@ -15,7 +15,7 @@ from .._clock import Clock
 from .._errors import ConfigError, RunConflict
 from .._serde import dumps, loads
 from .._signals import is_request_signal
-from ..observability import Redactor
+from ..observability import Redactor, fork_traceparent
 from ..storage import RunRecord, StepRecord, Store
 from ._handle import RunHandle, run_id_of
 
@@ -135,6 +135,8 @@ class Lineage:
             outputs=outputs,
             now=self.clock.now(),
             parent_step=f"{session}:{seq}",
+            # in the source's trace: a what-if branch of the run, in the same tree
+            traceparent=fork_traceparent(source.id, source.traceparent),
         )
         return RunHandle(cast("App", self), record.id, True)
 

@@ -3,9 +3,12 @@ live OpenTelemetry export. Mixed into :class:`~mainspring.App`."""
 
 from __future__ import annotations
 
+import logging
+import os
 from typing import TYPE_CHECKING, Any
 
 from .._clock import Clock
+from .._errors import ConfigError, MissingExtra
 from ..limits import PRICES, Price
 from ..observability import (
     Diagnosis,
@@ -15,6 +18,7 @@ from ..observability import (
     Telemetry,
     build_trace,
     diagnose,
+    exporter_from_environment,
 )
 from ..storage import RunRecord, StepRecord, Store
 from ._handle import RunHandle, run_id_of
@@ -23,6 +27,8 @@ if TYPE_CHECKING:
     from ..agent import Agent
 
 __all__ = ["Observe"]
+
+log = logging.getLogger("mainspring.observability")
 
 
 class Observe:
@@ -71,29 +77,70 @@ class Observe:
             )
         return self._metrics
 
-    def enable_tracing(self, tracer_provider: Any = None, *, capture_content: bool = False) -> None:
+    def enable_tracing(
+        self,
+        tracer_provider: Any = None,
+        *,
+        capture_content: bool = False,
+        content_max_chars: int = 2000,
+    ) -> None:
         """Export OpenTelemetry spans live from this process's workers: each step
         attempt as it ends, each wait as it completes, a run's root span when it
         finishes. Ids derive from the run, so :func:`~mainspring.observability.export_trace`
         back-fills the same spans.
 
+        Not needed when the standard ``OTEL_*`` variables configure an exporter: a
+        starting worker then enables it by itself (without content), unless
+        :meth:`disable_tracing` was called.
+
         Args:
             tracer_provider: where spans go. By default the global provider; if none
-                is set and ``OTEL_EXPORTER_OTLP_ENDPOINT`` is, an OTLP/HTTP exporter
-                is set up from the standard ``OTEL_*`` variables. A missing exporter
-                is logged once. Needs the ``[otel]`` extra.
-            capture_content: also export each step's input and output (tool arguments
-                and results, the model's reply) as ``input.value`` / ``output.value``,
-                redacted by the App's redactor and capped at 2,000 characters. Off by
-                default: spans often leave the trust boundary of the journal.
+                is set, the exporter the standard ``OTEL_*`` variables configure
+                (``OTEL_EXPORTER_OTLP_ENDPOINT``: OTLP/HTTP). Where spans go is
+                logged once, and so is a missing exporter. Needs the ``[otel]`` extra.
+            capture_content: also export what steps took and returned: tool arguments
+                and results, the messages sent to a model and its reply (OpenInference
+                ``llm.input_messages`` / ``llm.output_messages``, GenAI
+                ``gen_ai.input.messages`` / ``gen_ai.output.messages``), ``input.value``
+                / ``output.value``, and the run's input and output on its root span,
+                each redacted by the App's redactor and capped. Off by default: spans
+                often leave the trust boundary of the journal.
+            content_max_chars: the cap of each captured text (a longer one ends in
+                "…"); a model span keeps its system prompt and its last 20 messages.
         """
+        if content_max_chars < 1:
+            raise ConfigError(f"content_max_chars must be >= 1, got {content_max_chars!r}")
         redactor = self.redactor
         self.telemetry.enable_tracing(
             tracer_provider,
             is_agent=lambda workflow: workflow in self.agents,
             redact=redactor.redact_json if redactor is not None else None,
             capture_content=capture_content,
+            content_max_chars=content_max_chars,
         )
+
+    def disable_tracing(self) -> None:
+        """Export no spans live from this process's workers, even when the ``OTEL_*``
+        variables configure an exporter (``mainspring worker --no-otel``)."""
+        self.telemetry.disable_tracing()
+
+    def _trace_from_environment(self) -> None:
+        """A worker starts: export live if the ``OTEL_*`` variables configure an
+        exporter and nobody enabled or disabled tracing in code."""
+        if self.telemetry.tracing is not None:
+            return
+        where = exporter_from_environment(os.environ)
+        if where is None:
+            return  # read again when the next worker starts: a few dict lookups
+        try:
+            self.enable_tracing()
+        except MissingExtra as exc:
+            self.telemetry.tracing = False  # said once
+            log.warning(
+                "OpenTelemetry: the OTEL_* variables send spans %s, but %s",
+                where if where.startswith("the ") else f"over {where}",
+                exc,
+            )
 
     def _prices(self, workflow: str) -> dict[str, Price] | None:
         spec = self.agents.get(workflow)

@@ -210,14 +210,17 @@ class _Call:
             fallback = _backoff(self.refusals + 1, self.rng)
 
             async def send(
-                booked: Booking | None = booking, fallback: float = fallback
+                messages: Sequence[Message],
+                booked: Booking | None = booking,
+                fallback: float = fallback,
             ) -> ModelResponse:
+                request = functools.partial(self._request, messages)
                 if self.limiter is None or booked is None:
-                    return await self._request()
+                    return await request()
                 return await _send_booked(
                     self.limiter,
                     booked,
-                    self._request,
+                    request,
                     warm=m.warm,
                     fallback_wait=fallback,
                     inline_s=self.inline_wait_s,
@@ -226,6 +229,8 @@ class _Call:
             try:
                 response: ModelResponse = await self.ctx.step(
                     send,
+                    # an argument, so that interceptors (content capture) see them
+                    self.messages,
                     name=model_step_name(m.provider, m.model_id),
                     retry=self.policy,
                     role="model",
@@ -238,13 +243,13 @@ class _Call:
             if kind != _LAPSED:  # a lapse is no refusal: only a slot that passed
                 await self._refused(kind, cause, fallback)
 
-    async def _request(self) -> ModelResponse:
+    async def _request(self, messages: Sequence[Message]) -> ModelResponse:
         m, prices = self.model, self.prices
         if m.streams:  # its text goes out live as it forms; the journal keeps the reply
             writer = self.ctx.token_writer()
             try:
                 reply = await m.stream(
-                    self.messages, tools=self.tools, settings=self.settings, on_text=writer.write
+                    messages, tools=self.tools, settings=self.settings, on_text=writer.write
                 )
             except SimulatedCrash:
                 raise  # the process "died": it writes nothing more, as a real crash
@@ -253,7 +258,7 @@ class _Call:
                 raise
             await writer.close("done")
         else:
-            reply = await m.request(self.messages, tools=self.tools, settings=self.settings)
+            reply = await m.request(messages, tools=self.tools, settings=self.settings)
         if price_of(m.model_id, prices) is None:
             return reply
         return dataclasses.replace(reply, cost_usd=cost_usd(m.model_id, reply.usage, prices))

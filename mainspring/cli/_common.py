@@ -43,6 +43,7 @@ __all__ = [
     "pick_steps",
     "print_json",
     "require_file",
+    "set_tracing",
     "sqlite_path",
 ]
 
@@ -71,10 +72,12 @@ ErrorsOption = Annotated[
 ]
 LogLevelOption = Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")]
 OtelOption = Annotated[
-    bool,
+    bool | None,
     typer.Option(
         "--otel/--no-otel",
-        help="Export OpenTelemetry spans live (configured by the OTEL_* variables).",
+        help="Export OpenTelemetry spans live (default: when the OTEL_* variables"
+        " configure an exporter, e.g. OTEL_EXPORTER_OTLP_ENDPOINT).",
+        show_default=False,
     ),
 ]
 StepOption = Annotated[
@@ -121,6 +124,15 @@ def pick_steps(
     if last is not None:
         picked = picked[-last:]
     return picked
+
+
+def set_tracing(app: App, otel: bool | None) -> None:
+    """``--otel`` / ``--no-otel``; neither: the ``OTEL_*`` variables decide when the
+    worker starts."""
+    if otel:
+        app.enable_tracing()
+    elif otel is False:
+        app.disable_tracing()
 
 
 def iso_time(ts: float | None) -> str | None:

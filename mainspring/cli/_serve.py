@@ -9,7 +9,7 @@ import typer
 
 from .. import MissingExtra
 from ..storage import redact_url
-from ._common import LogLevelOption, OtelOption
+from ._common import LogLevelOption, OtelOption, set_tracing
 from ._load import load_app
 
 __all__ = ["serve"]
@@ -64,7 +64,7 @@ def serve(
             "automatic with --ssl-certfile).",
         ),
     ] = False,
-    otel: OtelOption = False,
+    otel: OtelOption = None,
 ) -> None:
     """Serve the HTTP API (OpenAPI at /openapi.json; Swagger UI at /docs with --docs)."""
     try:
@@ -78,8 +78,7 @@ def serve(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     app = load_app(app_spec)
-    if otel:
-        app.enable_tracing()
+    set_tracing(app, otel)
     api = create_app(
         app,
         worker=worker,

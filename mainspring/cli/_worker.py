@@ -12,7 +12,7 @@ import typer
 
 from ..observability import serve_metrics
 from ..storage import redact_url
-from ._common import LogLevelOption, OtelOption
+from ._common import LogLevelOption, OtelOption, set_tracing
 from ._load import load_app
 
 __all__ = ["worker"]
@@ -37,7 +37,7 @@ def worker(
         typer.Option(help="Serve this worker's Prometheus counters on this port (/metrics)."),
     ] = None,
     metrics_host: Annotated[str, typer.Option(help="Interface for --metrics-port.")] = "127.0.0.1",
-    otel: OtelOption = False,
+    otel: OtelOption = None,
     accept_version: Annotated[
         list[str] | None,
         typer.Option(
@@ -71,8 +71,7 @@ def worker(
     app = load_app(app_spec)
     for path in schedules or []:
         app.load_schedules(path)
-    if otel:
-        app.enable_tracing()
+    set_tracing(app, otel)
     if metrics_port is not None:
         serve_metrics(app.telemetry, metrics_host, metrics_port)
     if lease_s is not None:

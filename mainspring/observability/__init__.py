@@ -12,7 +12,8 @@ from ._metrics import LATENCY_BUCKETS, MetricsCollector, metrics_text
 from ._names import StepRole, model_of, step_role
 from ._otel import export_trace
 from ._redact import BUILTIN_PATTERNS, SECRET_KEYS, Redactor
-from ._spans import child_traceparent
+from ._setup import exporter_from_environment
+from ._spans import child_traceparent, fork_traceparent
 from ._trace import RunTrace, TraceEntry, TraceKind, build_trace, trace_entries
 from ._traceparent import parse_traceparent
 
@@ -35,6 +36,8 @@ __all__ = [
     "child_traceparent",
     "diagnose",
     "export_trace",
+    "exporter_from_environment",
+    "fork_traceparent",
     "metrics_text",
     "model_of",
     "parse_traceparent",

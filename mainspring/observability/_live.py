@@ -16,6 +16,7 @@ does not make model calls look slow.
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import platform
 import threading
 from bisect import bisect_left
@@ -31,7 +32,8 @@ from ..models import ModelResponse
 from ..storage import RunRecord, RunWrite, StepRecord, WriteResult
 from ._metrics import LATENCY_BUCKETS, _prometheus, wait_reason_label
 from ._names import model_of, step_kind
-from ._spans import LiveSpans, configured_provider
+from ._setup import configured_provider
+from ._spans import LiveSpans
 
 if TYPE_CHECKING:
     from ._spans import LiveSpans  # imported when tracing is enabled: the otel extra
@@ -97,6 +99,9 @@ class Telemetry(StepInterceptor):
         # it finishes, and capped: a run resumed elsewhere leaves an entry behind.
         self._failed_at: dict[str, dict[tuple[int, int], float]] = {}
         self.spans: LiveSpans | None = None
+        # Live export: True (enabled), False (turned off, or its set-up cannot work),
+        # None (not decided: a starting worker follows the OTEL_* variables).
+        self.tracing: bool | None = None
         # The per-step work is a few dict updates under the lock: label tuples of a
         # step name are made once (names are few: the code's step functions).
         self._ok_labels: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {}
@@ -108,14 +113,23 @@ class Telemetry(StepInterceptor):
         is_agent: Callable[[str], bool],
         redact: Callable[[str], str] | None,
         capture_content: bool = False,
+        content_max_chars: int = 2000,
     ) -> None:
         """Export spans live through ``tracer_provider`` (see :meth:`App.enable_tracing`)."""
+        self.tracing = True
         self.spans = LiveSpans(
-            configured_provider(tracer_provider),
+            configured_provider(tracer_provider, os.environ),
             is_agent=is_agent,
             redact=redact,
             capture_content=capture_content,
+            content_max_chars=content_max_chars,
         )
+
+    def disable_tracing(self) -> None:
+        """Export no spans, whatever the environment says."""
+        self.tracing = False
+        self.flush()
+        self.spans = None
 
     def flush(self) -> None:
         """Export the spans still batched (a stopping worker calls it)."""
@@ -132,6 +146,12 @@ class Telemetry(StepInterceptor):
             self._inc("runs_claimed", (record.workflow,))
             if record.recoveries > 0:
                 self._inc("lease_takeovers", (record.workflow,))
+
+    def run_dead_lettered(self, workflow: str) -> None:
+        """A claim of this process's workers dead-lettered a run of ``workflow``: its
+        recoveries ran out, and it was moved to ``failed`` instead of claimed."""
+        with self._lock:
+            self._inc("dead_letters", (workflow,))
 
     def run_released(self, run_id: str) -> None:
         with self._lock:
@@ -374,6 +394,11 @@ _COUNTERS: tuple[tuple[str, str, list[str]], ...] = (
     (
         "lease_takeovers",
         "Claims of a run whose previous holder's lease had expired.",
+        ["workflow"],
+    ),
+    (
+        "dead_letters",
+        "Runs a claim of this process dead-lettered (recovery failed too often).",
         ["workflow"],
     ),
     ("http_requests", "HTTP API requests answered.", ["method", "route", "status"]),

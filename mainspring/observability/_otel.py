@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from ._content import Capture
 from ._names import step_kind
 from ._spans import SpanData, SpanEmitter, run_span, step_span
 from ._trace import RunTrace
@@ -26,6 +27,7 @@ from ._trace import RunTrace
 __all__ = ["export_trace"]
 
 _RECORDED = ("now", "uuid", "random", "patch")
+_SUMMARY_CHARS = 2000  # the run's input and output; step summaries are shorter already
 
 
 def export_trace(
@@ -45,9 +47,14 @@ def export_trace(
         agent: whether the run is an agent's (root span ``invoke_agent``); by default
             a run with model calls is taken for one.
         capture_content: add each step's input and output summaries (redacted when
-            journaled, 160 characters at most) as ``input.value`` / ``output.value``.
+            journaled, 160 characters at most) as ``input.value`` / ``output.value``
+            (and a tool's as ``gen_ai.tool.call.arguments`` / ``.result``), and the
+            run's input and output on its root span. Off by default, as live: tool
+            arguments are content too.
     """
     emitter = SpanEmitter(tracer_provider)
+    # The journal's summaries were redacted when journaled: capped, not redacted again.
+    capture = Capture(None, _SUMMARY_CHARS) if capture_content else None
     run = trace.run
     entries = trace.entries
     for e in entries:
@@ -67,10 +74,9 @@ def export_trace(
             status=e.status,
             error=(e.error_class or "Error", e.error_message or "") if failed else None,
             tokens=(e.tokens_in, e.tokens_out, e.cost_usd) if e.kind == "model" else None,
-            tool_arguments=e.input_summary if e.kind == "tool" else None,
             copied=e.copied,
             run_id=run.id,
-            content=(e.input_summary, e.output_summary) if capture_content else None,
+            content=capture.io(e.input_summary, e.output_summary, kind=e.kind) if capture else None,
         )
         if not failed and e.attempt > 1 and e.error_class:
             # The journal keeps the last attempt only, with why the one before failed:
@@ -94,7 +100,8 @@ def export_trace(
         "gen_ai.usage.output_tokens": trace.tokens_out,
         "mainspring.cost_usd": trace.cost_usd,
     }
-    root = run_span(run, agent=is_agent, end=run.finished_at, extra=extra)
+    content = capture.run(run.input, run.output) if capture is not None else None
+    root = run_span(run, agent=is_agent, end=run.finished_at, extra=extra, content=content)
     emitter.emit(run.id, root, root=True, traceparent=run.traceparent)
 
 

@@ -14,32 +14,31 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from .._errors import MissingExtra
 from ..journal import StepInfo
 from ..models import ModelResponse
 from ..storage import RunRecord, RunTransition, StepRecord
+from ._content import Capture
 from ._names import model_of, step_kind, tool_of_name
+from ._setup import otel, unconfigured, warn_no_exporter
 from ._traceparent import parse_traceparent
 
-__all__ = ["LiveSpans", "SpanEmitter", "child_traceparent", "span_id_of", "trace_id_of"]
+__all__ = [
+    "LiveSpans",
+    "SpanEmitter",
+    "child_traceparent",
+    "fork_traceparent",
+    "span_id_of",
+    "trace_id_of",
+]
 
 log = logging.getLogger("mainspring.observability")
 
 _NS = 1_000_000_000
-
-
-def otel() -> Any:
-    try:
-        import opentelemetry.trace
-    except ImportError as exc:
-        raise MissingExtra("OpenTelemetry export", "otel", exc.name) from None
-    return opentelemetry.trace
 
 
 def trace_id_of(run_id: str) -> int:
@@ -64,60 +63,15 @@ def child_traceparent(parent_id: str, parent_traceparent: str | None, step: str)
     return f"00-{trace_id:032x}-{span_id_of(parent_id, f'{step}:1'):016x}-{flags:02x}"
 
 
-def configured_provider(tracer_provider: Any) -> Any:
-    """``tracer_provider``, else the global one, else (with ``OTEL_EXPORTER_OTLP_*`` or
-    ``OTEL_TRACES_EXPORTER`` set) an SDK provider exporting over OTLP. Says once, in
-    the log, when spans would go nowhere."""
-    trace = otel()
-    if tracer_provider is not None:
-        return tracer_provider
-    current = trace.get_tracer_provider()
-    if not _unconfigured(current):
-        return current  # the application configured OpenTelemetry itself
-    wanted = os.environ.get("OTEL_TRACES_EXPORTER", "")
-    if wanted == "none" or not (
-        wanted
-        or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
-        or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
-    ):
-        warn_no_exporter()
-        return current
-    try:
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import (  # type: ignore[import-not-found,unused-ignore]
-            OTLPSpanExporter,
-        )
-        from opentelemetry.sdk.resources import Resource
-        from opentelemetry.sdk.trace import TracerProvider
-        from opentelemetry.sdk.trace.export import BatchSpanProcessor
-    except ImportError:
-        log.warning(
-            "OTEL_EXPORTER_OTLP_ENDPOINT is set but the OTLP exporter is not installed "
-            "(pip install 'mainspring[otel]' opentelemetry-exporter-otlp-proto-http); "
-            "spans go nowhere"
-        )
-        return current
-    provider = TracerProvider(resource=Resource.create())  # reads OTEL_SERVICE_NAME etc.
-    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
-    trace.set_tracer_provider(provider)
-    return provider
-
-
-_warned = threading.Event()
-
-
-def warn_no_exporter() -> None:
-    """Say once per process that spans go nowhere (rather than drop them in silence)."""
-    if not _warned.is_set():
-        _warned.set()
-        log.warning(
-            "OpenTelemetry spans go nowhere: no tracer provider is configured. Set "
-            "OTEL_EXPORTER_OTLP_ENDPOINT (with app.enable_tracing() or --otel), or pass "
-            "tracer_provider="
-        )
-
-
-def _unconfigured(provider: Any) -> bool:
-    return type(provider).__name__ in ("ProxyTracerProvider", "NoOpTracerProvider")
+def fork_traceparent(source_id: str, source_traceparent: str | None) -> str:
+    """The W3C ``traceparent`` a fork of run ``source_id`` is given: the source's
+    trace, the source's root span as the parent span. So a fork's spans sit in its
+    source's trace, its root span beside the source's steps: the branch shows where it
+    left the source (its ``mainspring.run.parent_step``) in the same tree."""
+    caller = parse_traceparent(source_traceparent)
+    trace_id = caller.trace_id if caller is not None else trace_id_of(source_id)
+    flags = caller.flags & 1 if caller is not None else 1
+    return f"00-{trace_id:032x}-{span_id_of(source_id, 'run'):016x}-{flags:02x}"
 
 
 class _NextIds:
@@ -157,7 +111,7 @@ class SpanEmitter:
 
     def __init__(self, tracer_provider: Any = None) -> None:
         self._trace = otel()
-        if tracer_provider is None and _unconfigured(self._trace.get_tracer_provider()):
+        if tracer_provider is None and unconfigured(self._trace.get_tracer_provider()):
             warn_no_exporter()
         self._tracer = self._trace.get_tracer("mainspring", tracer_provider=tracer_provider)
         self._ids = _NextIds()
@@ -224,30 +178,27 @@ def step_span(
     status: str,
     error: tuple[str, str] | None = None,
     tokens: tuple[int, int, float] | None = None,
-    tool_arguments: str | None = None,
     copied: bool = False,
     run_id: str | None = None,
-    content: tuple[str | None, str | None] | None = None,
+    content: dict[str, Any] | None = None,
 ) -> SpanData:
     """The span of one step attempt, the same whether exported live or back-filled.
-    ``content``: ``(input, output)`` text, redacted and capped, when capture is on."""
+    ``content``: the attributes of what it took and returned (see ``_content``),
+    redacted and capped, when capture is on."""
     attrs: dict[str, Any] = {
         "mainspring.step.position": f"{session}:{seq}",
         "mainspring.step.kind": kind,
         "mainspring.step.status": status,
         "mainspring.step.attempt": attempt,
+        "openinference.span.kind": _OPENINFERENCE.get(kind, "CHAIN"),
     }
     if run_id is not None:
-        attrs["session.id"] = run_id  # OpenInference: Phoenix groups a run's spans by it
+        # Phoenix and Langfuse group a session's traces by it; GenAI's name for it
+        attrs["session.id"] = attrs["gen_ai.conversation.id"] = run_id
     if copied:
         attrs["mainspring.step.copied"] = True
-    if content is not None:
-        if content[0]:
-            attrs["input.value"] = content[0]
-        if content[1]:
-            attrs["output.value"] = content[1]
-            if kind == "tool":
-                attrs["gen_ai.tool.call.result"] = content[1]
+    if content:
+        attrs.update(content)
     if error is not None:
         attrs["error.type"] = error[0]  # only on the span of the attempt that failed
     span_name = f"{kind} {name}"
@@ -255,14 +206,21 @@ def step_span(
     if kind == "model":
         logical = model_of(name)
         provider, _, model = logical.rpartition(":")
-        attrs.update({"gen_ai.operation.name": "chat", "gen_ai.request.model": model})
+        attrs.update(
+            {
+                "gen_ai.operation.name": "chat",
+                "gen_ai.request.model": model,
+                "llm.model_name": model,
+            }
+        )
         if provider:
-            attrs["gen_ai.provider.name"] = provider
-            attrs["gen_ai.system"] = provider
+            attrs["gen_ai.provider.name"] = attrs["gen_ai.system"] = provider
+            attrs["llm.provider"] = attrs["llm.system"] = provider
         attrs["mainspring.step.name"] = f"model:{logical}"  # never the endpoint URL
         if tokens is not None:
-            attrs["gen_ai.usage.input_tokens"] = tokens[0]
-            attrs["gen_ai.usage.output_tokens"] = tokens[1]
+            attrs["gen_ai.usage.input_tokens"] = attrs["llm.token_count.prompt"] = tokens[0]
+            attrs["gen_ai.usage.output_tokens"] = attrs["llm.token_count.completion"] = tokens[1]
+            attrs["llm.token_count.total"] = tokens[0] + tokens[1]
             attrs["mainspring.cost_usd"] = tokens[2]
         span_name, client = f"chat {model}", True
     elif kind == "tool":
@@ -271,11 +229,10 @@ def step_span(
             {
                 "gen_ai.operation.name": "execute_tool",
                 "gen_ai.tool.name": tool,
+                "tool.name": tool,
                 "mainspring.step.name": name,
             }
         )
-        if tool_arguments:
-            attrs["gen_ai.tool.call.arguments"] = tool_arguments
         span_name = f"execute_tool {tool}"
     else:
         attrs["mainspring.step.name"] = name
@@ -291,21 +248,38 @@ def step_span(
     )
 
 
+#: OpenInference span kinds of step kinds (anything else is a CHAIN: glue).
+_OPENINFERENCE = {"model": "LLM", "tool": "TOOL"}
+
+
 def run_span(
-    record: RunRecord, *, agent: bool, end: float, extra: dict[str, Any] | None = None
+    record: RunRecord,
+    *,
+    agent: bool,
+    end: float,
+    extra: dict[str, Any] | None = None,
+    content: dict[str, Any] | None = None,
 ) -> SpanData:
-    """The root span of a finished run."""
+    """The root span of a finished run. ``content``: its task and answer, when
+    capture is on."""
     op = "invoke_agent" if agent else "workflow"
     attrs: dict[str, Any] = {
         "gen_ai.operation.name": op,
+        "openinference.span.kind": "AGENT" if agent else "CHAIN",
         "session.id": record.id,
+        "gen_ai.conversation.id": record.id,
         "mainspring.run.id": record.id,
         "mainspring.run.status": record.status,
         "mainspring.workflow": record.workflow,
         **(extra or {}),
+        **(content or {}),
     }
     if agent:
         attrs["gen_ai.agent.name"] = record.workflow
+    if record.parent is not None:
+        attrs["mainspring.run.parent"] = record.parent
+        attrs["mainspring.run.parent_kind"] = record.parent_kind or ""
+        attrs["mainspring.run.parent_step"] = record.parent_step or ""
     error = None
     if record.status in ("failed", "cancelled"):
         error = (record.status, _error_text(record.error))
@@ -339,8 +313,7 @@ class LiveSpans:
         # An exception's text is not journaled yet when its span is exported: it is
         # redacted here like the journal's copy will be.
         self._redact = redact
-        self.capture_content = capture_content
-        self.content_max_chars = content_max_chars
+        self.capture = Capture(redact, content_max_chars) if capture_content else None
 
     def attempt(
         self,
@@ -381,27 +354,26 @@ class LiveSpans:
         arguments: tuple[tuple[Any, ...], dict[str, Any]],
         result: Any,
         ok: bool,
-    ) -> tuple[str | None, str | None] | None:
-        if not self.capture_content:
+    ) -> dict[str, Any] | None:
+        capture = self.capture
+        if capture is None:
             return None
         args, kwargs = arguments
-        # A model step's function takes no arguments (the messages are in its closure).
-        given = None if kind == "model" or not (args or kwargs) else (kwargs or list(args))
-        out = None
-        if ok and isinstance(result, ModelResponse):
-            calls = [f"{c.name}({c.arguments})" for c in result.tool_calls]
-            out = " ".join(p for p in [result.text or "", *calls] if p)
-        elif ok and result is not None:
-            out = _json(result)
-        return self._clean(None if given is None else _json(given)), self._clean(out)
-
-    def _clean(self, text: str | None) -> str | None:
-        if not text:
-            return None
-        if self._redact is not None:
-            text = self._redact(text)
-        cap = self.content_max_chars
-        return text if len(text) <= cap else text[: cap - 1] + "…"
+        if kind == "model":
+            # the model step is given the conversation it sends (agent._call)
+            sent = (
+                args[0]
+                if len(args) == 1 and not kwargs and isinstance(args[0], list | tuple)
+                else ()
+            )
+            reply = result if ok and isinstance(result, ModelResponse) else None
+            return capture.model(sent, reply)
+        if kind == "tool" and len(args) == 1 and not kwargs:
+            given: Any = args[0]  # a tool step is given the arguments the model chose
+        else:
+            given = kwargs or list(args) or None
+        out = _json(result) if ok and result is not None else None
+        return capture.io(None if given is None else _json(given), out, kind=kind)
 
     def committed(
         self,
@@ -431,7 +403,10 @@ class LiveSpans:
             final = replace(
                 record, status=transition.status, error=transition.error, finished_at=now
             )
-            root = run_span(final, agent=self._is_agent(record.workflow), end=now)
+            content = None
+            if self.capture is not None:
+                content = self.capture.run(record.input, transition.output)
+            root = run_span(final, agent=self._is_agent(record.workflow), end=now, content=content)
             self._emit(record.id, root, record.traceparent)
 
     def flush(self, timeout_s: float = 5.0) -> None:

@@ -51,6 +51,7 @@ class LeaseTables(QueueTables):
         alone: bool = False,
         db_clock: bool = False,
         versions: Sequence[str | None] | None = None,
+        dead_lettered: list[tuple[str, str]] | None = None,
     ) -> list[RunRecord]:
         """Take up to ``limit`` runnable runs: bump each one's epoch and lease it.
 
@@ -72,6 +73,9 @@ class LeaseTables(QueueTables):
             versions: claim only runs whose code version (``ms_runs.version``) is one
                 of these (``None`` in it: runs submitted with no version); ``None``:
                 runs of every version. Applies to a claim by ``run_id`` too.
+            dead_lettered: given, ``(run id, workflow)`` of each run this claim
+                dead-lettered is appended to it once the claim committed (a worker
+                counts them as they happen).
         """
         self._check()
         if limit <= 0:
@@ -93,7 +97,7 @@ class LeaseTables(QueueTables):
                 (
                     # A run in a queue starts (or wakes) only within its queue's limits:
                     # _claim_queued below, not here. Its takeover keeps its slot.
-                    "SELECT id, status, recoveries FROM ms_runs WHERE id = ? AND"
+                    "SELECT id, status, recoveries, workflow FROM ms_runs WHERE id = ? AND"
                     " (((status = 'queued' OR (status IN ('sleeping', 'waiting')"
                     f" AND wake_at <= {at})) AND queue IS NULL)"
                     f" OR (status = 'running' AND lease_until < {at})){one_sql}{lock}",
@@ -103,19 +107,19 @@ class LeaseTables(QueueTables):
         else:
             queries = [
                 (
-                    "SELECT id, status, recoveries FROM ms_runs WHERE status = 'running'"
+                    "SELECT id, status, recoveries, workflow FROM ms_runs WHERE status = 'running'"
                     f" AND lease_until < {at}{wf_sql} ORDER BY lease_until LIMIT ?{lock}",
                     [*at_params, *wf_params],
                 ),
                 (
-                    "SELECT id, status, recoveries FROM ms_runs WHERE status IN"
+                    "SELECT id, status, recoveries, workflow FROM ms_runs WHERE status IN"
                     f" ('sleeping', 'waiting') AND wake_at <= {at} AND queue IS NULL{wf_sql}"
                     " ORDER BY wake_at"
                     f" LIMIT ?{lock}",
                     [*at_params, *wf_params],
                 ),
                 (
-                    "SELECT id, status, recoveries FROM ms_runs WHERE status = 'queued'"
+                    "SELECT id, status, recoveries, workflow FROM ms_runs WHERE status = 'queued'"
                     f" AND queue IS NULL{wf_sql} ORDER BY created_at LIMIT ?{lock}",
                     [*wf_params],
                 ),
@@ -155,6 +159,7 @@ class LeaseTables(QueueTables):
                     )
                     return runs + self._records(cur, ids)
         claimed: list[str] = []
+        dead: list[tuple[str, str]] = []
         suspect = False
         with self._write() as cur:
             for sql, params in queries:
@@ -164,7 +169,7 @@ class LeaseTables(QueueTables):
                 if run_id is None:
                     params = [*params, left]
                 cur.execute(sql, params)
-                for rid, status, recoveries in cur.fetchall():
+                for rid, status, recoveries, workflow in cur.fetchall():
                     if suspect:
                         break
                     recovering = status == "running"
@@ -200,6 +205,7 @@ class LeaseTables(QueueTables):
                             now,
                         )
                         tell_parent(self, cur, rid, now)
+                        dead.append((rid, workflow))
                         continue
                     cur.execute(
                         "UPDATE ms_runs SET status = 'running', epoch = epoch + 1, owner = ?,"
@@ -222,7 +228,10 @@ class LeaseTables(QueueTables):
                     max_recoveries=max_recoveries,
                     alone=alone and not claimed,
                 )
-            return self._records(cur, claimed)
+            records = self._records(cur, claimed)
+        if dead_lettered is not None:
+            dead_lettered.extend(dead)  # committed: the write block is left
+        return records
 
     def _records(self, cur: Cursor, ids: list[str]) -> list[RunRecord]:
         """The claimed runs' records, in claim order."""

@@ -284,6 +284,7 @@ class RunTables(Connection):
         now: float,
         outputs: Mapping[int, str] | None = None,
         parent_step: str | None = None,
+        traceparent: str | None = None,
     ) -> RunRecord:
         """A new queued run of ``source``'s workflow and input whose journal is a copy
         of ``source``'s session ``session`` up to and including ``upto_seq``.
@@ -292,6 +293,7 @@ class RunTables(Connection):
 
         ``output`` replaces the journaled output of that last step (``None``: kept);
         ``outputs`` replaces the outputs of the steps it names by seq.
+        ``traceparent``: the W3C trace context its spans join.
         The new run starts in ``session`` with ``source``'s hand-off, which the caller
         must have checked is the hand-off of that session.
         """
@@ -320,8 +322,8 @@ class RunTables(Connection):
             cur.execute(
                 "INSERT INTO ms_runs (id, workflow, status, input, session, handoff,"
                 " created_at, updated_at, parent, parent_step, parent_kind, version, queue,"
-                " queue_key, priority) VALUES (?, ?, 'queued', ?, ?, ?, ?, ?, ?, ?, 'fork', ?,"
-                " ?, ?, ?)",
+                " queue_key, priority, traceparent) VALUES (?, ?, 'queued', ?, ?, ?, ?, ?, ?,"
+                " ?, 'fork', ?, ?, ?, ?, ?)",
                 (
                     run_id,
                     source.workflow,
@@ -337,6 +339,7 @@ class RunTables(Connection):
                     source.queue,
                     source.queue_key,
                     source.priority,
+                    traceparent,
                 ),
             )
             cur.execute(

@@ -31,6 +31,9 @@ class WorkerTelemetry(Protocol):
     def run_claimed(self, record: RunRecord) -> None:
         """The worker claimed ``record``."""
 
+    def run_dead_lettered(self, workflow: str) -> None:
+        """A claim of the worker dead-lettered a run of ``workflow``."""
+
     def run_released(self, run_id: str) -> None:
         """The worker let go of ``run_id`` (finished, suspended, given back or lost)."""
 

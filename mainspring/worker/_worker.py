@@ -365,21 +365,37 @@ class Worker:
         targets: list[str | None] = list(named) or [self._only]
         if self._only is not None and not named:
             targets += self._descendants(self._only)  # app.run runs its children too
-        for run_id in targets:
-            claimed += app.store.claim(
-                worker=self.worker_id,
-                now=app.clock.now(),
-                lease_s=app.lease_s,
-                limit=1 if named else free,
-                workflows=names,
-                max_recoveries=app.max_recoveries,
-                run_id=run_id,
-                isolate_after=self.isolate_after,
-                alone=alone and not claimed,
-                db_clock=self.db_clock,
-                versions=self.versions,
-            )
+        dead: list[tuple[str, str]] = []
+        try:
+            for run_id in targets:
+                claimed += app.store.claim(
+                    worker=self.worker_id,
+                    now=app.clock.now(),
+                    lease_s=app.lease_s,
+                    limit=1 if named else free,
+                    workflows=names,
+                    max_recoveries=app.max_recoveries,
+                    run_id=run_id,
+                    isolate_after=self.isolate_after,
+                    alone=alone and not claimed,
+                    db_clock=self.db_clock,
+                    versions=self.versions,
+                    dead_lettered=dead,
+                )
+        finally:
+            self._dead_lettered(dead)
         return claimed
+
+    def _dead_lettered(self, dead: list[tuple[str, str]]) -> None:
+        for run_id, workflow in dead:
+            log.warning(
+                "event=dead_letter worker=%s run=%s workflow=%s max_recoveries=%d",
+                self.worker_id,
+                run_id,
+                workflow,
+                self.app.max_recoveries,
+            )
+            self.app.telemetry.run_dead_lettered(workflow)
 
     # -- sticky executions ------------------------------------------------------------
 
@@ -403,6 +419,7 @@ class Worker:
             rid for rid, ex in self._kept.items() if ex.wake_at is not None and ex.wake_at <= now
         ]
         claimed: list[RunRecord] = []
+        dead: list[tuple[str, str]] = []
         for run_id in due[:free]:
             try:
                 got = await asyncio.to_thread(
@@ -418,10 +435,14 @@ class Worker:
                     alone=not self._active and not claimed,
                     db_clock=self.db_clock,
                     versions=self.versions,
+                    dead_lettered=dead,
                 )
             except (StoreUnavailable, StoreError) as exc:
                 log.warning("worker %s: claim failed: %s", self.worker_id, exc)
                 break
+            finally:
+                self._dead_lettered(dead)
+                dead.clear()
             if not got and (ex := self._kept.get(run_id)) is not None:
                 ex.wake_at = None  # taken (or not due by the database): polls find it
             claimed += got
