@@ -258,7 +258,9 @@ async def _drive(app: App, run_id: str, hook: FaultHook) -> FailureCause | None:
                 continue
             if app.get_run(run_id).status == "waiting":
                 pending = app.requests(run_id)
-                if not pending or any(r.kind != "approval" for r in pending):
+                if any(r.kind != "approval" for r in pending) or (
+                    not pending and not _answered(app, run_id)
+                ):
                     stop = "stalled"
                     break
                 for r in pending:
@@ -267,6 +269,12 @@ async def _drive(app: App, run_id: str, hook: FaultHook) -> FailureCause | None:
         worker.request_stop()
         await asyncio.gather(task, return_exceptions=True)
     return stop
+
+
+def _answered(app: App, run_id: str) -> bool:
+    """Whether the run holds an answer it has not taken yet: a waiting run stays
+    ``waiting`` after its approval is answered until a worker claims it again."""
+    return any(s.consumed_at is None for s in app.store.list_signals(run_id))
 
 
 _STOPS: dict[str, str] = {
