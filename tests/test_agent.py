@@ -192,6 +192,31 @@ async def test_loop_detection_nudges_then_stops(app: ms.App) -> None:
     assert any("not making progress" in getattr(m, "content", "") for m in nudged)
 
 
+async def test_a_run_that_recovered_from_a_loop_is_nudged_again_not_stopped(
+    app: ms.App,
+) -> None:
+    """A long run meets unrelated repetitions now and then: after 20 clean turns the
+    guard nudges a new loop rather than stopping the run (the horizon suite lost 3 of 7
+    1,000-step runs to a second repetition hundreds of turns after the first)."""
+    tools = _tools(app, [])
+    script = (
+        [call("lookup_ticket", {"ticket": 1})] * 3  # a loop: nudged
+        + [call("lookup_ticket", {"ticket": 100 + i}) for i in range(20)]  # recovered
+        + [call("lookup_ticket", {"ticket": 2})] * 3  # another loop: nudged again
+        + [call("finish", {"answer": "done"})]
+    )
+    model = ScriptedModel(script)
+    agent = app.agent("r", model=model, instructions="x", tools=tools)
+    result = await app.run(agent, "t")
+    assert result.status == "done"
+    nudges = [
+        i
+        for i, request in enumerate(model.requests)
+        if any("not making progress" in getattr(m, "content", "") for m in request.messages[-1:])
+    ]
+    assert nudges == [3, 26]
+
+
 async def test_budget_stop_returns_partial_results(app: ms.App) -> None:
     tools = _tools(app, [])
     model = ScriptedModel([call("lookup_ticket", {"ticket": i}) for i in range(10)])

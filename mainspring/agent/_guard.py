@@ -22,15 +22,21 @@ def _canonical(arguments: str) -> str:
 
 @dataclass(slots=True)
 class LoopGuard:
-    """Watches turns; nudges the model the first time it loops, stops it the second.
+    """Watches turns; nudges the model the first time it loops, stops it if it loops
+    again before it has made ``recover_after`` turns in a row without looping.
 
+    A long run meets an unrelated repetition now and then (a bad call repeated across a
+    status check, hundreds of turns after the last one): after ``recover_after`` clean
+    turns the guard nudges again rather than stopping a run that had recovered.
     Every input is journaled data, so the verdicts are the same on replay.
     """
 
     repeats: int = 3
+    recover_after: int = 20
     _signatures: list[tuple[str, ...]] = field(default_factory=list)
     _errors: list[str] = field(default_factory=list)
     _nudged: bool = False
+    _clean: int = 0  # turns in a row without a loop since the nudge
 
     def observe(self, turn: Turn) -> tuple[Verdict, str]:
         """The verdict on the newest turn, and what the model is doing wrong."""
@@ -46,7 +52,11 @@ class LoopGuard:
         )
         why = self._looping()
         if why is None:
+            self._clean += 1
+            if self._nudged and self._clean >= self.recover_after:
+                self._nudged = False  # it recovered: the next loop is nudged afresh
             return "ok", ""
+        self._clean = 0
         if self._nudged:
             return "stop", why
         self._nudged = True
