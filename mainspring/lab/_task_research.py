@@ -1,7 +1,8 @@
 """The ``research`` task: gather N facts over several sessions with a context limit.
 
 Each fact takes a ``search`` (which names its source) and a ``read`` (which returns
-its text). A session holds ``session_calls`` searches and reads; then the world's
+its text). A session holds ``session_calls`` searches and reads (refused ones too:
+they took room in the context); then the world's
 ``next`` says the session is over and the agent must ``handoff`` its notes (the
 texts of the facts it read in the session). The world stores them, and the next
 session starts with ``resume``, which returns every note so far. When every fact is

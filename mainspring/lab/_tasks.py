@@ -3,10 +3,12 @@
 The interface a runner (mainspring's, or a peer's: a plain SDK loop, LangGraph, the
 OpenAI Agents SDK) uses, none of it tied to mainspring's agent machinery:
 
-* :data:`TASKS` maps a task name to a :class:`TaskSpec`: its tools (name, JSON
-  schema of the arguments, whether a reviewer must approve the call), its
-  instructions, and how many items a run of ``steps`` steps handles
-  (:meth:`TaskSpec.items`: about one tool call per step on the clean path).
+* :data:`TASKS` maps a task name (``migrate``, ``support``, ``reconcile``,
+  ``research``) to a :class:`TaskSpec`: its tools (name, JSON schema of the
+  arguments, whether a reviewer must approve the call), its instructions, and how
+  many items a run of ``steps`` steps handles (:meth:`TaskSpec.items`: about one
+  tool call per step on the clean path). Each task's rules live in its own module
+  (``_task_<name>.py``), a :class:`~._task_spec.TaskWorld` the world dispatches to.
 * :class:`SuiteWorld` is the outside world of every run of a cell, one SQLite file shared
   by processes: the items' states and the effect ledger
   (:class:`~mainspring.testing.EffectLedger`, whose tables live in the same file).
@@ -19,7 +21,9 @@ OpenAI Agents SDK) uses, none of it tied to mainspring's agent machinery:
   messages it sees (the last tool result's ``next``) it picks the next tool call,
   and with the rates of :class:`PolicyRates` makes the errors models make —
   malformed arguments, the wrong tool, repeating its last call, forgetting progress
-  (acting on an item already done). Each injected error is recorded in the world
+  (acting on an item already done; in ``research``, acting as if a handoff's notes
+  were missing). It never repeats a call whose tool is ``keyed`` (an effect the
+  world deduplicates by idempotency key only). Each injected error is recorded in the world
   (:meth:`SuiteWorld.injected`) with each model call and its tokens
   (:meth:`SuiteWorld.model_calls`), crashes' re-paid calls included.
 
