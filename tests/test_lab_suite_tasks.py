@@ -112,6 +112,24 @@ def test_research_clean_path_notes_every_fact_once_across_sessions(tmp_path: Pat
     world.close()
 
 
+@pytest.mark.parametrize("task", ["reconcile", "research"])
+def test_every_result_of_a_1000_step_run_fits_a_tool_result(task: str, tmp_path: Path) -> None:
+    # mainspring cuts a tool result at 4,000 characters by default, and a cut result
+    # hides its "next": no result may grow with N.
+    world = SuiteWorld(tmp_path / "world.db")
+    world.add_run(task, "b1", TASKS[task].items(1000))
+    result = world.call("b1", "progress", {}, "p")
+    calls = 0
+    while result["next"]["action"] != "finish":
+        todo = dict(result["next"])
+        calls += 1
+        result = world.call("b1", str(todo.pop("action")), todo, f"k{calls}")
+        assert result["ok"] and len(json.dumps(result)) < 4000, result
+    assert 900 <= calls <= 1100  # about one call a step
+    assert world.check("b1") == []
+    world.close()
+
+
 def test_research_audit_catches_a_lost_handoff_and_a_fact_noted_twice(tmp_path: Path) -> None:
     world = SuiteWorld(tmp_path / "world.db")
     world.add_run("research", "q1", 3)
@@ -145,7 +163,7 @@ def test_research_a_session_abandoned_without_handoff_loses_its_facts(tmp_path: 
     world.call("q1", "search", {"fact": 0}, "s0")
     world.call("q1", "read", {"source": 1}, "r0")
     started = world.call("q1", "resume", {"session": 2}, "x")  # no handoff first
-    assert started["ok"] and started["notes"] == ""
+    assert started["ok"] and (started["noted"], started["latest"]) == (0, "")
     assert any("fact 0 lost" in p for p in world.check("q1"))
     world.close()
 
@@ -162,7 +180,8 @@ def test_research_forget_acts_as_if_the_notes_were_missing_and_is_refused(
         turn += 1
         result = world.call("q1", str(todo.pop("action")), todo, f"k{turn}")
     result = world.call("q1", "resume", {"session": 2}, "k-resume")
-    assert result["notes"] == "; ".join(fact_text(f) for f in range(4))
+    assert result["noted"] == 4
+    assert result["latest"] == "; ".join(fact_text(f) for f in range(4))
     assert result["next"] == {"action": "search", "fact": 4}
     forget = PolicyRates(malformed=0, wrong_tool=0, repeat=0, forget=1.0)
     tool, arguments, error = decide(

@@ -5,8 +5,10 @@ its text). A session holds ``session_calls`` searches and reads (refused ones to
 they took room in the context); then the world's
 ``next`` says the session is over and the agent must ``handoff`` its notes (the
 texts of the facts it read in the session). The world stores them, and the next
-session starts with ``resume``, which returns every note so far. When every fact is
-noted, a ``report`` lists them all.
+session starts with ``resume``, which says how many facts are noted and returns the
+latest handoff's notes. When every fact is noted, ``report`` calls list them all, a
+section of up to ``_REPORT_BATCH`` facts each (a tool result is cut at 4,000
+characters by default, so no argument the world proposes may grow with N).
 
 What the audit fails: a fact recorded twice (a handoff re-issued with a new
 idempotency key appends its notes again: the notebook deduplicates by key only), a
@@ -29,13 +31,14 @@ from ._task_spec import PROGRESS, TaskSpec, TaskWorld, ToolDef, int_args, str_ar
 __all__ = ["RESEARCH", "ResearchWorld", "fact_text"]
 
 _SESSION_CALLS = 8
+_REPORT_BATCH = 10
 
 RESEARCH = TaskSpec(
     "research",
     "Gather every fact of the batch: search a fact to find its source, read the source. "
     f"Your context holds {_SESSION_CALLS} searches and reads: when a session is over, "
     "hand off your notes (the facts you read in it); start the next session by resuming "
-    "it, which returns every note so far. When every fact is noted, report them all. "
+    "it. When every fact is noted, report them all, a section at a time. "
     "Call finish when done.",
     (
         PROGRESS,
@@ -48,10 +51,11 @@ RESEARCH = TaskSpec(
             keyed=True,
         ),
         ToolDef("resume", "Start a session from the notes so far.", int_args("session")),
-        ToolDef("report", "Report every fact gathered (the final answer).", str_args("facts")),
+        ToolDef("report", "Add facts to the final report.", str_args("facts")),
     ),
-    # A search and a read per fact, and a handoff and a resume per four facts.
-    calls_per_item=2 + 2 / (_SESSION_CALLS / 2),
+    # A search and a read per fact, a handoff and a resume per four facts, and a
+    # report per ten.
+    calls_per_item=2 + 2 / (_SESSION_CALLS / 2) + 1 / 10,
     session_calls=_SESSION_CALLS,
 )
 
@@ -137,8 +141,10 @@ class ResearchWorld(TaskWorld):
             return {"action": "search", "fact": todo}
         if read:
             return {"action": "handoff", "notes": _notes(read)}
-        if report is None or sorted(_facts(report)) != list(range(n)):
-            return {"action": "report", "facts": _notes(list(range(n)))}
+        reported = set(_facts(report or ""))
+        unreported = [f for f in range(n) if f not in reported]
+        if unreported:
+            return {"action": "report", "facts": _notes(unreported[:_REPORT_BATCH])}
         return {"action": "finish"}
 
     def apply(self, label: str, tool: str, args: dict[str, Any], key: str) -> dict[str, Any]:
@@ -154,7 +160,9 @@ class ResearchWorld(TaskWorld):
         if tool == "report":
             facts = str(args["facts"])
             self.conn().execute(
-                "UPDATE research_runs SET report = ? WHERE label = ?", (facts, label)
+                "UPDATE research_runs SET report = COALESCE(report || '; ', '') || ?"
+                " WHERE label = ?",
+                (facts, label),
             )
             return {"ok": True, "reported": len(_facts(facts))}
         if calls >= RESEARCH.session_calls:
@@ -168,8 +176,8 @@ class ResearchWorld(TaskWorld):
         if fact in noted:  # the forget error: acting as if a handoff's notes were missing
             return {
                 "ok": False,
-                "error": f"fact {fact} is in the notes handed off in session {noted[fact]} "
-                "(resume returned them)",
+                "error": f"fact {fact} is in the notes handed off in session {noted[fact]}: "
+                "it is noted already",
             }
         if self._context(label).get(fact) == "read":
             return {"ok": False, "error": f"fact {fact} was read in this session already"}
@@ -225,8 +233,7 @@ class ResearchWorld(TaskWorld):
             return {
                 "ok": False,
                 "error": f"resume {wanted}: session {session} is the last "
-                f"({'handed off' if phase == 'handed' else 'open'}); the next is {session + 1}, "
-                "and its notes hold every handoff so far",
+                f"({'handed off' if phase == 'handed' else 'open'}); the next is {session + 1}",
             }
         conn = self.conn()
         conn.execute("BEGIN IMMEDIATE")
@@ -237,8 +244,13 @@ class ResearchWorld(TaskWorld):
             (wanted, label),
         )
         conn.execute("COMMIT")
-        noted = sorted(self._noted(label))
-        return {"ok": True, "session": wanted, "notes": _notes(noted)}
+        latest = [f for f, s in self._noted(label).items() if s == session]
+        return {
+            "ok": True,
+            "session": wanted,
+            "noted": len(self._noted(label)),
+            "latest": _notes(sorted(latest)),
+        }
 
     def duplicates(self, label: str) -> int:
         rows = self.conn().execute(
@@ -267,12 +279,10 @@ class ResearchWorld(TaskWorld):
         if missing:
             problems.append(f"{label}: {len(missing)} fact(s) never noted: {missing[:10]}")
         report = self._run(label)[4]
-        reported = _facts(report or "")
+        reported = set(_facts(report or ""))
         absent = [f for f in range(items) if f not in reported]
         if report is None:
             problems.append(f"{label}: no report")
-        elif absent or len(reported) != len(set(reported)):
-            problems.append(
-                f"{label}: the report lists {len(reported)} facts and misses {absent[:10]}"
-            )
+        elif absent:
+            problems.append(f"{label}: the report misses {len(absent)} fact(s): {absent[:10]}")
         return problems
