@@ -69,7 +69,7 @@ def fact_text(fact: int) -> str:
 
 def _facts(text: str) -> list[int]:
     """The true facts a notes or report text carries, in order, repeats included."""
-    return [int(i) for i, _ in _FACT.findall(text) if fact_text(int(i)) == f"F{i}={_}"]
+    return [int(i) for i, digest in _FACT.findall(text) if fact_text(int(i)) == f"F{i}={digest}"]
 
 
 def _source(fact: int) -> int:
