@@ -131,7 +131,7 @@ def test_the_world_counts_a_planted_duplicate_effect(tmp_path) -> None:
 
 def test_bad_input_is_named() -> None:
     with pytest.raises(ConfigError, match="unknown task"):
-        run_suite(tasks=["reconcile"], steps=[10], runs=1)
+        run_suite(tasks=["nope"], steps=[10], runs=1)
     with pytest.raises(ConfigError, match="runs"):
         run_suite(tasks=["migrate"], steps=[10], runs=0, profile=SuiteProfile())
     result = runner.invoke(cli, ["lab", "suite", "--task", "nope", "--quick"])

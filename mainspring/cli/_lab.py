@@ -26,6 +26,7 @@ from ..lab import (
     run_lab,
     run_suite,
     run_workflow_lab,
+    suite_html,
     suite_markdown,
 )
 from ..lab import preflight as check
@@ -364,7 +365,8 @@ def preflight(
 @lab_commands.command()
 def suite(
     task: Annotated[
-        str, typer.Option(help="Tasks, comma-separated: migrate, support.")
+        str,
+        typer.Option(help="Tasks, comma-separated: migrate, support, reconcile, research."),
     ] = "migrate,support",
     steps: Annotated[str, typer.Option(help="Task lengths in steps, comma-separated.")] = "10,100",
     runs: Annotated[int, typer.Option(help="Runs per task and length.")] = 20,
@@ -382,6 +384,10 @@ def suite(
         bool,
         typer.Option("--quick", help="A small sample for CI: 10 steps, 3 runs, kills every 8."),
     ] = False,
+    html_path: Annotated[
+        Path | None,
+        typer.Option("--html", help="Also write the report (table and plots) as one HTML page."),
+    ] = None,
     json_out: JsonOption = False,
 ) -> None:
     """The horizon suite: long agent tasks under model, provider and process faults.
@@ -409,6 +415,8 @@ def suite(
                 progress=lambda c: status.update(f"suite: {c.task} at {c.steps} steps done"),
             )
     ok = all(c.succeeded == c.runs and c.duplicate_effects == 0 for c in cells)
+    if html_path is not None:
+        html_path.write_text(suite_html(cells))
     if json_out:
         print_json({"ok": ok, "cells": [c.to_dict() for c in cells]})
     else:

@@ -22,6 +22,7 @@ from ._run import PASS_K, Cell, LabResult, TrialFailure, parse_steps, run_lab
 from ._stats import pass_hat_k, theory_success, wilson
 from ._stubs import lab_stubs
 from ._suite import SuiteCell, SuiteProfile, run_suite, suite_markdown
+from ._suite_report import suite_html
 from ._target import LabTarget, parse_json_args, resolve_target, run_workflow_lab
 from ._tasks import TASKS, PolicyRates, SuiteWorld, TaskSpec, ToolDef, decide
 
@@ -66,6 +67,7 @@ __all__ = [
     "run_lab",
     "run_suite",
     "run_workflow_lab",
+    "suite_html",
     "suite_markdown",
     "theory_success",
     "wilson",

@@ -1,7 +1,7 @@
 """The horizon suite: long agent tasks under model, provider and process faults.
 
-First slice: mainspring only, two tasks (``migrate``, ``support``; see
-:mod:`._tasks` for the task, policy and world interface a peer runner reuses).
+Tasks ``migrate``, ``support``, ``reconcile`` and ``research`` (see :mod:`._tasks`
+for the task, policy and world interface a peer runner reuses).
 For each task and length, :func:`run_suite` submits ``runs`` runs of the task's
 agent (mainspring's defaults, with a step budget sized to the task), keeps worker
 processes busy on them, SIGKILLs one about every ``kill_every`` model calls (counted
@@ -31,9 +31,15 @@ from ._stats import pass_hat_k, wilson
 from ._suite_app import build_app
 from ._tasks import TASKS, PolicyRates, SuiteWorld
 
-__all__ = ["SuiteCell", "SuiteProfile", "run_suite", "suite_markdown"]
+__all__ = ["PRICE_PER_MTOK", "SuiteCell", "SuiteProfile", "run_suite", "suite_markdown"]
 
 _APP_SPEC = "mainspring.lab._suite_app:app"
+
+#: The price the suite's cost assumes, in USD per million tokens, for every token:
+#: gpt-4.1-mini's input price (the lab's ``LabProfile.price_in``). The world counts
+#: input and output tokens together; a reply is one short tool call, so nearly all
+#: of them are input (the history re-sent on every call).
+PRICE_PER_MTOK = 0.40
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -86,6 +92,12 @@ class SuiteCell:
     def per_success(self, total: int) -> float | None:
         return None if self.succeeded == 0 else total / self.succeeded
 
+    @property
+    def cost_per_success(self) -> float | None:
+        """USD of the model's tokens per success, every token at :data:`PRICE_PER_MTOK`."""
+        tokens = self.per_success(self.tokens)
+        return None if tokens is None else tokens * PRICE_PER_MTOK / 1_000_000
+
     def to_dict(self) -> dict[str, Any]:
         low, high = self.interval
         return {
@@ -95,6 +107,7 @@ class SuiteCell:
             "pass_k": self.pass_k,
             "tokens_per_success": self.per_success(self.tokens),
             "calls_per_success": self.per_success(self.model_calls),
+            "cost_per_success_usd": self.cost_per_success,
         }
 
 
@@ -285,22 +298,25 @@ def _audit(
 
 
 def suite_markdown(cells: Sequence[SuiteCell]) -> str:
-    """The suite's table in markdown."""
+    """The suite's table in markdown (cost per success at :data:`PRICE_PER_MTOK`)."""
     lines = [
         "| task | steps | runs | success | Wilson 95 % | pass^k | duplicate effects "
-        "| model calls / success | tokens / success | kills | policy errors | wall s |",
-        "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| model calls / success | tokens / success | $ / success | kills | policy errors "
+        "| wall s |",
+        "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for c in cells:
         low, high = c.interval
         pk = "n/a" if c.pass_k is None else f"{c.pass_k:.2f}"
         calls = c.per_success(c.model_calls)
         tokens = c.per_success(c.tokens)
+        cost = c.cost_per_success
         lines.append(
             f"| {c.task} | {c.steps} | {c.runs} | {c.success_rate:.1%} "
             f"| {low:.1%} – {high:.1%} | {pk} | {c.duplicate_effects} "
             f"| {'—' if calls is None else f'{calls:.1f}'} "
-            f"| {'—' if tokens is None else f'{tokens:,.0f}'} | {c.kills} "
+            f"| {'—' if tokens is None else f'{tokens:,.0f}'} "
+            f"| {'—' if cost is None else f'{cost:.4f}'} | {c.kills} "
             f"| {sum(c.injected.values())} | {c.wall_s:.1f} |"
         )
     return "\n".join(lines)

@@ -107,7 +107,7 @@ class _Metered(Model):
         return reply
 
 
-def _call(ctx: ToolContext, tool: str, **arguments: int) -> dict[str, Any]:
+def _call(ctx: ToolContext, tool: str, **arguments: int | str) -> dict[str, Any]:
     w = world()
     return w.call(w.label_for(ctx.run_id), tool, arguments, ctx.idempotency_key)
 
@@ -119,7 +119,7 @@ def _rates() -> tuple[PolicyRates, float]:
 
 
 def build_app(url: str | None = None) -> App:
-    """The suite's App over ``url`` (``MAINSPRING_DATABASE_URL`` when None): the two
+    """The suite's App over ``url`` (``MAINSPRING_DATABASE_URL`` when None): the
     tasks' agents, on mainspring's defaults but for a step budget sized to the task."""
     suite = App(url, max_recoveries=1000, poll_interval_s=0.05, lease_s=2.0)
 
@@ -158,9 +158,46 @@ def build_app(url: str | None = None) -> App:
         """Close a ticket."""
         return _call(ctx, "close_ticket", ticket=ticket)
 
+    @suite.tool
+    def compare(first: int, last: int, *, ctx: ToolContext) -> dict[str, Any]:
+        """Compare entries first..last (inclusive) of ledgers A and B."""
+        return _call(ctx, "compare", first=first, last=last)
+
+    @suite.tool(effect="write")
+    def post(entry: int, amount: int, *, ctx: ToolContext) -> dict[str, Any]:
+        """Post an adjusting entry of amount cents to entry of ledger B."""
+        return _call(ctx, "post", entry=entry, amount=amount)
+
+    @suite.tool
+    def search(fact: int, *, ctx: ToolContext) -> dict[str, Any]:
+        """Search for a fact; returns its source."""
+        return _call(ctx, "search", fact=fact)
+
+    @suite.tool
+    def read(source: int, *, ctx: ToolContext) -> dict[str, Any]:
+        """Read a source; returns its fact."""
+        return _call(ctx, "read", source=source)
+
+    @suite.tool(effect="write")
+    def handoff(notes: str, *, ctx: ToolContext) -> dict[str, Any]:
+        """End the session: store its notes for the next one."""
+        return _call(ctx, "handoff", notes=notes)
+
+    @suite.tool
+    def resume(session: int, *, ctx: ToolContext) -> dict[str, Any]:
+        """Start a session from the notes so far."""
+        return _call(ctx, "resume", session=session)
+
+    @suite.tool(effect="write")
+    def report(facts: str, *, ctx: ToolContext) -> dict[str, Any]:
+        """Report every fact gathered (the final answer)."""
+        return _call(ctx, "report", facts=facts)
+
     tools: dict[str, list[Tool[Any, Any]]] = {
         "migrate": [progress, validate, write, checkpoint],
         "support": [progress, open_ticket, refund, close_ticket],
+        "reconcile": [progress, compare, post],
+        "research": [progress, search, read, handoff, resume, report],
     }
     seed = int(os.environ.get("MAINSPRING_SUITE_SEED", "0"))
     rates, transient = _rates()

@@ -3,10 +3,12 @@
 The interface a runner (mainspring's, or a peer's: a plain SDK loop, LangGraph, the
 OpenAI Agents SDK) uses, none of it tied to mainspring's agent machinery:
 
-* :data:`TASKS` maps a task name to a :class:`TaskSpec`: its tools (name, JSON
-  schema of the arguments, whether a reviewer must approve the call), its
-  instructions, and how many items a run of ``steps`` steps handles
-  (:meth:`TaskSpec.items`: about one tool call per step on the clean path).
+* :data:`TASKS` maps a task name (``migrate``, ``support``, ``reconcile``,
+  ``research``) to a :class:`TaskSpec`: its tools (name, JSON schema of the
+  arguments, whether a reviewer must approve the call), its instructions, and how
+  many items a run of ``steps`` steps handles (:meth:`TaskSpec.items`: about one
+  tool call per step on the clean path). Each task's rules live in its own module
+  (``_task_<name>.py``), a :class:`~._task_spec.TaskWorld` the world dispatches to.
 * :class:`SuiteWorld` is the outside world of every run of a cell, one SQLite file shared
   by processes: the items' states and the effect ledger
   (:class:`~mainspring.testing.EffectLedger`, whose tables live in the same file).
@@ -19,7 +21,9 @@ OpenAI Agents SDK) uses, none of it tied to mainspring's agent machinery:
   messages it sees (the last tool result's ``next``) it picks the next tool call,
   and with the rates of :class:`PolicyRates` makes the errors models make —
   malformed arguments, the wrong tool, repeating its last call, forgetting progress
-  (acting on an item already done). Each injected error is recorded in the world
+  (acting on an item already done; in ``research``, acting as if a handoff's notes
+  were missing). It never repeats a call whose tool is ``keyed`` (an effect the
+  world deduplicates by idempotency key only). Each injected error is recorded in the world
   (:meth:`SuiteWorld.injected`) with each model call and its tokens
   (:meth:`SuiteWorld.model_calls`), crashes' re-paid calls included.
 
@@ -37,89 +41,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..testing import EffectLedger
+from ._task_migrate import MigrateWorld
+from ._task_reconcile import ReconcileWorld
+from ._task_research import ResearchWorld
+from ._task_spec import TaskSpec, TaskWorld, ToolDef
+from ._task_support import SupportWorld
 
 __all__ = ["TASKS", "PolicyRates", "SuiteWorld", "TaskSpec", "ToolDef", "decide", "label_of"]
 
+_WORLDS: tuple[type[TaskWorld], ...] = (MigrateWorld, SupportWorld, ReconcileWorld, ResearchWorld)
 
-@dataclass(frozen=True, slots=True)
-class ToolDef:
-    """A tool of a task: its name, its arguments' JSON schema, and whether a reviewer
-    approves each call (irreversible effects)."""
-
-    name: str
-    description: str
-    parameters: dict[str, Any]
-    approval: bool = False
-    irreversible: bool = False
-
-
-def _int_arg(name: str) -> dict[str, Any]:
-    return {
-        "type": "object",
-        "properties": {name: {"type": "integer"}},
-        "required": [name],
-        "additionalProperties": False,
-    }
-
-
-@dataclass(frozen=True, slots=True)
-class TaskSpec:
-    """A task: its tools, instructions, and items per step count.
-
-    Attributes:
-        gate_every: migrate: a reviewer approves a checkpoint after this many writes.
-        calls_per_item: tool calls per item on the clean path (sizes ``items``).
-    """
-
-    name: str
-    instructions: str
-    tools: tuple[ToolDef, ...]
-    calls_per_item: float
-    gate_every: int = 0
-
-    def items(self, steps: int) -> int:
-        """How many records or tickets a run of ``steps`` steps handles."""
-        return max(1, round(steps / self.calls_per_item))
-
-    def tool(self, name: str) -> ToolDef:
-        return next(t for t in self.tools if t.name == name)
-
-
-_PROGRESS = ToolDef(
-    "progress",
-    "What is left to do: the next action and its item.",
-    {"type": "object", "properties": {}, "required": [], "additionalProperties": False},
-)
-
-TASKS: dict[str, TaskSpec] = {
-    "migrate": TaskSpec(
-        "migrate",
-        "Migrate every record of the batch: validate it, then write it; after every "
-        "few writes ask a reviewer to approve a checkpoint. Call finish when done.",
-        (
-            _PROGRESS,
-            ToolDef("validate", "Validate one record.", _int_arg("record")),
-            ToolDef("write", "Write one validated record to the new store.", _int_arg("record")),
-            ToolDef(
-                "checkpoint", "Ask a reviewer to approve the writes so far.", _int_arg("upto"), True
-            ),
-        ),
-        calls_per_item=2.2,
-        gate_every=5,
-    ),
-    "support": TaskSpec(
-        "support",
-        "Work the ticket queue in order: open each ticket, refund it if it needs a "
-        "refund (a reviewer approves each refund), then close it. Call finish when done.",
-        (
-            _PROGRESS,
-            ToolDef("open_ticket", "Open a ticket and read it.", _int_arg("ticket")),
-            ToolDef("refund", "Refund a ticket (irreversible).", _int_arg("ticket"), True, True),
-            ToolDef("close_ticket", "Close a ticket.", _int_arg("ticket")),
-        ),
-        calls_per_item=2.2,
-    ),
-}
+TASKS: dict[str, TaskSpec] = {world.spec.name: world.spec for world in _WORLDS}
 
 
 def label_of(task_text: str) -> str:
@@ -127,12 +59,12 @@ def label_of(task_text: str) -> str:
     return task_text.rsplit(" ", 1)[-1]
 
 
-def _needs_refund(ticket: int) -> bool:
-    return ticket % 5 == 2
-
-
 class SuiteWorld:
     """The world of one cell's runs: items, effects and the model's calls, in one file.
+
+    Each task's rules live in its :class:`~._task_spec.TaskWorld`; this class keeps
+    what every task shares (the runs, the effect ledger, the model's calls, the
+    policy's errors) and hands each call to the run's task.
 
     Args:
         path: the SQLite file (every process opening it shares it).
@@ -142,6 +74,7 @@ class SuiteWorld:
         self.path = os.fspath(path)
         self.ledger = EffectLedger(self.path)
         self._local = threading.local()
+        self._tasks = {w.spec.name: w(self._conn, self.ledger) for w in _WORLDS}
         self._conn().executescript(
             """
             CREATE TABLE IF NOT EXISTS items (
@@ -156,6 +89,7 @@ class SuiteWorld:
             CREATE TABLE IF NOT EXISTS injected (
                 id INTEGER PRIMARY KEY AUTOINCREMENT, label TEXT NOT NULL, kind TEXT NOT NULL);
             """
+            + "".join(w.tables for w in _WORLDS)
         )
 
     def _conn(self) -> sqlite3.Connection:
@@ -172,18 +106,31 @@ class SuiteWorld:
             conn.close()
             self._local.conn = None
 
+    def _task(self, label: str) -> tuple[TaskWorld, int] | None:
+        """The run's task rules and item count (None: no such run)."""
+        row = self._conn().execute("SELECT task, n FROM runs WHERE label = ?", (label,))
+        found = row.fetchone()
+        return None if found is None else (self._tasks[found[0]], int(found[1]))
+
     # -- setting up and auditing ---------------------------------------------------------
 
     def add_run(self, task: str, label: str, items: int) -> None:
-        """Create a run's items (all ``new``)."""
+        """Create a run's items (all ``new``).
+
+        Raises:
+            KeyError: ``task`` is not one of :data:`TASKS`.
+        """
+        if task not in self._tasks:
+            raise KeyError(f"unknown task {task!r}; the suite has {sorted(self._tasks)}")
         conn = self._conn()
         conn.execute("BEGIN IMMEDIATE")
-        conn.execute("INSERT INTO runs (label, task, n) VALUES (?, ?, ?)", (label, task, items))
-        conn.executemany(
-            "INSERT INTO items (label, idx, state) VALUES (?, ?, 'new')",
-            [(label, i) for i in range(items)],
-        )
-        conn.execute("COMMIT")
+        try:
+            conn.execute("INSERT INTO runs (label, task, n) VALUES (?, ?, ?)", (label, task, items))
+            self._tasks[task].create(label, items)
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
 
     def bind(self, label: str, run_id: str) -> None:
         """Record which run works on ``label`` (tools know their run id, not the label)."""
@@ -197,45 +144,24 @@ class SuiteWorld:
 
     def check(self, label: str) -> list[str]:
         """What is wrong with a run's end state (empty: the task is done, exactly)."""
-        conn = self._conn()
-        task, n, checkpoints = conn.execute(
-            "SELECT task, n, checkpoints FROM runs WHERE label = ?", (label,)
-        ).fetchone()
-        states = [s for (s,) in conn.execute("SELECT state FROM items WHERE label = ?", (label,))]
-        done = "written" if task == "migrate" else "closed"
-        problems = [f"{label}: {len(states) - states.count(done)} of {n} items not {done}"]
-        if states.count(done) == n:
-            problems = []
-        effect = "write" if task == "migrate" else "refund"
-        applied = self._effects(label, effect)
-        want = n if task == "migrate" else sum(_needs_refund(i) for i in range(n))
-        if sum(applied.values()) != want:
-            problems.append(f"{label}: {sum(applied.values())} {effect} effects, expected {want}")
-        if task == "migrate" and checkpoints < n // TASKS["migrate"].gate_every:
-            problems.append(f"{label}: {checkpoints} checkpoints approved, expected {n // 5}")
-        return problems
-
-    def _effects(self, label: str, effect: str) -> dict[int, int]:
-        """How many times each item's ``effect`` took place (by payload, any key)."""
-        counts: dict[int, int] = {}
-        for payload, applied in self._conn().execute(
-            "SELECT payload, applied FROM effects WHERE effect = ?", (effect,)
-        ):
-            item = json.loads(payload)
-            if item["label"] == label:
-                counts[item["item"]] = counts.get(item["item"], 0) + int(applied)
-        return counts
+        found = self._task(label)
+        if found is None:
+            return [f"{label}: no such run"]
+        task, items = found
+        return task.check(label, items)
 
     def duplicate_effects(self, label: str | None = None) -> int:
         """Effects that happened more than once: a key applied twice, or one item's
-        write or refund applied under two keys."""
+        effect (a write, a refund, an adjusting post, a fact's note) applied under two
+        keys."""
         labels = (
             [label] if label else [r for (r,) in self._conn().execute("SELECT label FROM runs")]
         )
         extra = 0
         for one in labels:
-            for effect in ("write", "refund"):
-                extra += sum(c - 1 for c in self._effects(one, effect).values() if c > 1)
+            found = self._task(one)
+            if found is not None:
+                extra += found[0].duplicates(one)
         return extra
 
     def model_calls(self, label: str | None = None) -> tuple[int, int]:
@@ -266,120 +192,33 @@ class SuiteWorld:
     # -- the tools -----------------------------------------------------------------------
 
     def next(self, label: str) -> dict[str, Any]:
-        """What is to do next in a run: ``{"action": tool, <arg>: n}`` or ``finish``."""
-        conn = self._conn()
-        task, checkpoints = conn.execute(
-            "SELECT task, checkpoints FROM runs WHERE label = ?", (label,)
-        ).fetchone()
-        rows = conn.execute(
-            "SELECT idx, state FROM items WHERE label = ? ORDER BY idx", (label,)
-        ).fetchall()
-        if task == "migrate":
-            written = sum(s == "written" for _, s in rows)
-            gate = TASKS["migrate"].gate_every
-            if written // gate > checkpoints:
-                return {"action": "checkpoint", "upto": written}
-            for idx, state in rows:
-                if state == "new":
-                    return {"action": "validate", "record": idx}
-                if state == "validated":
-                    return {"action": "write", "record": idx}
-            return {"action": "finish"}
-        for idx, state in rows:
-            if state == "new":
-                return {"action": "open_ticket", "ticket": idx}
-            if state == "opened" and _needs_refund(idx):
-                return {"action": "refund", "ticket": idx}
-            if state in ("opened", "refunded"):
-                return {"action": "close_ticket", "ticket": idx}
-        return {"action": "finish"}
+        """What is to do next in a run: ``{"action": tool, **arguments}`` or ``finish``."""
+        found = self._task(label)
+        if found is None:
+            raise KeyError(f"no run is labelled {label!r}")
+        return found[0].next(label)
 
     def call(self, label: str, tool: str, arguments: dict[str, Any], key: str) -> dict[str, Any]:
         """Run one tool call of a run; the result always says what is ``next``.
 
         Arguments that do not fit the tool's schema get an error result (a runner
         with no validation of its own passes them through)."""
-        task = self._conn().execute("SELECT task FROM runs WHERE label = ?", (label,)).fetchone()
-        names = [t.name for t in TASKS[task[0]].tools] if task else []
+        task = self._task(label)
+        names = [t.name for t in task[0].spec.tools] if task else []
         if tool not in names:
             done: dict[str, Any] = {"ok": False, "error": f"no tool {tool!r} in this task"}
         else:
-            wanted = TASKS[task[0]].tool(tool).parameters["required"]
-            if sorted(arguments) != sorted(wanted) or not all(
-                isinstance(arguments[k], int) for k in wanted
-            ):
-                done = {"ok": False, "error": f"{tool} takes integer {wanted}, got {arguments!r}"}
+            misfit = task[0].spec.misfit(tool, arguments) if task else None
+            if misfit:
+                done = {"ok": False, "error": misfit}
             else:
                 done = self._apply(label, tool, arguments, key)
         return {**done, "next": self.next(label)}
 
-    def _state(self, label: str, idx: int) -> str | None:
-        row = (
-            self._conn()
-            .execute("SELECT state FROM items WHERE label = ? AND idx = ?", (label, idx))
-            .fetchone()
-        )
-        return None if row is None else str(row[0])
-
-    def _set(self, label: str, idx: int, state: str) -> None:
-        self._conn().execute(
-            "UPDATE items SET state = ? WHERE label = ? AND idx = ?", (state, label, idx)
-        )
-
     def _apply(self, label: str, tool: str, args: dict[str, Any], key: str) -> dict[str, Any]:
-        if tool == "progress":
-            return {"ok": True}
-        if tool == "checkpoint":
-            self._conn().execute(
-                "UPDATE runs SET checkpoints = MAX(checkpoints, ? / ?) WHERE label = ?",
-                (int(args["upto"]), TASKS["migrate"].gate_every, label),
-            )
-            return {"ok": True, "approved_upto": args["upto"]}
-        idx = int(args.get("record", args.get("ticket", -1)))
-        state = self._state(label, idx)
-        if state is None:
-            return {"ok": False, "error": f"no item {idx}"}
-        want = {
-            "validate": ("new",),
-            "write": ("validated",),
-            "open_ticket": ("new",),
-            "refund": ("opened",),
-            "close_ticket": ("opened", "refunded"),
-        }[tool]
-        if state not in want:
-            return {"ok": False, "error": f"{tool} {idx}: item is {state}"}
-        if tool == "refund" and not _needs_refund(idx):
-            return {"ok": False, "error": f"ticket {idx} needs no refund"}
-        if tool == "close_ticket" and state == "opened" and _needs_refund(idx):
-            return {"ok": False, "error": f"ticket {idx} needs its refund before closing"}
-        if tool == "write" and self._needs_checkpoint(label):
-            return {"ok": False, "error": "a checkpoint is due before more writes"}
-        payload = {"label": label, "item": idx}
-        after = {
-            "validate": "validated",
-            "write": "written",
-            "open_ticket": "opened",
-            "refund": "refunded",
-            "close_ticket": "closed",
-        }[tool]
-        if tool == "write":  # an idempotent API: once per key, atomically with the state
-            self.ledger.apply(
-                key,
-                "write",
-                payload,
-                on_apply=lambda c: c.execute(
-                    "UPDATE items SET state = 'written' WHERE label = ? AND idx = ?", (label, idx)
-                ),
-            )
-        elif tool == "refund":  # no deduplication: a second refund is a second refund
-            self.ledger.apply_unsafe(f"refund:{label}:{idx}", "refund", payload)
-            self._set(label, idx, after)
-        else:
-            self._set(label, idx, after)
-        return {"ok": True, tool: idx, "needs_refund": _needs_refund(idx)}
-
-    def _needs_checkpoint(self, label: str) -> bool:
-        return bool(self.next(label)["action"] == "checkpoint")
+        found = self._task(label)
+        assert found is not None  # call() checked the run
+        return found[0].apply(label, tool, args, key)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -425,22 +264,36 @@ def decide(
     action = str(nxt["action"])
     if action == "finish":
         return "finish", json.dumps({"answer": "done"}), None
-    arg = next(k for k in nxt if k != "action")
-    value = int(nxt[arg])
+    args = {k: v for k, v in nxt.items() if k != "action"}
+    arg = next(iter(args), "")  # the first argument names the item
+    value = args.get(arg)
     draw, edge = rng.random(), 0.0
     for kind, rate in rates.items():
         edge += rate
         if draw >= edge:
             continue
-        if kind == "malformed":
-            bad = rng.choice([f'{{"{arg}": ', json.dumps({arg: f"item {value}"})])
+        if kind == "malformed" and arg:
+            wrong = f"item {value}" if isinstance(value, int) else len(str(value))
+            bad = rng.choice([f'{{"{arg}": ', json.dumps({**args, arg: wrong})])
             return action, bad, kind
         if kind == "wrong_tool":
             others = [t.name for t in spec.tools if t.name not in (action, "progress")]
-            return rng.choice(others), json.dumps({"upto" if arg == "upto" else arg: value}), kind
-        if kind == "repeat" and last_call is not None:
+            return rng.choice(others), json.dumps(args), kind
+        # A keyed call (deduplicated by idempotency key only) is never repeated on
+        # purpose: a second one is a second effect, which no runtime can undo.
+        if kind == "repeat" and last_call is not None and not _keyed(spec, last_call[0]):
             return last_call[0], last_call[1], kind
-        if kind == "forget" and value > 0 and arg != "upto":
-            return action, json.dumps({arg: rng.randrange(value)}), kind
+        if (
+            kind == "forget"
+            and isinstance(value, int)
+            and value > 0
+            and arg != "upto"
+            and not _keyed(spec, action)
+        ):
+            return action, json.dumps({**args, arg: rng.randrange(value)}), kind
         break
-    return action, json.dumps({arg: value}), None
+    return action, json.dumps(args), None
+
+
+def _keyed(spec: TaskSpec, tool: str) -> bool:
+    return any(t.name == tool and t.keyed for t in spec.tools)
