@@ -139,10 +139,11 @@ class JournalTables(Connection):
         session it names, and a finish or suspend that had already been applied
         answers ``ok`` with ``already=True`` and writes (and emits) nothing again.
         """
-        results = self._commit_at_once(batch, now)
-        if results is not None:
-            return results
-        results = []
+        if self._one_round_trip:
+            at_once = self._commit_at_once(batch, now)
+            if at_once is not None:
+                return at_once
+        results: list[WriteResult] = []
         with self._write() as cur:
             ids = sorted({w.run_id for w in batch})
             # One read of the fences and one upsert of all rows, however many runs.
