@@ -269,6 +269,13 @@ class JournalTables(Connection):
 
     def _fences(self, cur: Cursor, run_ids: list[str]) -> dict[str, tuple[int, int, str]]:
         fences: dict[str, tuple[int, int, str]] = {}
+        if len(run_ids) == 1:  # a run alone (the usual commit): no IN list to build
+            sql = "SELECT epoch, cancel_requested, status FROM ms_runs WHERE id = ?"
+            cur.execute(sql + self._fence_lock, run_ids)
+            row = cur.fetchone()
+            if row is not None:
+                fences[run_ids[0]] = (row[0], row[1], row[2])
+            return fences
         for i in range(0, len(run_ids), 500):
             chunk = run_ids[i : i + 500]
             # Ordered, so that concurrent batches lock rows in one order (no deadlock).
