@@ -88,6 +88,18 @@ _COMMIT_STEPS_RESET = _COMMIT_STEPS.replace(
     " AND held.one = 1)",
 )
 _COMMIT_STEPS = _COMMIT_STEPS.replace("),{reset}", ")")
+# The same for one run without a reset (every step of a run alone in its worker): a
+# point lookup, no join of the fence against a set (~20 µs of server CPU less).
+_COMMIT_ONE = (
+    "WITH fence AS (SELECT cancel_requested FROM ms_runs WHERE id = %s AND epoch = %s"
+    " AND status = 'running' FOR UPDATE SKIP LOCKED),"
+    f" journal AS (INSERT INTO ms_steps ({_STEP_COLUMNS})"
+    f" SELECT {', '.join(f's.{c}' for c in _STEP_NAMES)}"
+    " FROM jsonb_populate_recordset(NULL::ms_steps, CAST(%s AS JSONB)) s"
+    " WHERE EXISTS (SELECT FROM fence) ON CONFLICT" + _UPSERT_STEP.split(" ON CONFLICT", 1)[1] + ")"
+    " SELECT CASE WHEN max(cancel_requested) <> 0 THEN jsonb_build_array(CAST(%s AS TEXT)) END,"
+    " 1 / count(*) FROM fence"
+)
 
 
 class _Default(float):
@@ -311,20 +323,25 @@ class PostgresStore(Store):
         """Journal rows and recovery resets, fenced, in one statement (autocommit:
         one round trip, and psycopg prepares it like any other)."""
         ids = [w.run_id for w in batch]
-        doc: dict[str, Any] = {
-            "runs": [{"id": w.run_id, "epoch": w.epoch} for w in batch],
-            "ids": ids,
-            "rows": [
-                dict(zip(_STEP_NAMES, _step_params(s), strict=True)) for w in batch for s in w.steps
-            ],
-        }
+        rows = [
+            dict(zip(_STEP_NAMES, _step_params(s), strict=True)) for w in batch for s in w.steps
+        ]
         resets = [w.run_id for w in batch if w.reset_recoveries]
-        if resets:
-            doc["resets"] = resets
+        params: tuple[Any, ...]
+        if len(batch) == 1 and not resets:
+            sql, params = _COMMIT_ONE, (ids[0], batch[0].epoch, Jsonb(rows), ids[0])
+        else:
+            doc = {
+                "runs": [{"id": w.run_id, "epoch": w.epoch} for w in batch],
+                "ids": ids,
+                "rows": rows,
+                **({"resets": resets} if resets else {}),
+            }
+            sql, params = (_COMMIT_STEPS_RESET if resets else _COMMIT_STEPS), (Jsonb(doc),)
         try:
             with self._pool.connection() as conn, conn.cursor() as cur:
                 try:
-                    cur.execute(_COMMIT_STEPS_RESET if resets else _COMMIT_STEPS, (Jsonb(doc),))
+                    cur.execute(sql, params)
                 except psycopg.errors.DivisionByZero:
                     return None
                 row = cur.fetchone()

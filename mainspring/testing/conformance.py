@@ -250,6 +250,10 @@ class StoreConformance(QueueConformance):
                 (True, True),
             ]
             assert [len(s.load_steps(rid)) for rid in ("a", "b", "c")] == [1, 1, 1]
+            for rid, asked in (("a", False), ("b", True)):  # a run alone, as a worker commits
+                step = _step(rid, 1, runs[rid].epoch)
+                [alone] = s.commit([RunWrite(run_id=rid, epoch=runs[rid].epoch, steps=[step])], T0)
+                assert (alone.ok, alone.cancel_requested) == (True, asked)
 
     def test_step_role_round_trips_and_forks_copy_it(self) -> None:
         roles = ("step", "model", "tool", "rate", "wait")
