@@ -98,3 +98,42 @@ async def test_a_hung_sync_step_without_timeout_leaves_the_loop_free(app: ms.App
     finally:
         release.set()
     assert await asyncio.wait_for(task, 30) == "late"
+
+
+def sleeps(i: int, seconds: float) -> int:
+    time.sleep(seconds)
+    return i
+
+
+async def around_the_short_wait(ctx: ms.RunContext, n: int) -> list[int]:
+    # Durations on both sides of the loop's short wait (1 ms): each result comes back
+    # either through the blocking wait or through the event loop, and the hand-off
+    # of the next call must never take the previous call's end for its own.
+    return [await ctx.step(sleeps, i, (0.0003, 0.0012, 0.0, 0.002)[i % 4]) for i in range(n)]
+
+
+async def test_results_around_the_short_wait_come_back_in_order(app: ms.App) -> None:
+    app.workflow(around_the_short_wait)
+    assert await app.run("around_the_short_wait", 60) == list(range(60))
+
+
+async def test_concurrent_runs_share_the_warm_thread_and_the_pool(app: ms.App) -> None:
+    app.workflow(around_the_short_wait)
+    outs = await asyncio.gather(*(app.run("around_the_short_wait", 12) for _ in range(4)))
+    assert outs == [list(range(12))] * 4
+
+
+async def test_after_an_abandoned_step_ends_sync_steps_still_run(app: ms.App) -> None:
+    async def wf(ctx: ms.RunContext) -> list[object]:
+        with pytest.raises(ms.StepFailed):
+            await ctx.step(hangs, timeout=0.01, retry=ms.RetryPolicy.never())
+        release.set()  # the abandoned call ends: its thread takes calls again
+        await asyncio.sleep(0.05)
+        return [(await ctx.step(quick, i))["i"] for i in range(20)]
+
+    app.workflow(name="abandoned_then_quick")(wf)
+    release.clear()
+    try:
+        assert await app.run("abandoned_then_quick") == list(range(20))
+    finally:
+        release.set()

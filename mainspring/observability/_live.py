@@ -46,6 +46,10 @@ WAIT_BUCKETS: tuple[float, ...] = (
 )  # fmt: skip
 _WAIT_KINDS = ("sleep", "signal")
 _MAX_BACKOFFS = 10_000  # runs whose failed attempt's end is remembered
+# Labels made once, not per step: the kind of the plain role, and of each
+# (role, status) that a step's journal row can end with.
+_KINDS = {"step": step_kind("step")}
+_STEPS_LABELS: dict[tuple[str, str], tuple[str, str]] = {}
 
 
 @dataclass(slots=True)
@@ -184,7 +188,7 @@ class Telemetry(StepInterceptor):
 
     async def execute_step(self, call: StepCall, proceed: Callable[[], Awaitable[Any]]) -> Any:
         info = call.info
-        kind = step_kind(info.role)
+        kind = _KINDS.get(info.role) or step_kind(info.role)
         start = self.clock.now()
         try:
             result = await proceed()
@@ -289,7 +293,16 @@ class Telemetry(StepInterceptor):
                     wait = _wait_reason(row)
                     self._wait_seconds.observe((wait,), max(0.0, row.finished_at - row.started_at))
                 elif row.kind == "step":
-                    self._inc("steps", (step_kind(row.role), row.status))
+                    labels = _STEPS_LABELS.get((row.role, row.status))
+                    if labels is None:
+                        labels = _STEPS_LABELS[row.role, row.status] = (
+                            step_kind(row.role),
+                            row.status,
+                        )
+                    counts = self._counters.get("steps")
+                    if counts is None:
+                        counts = self._counters["steps"] = {}
+                    counts[labels] = counts.get(labels, 0) + 1
             t = write.transition
             if t is not None and t.kind == "finish" and t.status is not None:
                 self._failed_at.pop(write.run_id, None)

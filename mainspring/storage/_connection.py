@@ -109,6 +109,10 @@ class Connection(ABC):
             return self._db_now, []
         return "?", [now]
 
+    # Whether _fenced exists (PostgreSQL): without it, a commit goes straight to the
+    # statement by statement path (SQLite, where a round trip costs nothing).
+    _one_round_trip: ClassVar[bool] = False
+
     def _fenced(
         self, runs: Sequence[tuple[str, int]], write: Callable[[Cursor], None]
     ) -> dict[str, bool] | None:

@@ -139,10 +139,11 @@ class JournalTables(Connection):
         session it names, and a finish or suspend that had already been applied
         answers ``ok`` with ``already=True`` and writes (and emits) nothing again.
         """
-        results = self._commit_at_once(batch, now)
-        if results is not None:
-            return results
-        results = []
+        if self._one_round_trip:
+            at_once = self._commit_at_once(batch, now)
+            if at_once is not None:
+                return at_once
+        results: list[WriteResult] = []
         with self._write() as cur:
             ids = sorted({w.run_id for w in batch})
             # One read of the fences and one upsert of all rows, however many runs.
@@ -268,6 +269,13 @@ class JournalTables(Connection):
 
     def _fences(self, cur: Cursor, run_ids: list[str]) -> dict[str, tuple[int, int, str]]:
         fences: dict[str, tuple[int, int, str]] = {}
+        if len(run_ids) == 1:  # a run alone (the usual commit): no IN list to build
+            sql = "SELECT epoch, cancel_requested, status FROM ms_runs WHERE id = ?"
+            cur.execute(sql + self._fence_lock, run_ids)
+            row = cur.fetchone()
+            if row is not None:
+                fences[run_ids[0]] = (row[0], row[1], row[2])
+            return fences
         for i in range(0, len(run_ids), 500):
             chunk = run_ids[i : i + 500]
             # Ordered, so that concurrent batches lock rows in one order (no deadlock).

@@ -229,6 +229,32 @@ class StoreConformance(QueueConformance):
             [row] = s.load_steps("r1")
             assert (row.status, row.output) == ("completed", "0")
 
+    def test_a_batch_of_runs_says_which_were_asked_to_cancel(self) -> None:
+        with self.store() as s:
+            for rid in ("a", "b", "c"):
+                self._new(s, rid)
+            runs = {r.id: r for r in self._claim(s)}
+            s.cancel("b", T0)
+            results = s.commit(
+                [
+                    RunWrite(
+                        run_id=rid, epoch=runs[rid].epoch, steps=[_step(rid, 0, runs[rid].epoch)]
+                    )
+                    for rid in ("c", "a", "b")
+                ],
+                T0,
+            )
+            assert [(r.ok, r.cancel_requested) for r in results] == [
+                (True, False),
+                (True, False),
+                (True, True),
+            ]
+            assert [len(s.load_steps(rid)) for rid in ("a", "b", "c")] == [1, 1, 1]
+            for rid, asked in (("a", False), ("b", True)):  # a run alone, as a worker commits
+                step = _step(rid, 1, runs[rid].epoch)
+                [alone] = s.commit([RunWrite(run_id=rid, epoch=runs[rid].epoch, steps=[step])], T0)
+                assert (alone.ok, alone.cancel_requested) == (True, asked)
+
     def test_step_role_round_trips_and_forks_copy_it(self) -> None:
         roles = ("step", "model", "tool", "rate", "wait")
         with self.store() as s:
