@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..testing import EffectLedger
+from ._suite_faults import SuiteFaults
 
 __all__ = ["TASKS", "PolicyRates", "SuiteWorld", "TaskSpec", "ToolDef", "decide", "label_of"]
 
@@ -141,6 +142,7 @@ class SuiteWorld:
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = os.fspath(path)
         self.ledger = EffectLedger(self.path)
+        self.faults = SuiteFaults(self.path)
         self._local = threading.local()
         self._conn().executescript(
             """
@@ -167,6 +169,7 @@ class SuiteWorld:
 
     def close(self) -> None:
         self.ledger.close()
+        self.faults.close()
         conn = getattr(self._local, "conn", None)
         if conn is not None:
             conn.close()
@@ -311,7 +314,9 @@ class SuiteWorld:
                 done = {"ok": False, "error": f"{tool} takes integer {wanted}, got {arguments!r}"}
             else:
                 done = self._apply(label, tool, arguments, key)
-        return {**done, "next": self.next(label)}
+        result = {**done, "next": self.next(label)}
+        self.faults.kill_point(label, "tool")  # the effect is done, its result not yet back
+        return result
 
     def _state(self, label: str, idx: int) -> str | None:
         row = (
