@@ -432,7 +432,10 @@ def suite(
         int | None,
         typer.Option(help="Attempts per model call (default: mainspring's model_retry)."),
     ] = None,
-    timeout: Annotated[float, typer.Option(help="Seconds a cell may take.")] = 3600.0,
+    timeout: Annotated[
+        float | None,
+        typer.Option(help="Seconds a cell may take (default: 900 plus 5 a step)."),
+    ] = None,
     quick: Annotated[
         bool,
         typer.Option(

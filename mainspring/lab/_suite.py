@@ -117,7 +117,7 @@ def run_suite(
     seed: int = 0,
     profile: SuiteProfile | None = None,
     workers: int = 2,
-    timeout_s: float = 900.0,
+    timeout_s: float | None = None,
     contender: Contender = "mainspring",
     progress: Callable[[SuiteCell], None] | None = None,
 ) -> list[SuiteCell]:
@@ -126,7 +126,8 @@ def run_suite(
     Args:
         contender: ``"mainspring"`` (a pool of ``workers`` worker processes) or a
             :class:`RunnerContender` (one process per run, ``workers`` at once).
-        timeout_s: a cell's time; runs unfinished by then fail.
+        timeout_s: a cell's time; runs unfinished by then fail (``None``: 900 s plus
+            5 s a step, room for the default profile's 30 s timeouts).
 
     Raises:
         ConfigError: an unknown task or contender, or a count below 1.
@@ -144,7 +145,8 @@ def run_suite(
     cells = []
     for task in tasks:
         for n in steps:
-            cell = _cell(task, n, runs, seed, profile, workers, timeout_s, contender)
+            limit = 900.0 + 5.0 * n if timeout_s is None else timeout_s
+            cell = _cell(task, n, runs, seed, profile, workers, limit, contender)
             cells.append(cell)
             if progress is not None:
                 progress(cell)

@@ -88,6 +88,8 @@ class SuiteModelServer(FakeOpenAIServer):
         keep_requests: how many recent requests ``requests`` keeps (long runs send
             thousands of ever longer conversations).
 
+    It wants the API key ``sk-suite`` (a 401 otherwise, as OpenAI says it).
+
     Attributes:
         client_timeout_s: the timeout every contender sets on its client; a timeout
             fault answers after it.
@@ -97,7 +99,7 @@ class SuiteModelServer(FakeOpenAIServer):
     """
 
     def __init__(self, world_path: str | os.PathLike[str], *, keep_requests: int = 100) -> None:
-        super().__init__(fallback=self._play)
+        super().__init__(api_key="sk-suite", fallback=self._play)
         self.world = SuiteWorld(world_path)
         self.faults = SuiteFaults(world_path)
         settings = self.faults.settings()
