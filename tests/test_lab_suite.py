@@ -155,6 +155,14 @@ def test_bad_input_is_named() -> None:
     result = runner.invoke(cli, ["lab", "suite", "--task", "nope", "--quick"])
     assert result.exit_code != 0
     assert "unknown task" in result.output
+    with pytest.raises(ConfigError, match="unknown contender 'langgraph'"):
+        run_suite(tasks=["migrate"], steps=[10], runs=1, contender="langgraph")  # type: ignore[arg-type]
+    result = runner.invoke(cli, ["lab", "suite", "--quick", "--contender", "langgraph"])
+    assert result.exit_code != 0
+    assert "NAME=COMMAND" in result.output
+    result = runner.invoke(cli, ["lab", "suite", "--quick", "--kill-tool", "2"])
+    assert result.exit_code != 0
+    assert "KillRates.tool must be a probability" in result.output
 
 
 # A peer's runner, as small as it gets: the official openai SDK in a plain loop, no
