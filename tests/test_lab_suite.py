@@ -5,21 +5,34 @@ from __future__ import annotations
 
 import json
 import random
+import sys
 
 import pytest
 from typer.testing import CliRunner
 
 from mainspring import ConfigError
 from mainspring.cli import cli
-from mainspring.lab import TASKS, PolicyRates, SuiteProfile, SuiteWorld, decide, run_suite
+from mainspring.lab import (
+    TASKS,
+    KillRates,
+    PolicyRates,
+    ProviderFaults,
+    RunnerContender,
+    SuiteProfile,
+    SuiteWorld,
+    decide,
+    run_suite,
+    suite_markdown,
+)
 
 runner = CliRunner()
 _KINDS = ("malformed", "wrong_tool", "repeat", "forget")
 
 
-def test_quick_suite_succeeds_under_kills_transients_and_policy_errors() -> None:
-    # The CLI's --quick sample: both tasks, 10 steps, 3 runs each, a SIGKILL about
-    # every 8 model calls, 10 % transient model errors, the policy's default error rates.
+def test_quick_suite_succeeds_under_kill_points_provider_faults_and_policy_errors() -> None:
+    # The CLI's --quick sample: both tasks, 10 steps, 3 runs each; kill points at the
+    # model, tool and commit points (denser than the default), 10 % provider faults with
+    # a 1 s client timeout, the policy's default error rates.
     result = runner.invoke(cli, ["lab", "suite", "--quick", "--json"])
     assert result.exit_code == 0, result.output
     report = json.loads(result.output)
@@ -27,12 +40,17 @@ def test_quick_suite_succeeds_under_kills_transients_and_policy_errors() -> None
     cells = report["cells"]
     assert [c["task"] for c in cells] == ["migrate", "support"]
     for cell in cells:
+        assert cell["contender"] == "mainspring"
         assert cell["succeeded"] == cell["runs"] == 3, cell["failures"]
         assert cell["duplicate_effects"] == 0
-        assert cell["kills"] >= 1  # process faults really happened
+        assert cell["kills"] == sum(cell["kills_by_phase"].values()) >= 1
+        assert set(cell["kills_by_phase"]) == {"model", "tool", "commit"}
         assert cell["model_calls"] >= cell["items"] * 2 * cell["runs"]
         assert cell["pass_k"] == 1.0
         assert cell["wilson95"][1] == 1.0
+    # The process and provider faults really happened, across the sample.
+    assert sum(sum(c["provider_faults"].values()) for c in cells) >= 1
+    assert {p for c in cells for p, n in c["kills_by_phase"].items() if n} >= {"model", "tool"}
     # The policy really erred, and mainspring's loop recovered from it.
     assert sum(sum(c["injected"].values()) for c in cells) >= 1
 
@@ -137,3 +155,102 @@ def test_bad_input_is_named() -> None:
     result = runner.invoke(cli, ["lab", "suite", "--task", "nope", "--quick"])
     assert result.exit_code != 0
     assert "unknown task" in result.output
+    with pytest.raises(ConfigError, match="unknown contender 'langgraph'"):
+        run_suite(tasks=["migrate"], steps=[10], runs=1, contender="langgraph")  # type: ignore[arg-type]
+    result = runner.invoke(cli, ["lab", "suite", "--quick", "--contender", "langgraph"])
+    assert result.exit_code != 0
+    assert "NAME=COMMAND" in result.output
+    result = runner.invoke(cli, ["lab", "suite", "--quick", "--kill-tool", "2"])
+    assert result.exit_code != 0
+    assert "KillRates.tool must be a probability" in result.output
+
+
+# A peer's runner, as small as it gets: the official openai SDK in a plain loop, no
+# persistence of its own (a restart begins the task again; the world remembers).
+_PLAIN_LOOP = """
+import argparse, json, os, sys, time
+import openai
+from mainspring.lab import TASKS, SuiteFaults, SuiteWorld
+
+p = argparse.ArgumentParser()
+for flag in ("--task", "--label", "--world", "--state", "--max-steps"):
+    p.add_argument(flag, required=True)
+args = p.parse_args()
+world, faults, spec = SuiteWorld(args.world), SuiteFaults(args.world), TASKS[args.task]
+timeout = float(os.environ["MAINSPRING_SUITE_CLIENT_TIMEOUT_S"])
+client = openai.OpenAI(timeout=timeout, max_retries=10)  # OPENAI_BASE_URL, OPENAI_API_KEY
+answer = {"type": "object", "properties": {"answer": {"type": "string"}}}
+tools = [{"type": "function", "function": {"name": n, "parameters": p}} for n, p in
+         [*((t.name, t.parameters) for t in spec.tools), ("finish", answer)]]
+messages = [{"role": "user", "content": f"{args.task} batch {args.label}"}]
+for _ in range(int(args.max_steps)):
+    reply = client.chat.completions.create(model="horizon", messages=messages, tools=tools)
+    faults.kill_point(args.label, "model")
+    message = reply.choices[0].message
+    call = message.tool_calls[0]
+    name, raw = call.function.name, call.function.arguments
+    if name == "finish":
+        sys.exit(0)
+    messages.append(message.model_dump(exclude_none=True))
+    try:
+        arguments = json.loads(raw)
+    except ValueError:
+        result = {"ok": False, "error": "the arguments are not JSON"}
+    else:
+        if any(t.name == name and t.approval for t in spec.tools):
+            while faults.request_approval(args.label, call.id, name, raw) is None:
+                time.sleep(0.05)
+        result = world.call(args.label, name, arguments, call.id)
+    messages.append({"role": "tool", "tool_call_id": call.id, "content": json.dumps(result)})
+sys.exit(1)
+"""
+
+
+def test_a_runner_contender_plays_a_cell_under_kills_and_provider_faults(tmp_path) -> None:
+    script = tmp_path / "plain_loop.py"
+    script.write_text(_PLAIN_LOOP)
+    contender = RunnerContender("plain-loop", (sys.executable, str(script)))
+    profile = SuiteProfile(
+        kills=KillRates(model=0.08, tool=0.08, commit=0.0),
+        provider=ProviderFaults(server_error=0.1, rate_limited=0.05, timeout=0.05, timeout_s=2),
+    )
+    cells = [
+        run_suite(
+            tasks=["support"],
+            steps=[10],
+            runs=2,
+            seed=4,
+            profile=profile,
+            contender=contender,
+            timeout_s=300,
+        )[0]
+        for _ in range(2)
+    ]
+    for cell in cells:
+        assert cell.contender == "plain-loop"
+        assert cell.succeeded == cell.runs == 2, cell.failures
+        assert cell.duplicate_effects == 0
+        assert cell.kills == sum(cell.kills_by_phase.values()) >= 1
+        assert cell.kills_by_phase["commit"] == 0  # a plain loop commits nothing
+        assert sum(cell.provider_faults.values()) >= 1
+    # One process per run, and every draw seeded: the same seed, the same faults.
+    assert cells[0].kills_by_phase == cells[1].kills_by_phase
+    assert cells[0].provider_faults == cells[1].provider_faults
+    assert cells[0].model_calls == cells[1].model_calls
+    assert cells[0].injected == cells[1].injected
+    table = suite_markdown(cells)
+    assert "| plain-loop | support | 10 | 2 | 100.0%" in table
+
+
+def test_a_runner_that_fails_fails_its_run(tmp_path) -> None:
+    script = tmp_path / "gives_up.py"
+    script.write_text("import sys\nprint('no model today')\nsys.exit(3)\n")
+    cell = run_suite(
+        tasks=["migrate"],
+        steps=[5],
+        runs=1,
+        profile=SuiteProfile(provider=ProviderFaults(timeout_s=1)),
+        contender=RunnerContender("quitter", (sys.executable, str(script))),
+    )[0]
+    assert cell.succeeded == 0
+    assert "runner exited 3: no model today" in cell.failures[0]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -11,8 +12,12 @@ import typer
 
 from .. import ConfigError
 from ..lab import (
+    Contender,
+    KillRates,
     LabProfile,
     LabResult,
+    ProviderFaults,
+    RunnerContender,
     SuiteProfile,
     failure_lines,
     html_report,
@@ -362,6 +367,23 @@ def preflight(
         raise typer.Exit(1)
 
 
+_KILLRATES, _PROVIDERFAULTS = KillRates(), ProviderFaults()
+_QUICK_KILLS = KillRates(model=0.02, tool=0.02, commit=0.005)
+
+
+def _contender(text: str) -> Contender:
+    """``mainspring``, or ``NAME=COMMAND`` (a runner script's command, split as a shell does)."""
+    if text.strip() == "mainspring":
+        return "mainspring"
+    name, sep, command = text.partition("=")
+    if not sep or not name.strip() or not command.strip():
+        raise ConfigError(
+            f"--contender {text!r}: give 'mainspring' or NAME=COMMAND "
+            "(e.g. 'openai-loop=python bench/horizon/openai_loop.py')"
+        )
+    return RunnerContender(name.strip(), tuple(shlex.split(command)))
+
+
 @lab_commands.command()
 def suite(
     task: Annotated[
@@ -370,19 +392,59 @@ def suite(
     ] = "migrate,support",
     steps: Annotated[str, typer.Option(help="Task lengths in steps, comma-separated.")] = "10,100",
     runs: Annotated[int, typer.Option(help="Runs per task and length.")] = 20,
-    seed: Annotated[int, typer.Option(help="Seed of the policy's draws.")] = 0,
-    transient: Annotated[float, typer.Option(help="Transient model error rate.")] = 0.1,
+    seed: Annotated[int, typer.Option(help="Seed of every draw (policy, faults, kills).")] = 0,
+    contender: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="Who plays: 'mainspring', or NAME=COMMAND for a runner script "
+            "(repeat for several; default mainspring)."
+        ),
+    ] = None,
+    kill_model: Annotated[
+        float, typer.Option(help="SIGKILL chance after each model reply.")
+    ] = _KILLRATES.model,
+    kill_tool: Annotated[
+        float, typer.Option(help="SIGKILL chance after each tool effect.")
+    ] = _KILLRATES.tool,
+    kill_commit: Annotated[
+        float, typer.Option(help="SIGKILL chance after each durable commit.")
+    ] = _KILLRATES.commit,
+    kill_before_commit: Annotated[
+        bool, typer.Option(help="mainspring: a commit kill point before each commit too.")
+    ] = False,
+    server_errors: Annotated[
+        float, typer.Option(help="Share of model requests answered 500/503.")
+    ] = _PROVIDERFAULTS.server_error,
+    rate_limits: Annotated[
+        float, typer.Option(help="Share of model requests answered 429.")
+    ] = _PROVIDERFAULTS.rate_limited,
+    timeouts: Annotated[
+        float, typer.Option(help="Share of model requests held past the client timeout.")
+    ] = _PROVIDERFAULTS.timeout,
+    client_timeout: Annotated[
+        float | None,
+        typer.Option(help="The provider's client timeout in seconds (default 30; --quick 1)."),
+    ] = None,
     kill_every: Annotated[
-        int, typer.Option(help="SIGKILL a worker about every N model calls (0: never).")
-    ] = 50,
-    workers: Annotated[int, typer.Option(help="Worker processes alive at once.")] = 2,
+        int,
+        typer.Option(help="Also SIGKILL a process from outside every N model calls (0: never)."),
+    ] = 0,
+    workers: Annotated[int, typer.Option(help="Contender processes alive at once.")] = 2,
     model_attempts: Annotated[
         int | None,
         typer.Option(help="Attempts per model call (default: mainspring's model_retry)."),
     ] = None,
+    timeout: Annotated[
+        float | None,
+        typer.Option(help="Seconds a cell may take (default: 900 plus 5 a step)."),
+    ] = None,
     quick: Annotated[
         bool,
-        typer.Option("--quick", help="A small sample for CI: 10 steps, 3 runs, kills every 8."),
+        typer.Option(
+            "--quick",
+            help="A small sample for CI: 10 steps, 3 runs, denser kill points, a 1 s client "
+            "timeout.",
+        ),
     ] = False,
     html_path: Annotated[
         Path | None,
@@ -397,23 +459,38 @@ def suite(
     with cli_errors():
         tasks = [t.strip() for t in task.split(",") if t.strip()]
         lengths = [10] if quick else parse_steps(steps)
+        contenders = [_contender(c) for c in contender or ["mainspring"]]
+        given = KillRates(kill_model, kill_tool, kill_commit)
         profile = SuiteProfile(
-            transient=transient,
-            kill_every=8 if quick else kill_every,
+            kills=_QUICK_KILLS if quick and given == KillRates() else given,
+            provider=ProviderFaults(
+                server_errors,
+                rate_limits,
+                timeouts,
+                timeout_s=client_timeout or (1.0 if quick else _PROVIDERFAULTS.timeout_s),
+            ),
+            kill_every=kill_every,
+            kill_before_commit=kill_before_commit,
             model_attempts=model_attempts,
         )
         err = console()
         err.stderr = True
-        with err.status("suite: starting workers...") as status:
-            cells = run_suite(
-                tasks=tasks,
-                steps=lengths,
-                runs=3 if quick else runs,
-                seed=seed,
-                profile=profile,
-                workers=workers,
-                progress=lambda c: status.update(f"suite: {c.task} at {c.steps} steps done"),
-            )
+        cells = []
+        with err.status("suite: starting...") as status:
+            for who in contenders:
+                cells += run_suite(
+                    tasks=tasks,
+                    steps=lengths,
+                    runs=3 if quick else runs,
+                    seed=seed,
+                    profile=profile,
+                    workers=workers,
+                    timeout_s=timeout,
+                    contender=who,
+                    progress=lambda c: status.update(
+                        f"suite: {c.contender} {c.task} at {c.steps} steps done"
+                    ),
+                )
     ok = all(c.succeeded == c.runs and c.duplicate_effects == 0 for c in cells)
     if html_path is not None:
         html_path.write_text(suite_html(cells))

@@ -7,8 +7,9 @@ recoveries, duplicate effects, tokens and cost per success (:func:`run_lab` on s
 000's chain, :func:`run_workflow_lab` on your own workflow or agent);
 kill real worker processes at random and audit the journal and the effect ledger
 (:func:`run_chaos`); run long agent tasks under model, provider and process
-faults (:func:`run_suite`, the horizon suite); check a workflow or agent against
-the pre-release checklist (:func:`preflight`).
+faults (:func:`run_suite`, the horizon suite: its provider :class:`SuiteModelServer`,
+its kill points :class:`SuiteFaults`, peer contenders :class:`RunnerContender`);
+check a workflow or agent against the pre-release checklist (:func:`preflight`).
 """
 
 from ._chaos import ChaosResult, run_chaos
@@ -22,6 +23,9 @@ from ._run import PASS_K, Cell, LabResult, TrialFailure, parse_steps, run_lab
 from ._stats import pass_hat_k, theory_success, wilson
 from ._stubs import lab_stubs
 from ._suite import SuiteCell, SuiteProfile, run_suite, suite_markdown
+from ._suite_contenders import Contender, RunnerContender
+from ._suite_faults import KillRates, ProviderFaults, SuiteFaults
+from ._suite_model import SuiteModelServer
 from ._suite_report import suite_html
 from ._target import LabTarget, parse_json_args, resolve_target, run_workflow_lab
 from ._tasks import TASKS, PolicyRates, SuiteWorld, TaskSpec, ToolDef, decide
@@ -34,16 +38,22 @@ __all__ = [
     "TASKS",
     "Cell",
     "ChaosResult",
+    "Contender",
     "FailureCause",
     "FaultHook",
     "Finding",
+    "KillRates",
     "LabProfile",
     "LabResult",
     "LabTarget",
     "Policy",
     "PolicyRates",
     "PreflightReport",
+    "ProviderFaults",
+    "RunnerContender",
     "SuiteCell",
+    "SuiteFaults",
+    "SuiteModelServer",
     "SuiteProfile",
     "SuiteWorld",
     "TaskSpec",

@@ -2,38 +2,42 @@
 
 Tasks ``migrate``, ``support``, ``reconcile`` and ``research`` (see :mod:`._tasks`
 for the task, policy and world interface a peer runner reuses).
-For each task and length, :func:`run_suite` submits ``runs`` runs of the task's
-agent (mainspring's defaults, with a step budget sized to the task), keeps worker
-processes busy on them, SIGKILLs one about every ``kill_every`` model calls (counted
-over the runs in flight) and starts a replacement, answers every approval as a
-scripted reviewer, and audits each run: it succeeded, the world's end state is exact
-and no effect happened twice.
+For each task and length, :func:`run_suite` sets up the cell's world (a SQLite file:
+the runs' items, the effect ledger, the fault counts), configures its faults
+(:class:`~mainspring.lab.SuiteFaults`), starts its provider
+(:class:`~mainspring.lab.SuiteModelServer`, OpenAI's wire on 127.0.0.1), and has the
+contender play ``runs`` runs: mainspring's worker pool, or a peer's runner script
+(:class:`~mainspring.lab.RunnerContender`). The kill points SIGKILL the contender's
+processes at the model, tool and commit points; the harness restarts them, answers
+every approval as a scripted reviewer, and audits each run: it ended well, the world's
+end state is exact and no effect happened twice.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
-import signal
-import subprocess
-import sys
 import tempfile
 import time
-import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import ConfigError, MainspringError
+from .. import ConfigError
 from ._stats import pass_hat_k, wilson
-from ._suite_app import build_app
+from ._suite_contenders import (
+    CellDrive,
+    Contender,
+    RunnerContender,
+    child_env,
+    contender_name,
+    drive_mainspring,
+    drive_runners,
+)
+from ._suite_faults import KillRates, ProviderFaults
+from ._suite_model import SuiteModelServer
 from ._tasks import TASKS, PolicyRates, SuiteWorld
 
 __all__ = ["PRICE_PER_MTOK", "SuiteCell", "SuiteProfile", "run_suite", "suite_markdown"]
-
-_APP_SPEC = "mainspring.lab._suite_app:app"
 
 #: The price the suite's cost assumes, in USD per million tokens, for every token:
 #: gpt-4.1-mini's input price (the lab's ``LabProfile.price_in``). The world counts
@@ -47,16 +51,22 @@ class SuiteProfile:
     """The faults of a suite run.
 
     Attributes:
-        transient: the share of model calls that fail with a transient error.
-        kill_every: SIGKILL a worker about every this many model calls (0: never).
+        kills: the kill points' rates (per event, by phase).
+        provider: the provider's faults (per model request).
         policy: the policy's own error rates.
-        model_attempts: attempts of each model call (``None``: mainspring's default
-            ``model_retry``).
+        kill_every: also SIGKILL a contender process from outside about every this many
+            paid model calls (0: never; the kill points are the default process faults).
+        kill_before_commit: mainspring only: a ``"commit"`` kill point right before each
+            commit too (after it, always).
+        model_attempts: mainspring only: attempts of each model call (``None``:
+            mainspring's default ``model_retry``).
     """
 
-    transient: float = 0.1
-    kill_every: int = 50
+    kills: KillRates = field(default_factory=KillRates)
+    provider: ProviderFaults = field(default_factory=ProviderFaults)
     policy: PolicyRates = field(default_factory=PolicyRates)
+    kill_every: int = 0
+    kill_before_commit: bool = False
     model_attempts: int | None = None
 
 
@@ -76,6 +86,9 @@ class SuiteCell:
     injected: dict[str, int]
     wall_s: float
     failures: list[str] = field(default_factory=list)
+    contender: str = "mainspring"
+    kills_by_phase: dict[str, int] = field(default_factory=dict)
+    provider_faults: dict[str, int] = field(default_factory=dict)
 
     @property
     def success_rate(self) -> float:
@@ -119,14 +132,20 @@ def run_suite(
     seed: int = 0,
     profile: SuiteProfile | None = None,
     workers: int = 2,
-    timeout_s: float = 900.0,
+    timeout_s: float | None = None,
+    contender: Contender = "mainspring",
     progress: Callable[[SuiteCell], None] | None = None,
 ) -> list[SuiteCell]:
     """Run every task at every length ``runs`` times under ``profile``.
 
+    Args:
+        contender: ``"mainspring"`` (a pool of ``workers`` worker processes) or a
+            :class:`RunnerContender` (one process per run, ``workers`` at once).
+        timeout_s: a cell's time; runs unfinished by then fail (``None``: 900 s plus
+            5 s a step, room for the default profile's 30 s timeouts).
+
     Raises:
-        ConfigError: an unknown task, a count below 1, or runs that did not finish
-            within ``timeout_s``.
+        ConfigError: an unknown task or contender, or a count below 1.
     """
     unknown = [t for t in tasks if t not in TASKS]
     if unknown:
@@ -136,33 +155,22 @@ def run_suite(
             f"the suite needs runs, workers and steps >= 1; got runs={runs!r}, "
             f"workers={workers!r}, steps={list(steps)!r}"
         )
+    contender_name(contender)
     profile = profile or SuiteProfile()
     cells = []
     for task in tasks:
         for n in steps:
-            cell = _cell(task, n, runs, seed, profile, workers, timeout_s)
+            limit = 900.0 + 5.0 * n if timeout_s is None else timeout_s
+            cell = _cell(task, n, runs, seed, profile, workers, limit, contender)
             cells.append(cell)
             if progress is not None:
                 progress(cell)
     return cells
 
 
-def _spawn(env: dict[str, str], log: Path, concurrency: int) -> subprocess.Popen[bytes]:
-    with open(log, "wb") as out:
-        return subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "mainspring",
-                "worker",
-                _APP_SPEC,
-                "--concurrency",
-                str(concurrency),
-            ],
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
+def labels_for(task: str, steps: int, seed: int, runs: int) -> list[str]:
+    """The cell's run labels: the same for the same cell and seed (they seed the draws)."""
+    return [f"{task}{steps}s{seed}r{i}" for i in range(runs)]
 
 
 def _cell(
@@ -173,137 +181,106 @@ def _cell(
     profile: SuiteProfile,
     workers: int,
     timeout_s: float,
+    contender: Contender,
 ) -> SuiteCell:
-    spec = TASKS[task]
-    items = spec.items(steps)
+    items = TASKS[task].items(steps)
     with tempfile.TemporaryDirectory(prefix="mainspring-suite-") as tmp:
         where = Path(tmp)
-        url = f"sqlite:///{where / 'suite.db'}"
         world = SuiteWorld(where / "world.db")
-        rates = {**asdict(profile.policy), "transient": profile.transient}
+        world.faults.configure(seed, profile.kills, profile.provider, policy=asdict(profile.policy))
+        labels = labels_for(task, steps, seed, runs)
+        for label in labels:
+            world.add_run(task, label, items)
+        server = SuiteModelServer(world.path).start()
+        # Room for the clean path three times over: errors cost turns.
+        max_steps = int(steps * 3 + 30)
         env = {
-            **os.environ,
-            "MAINSPRING_DATABASE_URL": url,
+            **child_env(server.base_url, server.client_timeout_s),
             "MAINSPRING_SUITE_WORLD": world.path,
-            "MAINSPRING_SUITE_SEED": str(seed),
-            "MAINSPRING_SUITE_RATES": json.dumps(rates),
-            # Room for the clean path three times over: errors cost turns.
-            "MAINSPRING_SUITE_MAX_STEPS": str(int(steps * 3 + 30)),
+            "MAINSPRING_SUITE_MAX_STEPS": str(max_steps),
         }
-        if profile.model_attempts is not None:
-            env["MAINSPRING_SUITE_MODEL_ATTEMPTS"] = str(profile.model_attempts)
-        app = build_app(url)
-        labels: dict[str, str] = {}
+        drive = CellDrive(
+            task=task,
+            labels=labels,
+            world=world,
+            env=env,
+            where=where,
+            workers=workers,
+            timeout_s=timeout_s,
+            max_steps=max_steps,
+            kill_every=profile.kill_every,
+        )
         try:
-            for i in range(runs):
-                label = f"s{seed}r{i}{uuid.uuid4().hex[:6]}"
-                world.add_run(task, label, items)
-                run_id = app.submit(task, f"{task} batch {label}").run_id
-                world.bind(label, run_id)
-                labels[run_id] = label
             started = time.monotonic()
-            kills = _drive(app, world, env, where, labels, profile, workers, timeout_s)
+            if isinstance(contender, RunnerContender):
+                outcome = drive_runners(drive, contender)
+            else:
+                outcome = drive_mainspring(
+                    drive,
+                    model_attempts=profile.model_attempts,
+                    kill_before_commit=profile.kill_before_commit,
+                )
             wall = time.monotonic() - started
-            return _audit(app, world, task, steps, items, labels, kills, wall)
+            return _audit(drive, steps, items, outcome, contender_name(contender), wall)
         finally:
-            app.close()
+            server.stop()
             world.close()
 
 
-def _drive(
-    app: Any,
-    world: SuiteWorld,
-    env: dict[str, str],
-    where: Path,
-    labels: dict[str, str],
-    profile: SuiteProfile,
-    workers: int,
-    timeout_s: float,
-) -> int:
-    concurrency = max(2, len(labels) // workers + 1)
-    procs = [_spawn(env, where / f"worker-{i}.log", concurrency) for i in range(workers)]
-    kills, next_kill = 0, profile.kill_every
-    deadline = time.monotonic() + timeout_s
-    try:
-        while True:
-            for request in app.requests():
-                if request.run_id in labels:
-                    # The scripted reviewer approves every request (one answered
-                    # already, or whose run moved on, is left alone).
-                    with contextlib.suppress(MainspringError):
-                        app.answer(request.run_id, request.id, decision="approve", by="reviewer")
-            calls, _ = world.model_calls()
-            if profile.kill_every and calls >= next_kill:
-                alive = [p for p in procs if p.poll() is None]
-                if alive:
-                    victim = alive[kills % len(alive)]
-                    victim.send_signal(signal.SIGKILL)
-                    victim.wait(30)
-                    kills += 1
-                next_kill = calls + profile.kill_every
-            for i, proc in enumerate(procs):
-                if proc.poll() is not None:  # a supervisor restarts the dead
-                    procs[i] = _spawn(env, where / f"worker-r{kills}-{i}.log", concurrency)
-            if all(app.get_run(r).finished for r in labels):
-                return kills
-            if time.monotonic() > deadline:
-                raise ConfigError(
-                    f"suite: the runs did not finish within {timeout_s}s; logs in {where}"
-                )
-            time.sleep(0.05)
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait(30)
-
-
 def _audit(
-    app: Any,
-    world: SuiteWorld,
-    task: str,
+    drive: CellDrive,
     steps: int,
     items: int,
-    labels: dict[str, str],
-    kills: int,
+    outcome: dict[str, str | None],
+    contender: str,
     wall: float,
 ) -> SuiteCell:
+    world = drive.world
     succeeded = 0
     failures: list[str] = []
-    for run_id, label in labels.items():
-        record = app.get_run(run_id)
+    for label in drive.labels:
         problems = world.check(label)
-        if record.status != "succeeded":
-            problems.insert(0, f"{label}: run {run_id} ended {record.status}: {record.error}")
+        ended = outcome.get(label, "never ran")
+        if ended is not None:
+            problems.insert(0, f"{label}: {ended}")
         duplicated = world.duplicate_effects(label)
         if duplicated:
             problems.append(f"{label}: {duplicated} duplicate effect(s)")
         succeeded += not problems
         failures.extend(problems)
     calls, tokens = world.model_calls()
+    by_phase = world.faults.kills()
+    if drive.external_kills:
+        by_phase["external"] = drive.external_kills
     return SuiteCell(
-        task=task,
+        task=drive.task,
         steps=steps,
         items=items,
-        runs=len(labels),
+        runs=len(drive.labels),
         succeeded=succeeded,
         duplicate_effects=world.duplicate_effects(),
         model_calls=calls,
         tokens=tokens,
-        kills=kills,
+        kills=sum(by_phase.values()),
         injected=world.injected(),
         wall_s=round(wall, 2),
         failures=failures,
+        contender=contender,
+        kills_by_phase=by_phase,
+        provider_faults=world.faults.provider_faults(),
     )
 
 
 def suite_markdown(cells: Sequence[SuiteCell]) -> str:
-    """The suite's table in markdown (cost per success at :data:`PRICE_PER_MTOK`)."""
+    """The suite's table in markdown (kills as model / tool / commit, plus external
+    ones when there were; provider faults as 5xx / 429 / timeout; cost per success at
+    :data:`PRICE_PER_MTOK`)."""
     lines = [
-        "| task | steps | runs | success | Wilson 95 % | pass^k | duplicate effects "
-        "| model calls / success | tokens / success | $ / success | kills | policy errors "
-        "| wall s |",
-        "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| contender | task | steps | runs | success | Wilson 95 % | pass^k "
+        "| duplicate effects | model calls / success | tokens / success | $ / success "
+        "| kills (model/tool/commit) | provider faults (5xx/429/timeout) "
+        "| policy errors | wall s |",
+        "|---|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---|---|---:|---:|",
     ]
     for c in cells:
         low, high = c.interval
@@ -311,12 +288,20 @@ def suite_markdown(cells: Sequence[SuiteCell]) -> str:
         calls = c.per_success(c.model_calls)
         tokens = c.per_success(c.tokens)
         cost = c.cost_per_success
+        k = c.kills_by_phase
+        kills = f"{c.kills} ({k.get('model', 0)}/{k.get('tool', 0)}/{k.get('commit', 0)}"
+        kills += f", {k['external']} external)" if k.get("external") else ")"
+        f = c.provider_faults
+        faults = (
+            f"{sum(f.values())} ({f.get('server_error', 0)}/{f.get('rate_limited', 0)}"
+            f"/{f.get('timeout', 0)})"
+        )
         lines.append(
-            f"| {c.task} | {c.steps} | {c.runs} | {c.success_rate:.1%} "
+            f"| {c.contender} | {c.task} | {c.steps} | {c.runs} | {c.success_rate:.1%} "
             f"| {low:.1%} – {high:.1%} | {pk} | {c.duplicate_effects} "
             f"| {'—' if calls is None else f'{calls:.1f}'} "
             f"| {'—' if tokens is None else f'{tokens:,.0f}'} "
-            f"| {'—' if cost is None else f'{cost:.4f}'} | {c.kills} "
+            f"| {'—' if cost is None else f'{cost:.4f}'} | {kills} | {faults} "
             f"| {sum(c.injected.values())} | {c.wall_s:.1f} |"
         )
     return "\n".join(lines)

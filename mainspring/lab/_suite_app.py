@@ -1,37 +1,36 @@
 """The App that ``mainspring lab suite`` runs in worker processes (and then kills).
 
 Configured by the environment the suite gives its workers: ``MAINSPRING_DATABASE_URL``
-(the store), ``MAINSPRING_SUITE_WORLD`` (the world's SQLite file),
-``MAINSPRING_SUITE_SEED``, ``MAINSPRING_SUITE_RATES`` (the policy's error rates and the
-provider's transient rate, as JSON), ``MAINSPRING_SUITE_MAX_STEPS`` and
+(the store), ``MAINSPRING_SUITE_WORLD`` (the world's SQLite file, which also holds the
+cell's seed and fault rates), ``OPENAI_BASE_URL`` and ``OPENAI_API_KEY`` (the cell's
+:class:`~mainspring.lab.SuiteModelServer`), ``MAINSPRING_SUITE_CLIENT_TIMEOUT_S`` (the
+provider's client timeout), ``MAINSPRING_SUITE_MAX_STEPS``,
 ``MAINSPRING_SUITE_MODEL_ATTEMPTS`` (the model retry policy's attempts; mainspring's
-default when unset).
+default when unset) and ``MAINSPRING_SUITE_KILL_BEFORE_COMMIT``.
+
+The agents use mainspring's :class:`~mainspring.models.OpenAIModel` (the official
+``openai`` SDK) with mainspring's defaults. The suite's kill points are two thin
+wrappers: :class:`_KillAfterReply` around the model (``"model"``: after a reply
+arrived, before the loop uses or journals it) and :class:`_KillingStore` around the
+store (``"commit"``: right after a commit returns, and right before it when asked).
+The world's tools do the ``"tool"`` point themselves.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import random
 import re
 from collections.abc import Sequence
 from typing import Any
 
-from .. import App, Limits, RetryPolicy, Tool, ToolContext
-from ..models import (
-    AssistantMessage,
-    Message,
-    Model,
-    ModelResponse,
-    ModelSettings,
-    ToolResultMessage,
-    ToolSpec,
-    UserMessage,
-)
-from ..testing import FaultProfile, FaultyModel, ScriptedModel
-from ._tasks import TASKS, PolicyRates, SuiteWorld, TaskSpec, decide
+from .. import App, Limits, RetryPolicy, Tool, ToolContext, models
+from ..models import Message, Model, ModelResponse, ModelSettings, ToolSpec, UserMessage
+from ..storage import Store, open_store
+from ..testing import FaultyStore
+from ._suite_faults import Phase
+from ._tasks import TASKS, SuiteWorld
 
-__all__ = ["app", "build_app", "world"]
+__all__ = ["build_app", "world"]
 
 _LABEL = re.compile(r"\bbatch (\w+)")
 _worlds: dict[str, SuiteWorld] = {}
@@ -55,44 +54,25 @@ def _label(messages: Sequence[Message]) -> str:
     raise ValueError("the task text names no batch")
 
 
-def _policy(spec: TaskSpec, seed: int, rates: PolicyRates) -> Any:
-    def play(messages: Sequence[Message], tools: Sequence[ToolSpec]) -> ModelResponse:
-        label = _label(messages)
-        # Like a model reading its history: the latest tool result says what is next
-        # (a repair request or a loop nudge after it does not erase it).
-        result = next(
-            (m.content for m in reversed(messages) if isinstance(m, ToolResultMessage)), None
-        )
-        previous = next(
-            (
-                m.tool_calls[0]
-                for m in reversed(messages)
-                if isinstance(m, AssistantMessage) and m.tool_calls
-            ),
-            None,
-        )
-        made, _ = world().model_calls(label)
-        rng = random.Random(f"horizon:{seed}:{label}:{made}")
-        tool, arguments, error = decide(
-            spec,
-            result,
-            None if previous is None else (previous.name, previous.arguments),
-            rng,
-            rates,
-        )
-        if error is not None:
-            world().record_injected(label, error)
-        return ScriptedModel.call(tool, arguments)
+class _KillAfterReply(Model):
+    """The ``"model"`` kill point around mainspring's :class:`OpenAIModel`: after the
+    reply arrived (paid for), before the agent loop uses or journals it.
 
-    return play
+    The OpenAIModel (and the ``openai`` SDK) is made on first use, so the harness, which
+    only submits runs, needs neither."""
 
+    provider = "openai"
 
-class _Metered(Model):
-    """Counts every reply the run pays for in the world (re-paid calls included)."""
+    def __init__(self, model_id: str, *, timeout_s: float) -> None:
+        self.model_id, self.name, self.timeout_s = model_id, f"openai:{model_id}", timeout_s
+        self._inner: Model | None = None
 
-    def __init__(self, inner: Model) -> None:
-        self.inner = inner
-        self.name, self.provider, self.model_id = inner.name, inner.provider, inner.model_id
+    @property
+    def inner(self) -> Model:
+        if self._inner is None:
+            # Its base URL and key: OPENAI_BASE_URL and OPENAI_API_KEY, the cell's server.
+            self._inner = models.OpenAIModel(self.model_id, timeout_s=self.timeout_s)
+        return self._inner
 
     async def request(
         self,
@@ -102,9 +82,51 @@ class _Metered(Model):
         settings: ModelSettings | None = None,
     ) -> ModelResponse:
         reply = await self.inner.request(messages, tools=tools, settings=settings)
-        tokens = reply.usage.input_tokens + reply.usage.output_tokens
-        world().record_model_call(_label(messages), tokens)
+        world().faults.kill_point(_label(messages), "model")
         return reply
+
+    async def warm(self) -> None:
+        await self.inner.warm()
+
+    async def aclose(self) -> None:
+        if self._inner is not None:
+            await self._inner.aclose()
+
+
+class _KillingStore(FaultyStore):
+    """The ``"commit"`` kill point: every store call goes through :meth:`_call` (as in
+    :class:`~mainspring.testing.FaultyStore`, unrecorded here: a worker lives long);
+    a commit that wrote a bound run's rows may be followed by a SIGKILL before the
+    worker hears back (and, with ``before``, preceded by one)."""
+
+    def __init__(self, inner: Store, *, before: bool = False) -> None:
+        super().__init__(inner)
+        self.before = before
+        self._labels: dict[str, str | None] = {}
+
+    def _label_of(self, run_id: str) -> str | None:
+        if run_id not in self._labels:
+            try:
+                self._labels[run_id] = world().label_for(run_id)
+            except KeyError:  # a run the suite did not bind: no kill points
+                self._labels[run_id] = None
+        return self._labels[run_id]
+
+    def _points(self, batch: Sequence[Any], phase: Phase) -> None:
+        for write in batch:
+            label = self._label_of(write.run_id)
+            if label is not None:
+                world().faults.kill_point(label, phase)
+
+    def _call(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if method != "commit":
+            return getattr(self.inner, method)(*args, **kwargs)
+        batch = list(kwargs.get("batch", args[0] if args else []))
+        if self.before:
+            self._points(batch, "commit")
+        results = self.inner.commit(*args, **kwargs)
+        self._points([w for w, r in zip(batch, results, strict=False) if r.ok], "commit")
+        return results
 
 
 def _call(ctx: ToolContext, tool: str, **arguments: int | str) -> dict[str, Any]:
@@ -112,16 +134,23 @@ def _call(ctx: ToolContext, tool: str, **arguments: int | str) -> dict[str, Any]
     return w.call(w.label_for(ctx.run_id), tool, arguments, ctx.idempotency_key)
 
 
-def _rates() -> tuple[PolicyRates, float]:
-    given = json.loads(os.environ.get("MAINSPRING_SUITE_RATES", "{}"))
-    transient = float(given.pop("transient", 0.1))
-    return PolicyRates(**given), transient
+def build_app(url: str | None = None, *, kill_points: bool | None = None) -> App:
+    """The suite's App over ``url`` (``MAINSPRING_DATABASE_URL`` when None): the tasks'
+    agents on mainspring's defaults but for a step budget sized to the task.
 
-
-def build_app(url: str | None = None) -> App:
-    """The suite's App over ``url`` (``MAINSPRING_DATABASE_URL`` when None): the
-    tasks' agents, on mainspring's defaults but for a step budget sized to the task."""
-    suite = App(url, max_recoveries=1000, poll_interval_s=0.05, lease_s=2.0)
+    Args:
+        kill_points: wrap the store with the ``"commit"`` kill point (``None``: in a
+            suite worker, where ``MAINSPRING_SUITE_WORLD`` is set). Never in the harness.
+    """
+    if kill_points is None:
+        kill_points = "MAINSPRING_SUITE_WORLD" in os.environ
+    where: str | Store | None = url
+    if kill_points:
+        before = os.environ.get("MAINSPRING_SUITE_KILL_BEFORE_COMMIT") == "1"
+        where = _KillingStore(
+            open_store(url or os.environ["MAINSPRING_DATABASE_URL"]), before=before
+        )
+    suite = App(where, max_recoveries=1000, poll_interval_s=0.05, lease_s=2.0)
 
     @suite.tool
     def progress(*, ctx: ToolContext) -> dict[str, Any]:
@@ -199,19 +228,12 @@ def build_app(url: str | None = None) -> App:
         "reconcile": [progress, compare, post],
         "research": [progress, search, read, handoff, resume, report],
     }
-    seed = int(os.environ.get("MAINSPRING_SUITE_SEED", "0"))
-    rates, transient = _rates()
     max_steps = int(os.environ.get("MAINSPRING_SUITE_MAX_STEPS", "100"))
     attempts = os.environ.get("MAINSPRING_SUITE_MODEL_ATTEMPTS")
     retry = RetryPolicy(max_attempts=int(attempts)) if attempts else None
+    timeout = float(os.environ.get("MAINSPRING_SUITE_CLIENT_TIMEOUT_S", "60"))
     for name, spec in TASKS.items():
-        model = _Metered(
-            FaultyModel(
-                ScriptedModel(_policy(spec, seed, rates), model_id=f"horizon-{name}"),
-                FaultProfile(transient_rate=transient),
-                seed=seed + os.getpid(),
-            )
-        )
+        model = _KillAfterReply(f"horizon-{name}", timeout_s=timeout)
         suite.agent(
             name,
             model=model,
@@ -223,4 +245,15 @@ def build_app(url: str | None = None) -> App:
     return suite
 
 
-app = build_app()
+_built: list[App] = []
+
+
+def __getattr__(name: str) -> Any:
+    # ``app``, built on first use: in a suite worker (``mainspring worker
+    # mainspring.lab._suite_app:app``), not in every process that imports mainspring.lab
+    # (a peer's runner has the suite's environment but no store).
+    if name == "app":
+        if not _built:
+            _built.append(build_app())
+        return _built[0]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

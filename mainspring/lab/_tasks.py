@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..testing import EffectLedger
+from ._suite_faults import SuiteFaults
 from ._task_migrate import MigrateWorld
 from ._task_reconcile import ReconcileWorld
 from ._task_research import ResearchWorld
@@ -73,6 +74,7 @@ class SuiteWorld:
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = os.fspath(path)
         self.ledger = EffectLedger(self.path)
+        self.faults = SuiteFaults(self.path)
         self._local = threading.local()
         self._tasks = {w.spec.name: w(self._conn, self.ledger) for w in _WORLDS}
         self._conn().executescript(
@@ -101,6 +103,7 @@ class SuiteWorld:
 
     def close(self) -> None:
         self.ledger.close()
+        self.faults.close()
         conn = getattr(self._local, "conn", None)
         if conn is not None:
             conn.close()
@@ -213,7 +216,9 @@ class SuiteWorld:
                 done = {"ok": False, "error": misfit}
             else:
                 done = self._apply(label, tool, arguments, key)
-        return {**done, "next": self.next(label)}
+        result = {**done, "next": self.next(label)}
+        self.faults.kill_point(label, "tool")  # the effect is done, its result not yet back
+        return result
 
     def _apply(self, label: str, tool: str, args: dict[str, Any], key: str) -> dict[str, Any]:
         found = self._task(label)

@@ -1,0 +1,261 @@
+"""The horizon suite's contenders: mainspring's worker pool, or a peer's runner script.
+
+A contender plays every run of a cell against the cell's world and model server. The
+harness drives it and restarts what the kill points SIGKILLed, answers approvals as a
+scripted reviewer (mainspring's human-in-the-loop requests, and
+:meth:`~mainspring.lab.SuiteFaults.pending` for contenders with none), and says how
+each run ended: ``None`` when it ended well, else why not. The world's audit of the
+end state is the harness's (:func:`~mainspring.lab.run_suite`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from .. import ConfigError, MainspringError
+from ._suite_app import build_app
+from ._tasks import SuiteWorld
+
+__all__ = ["Contender", "RunnerContender", "contender_name"]
+
+_APP_SPEC = "mainspring.lab._suite_app:app"
+
+
+@dataclass(frozen=True, slots=True)
+class RunnerContender:
+    """A contender that runs one process per run: a peer's runner script.
+
+    The harness runs ``[*argv_prefix, "--task", TASK, "--label", LABEL, "--world",
+    WORLD, "--state", DIR, "--max-steps", N]`` with ``OPENAI_BASE_URL``,
+    ``OPENAI_API_KEY`` and ``MAINSPRING_SUITE_CLIENT_TIMEOUT_S`` set, at most
+    ``workers`` at once. A SIGKILLed runner is started again with the same command (it
+    resumes as its framework does); the run fails on any other non-zero exit, on more
+    than ``max_restarts`` restarts, or when the cell's time is up.
+
+    Args:
+        name: the contender's name in the report (``"openai-loop"``, ``"langgraph"``).
+        argv_prefix: the command before the suite's arguments
+            (``("/venv/bin/python", "bench/horizon/langgraph_runner.py")``).
+        max_restarts: restarts allowed per run.
+    """
+
+    name: str
+    argv_prefix: tuple[str, ...]
+    max_restarts: int = 500
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "argv_prefix", tuple(self.argv_prefix))
+        if not self.name or not self.argv_prefix:
+            raise ConfigError(
+                f"RunnerContender needs a name and a command, got {self.name!r} and "
+                f"{self.argv_prefix!r}"
+            )
+        if self.name == "mainspring":
+            raise ConfigError("RunnerContender: 'mainspring' names the built-in contender")
+
+
+Contender = Literal["mainspring"] | RunnerContender
+"""``"mainspring"`` (its worker pool) or a :class:`RunnerContender`."""
+
+
+def contender_name(contender: Contender) -> str:
+    """The contender's name in the report.
+
+    Raises:
+        ConfigError: neither ``"mainspring"`` nor a :class:`RunnerContender`.
+    """
+    if isinstance(contender, RunnerContender):
+        return contender.name
+    if contender == "mainspring":
+        return "mainspring"
+    raise ConfigError(
+        f"unknown contender {contender!r}: 'mainspring' or a RunnerContender(name, argv_prefix)"
+    )
+
+
+@dataclass(slots=True, kw_only=True)
+class CellDrive:
+    """What a contender needs to play a cell's runs."""
+
+    task: str
+    labels: list[str]
+    world: SuiteWorld
+    env: dict[str, str]
+    where: Path
+    workers: int
+    timeout_s: float
+    max_steps: int
+    kill_every: int = 0  # external SIGKILLs: one every N paid model calls (0: none)
+    external_kills: int = 0
+
+    def review(self) -> None:
+        """The scripted reviewer's answers to the approval requests of the world."""
+        for label, key, _tool, _arguments in self.world.faults.pending():
+            self.world.faults.answer(label, key, True)
+
+    def external_kill(self, procs: Sequence[subprocess.Popen[bytes]], next_kill: int) -> int:
+        """SIGKILL a process when the paid calls reach ``next_kill``; the next mark."""
+        if not self.kill_every:
+            return next_kill
+        calls, _ = self.world.model_calls()
+        if calls < next_kill:
+            return next_kill
+        alive = [p for p in procs if p.poll() is None]
+        if alive:
+            victim = alive[self.external_kills % len(alive)]
+            victim.send_signal(signal.SIGKILL)
+            victim.wait(30)
+            self.external_kills += 1
+        return calls + self.kill_every
+
+
+def _spawn(argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    with open(log, "ab") as out:
+        return subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
+
+
+def _tail(log: Path, lines: int = 5) -> str:
+    try:
+        return " | ".join(log.read_text(errors="replace").strip().splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def drive_mainspring(
+    cell: CellDrive, *, model_attempts: int | None, kill_before_commit: bool
+) -> dict[str, str | None]:
+    """Play the cell with mainspring: submit every run, keep ``workers`` worker
+    processes alive (a supervisor restarts the killed), answer the approvals."""
+    url = f"sqlite:///{cell.where / 'suite.db'}"
+    env = {**cell.env, "MAINSPRING_DATABASE_URL": url}
+    if model_attempts is not None:
+        env["MAINSPRING_SUITE_MODEL_ATTEMPTS"] = str(model_attempts)
+    if kill_before_commit:
+        env["MAINSPRING_SUITE_KILL_BEFORE_COMMIT"] = "1"
+    app = build_app(url, kill_points=False)
+    try:
+        runs: dict[str, str] = {}
+        for label in cell.labels:
+            run_id = app.submit(cell.task, f"{cell.task} batch {label}").run_id
+            cell.world.bind(label, run_id)
+            runs[run_id] = label
+        concurrency = str(max(2, len(runs) // cell.workers + 1))
+        argv = [sys.executable, "-m", "mainspring", "worker", _APP_SPEC]
+        argv += ["--concurrency", concurrency]
+        spawned = 0
+
+        def spawn() -> subprocess.Popen[bytes]:
+            nonlocal spawned
+            spawned += 1
+            return _spawn(argv, env, cell.where / f"worker-{spawned}.log")
+
+        procs = [spawn() for _ in range(cell.workers)]
+        next_kill, deadline = cell.kill_every, time.monotonic() + cell.timeout_s
+        try:
+            while not all(app.get_run(r).finished for r in runs):
+                if time.monotonic() > deadline:
+                    break
+                for request in app.requests():
+                    if request.run_id in runs:
+                        # One answered already, or whose run moved on, is left alone.
+                        with contextlib.suppress(MainspringError):
+                            app.answer(
+                                request.run_id, request.id, decision="approve", by="reviewer"
+                            )
+                cell.review()
+                next_kill = cell.external_kill(procs, next_kill)
+                for i, proc in enumerate(procs):
+                    if proc.poll() is not None:  # a supervisor restarts the dead
+                        procs[i] = spawn()
+                time.sleep(0.05)
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+                proc.wait(30)
+        outcome: dict[str, str | None] = {}
+        for run_id, label in runs.items():
+            record = app.get_run(run_id)
+            if record.status == "succeeded":
+                outcome[label] = None
+            elif not record.finished:
+                outcome[label] = (
+                    f"run {run_id} did not finish within {cell.timeout_s:g}s (logs in {cell.where})"
+                )
+            else:
+                outcome[label] = f"run {run_id} ended {record.status}: {record.error}"
+        return outcome
+    finally:
+        app.close()
+
+
+def drive_runners(cell: CellDrive, contender: RunnerContender) -> dict[str, str | None]:
+    """Play the cell with a runner script: one process per run, at most ``workers`` at
+    once, a SIGKILLed one started again."""
+    state = cell.where / "state"
+    queue = list(cell.labels)
+    running: dict[str, subprocess.Popen[bytes]] = {}
+    restarts = dict.fromkeys(cell.labels, 0)
+    outcome: dict[str, str | None] = {}
+
+    def spawn(label: str) -> subprocess.Popen[bytes]:
+        (state / label).mkdir(parents=True, exist_ok=True)
+        argv = [*contender.argv_prefix, "--task", cell.task, "--label", label]
+        argv += ["--world", cell.world.path, "--state", str(state / label)]
+        argv += ["--max-steps", str(cell.max_steps)]
+        return _spawn(argv, cell.env, cell.where / f"{label}.log")
+
+    next_kill, deadline = cell.kill_every, time.monotonic() + cell.timeout_s
+    try:
+        while queue or running:
+            if time.monotonic() > deadline:
+                for label in [*running, *queue]:
+                    outcome[label] = f"did not finish within {cell.timeout_s:g}s"
+                break
+            cell.review()
+            next_kill = cell.external_kill(list(running.values()), next_kill)
+            for label, proc in list(running.items()):
+                code = proc.poll()
+                if code is None:
+                    continue
+                del running[label]
+                if code == -signal.SIGKILL:
+                    restarts[label] += 1
+                    if restarts[label] <= contender.max_restarts:
+                        running[label] = spawn(label)
+                        continue
+                    outcome[label] = f"killed more than {contender.max_restarts} times"
+                elif code == 0:
+                    outcome[label] = None
+                else:
+                    log = cell.where / f"{label}.log"
+                    outcome[label] = f"runner exited {code}: {_tail(log)}"
+            while queue and len(running) < cell.workers:
+                label = queue.pop(0)
+                running[label] = spawn(label)
+            time.sleep(0.05)
+    finally:
+        for proc in running.values():
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(30)
+    return outcome
+
+
+def child_env(base_url: str, client_timeout_s: float) -> dict[str, str]:
+    """The environment of a contender's processes: the cell's provider."""
+    return {
+        **os.environ,
+        "OPENAI_BASE_URL": base_url,
+        "OPENAI_API_KEY": "sk-suite",
+        "MAINSPRING_SUITE_CLIENT_TIMEOUT_S": f"{client_timeout_s:g}",
+    }
