@@ -35,10 +35,13 @@ def test_approval_over_http_resumes_on_another_worker_process(stack: Stack) -> N
     assert response.headers["location"] == f"/runs/{run_id}"
 
     first = stack.spawn("worker-a", "worker", "apps.hitl_app:app")
+    # The request is pending from the wait's first commit; the run is "running" while
+    # it waits inline for a quick answer, then "waiting" once it suspends.
     waiting = until(
-        lambda: (r := _run(ops, run_id))["pending_requests"] and r, "the approval request"
+        lambda: (r := _run(ops, run_id))["pending_requests"] and r["status"] == "waiting" and r,
+        "the approval request, the run suspended",
     )
-    assert (waiting["status"], waiting["wait_reason"]) == ("waiting", "signal:approval:deploy")
+    assert waiting["wait_reason"] == "signal:approval:deploy"
     [request] = waiting["pending_requests"]
     assert request["id"] == "approval:deploy" and request["preview"]["env"] == "prod"
     assert request["url"] == f"/runs/{run_id}/requests/approval:deploy"
