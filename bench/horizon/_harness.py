@@ -23,7 +23,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from _common import KillRates, ProviderFaults, SuiteFaults, SuiteModelServer
+from _common import SuiteFaults, SuiteModelServer
+
 from mainspring.lab import TASKS, SuiteWorld, pass_hat_k, wilson
 
 __all__ = ["PeerCell", "RunnerContender", "run_cell"]

@@ -106,9 +106,7 @@ class SuiteFaults:
         (count,) = self._db.execute(
             "SELECT n FROM standin_points WHERE label = ? AND phase = ?", (label, phase)
         ).fetchone()
-        hit = random.Random(f"kill:{seed}:{label}:{phase}:{count}").random() < getattr(
-            rates, phase
-        )
+        hit = random.Random(f"kill:{seed}:{label}:{phase}:{count}").random() < getattr(rates, phase)
         if hit:
             self._db.execute("INSERT INTO standin_kills VALUES (?, ?)", (label, phase))
         self._db.execute("COMMIT")
@@ -135,8 +133,7 @@ class SuiteFaults:
         return [
             (str(a), str(b), str(c), str(d))
             for a, b, c, d in self._db.execute(
-                "SELECT label, key, tool, arguments FROM standin_approvals "
-                "WHERE decision IS NULL"
+                "SELECT label, key, tool, arguments FROM standin_approvals WHERE decision IS NULL"
             )
         ]
 

@@ -81,7 +81,9 @@ class ModelKillPoint(RunHooks[Any]):
         self.suite_tools.kill_point("model")
 
 
-def _function_tool(tools: Tools, name: str, description: str, schema: dict[str, Any], approval: bool) -> FunctionTool:
+def _function_tool(
+    tools: Tools, name: str, description: str, schema: dict[str, Any], approval: bool
+) -> FunctionTool:
     async def invoke(ctx: ToolContext[Any], raw: str) -> str:
         if name == FINISH.name:
             return "done"
@@ -127,28 +129,29 @@ async def run(args: RunnerArgs) -> int:
     agent = build(args, tools)
     session = KillPointSession(args.label, args.state_file(".agents.sqlite"), tools)
     saved = Path(args.state_file(".runstate.json"))
+    paused = await asyncio.to_thread(_read, saved)
     given: Any
-    if saved.exists():
-        given = await _review(tools, await RunState.from_string(agent, saved.read_text()), saved)
+    if paused is not None:
+        given = await _review(tools, await RunState.from_string(agent, paused), saved)
     elif await session.get_items(limit=1):
         given = []  # resume: the session holds the history
     else:
         given = args.task_text
     hooks = ModelKillPoint(tools)
     while True:
-        result = await Runner.run(agent, given, session=session, max_turns=args.max_steps, hooks=hooks)
+        result = await Runner.run(
+            agent, given, session=session, max_turns=args.max_steps, hooks=hooks
+        )
         if not result.interruptions:
             break
         given = await _review(tools, result.to_state(), saved)
-    saved.unlink(missing_ok=True)
+    await asyncio.to_thread(saved.unlink, missing_ok=True)
     return 0 if result.final_output == "done" else 1
 
 
 async def _review(tools: Tools, state: Any, saved: Path) -> Any:
     """Save the paused run, get the reviewer's decisions, apply them to the state."""
-    tmp = saved.with_suffix(".tmp")
-    tmp.write_text(state.to_string())
-    os.replace(tmp, saved)
+    await asyncio.to_thread(_write, saved, state.to_string())
     for item in state.get_interruptions():
         call = item.raw_item
         approved = await asyncio.to_thread(
@@ -159,6 +162,16 @@ async def _review(tools: Tools, state: Any, saved: Path) -> Any:
         else:
             state.reject(item)
     return state
+
+
+def _read(path: Path) -> str | None:
+    return path.read_text() if path.exists() else None
+
+
+def _write(path: Path, text: str) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)  # a kill leaves the old state or the new one, never half
 
 
 def main() -> int:

@@ -121,7 +121,10 @@ def run(args: RunnerArgs) -> int:
     conn = sqlite3.connect(args.state_file(".langgraph.sqlite"), check_same_thread=False)
     agent = build(args, tools, KillPointSaver(conn, tools))
     # Two supersteps (llm_call, tool_node) per model call.
-    config: Any = {"configurable": {"thread_id": args.label}, "recursion_limit": 2 * args.max_steps + 4}
+    config: Any = {
+        "configurable": {"thread_id": args.label},
+        "recursion_limit": 2 * args.max_steps + 4,
+    }
     snapshot = agent.get_state(config)
     if not snapshot.values:
         task = [SystemMessage(args.spec.instructions), HumanMessage(args.task_text)]

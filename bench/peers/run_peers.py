@@ -75,7 +75,9 @@ def ensure_venv(
     if extra:
         more = _pip(python, *extra)
         if more.returncode != 0:
-            raise RuntimeError(f"peer venv: pip install {' '.join(extra)} failed:\n{_tail(more.stderr)}")
+            raise RuntimeError(
+                f"peer venv: pip install {' '.join(extra)} failed:\n{_tail(more.stderr)}"
+            )
     stamp.write_text(digest + "\n")
     return python
 
