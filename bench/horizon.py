@@ -89,11 +89,16 @@ def _row(cell: dict[str, Any]) -> str:
         if "worker" in by
         else "/".join(str(by.get(phase, 0)) for phase in ("model", "tool", "commit"))
     )
+    again = (
+        f"{cell['repeated_same_key']}/{cell['repeated_new_key']}"
+        if "repeated_same_key" in cell
+        else "—"
+    )
     return (
         f"| {cell['contender']} | {cell['task']} | {cell['steps']} | {runs} "
         f"| {succeeded / runs:.0%} | {low:.0%} – {high:.0%} "
         f"| {'n/a' if pk is None else f'{pk:.2f}'} | {cell['duplicate_effects']} "
-        f"| {'—' if cell['gave_up'] is None else cell['gave_up']} | {kills} "
+        f"| {'—' if cell['gave_up'] is None else cell['gave_up']} | {kills} | {again} "
         f"| {per(cell['model_calls'], 1)} | {per(cell['tokens'], 0)} "
         f"| {cell['wall_s']:.1f} |"
     )
@@ -103,9 +108,9 @@ def markdown(cells: Sequence[dict[str, Any]]) -> str:
     """The benchmark's table."""
     head = (
         "| contender | task | steps | runs | success | Wilson 95 % | pass^k | duplicate effects "
-        "| gave up | kills (model/tool/commit) | model calls / success | tokens / success "
-        "| wall s |\n"
-        "|---|---|---:|---:|---:|---|---:|---:|---:|---|---:|---:|---:|"
+        "| gave up | kills (model/tool/commit) | effects asked again (same key/new key) "
+        "| model calls / success | tokens / success | wall s |\n"
+        "|---|---|---:|---:|---:|---|---:|---:|---:|---|---|---:|---:|---:|"
     )
     return "\n".join([head, *(_row(c) for c in cells)])
 

@@ -55,6 +55,24 @@ def test_tools_are_the_tasks_plus_finish(common: ModuleType) -> None:
     assert names == ["progress", "validate", "write", "checkpoint", "finish"]
 
 
+def test_effects_asked_again_after_a_restart_are_told_apart_by_key(common: ModuleType) -> None:
+    def note(pid: int, tool: str, item: int, key: str) -> dict[str, Any]:
+        return {"pid": pid, "tool": tool, "arguments": {"record": item}, "key": key}
+
+    notes = [
+        note(1, "validate", 0, "a"),
+        note(1, "write", 0, "b"),  # killed here
+        note(2, "write", 0, "b"),  # replayed under the same key (a checkpointer)
+        note(2, "write", 1, "c"),  # killed here
+        note(3, "progress", 0, "d"),
+        note(3, "write", 1, "e"),  # asked again by the model: a new key
+        note(3, "write", 1, "f"),  # the same process repeating itself: not a restart
+        note(4, "validate", 2, "g"),  # a restart that moved on
+        note(4, "write", 2, "h"),
+    ]
+    assert common.repeated_after_restart(notes) == (1, 1)
+
+
 def test_standin_approvals_are_asked_once_and_answered(common: ModuleType, tmp_path: Path) -> None:
     if not common.STANDINS:
         pytest.skip("mainspring.lab has the real SuiteFaults: the stand-ins are not used")

@@ -39,6 +39,7 @@ except ImportError:
     STANDINS = True
 
 __all__ = [
+    "CALLS",
     "FINISH",
     "STANDINS",
     "KillRates",
@@ -49,8 +50,10 @@ __all__ = [
     "Tools",
     "client_timeout_s",
     "parse_args",
+    "repeated_after_restart",
 ]
 
+CALLS = ".calls.jsonl"  # a run's tool calls, as the runner made them (see Tools.call)
 MODEL = "gpt-4.1-mini"  # a name only: the suite's server plays the policy whatever it is
 POLL_S = 0.05  # how often a runner asks whether the reviewer answered
 
@@ -136,7 +139,14 @@ class Tools:
         return any(t.name == tool and t.approval for t in self.args.spec.tools)
 
     def call(self, tool: str, arguments: dict[str, Any], key: str) -> dict[str, Any]:
-        """Run one tool call on the world under the idempotency key ``key``."""
+        """Run one tool call on the world under the idempotency key ``key``.
+
+        Each call is first noted in ``<label>.calls.jsonl`` in the state directory (the
+        bench's own record, no part of the framework): the harness reads it to see which
+        calls a restarted process made again, and under which key."""
+        note = {"pid": os.getpid(), "tool": tool, "arguments": arguments, "key": key}
+        with open(self.args.state_file(CALLS), "a") as out:
+            out.write(json.dumps(note, sort_keys=True) + "\n")
         result = self.world.call(self.label, tool, arguments, key)
         if not TOOL_POINT_IN_WORLD:
             self.kill_point("tool")
@@ -153,3 +163,38 @@ class Tools:
 
 def dumps(value: Any) -> str:
     return json.dumps(value, sort_keys=True)
+
+
+EFFECTS = ("write", "refund", "checkpoint")
+
+
+def repeated_after_restart(notes: Sequence[dict[str, Any]]) -> tuple[int, int]:
+    """Effect calls a restarted process made again: ``(same key, new key)``.
+
+    A call counts when a process's first call of an effect tool (write, refund,
+    checkpoint) repeats the tool and arguments of the last effect call of the process
+    before it (the one in flight, or just done, when it was killed). The world refuses
+    such a call today (the item has moved on), so these are the duplicate effects a
+    world without that check would have had.
+    """
+    same = new = 0
+    last: dict[str, Any] | None = None  # the last effect call so far
+    previous: dict[str, Any] | None = None  # the last one before this process
+    pid: int | None = None
+    first = True
+    for note in notes:
+        if note["pid"] != pid:
+            pid, previous, first = note["pid"], last, True
+        if note["tool"] not in EFFECTS:
+            continue
+        again = previous is not None and (previous["tool"], previous["arguments"]) == (
+            note["tool"],
+            note["arguments"],
+        )
+        if first and again:
+            assert previous is not None
+            same += previous["key"] == note["key"]
+            new += previous["key"] != note["key"]
+        first = False
+        last = note
+    return same, new

@@ -13,6 +13,7 @@ is exact (``SuiteWorld.check``) and no effect happened twice (``duplicate_effect
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -23,7 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from _common import SuiteFaults, SuiteModelServer
+from _common import CALLS, SuiteFaults, SuiteModelServer, repeated_after_restart
 
 from mainspring.lab import TASKS, SuiteWorld, pass_hat_k, wilson
 
@@ -55,6 +56,8 @@ class PeerCell:
     kills: int
     kills_by_phase: dict[str, int]
     restarts: int
+    repeated_same_key: int
+    repeated_new_key: int
     injected: dict[str, int]
     wall_s: float
     failures: list[str] = field(default_factory=list)
@@ -86,6 +89,14 @@ def _tail(path: Path, lines: int = 3) -> str:
         return " | ".join(path.read_text(errors="replace").strip().splitlines()[-lines:])
     except OSError:
         return ""
+
+
+def _repeated(state: Path, label: str) -> tuple[int, int]:
+    try:
+        lines = (state / f"{label}{CALLS}").read_text().splitlines()
+    except FileNotFoundError:
+        return 0, 0
+    return repeated_after_restart([json.loads(line) for line in lines if line.strip()])
 
 
 def run_cell(
@@ -141,6 +152,7 @@ def run_cell(
                 problems.append(f"{label}: {duplicated} duplicate effect(s)")
             succeeded += not problems
             failures.extend(problems)
+        repeated = [_repeated(where / "state", label) for label in labels]
         calls, tokens = world.model_calls()
         by_phase = faults.kills()
         cell = PeerCell(
@@ -157,6 +169,8 @@ def run_cell(
             kills=sum(by_phase.values()),
             kills_by_phase=by_phase,
             restarts=restarts,
+            repeated_same_key=sum(r[0] for r in repeated),
+            repeated_new_key=sum(r[1] for r in repeated),
             injected=world.injected(),
             wall_s=round(wall, 2),
             failures=failures,

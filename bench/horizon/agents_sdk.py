@@ -17,8 +17,12 @@ docs' custom function tools), ``finish`` ending the run through
   ``--state`` (the human-in-the-loop docs' pattern), asks the reviewer
   (``SuiteFaults.request_approval``, keyed by the call id), polls, then
   ``state.approve(item)`` or ``state.reject(item)`` and ``Runner.run(agent, state)``.
-  A process killed while waiting (or before the resumed run returns) reloads the saved
-  ``RunState`` with ``RunState.from_string``.
+  A restarted process reloads the saved ``RunState`` (``RunState.from_string``) while
+  the session holds no output of the interrupted call, the pending call that the SDK
+  saved in the session at the interruption (so a kill after the approved call ran
+  but before the session saved its output runs it again, under the same call id);
+  once the session has that output, the snapshot is older than the session and the
+  run resumes from the session instead.
 - **Retries**: the ``openai`` client's, at its defaults (``max_retries=2``: three
   attempts on connection errors, timeouts, 408, 409, 429 and 5xx, exponential
   back-off from 0.5 s honouring ``retry-after``); the SDK's own runner-managed model
@@ -130,9 +134,12 @@ async def run(args: RunnerArgs) -> int:
     session = KillPointSession(args.label, args.state_file(".agents.sqlite"), tools)
     saved = Path(args.state_file(".runstate.json"))
     paused = await asyncio.to_thread(_read, saved)
+    state = None if paused is None else await RunState.from_string(agent, paused)
+    if state is not None and await _ran(session, state):
+        state = None  # the approved calls ran after it was saved: the session is newer
     given: Any
-    if paused is not None:
-        given = await _review(tools, await RunState.from_string(agent, paused), saved)
+    if state is not None:
+        given = await _review(tools, state, saved)
     elif await session.get_items(limit=1):
         given = []  # resume: the session holds the history
     else:
@@ -162,6 +169,15 @@ async def _review(tools: Tools, state: Any, saved: Path) -> Any:
         else:
             state.reject(item)
     return state
+
+
+async def _ran(session: SQLiteSession, state: Any) -> bool:
+    """Whether the session holds an output of the paused run's interrupted calls."""
+    asked = {item.raw_item.call_id for item in state.get_interruptions()}
+    return any(
+        item.get("type") == "function_call_output" and item.get("call_id") in asked
+        for item in await session.get_items()
+    )
 
 
 def _read(path: Path) -> str | None:
