@@ -160,16 +160,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                     profile=_profile(not args.no_faults),
                 )  # fmt: skip
                 cells += [_suite_row(c) for c in suite]
-                continue
-            contender = RunnerContender(name, argv)
-            for task in tasks:
-                for n in steps:
-                    cell = run_cell(
-                        contender, task=task, steps=n, runs=runs, seed=args.seed,
-                        kills=kills, provider=provider, workers=args.workers,
-                        timeout_s=args.timeout,
-                    )  # fmt: skip
-                    cells.append(cell.to_dict())
+            else:
+                contender = RunnerContender(name, argv)
+                for task in tasks:
+                    for n in steps:
+                        cell = run_cell(
+                            contender, task=task, steps=n, runs=runs, seed=args.seed,
+                            kills=kills, provider=provider, workers=args.workers,
+                            timeout_s=args.timeout,
+                        )  # fmt: skip
+                        cells.append(cell.to_dict())
         print(f"horizon: {name} done in {time.monotonic() - started:.0f} s", file=sys.stderr)
     if args.json:
         print(json.dumps(cells, indent=2))
