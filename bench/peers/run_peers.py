@@ -37,21 +37,31 @@ def _tail(text: str, lines: int = 15) -> str:
     return "\n".join(text.strip().splitlines()[-lines:])
 
 
-def ensure_venv(path: Path = DEFAULT_VENV) -> Path:
-    """Create the peer venv if needed, install requirements.txt, return its python."""
+def ensure_venv(
+    path: Path = DEFAULT_VENV,
+    requirements: Path = REQUIREMENTS,
+    extra: Sequence[str] = (),
+    fingerprint: str = "",
+) -> Path:
+    """Create the peer venv if needed, install ``requirements`` (then ``extra``, more
+    ``pip install`` arguments), return its python. Nothing is installed again while
+    the requirements, ``extra`` and ``fingerprint`` (e.g. a hash of a local package
+    installed through ``extra``) are those of the last install."""
     python = _venv_python(path)
     if not python.exists():
         subprocess.run([sys.executable, "-m", "venv", str(path)], check=True)
-    digest = hashlib.sha256(REQUIREMENTS.read_bytes()).hexdigest()
+    digest = hashlib.sha256(
+        requirements.read_bytes() + "\0".join([*extra, fingerprint]).encode()
+    ).hexdigest()
     stamp = path / _STAMP
     if stamp.exists() and stamp.read_text().strip() == digest:
         return python
-    proc = _pip(python, "-r", str(REQUIREMENTS))
+    proc = _pip(python, "-r", str(requirements))
     if proc.returncode != 0:
         # pip's resolver errors rarely name the culprit clearly; retry one pin at a time.
         pins = [
             line.split("#")[0].strip()
-            for line in REQUIREMENTS.read_text().splitlines()
+            for line in requirements.read_text().splitlines()
             if line.split("#")[0].strip()
         ]
         for pin in pins:
@@ -59,9 +69,15 @@ def ensure_venv(path: Path = DEFAULT_VENV) -> Path:
             if one.returncode != 0:
                 raise RuntimeError(f"peer venv: pip install {pin!r} failed:\n{_tail(one.stderr)}")
         raise RuntimeError(
-            f"peer venv: pip install -r {REQUIREMENTS} failed "
+            f"peer venv: pip install -r {requirements} failed "
             f"(each pin installs alone; conflict between pins?):\n{_tail(proc.stderr)}"
         )
+    if extra:
+        more = _pip(python, *extra)
+        if more.returncode != 0:
+            raise RuntimeError(
+                f"peer venv: pip install {' '.join(extra)} failed:\n{_tail(more.stderr)}"
+            )
     stamp.write_text(digest + "\n")
     return python
 
