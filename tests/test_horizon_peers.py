@@ -1,17 +1,17 @@
-"""The horizon benchmark's peer runners (bench/horizon/): their CLI, and the stand-ins
-for the horizon branch's faults and model server. The benchmark itself is not a test
-(bench/horizon.py runs it); the runners' CLI needs the peer venv, which CI lacks."""
+"""The horizon benchmark (bench/horizon.py) and its peer runners (bench/horizon/): their
+CLI and tools, the contenders bench/horizon.py hands to ``run_suite``, and one real peer
+cell when the peer venv is built. The benchmark itself is not a test (bench/horizon.py
+runs it); the runners need the peer venv (bench/.venv-horizon), which CI lacks."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
-from typing import Any
 
 import pytest
 
@@ -25,13 +25,11 @@ RUNNERS = ("plain_loop.py", "langgraph_agent.py", "agents_sdk.py")
 def common(monkeypatch: pytest.MonkeyPatch) -> Iterator[ModuleType]:
     """bench/horizon/_common.py, imported from its directory, forgotten afterwards."""
     monkeypatch.syspath_prepend(str(HORIZON))
-    for name in ("_common", "_standins"):
-        monkeypatch.delitem(sys.modules, name, raising=False)
+    monkeypatch.delitem(sys.modules, "_common", raising=False)
     import _common
 
     yield _common
-    for name in ("_common", "_standins"):
-        sys.modules.pop(name, None)
+    sys.modules.pop("_common", None)
 
 
 def test_the_runner_cli_parses_and_refuses_what_horizon_md_does_not_say(
@@ -55,81 +53,6 @@ def test_tools_are_the_tasks_plus_finish(common: ModuleType) -> None:
     assert names == ["progress", "validate", "write", "checkpoint", "finish"]
 
 
-def test_effects_asked_again_after_a_restart_are_told_apart_by_key(common: ModuleType) -> None:
-    def note(pid: int, tool: str, item: int, key: str) -> dict[str, Any]:
-        return {"pid": pid, "tool": tool, "arguments": {"record": item}, "key": key}
-
-    notes = [
-        note(1, "validate", 0, "a"),
-        note(1, "write", 0, "b"),  # killed here
-        note(2, "write", 0, "b"),  # replayed under the same key (a checkpointer)
-        note(2, "write", 1, "c"),  # killed here
-        note(3, "progress", 0, "d"),
-        note(3, "write", 1, "e"),  # asked again by the model: a new key
-        note(3, "write", 1, "f"),  # the same process repeating itself: not a restart
-        note(4, "validate", 2, "g"),  # a restart that moved on
-        note(4, "write", 2, "h"),
-    ]
-    assert common.repeated_after_restart(notes) == (1, 1)
-
-
-def test_standin_approvals_are_asked_once_and_answered(common: ModuleType, tmp_path: Path) -> None:
-    if not common.STANDINS:
-        pytest.skip("mainspring.lab has the real SuiteFaults: the stand-ins are not used")
-    faults = common.SuiteFaults(tmp_path / "world.db")
-    assert faults.request_approval("b1", "call_1", "refund", '{"ticket": 2}') is None
-    assert faults.request_approval("b1", "call_1", "refund", '{"ticket": 2}') is None
-    assert faults.pending() == [("b1", "call_1", "refund", '{"ticket": 2}')]
-    faults.answer("b1", "call_1", True)
-    assert faults.request_approval("b1", "call_1", "refund", "{}") == "approved"
-    assert faults.pending() == []
-
-
-def test_standin_kill_point_is_a_noop_unconfigured_and_kills_when_drawn(
-    common: ModuleType, tmp_path: Path
-) -> None:
-    if not common.STANDINS:
-        pytest.skip("mainspring.lab has the real SuiteFaults: the stand-ins are not used")
-    world = tmp_path / "world.db"
-    faults = common.SuiteFaults(world)
-    faults.kill_point("b1", "model")  # never configured: nothing happens
-    faults.configure(7, common.KillRates(model=1.0, tool=0.0, commit=0.0), common.ProviderFaults())
-    code = (
-        f"import sys; sys.path[:0] = [{str(HORIZON)!r}, {str(ROOT)!r}]\n"
-        "from _standins import SuiteFaults\n"
-        f"SuiteFaults({str(world)!r}).kill_point('b1', 'tool')\n"
-        f"SuiteFaults({str(world)!r}).kill_point('b1', 'model')\n"
-        "print('survived')"
-    )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert proc.returncode == -signal.SIGKILL, proc.stderr
-    assert "survived" not in proc.stdout
-    assert faults.kills() == {"model": 1}
-
-
-def test_standin_server_plays_the_policy_over_the_openai_sdk(
-    common: ModuleType, tmp_path: Path
-) -> None:
-    if not common.STANDINS:
-        pytest.skip("mainspring.lab has the real SuiteModelServer: the stand-ins are not used")
-    openai = pytest.importorskip("openai")
-    from mainspring.lab import TASKS, SuiteWorld
-
-    world = SuiteWorld(tmp_path / "world.db")
-    world.add_run("support", "b1", 3)
-    faults = common.SuiteFaults(world.path)
-    faults.configure(0, common.KillRates(0, 0, 0), common.ProviderFaults(0, 0, 0))
-    with common.SuiteModelServer(world.path) as server:
-        client = openai.OpenAI(base_url=server.base_url, api_key="sk-suite", timeout=10)
-        messages: list[Any] = [{"role": "user", "content": "support batch b1"}]
-        reply = client.chat.completions.create(
-            model="m", messages=messages, tools=common.openai_tools(TASKS["support"])
-        )
-    call = reply.choices[0].message.tool_calls[0]
-    assert (call.function.name, json.loads(call.function.arguments)) == ("progress", {})
-    assert world.model_calls("b1")[0] == 1
-
-
 @pytest.mark.skipif(
     not VENV_PYTHON.exists(),
     reason="no peer venv: `python bench/horizon/_venv.py` builds bench/.venv-horizon",
@@ -142,3 +65,66 @@ def test_each_runner_imports_its_framework_and_parses_the_cli(runner: str) -> No
     assert "--max-steps" in shown.stdout
     missing = subprocess.run([str(VENV_PYTHON), script, "--task", "support"], capture_output=True)
     assert missing.returncode == 2
+
+
+@pytest.fixture
+def horizon(monkeypatch: pytest.MonkeyPatch) -> Iterator[ModuleType]:
+    """bench/horizon.py as a module, forgotten afterwards."""
+    monkeypatch.syspath_prepend(str(HORIZON))
+    spec = importlib.util.spec_from_file_location("bench_horizon", ROOT / "bench" / "horizon.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    yield module
+    sys.modules.pop("_venv", None)
+
+
+def test_the_runners_meet_the_suites_own_faults_and_server(common: ModuleType) -> None:
+    from mainspring import lab
+
+    assert common.SuiteFaults is lab.SuiteFaults
+    assert common.SuiteModelServer is lab.SuiteModelServer
+
+
+def test_peers_go_to_run_suite_as_runner_contenders(horizon: ModuleType) -> None:
+    from mainspring.lab import KillRates, ProviderFaults, RunnerContender
+
+    assert horizon.contender("mainspring", None) == "mainspring"
+    peer = horizon.contender("langgraph", Path("/venv/bin/python"))
+    assert isinstance(peer, RunnerContender)
+    assert peer.argv_prefix == ("/venv/bin/python", str(HORIZON / "langgraph_agent.py"))
+    assert horizon.profile(False).kills == KillRates(0, 0, 0)
+    assert horizon.profile(False).provider == ProviderFaults(0, 0, 0)
+    assert horizon.profile(True).kills == KillRates()
+    with pytest.raises(SystemExit):
+        horizon.main(["--contenders", "mainspring,crewai"])
+
+
+def test_one_command_prints_the_table_and_writes_json_and_html(
+    horizon: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    page = tmp_path / "horizon.html"
+    given = ["--contenders", "mainspring", "--task", "support", "--steps", "3", "--runs", "1"]
+    assert horizon.main([*given, "--no-faults", "--html", str(page)]) == 0
+    table = capsys.readouterr().out
+    assert "| mainspring | support | 3 | 1 | 100.0% |" in table, table
+    assert "<svg" in page.read_text()
+    assert horizon.main([*given, "--no-faults", "--json"]) == 0
+    (line,) = capsys.readouterr().out.splitlines()
+    cell = json.loads(line)
+    assert (cell["contender"], cell["succeeded"], cell["duplicate_effects"]) == ("mainspring", 1, 0)
+
+
+@pytest.mark.skipif(
+    not VENV_PYTHON.exists(),
+    reason="no peer venv: `python bench/horizon/_venv.py` builds bench/.venv-horizon",
+)
+def test_a_peer_runner_plays_a_cell_through_run_suite(horizon: ModuleType) -> None:
+    from mainspring.lab import run_suite
+
+    (cell,) = run_suite(
+        tasks=["support"], steps=[3], runs=1, workers=1, timeout_s=120.0,
+        contender=horizon.contender("plain_loop", VENV_PYTHON), profile=horizon.profile(False),
+    )  # fmt: skip
+    assert (cell.contender, cell.succeeded, cell.failures) == ("plain_loop", 1, [])
+    assert cell.model_calls >= 4  # three tickets and finish, the policy's errors on top

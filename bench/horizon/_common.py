@@ -2,7 +2,7 @@
 as OpenAI function schemas, one tool call against the world, and the approval wait.
 
 Imported by the runner scripts (run with the peer venv's python, where mainspring is
-installed from this repository) and by the harness.
+installed from this repository) and by bench/horizon.py.
 """
 
 from __future__ import annotations
@@ -15,33 +15,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from mainspring.lab import TASKS, SuiteWorld, TaskSpec, ToolDef
-
-try:  # the horizon branch's real faults and provider, once merged
-    from mainspring.lab import (  # type: ignore[attr-defined]
-        KillRates,
-        ProviderFaults,
-        SuiteFaults,
-        SuiteModelServer,
-    )
-
-    TOOL_POINT_IN_WORLD = True
-    STANDINS = False
-except ImportError:
-    from _standins import (  # type: ignore[no-redef]
-        TOOL_POINT_IN_WORLD,
-        KillRates,
-        ProviderFaults,
-        SuiteFaults,
-        SuiteModelServer,
-    )
-
-    STANDINS = True
+from mainspring.lab import (
+    TASKS,
+    KillRates,
+    ProviderFaults,
+    SuiteFaults,
+    SuiteModelServer,
+    SuiteWorld,
+    TaskSpec,
+    ToolDef,
+)
 
 __all__ = [
-    "CALLS",
     "FINISH",
-    "STANDINS",
     "KillRates",
     "ProviderFaults",
     "RunnerArgs",
@@ -50,10 +36,8 @@ __all__ = [
     "Tools",
     "client_timeout_s",
     "parse_args",
-    "repeated_after_restart",
 ]
 
-CALLS = ".calls.jsonl"  # a run's tool calls, as the runner made them (see Tools.call)
 MODEL = "gpt-4.1-mini"  # a name only: the suite's server plays the policy whatever it is
 POLL_S = 0.05  # how often a runner asks whether the reviewer answered
 
@@ -139,18 +123,9 @@ class Tools:
         return any(t.name == tool and t.approval for t in self.args.spec.tools)
 
     def call(self, tool: str, arguments: dict[str, Any], key: str) -> dict[str, Any]:
-        """Run one tool call on the world under the idempotency key ``key``.
-
-        Each call is first noted in ``<label>.calls.jsonl`` in the state directory (the
-        bench's own record, no part of the framework): the harness reads it to see which
-        calls a restarted process made again, and under which key."""
-        note = {"pid": os.getpid(), "tool": tool, "arguments": arguments, "key": key}
-        with open(self.args.state_file(CALLS), "a") as out:
-            out.write(json.dumps(note, sort_keys=True) + "\n")
-        result = self.world.call(self.label, tool, arguments, key)
-        if not TOOL_POINT_IN_WORLD:
-            self.kill_point("tool")
-        return result
+        """Run one tool call on the world under the idempotency key ``key`` (the world
+        has the "tool" kill point)."""
+        return self.world.call(self.label, tool, arguments, key)
 
     def wait_for_approval(self, key: str, tool: str, arguments: str) -> bool:
         """Ask the reviewer once per ``key`` and poll until it answers."""
@@ -163,38 +138,3 @@ class Tools:
 
 def dumps(value: Any) -> str:
     return json.dumps(value, sort_keys=True)
-
-
-EFFECTS = ("write", "refund", "checkpoint")
-
-
-def repeated_after_restart(notes: Sequence[dict[str, Any]]) -> tuple[int, int]:
-    """Effect calls a restarted process made again: ``(same key, new key)``.
-
-    A call counts when a process's first call of an effect tool (write, refund,
-    checkpoint) repeats the tool and arguments of the last effect call of the process
-    before it (the one in flight, or just done, when it was killed). The world refuses
-    such a call today (the item has moved on), so these are the duplicate effects a
-    world without that check would have had.
-    """
-    same = new = 0
-    last: dict[str, Any] | None = None  # the last effect call so far
-    previous: dict[str, Any] | None = None  # the last one before this process
-    pid: int | None = None
-    first = True
-    for note in notes:
-        if note["pid"] != pid:
-            pid, previous, first = note["pid"], last, True
-        if note["tool"] not in EFFECTS:
-            continue
-        again = previous is not None and (previous["tool"], previous["arguments"]) == (
-            note["tool"],
-            note["arguments"],
-        )
-        if first and again:
-            assert previous is not None
-            same += previous["key"] == note["key"]
-            new += previous["key"] != note["key"]
-        first = False
-        last = note
-    return same, new
