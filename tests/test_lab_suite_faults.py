@@ -4,11 +4,13 @@ point can never kill forever."""
 
 from __future__ import annotations
 
+import os
 import random
 import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -145,3 +147,52 @@ def test_approvals_for_contenders_without_hitl(tmp_path: Path) -> None:
     with pytest.raises(KeyError, match="call_5"):
         faults.answer("b1", "call_5", True)
     faults.close()
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads children from /proc (Linux)")
+def test_a_harness_killed_mid_cell_leaves_no_worker_behind(tmp_path: Path) -> None:
+    """A harness SIGKILLed by a test's timeout or an operator cannot stop its workers;
+    they see it gone and exit, rather than go on running a cell nobody audits."""
+    script = tmp_path / "harness.py"
+    script.write_text(
+        "from mainspring.lab import SuiteProfile, run_suite\n"
+        "run_suite(tasks=['support'], steps=[100], runs=2, workers=2, profile=SuiteProfile())\n"
+    )
+    harness = subprocess.Popen([sys.executable, str(script)], cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 60
+        while len(workers := _children(harness.pid)) < 2:
+            assert harness.poll() is None, "the harness ended before its workers started"
+            assert time.monotonic() < deadline, "no worker started"
+            time.sleep(0.1)
+    finally:
+        harness.kill()
+        harness.wait()
+    deadline = time.monotonic() + 15
+    while any(_alive(w) for w in workers) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = [w for w in workers if _alive(w)]
+    for w in left:
+        os.kill(w, signal.SIGKILL)
+    assert not left, f"workers {left} outlived their harness"

@@ -27,7 +27,7 @@ from .. import App, Limits, RetryPolicy, Tool, ToolContext, models
 from ..models import Message, Model, ModelResponse, ModelSettings, ToolSpec, UserMessage
 from ..storage import Store, open_store
 from ..testing import FaultyStore
-from ._suite_faults import Phase
+from ._suite_faults import Phase, _watch_harness
 from ._tasks import TASKS, SuiteWorld
 
 __all__ = ["build_app", "world"]
@@ -146,6 +146,7 @@ def build_app(url: str | None = None, *, kill_points: bool | None = None) -> App
         kill_points = "MAINSPRING_SUITE_WORLD" in os.environ
     where: str | Store | None = url
     if kill_points:
+        _watch_harness()  # a worker of a harness that is gone exits
         before = os.environ.get("MAINSPRING_SUITE_KILL_BEFORE_COMMIT") == "1"
         where = _KillingStore(
             open_store(url or os.environ["MAINSPRING_DATABASE_URL"]), before=before

@@ -23,6 +23,7 @@ from typing import Literal
 
 from .. import ConfigError, MainspringError
 from ._suite_app import build_app
+from ._suite_faults import HARNESS_PID_ENV
 from ._tasks import SuiteWorld
 
 __all__ = ["Contender", "RunnerContender", "contender_name"]
@@ -258,4 +259,5 @@ def child_env(base_url: str, client_timeout_s: float) -> dict[str, str]:
         "OPENAI_BASE_URL": base_url,
         "OPENAI_API_KEY": "sk-suite",
         "MAINSPRING_SUITE_CLIENT_TIMEOUT_S": f"{client_timeout_s:g}",
+        HARNESS_PID_ENV: str(os.getpid()),  # they exit once the harness is gone
     }

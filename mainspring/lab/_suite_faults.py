@@ -127,6 +127,35 @@ class SuiteSettings:
     policy: dict[str, float] = field(default_factory=dict)
 
 
+#: Set by the harness in its contenders' environment: its pid.
+HARNESS_PID_ENV = "MAINSPRING_SUITE_HARNESS_PID"
+_watching: list[int] = []
+
+
+def _watch_harness() -> None:
+    """In a contender's process (a worker or a runner the harness started): exit once the
+    harness is gone. A harness that is SIGKILLed (a test's timeout, an operator) cannot
+    stop its children, and a worker left behind would go on claiming and running a
+    finished cell's runs."""
+    given = os.environ.get(HARNESS_PID_ENV)
+    if not given or _watching or int(given) == os.getpid():
+        return
+    harness = int(given)
+    _watching.append(harness)
+
+    def watch() -> None:
+        while True:
+            try:
+                os.kill(harness, 0)
+            except ProcessLookupError:
+                os._exit(3)
+            except PermissionError:  # alive, someone else's (pid reuse): keep waiting
+                pass
+            threading.Event().wait(1.0)
+
+    threading.Thread(target=watch, name="suite-harness-watch", daemon=True).start()
+
+
 class SuiteFaults:
     """The cell's faults and approvals, in tables of the world's SQLite file.
 
@@ -139,6 +168,7 @@ class SuiteFaults:
         self.path = os.fspath(path)
         self._local = threading.local()
         self._settings: SuiteSettings | None = None
+        _watch_harness()
         self._conn().executescript(
             """
             CREATE TABLE IF NOT EXISTS suite_config (
