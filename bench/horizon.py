@@ -10,12 +10,19 @@ See bench/README.md, "horizon.py", for how to read it.
 
     python bench/horizon.py --quick
     python bench/horizon.py --task reconcile,support --steps 100 --runs 3 --html h.html
+    python bench/horizon.py --steps 10,100,1000 --runs 3 --client-timeout 5 --parallel
+
+``--parallel`` runs each contender in a child process of its own (this script with
+``--json``), side by side, and prints the one table of all their cells: the cells are
+the same as one after another, only the wall times share the machine.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -47,11 +54,37 @@ PEERS = {
 CONTENDERS = ("mainspring", *PEERS)
 
 
-def profile(faults: bool) -> SuiteProfile:
-    """The suite's default faults (kill points, provider faults), or none of them."""
-    if faults:
-        return SuiteProfile()
-    return SuiteProfile(kills=KillRates(0, 0, 0), provider=ProviderFaults(0, 0, 0))
+def profile(faults: bool, client_timeout_s: float | None = None) -> SuiteProfile:
+    """The suite's default faults (kill points, provider faults), or none of them; the
+    clients' timeout (what a timeout fault costs) when given."""
+    provider = ProviderFaults() if faults else ProviderFaults(0, 0, 0)
+    if client_timeout_s is not None:
+        provider = dataclasses.replace(provider, timeout_s=client_timeout_s)
+    kills = KillRates() if faults else KillRates(0, 0, 0)
+    return SuiteProfile(kills=kills, provider=provider)
+
+
+def side_by_side(names: Sequence[str], argv: Sequence[str]) -> list[SuiteCell]:
+    """Each contender in a child process of its own (this script, ``--json``), at once;
+    their cells in the order of ``names``.
+
+    Raises:
+        SystemExit: a child failed (its cells so far are lost with it).
+    """
+    children = [
+        (name, subprocess.Popen(
+            [sys.executable, __file__, *argv, "--contenders", name, "--json"],
+            stdout=subprocess.PIPE, text=True,
+        ))
+        for name in names
+    ]  # fmt: skip
+    cells: list[SuiteCell] = []
+    for name, child in children:
+        out, _ = child.communicate()
+        if child.returncode != 0:
+            raise SystemExit(f"horizon: the {name} child exited {child.returncode}")
+        cells += [SuiteCell.from_dict(json.loads(line)) for line in out.splitlines() if line]
+    return cells
 
 
 def contender(name: str, python: Path | None) -> Contender:
@@ -72,6 +105,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--workers", type=int, default=2, help="runs in flight at once")
     p.add_argument("--no-faults", action="store_true", help="no kills, no provider faults")
     p.add_argument("--timeout", type=float, default=None, help="seconds per cell")
+    p.add_argument(
+        "--client-timeout", type=float, default=None, metavar="S",
+        help="every client's timeout, what a timeout fault holds (default 30 s)",
+    )  # fmt: skip
+    p.add_argument("--parallel", action="store_true", help="the contenders side by side")
     p.add_argument("--quick", action="store_true", help="10 steps, 2 runs")
     p.add_argument("--json", action="store_true", help="each cell, failures too, as a JSON line")
     p.add_argument("--html", metavar="PATH", help="also write the suite's HTML report")
@@ -101,12 +139,18 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     python = ensure_horizon_venv() if set(names) & set(PEERS) else None
     cells: list[SuiteCell] = []
+    if args.parallel and len(names) > 1:
+        child_argv = _without(list(argv if argv is not None else sys.argv[1:]))
+        cells = side_by_side(names, child_argv)
+        for cell in cells if args.json else ():
+            print(json.dumps(cell.to_dict()), flush=True)
+        names = []  # the children ran them
     for name in names:
         started = time.monotonic()
         cells += run_suite(
             tasks=tasks, steps=steps, runs=runs, seed=args.seed, workers=args.workers,
             timeout_s=args.timeout, contender=contender(name, python),
-            profile=profile(not args.no_faults), progress=progress,
+            profile=profile(not args.no_faults, args.client_timeout), progress=progress,
         )  # fmt: skip
         print(f"horizon: {name} done in {time.monotonic() - started:.0f} s", file=sys.stderr)
     if args.html:
@@ -117,6 +161,23 @@ def main(argv: Sequence[str] | None = None) -> int:
             for failure in cell.failures[:5]:
                 print(f"  {cell.contender}: {failure[:240]}", file=sys.stderr)
     return 0
+
+
+def _without(argv: list[str]) -> list[str]:
+    """The parent's arguments a child gets: all but the contenders, the output and
+    the side-by-side flags (``--quick`` stays)."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+            continue
+        name = arg.split("=", 1)[0]
+        if name in ("--contenders", "--html"):
+            skip = "=" not in arg
+            continue
+        if name not in ("--parallel", "--json"):
+            out.append(arg)
+    return out
 
 
 if __name__ == "__main__":

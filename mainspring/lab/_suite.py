@@ -18,7 +18,7 @@ from __future__ import annotations
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +89,9 @@ class SuiteCell:
     contender: str = "mainspring"
     kills_by_phase: dict[str, int] = field(default_factory=dict)
     provider_faults: dict[str, int] = field(default_factory=dict)
+    asked_again: int = 0
+    """Tool calls whose idempotency key had been called before: effects asked again
+    (after a kill, a retry, a resume) that the world applied once."""
 
     @property
     def success_rate(self) -> float:
@@ -110,6 +113,19 @@ class SuiteCell:
         """USD of the model's tokens per success, every token at :data:`PRICE_PER_MTOK`."""
         tokens = self.per_success(self.tokens)
         return None if tokens is None else tokens * PRICE_PER_MTOK / 1_000_000
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SuiteCell:
+        """The cell :meth:`to_dict` (or ``--json``) wrote; derived figures are ignored.
+
+        Raises:
+            ConfigError: a field the cell needs is missing.
+        """
+        names = {f.name for f in fields(cls)}
+        try:
+            return cls(**{k: v for k, v in data.items() if k in names})
+        except TypeError as e:
+            raise ConfigError(f"not a suite cell ({e}): {sorted(data)}") from None
 
     def to_dict(self) -> dict[str, Any]:
         low, high = self.interval
@@ -268,6 +284,7 @@ def _audit(
         contender=contender,
         kills_by_phase=by_phase,
         provider_faults=world.faults.provider_faults(),
+        asked_again=world.asked_again(),
     )
 
 
@@ -277,10 +294,11 @@ def suite_markdown(cells: Sequence[SuiteCell]) -> str:
     :data:`PRICE_PER_MTOK`)."""
     lines = [
         "| contender | task | steps | runs | success | Wilson 95 % | pass^k "
-        "| duplicate effects | model calls / success | tokens / success | $ / success "
+        "| duplicate effects | effects asked again | model calls / success "
+        "| tokens / success | $ / success "
         "| kills (model/tool/commit) | provider faults (5xx/429/timeout) "
         "| policy errors | wall s |",
-        "|---|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---|---|---:|---:|",
+        "|---|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---|---|---:|---:|",
     ]
     for c in cells:
         low, high = c.interval
@@ -298,7 +316,7 @@ def suite_markdown(cells: Sequence[SuiteCell]) -> str:
         )
         lines.append(
             f"| {c.contender} | {c.task} | {c.steps} | {c.runs} | {c.success_rate:.1%} "
-            f"| {low:.1%} – {high:.1%} | {pk} | {c.duplicate_effects} "
+            f"| {low:.1%} – {high:.1%} | {pk} | {c.duplicate_effects} | {c.asked_again} "
             f"| {'—' if calls is None else f'{calls:.1f}'} "
             f"| {'—' if tokens is None else f'{tokens:,.0f}'} "
             f"| {'—' if cost is None else f'{cost:.4f}'} | {kills} | {faults} "

@@ -124,11 +124,19 @@ def _spawn(argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[
         return subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
 
 
-def _tail(log: Path, lines: int = 5) -> str:
+def _tail(log: Path, lines: int = 3) -> str:
+    """Why a runner ended, from its log: a traceback's exception line (the frames are in
+    the log), else the last ``lines`` lines."""
     try:
-        return " | ".join(log.read_text(errors="replace").strip().splitlines()[-lines:])
+        text = log.read_text(errors="replace").strip().splitlines()
     except OSError:
         return ""
+    starts = [i for i, line in enumerate(text) if line.startswith("Traceback (most recent")]
+    if starts:
+        raised = [line for line in text[starts[-1] + 1 :] if line and not line[0].isspace()]
+        if raised:
+            return f"{' | '.join(raised)} (traceback in {log})"
+    return " | ".join(text[-lines:])
 
 
 def drive_mainspring(

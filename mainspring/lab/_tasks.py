@@ -167,6 +167,11 @@ class SuiteWorld:
                 extra += found[0].duplicates(one)
         return extra
 
+    def asked_again(self) -> int:
+        """Tool calls of every run whose idempotency key had been called before (the
+        world applied each key once: these are repeats it deduplicated)."""
+        return sum(n - 1 for n in self.ledger.calls_by_key().values() if n > 1)
+
     def model_calls(self, label: str | None = None) -> tuple[int, int]:
         """``(calls, tokens)`` the model was paid for, re-paid calls after crashes included."""
         sql, args = "SELECT COUNT(*), COALESCE(SUM(tokens), 0) FROM model_calls", tuple[str, ...]()
