@@ -96,8 +96,25 @@ def test_peers_go_to_run_suite_as_runner_contenders(horizon: ModuleType) -> None
     assert horizon.profile(False).kills == KillRates(0, 0, 0)
     assert horizon.profile(False).provider == ProviderFaults(0, 0, 0)
     assert horizon.profile(True).kills == KillRates()
+    assert horizon.profile(True, 5.0).provider == ProviderFaults(timeout_s=5.0)
+    assert horizon.profile(False, 5.0).provider.timeout_s == 5.0
     with pytest.raises(SystemExit):
         horizon.main(["--contenders", "mainspring,crewai"])
+
+
+def test_parallel_children_get_the_cell_arguments_only(horizon: ModuleType) -> None:
+    given = ["--contenders", "a,b", "--parallel", "--steps=10", "--html", "h.html"]
+    given += ["--json", "--contenders=c", "--client-timeout", "5", "--quick"]
+    assert horizon._without(given) == ["--steps=10", "--client-timeout", "5", "--quick"]
+
+
+def test_parallel_runs_each_contender_in_a_child_and_prints_one_table(
+    horizon: ModuleType, capsys: pytest.CaptureFixture[str]
+) -> None:
+    given = ["--contenders", "mainspring,mainspring", "--task", "support", "--steps", "3"]
+    assert horizon.main([*given, "--runs", "1", "--no-faults", "--parallel"]) == 0
+    rows = [r for r in capsys.readouterr().out.splitlines() if r.startswith("| mainspring")]
+    assert len(rows) == 2 and all("| support | 3 | 1 | 100.0% |" in r for r in rows), rows
 
 
 def test_one_command_prints_the_table_and_writes_json_and_html(

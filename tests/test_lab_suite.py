@@ -18,6 +18,7 @@ from mainspring.lab import (
     PolicyRates,
     ProviderFaults,
     RunnerContender,
+    SuiteCell,
     SuiteProfile,
     SuiteWorld,
     decide,
@@ -130,8 +131,10 @@ def test_the_world_counts_a_planted_duplicate_effect(tmp_path) -> None:
     assert world.call("m1", "write", {"record": 0}, "k2")["ok"]
     assert world.call("m1", "write", {"record": 0}, "k3")["ok"] is False  # already written
     # A re-execution with the same key is deduplicated by the idempotent API ...
+    assert world.asked_again() == 0
     world.ledger.apply("k2", "write", {"label": "m1", "item": 0})
     assert world.duplicate_effects() == 0
+    assert world.asked_again() == 1  # asked again, applied once
     # ... but the same record written under another key is a duplicate effect.
     world.ledger.apply("k-planted", "write", {"label": "m1", "item": 0})
     assert world.duplicate_effects("m1") == 1
@@ -242,6 +245,35 @@ def test_a_runner_contender_plays_a_cell_under_kills_and_provider_faults(tmp_pat
     assert "| plain-loop | support | 10 | 2 | 100.0%" in table
 
 
+def test_a_runner_that_raises_is_named_by_its_exception_not_its_frames(tmp_path) -> None:
+    script = tmp_path / "raises.py"
+    script.write_text(
+        "def call_model():\n    raise TimeoutError('the provider took too long')\n\n"
+        "print('starting')\ncall_model()\n"
+    )
+    cell = run_suite(
+        tasks=["migrate"], steps=[5], runs=1,
+        profile=SuiteProfile(provider=ProviderFaults(timeout_s=1)),
+        contender=RunnerContender("raiser", (sys.executable, str(script))),
+    )[0]  # fmt: skip
+    assert cell.succeeded == 0
+    first = cell.failures[0]
+    assert "runner exited 1: TimeoutError: the provider took too long (traceback in " in first
+    assert "File " not in first and "call_model()" not in first
+
+
+def test_a_cell_survives_its_json(tmp_path) -> None:
+    cell = run_suite(
+        tasks=["support"], steps=[3], runs=1,
+        profile=SuiteProfile(kills=KillRates(0, 0, 0), provider=ProviderFaults(0, 0, 0)),
+    )[0]  # fmt: skip
+    data = json.loads(json.dumps(cell.to_dict()))
+    assert SuiteCell.from_dict(data) == cell
+    assert suite_markdown([SuiteCell.from_dict(data)]) == suite_markdown([cell])
+    with pytest.raises(ConfigError, match="not a suite cell"):
+        SuiteCell.from_dict({"task": "support"})
+
+
 def test_a_runner_that_fails_fails_its_run(tmp_path) -> None:
     script = tmp_path / "gives_up.py"
     script.write_text("import sys\nprint('no model today')\nsys.exit(3)\n")
@@ -254,3 +286,55 @@ def test_a_runner_that_fails_fails_its_run(tmp_path) -> None:
     )[0]
     assert cell.succeeded == 0
     assert "runner exited 3: no model today" in cell.failures[0]
+
+
+def test_kill_before_commit_puts_a_point_before_each_commit_and_after_each_written_one(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # --kill-before-commit: a SIGKILL may land before a commit (nothing written) as well
+    # as after it (written, the worker never heard). The points are counted, not fired.
+    from types import SimpleNamespace
+
+    from mainspring.lab import SuiteFaults, _suite_app
+
+    world = SuiteWorld(tmp_path / "world.db")
+    world.add_run("migrate", "m1", 2)
+    world.bind("m1", "run-1")
+    monkeypatch.setenv("MAINSPRING_SUITE_WORLD", world.path)
+    events: list[str] = []
+    monkeypatch.setattr(
+        SuiteFaults, "kill_point", lambda self, label, phase: events.append(f"{phase}:{label}")
+    )
+
+    class Inner:
+        url = "sqlite:///nowhere"
+
+        def commit(self, batch):
+            events.append("commit")
+            return [SimpleNamespace(ok=w.run_id != "refused") for w in batch]
+
+    batch = [SimpleNamespace(run_id="run-1"), SimpleNamespace(run_id="refused")]
+    world.add_run("migrate", "m2", 1)
+    world.bind("m2", "refused")
+    for before, expected in [
+        (True, ["commit:m1", "commit:m2", "commit", "commit:m1"]),
+        (False, ["commit", "commit:m1"]),  # only after a commit that wrote the run's rows
+    ]:
+        events.clear()
+        store = _suite_app._KillingStore(Inner(), before=before)  # type: ignore[arg-type]
+        store.commit(batch)
+        assert events == expected, (before, events)
+    world.close()
+
+
+def test_a_cell_succeeds_with_kills_before_commits_too() -> None:
+    (cell,) = run_suite(
+        tasks=["migrate"], steps=[4], runs=2, seed=3, timeout_s=300,
+        profile=SuiteProfile(
+            kills=KillRates(model=0.0, tool=0.0, commit=0.08), kill_before_commit=True,
+            provider=ProviderFaults(0, 0, 0),
+        ),
+    )  # fmt: skip
+    assert cell.succeeded == cell.runs == 2, cell.failures
+    assert cell.duplicate_effects == 0
+    assert cell.kills_by_phase["commit"] >= 1
