@@ -4,13 +4,16 @@ cancel takes, grandchildren included; an ``"abandon"`` child runs on, on its own
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from _helpers import drain
 
 import mainspring as ms
+from mainspring.storage import RunTransition, RunWrite, open_store
 from mainspring.testing import assert_invariants
 
 
@@ -105,6 +108,40 @@ async def test_a_running_child_is_cancelled_at_its_next_commit(fapp: ms.App):
     assert fapp.get_run(kid.id).status == "cancelled"  # type: ignore[union-attr]
     assert effects == []  # its next step never ran
     assert_invariants(fapp.store, now=fapp.clock.now(), settled=True)
+
+
+@pytest.mark.parametrize("close", ["cancel", "abandon"])
+async def test_a_retried_parent_learns_how_its_children_ended_meanwhile(fapp: ms.App, close: str):
+    """A child that ends while its parent is failed (cancelled by that failure, or on
+    its own) has no parent to tell; a retry of the parent finds its end all the same."""
+    failures = [ValueError("the parent gave up")]
+
+    @fapp.workflow
+    async def leaf(ctx: ms.RunContext) -> str:
+        return await ctx.wait_for("go")
+
+    @fapp.workflow
+    async def parent(ctx: ms.RunContext) -> str:
+        child = await ctx.start_child(leaf, on_parent_close=close)
+        if failures:
+            raise failures.pop()
+        try:
+            return await child
+        except ms.ChildCancelled as exc:
+            return f"child {exc.status}"
+
+    handle = fapp.submit(parent)
+    await drain(fapp)
+    assert fapp.get_run(handle.run_id).status == "failed"  # type: ignore[union-attr]
+    (kid,) = fapp.children(handle.run_id)
+    if close == "abandon":
+        fapp.signal(kid.id, "go", "ended on its own")
+        await drain(fapp)
+    fapp.retry(handle.run_id)
+    await drain(fapp)
+    assert fapp.get_run(handle.run_id).status == "succeeded"  # type: ignore[union-attr]
+    expected = "child cancelled" if close == "cancel" else "ended on its own"
+    assert await handle.result() == expected
 
 
 async def test_an_abandoned_child_runs_on_and_finishes_after_its_parent(fapp: ms.App):
@@ -213,3 +250,35 @@ async def test_an_unknown_policy_is_refused(fapp: ms.App):
     with pytest.raises(ms.RunFailed, match="on_parent_close must be 'cancel' or 'abandon'"):
         await handle.result()
     assert fapp.children(handle.run_id) == []
+
+
+def test_a_parent_and_its_child_ending_at_once_never_deadlock(db_url: str):
+    """The parent's end locks its children's rows before its own, as a child's end
+    does (its row, then its parent's): neither commit fails, on any store."""
+    store = open_store(db_url)
+    running = RunTransition(kind="finish", status="succeeded", output="1")
+    try:
+        for i in range(8):
+            store.create_run(run_id=f"p{i}", workflow="top", input="{}", key=None, now=1.0)
+            store.create_run(run_id=f"c{i}", workflow="kid", input="{}", key=None, now=1.0,
+                             parent=f"p{i}", parent_step="0:0")  # fmt: skip
+            held = store.claim(worker="w", now=1.0, lease_s=60, limit=2, workflows=None,
+                               max_recoveries=3)  # fmt: skip
+            assert len(held) == 2
+            gate = threading.Barrier(2)
+
+            def end(run: ms.RunRecord, gate: threading.Barrier = gate) -> bool:
+                gate.wait()
+                write = RunWrite(run_id=run.id, epoch=run.epoch, transition=running)
+                for _ in range(200):  # a row held by the other commit: busy, retried
+                    [result] = store.commit([write], 2.0)
+                    if not result.busy:
+                        return result.ok
+                    time.sleep(0.005)
+                return False
+
+            with ThreadPoolExecutor(2) as pool:
+                assert list(pool.map(end, held)) == [True, True]
+            assert store.get_run(f"c{i}").status == "succeeded"  # type: ignore[union-attr]
+    finally:
+        store.close()

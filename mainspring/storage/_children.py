@@ -29,6 +29,7 @@ __all__ = [
     "child_signal",
     "close_children",
     "lock_closed_children",
+    "retell_parent",
     "tell_parent",
 ]
 
@@ -66,17 +67,44 @@ def tell_parent(conn: Connection, cur: Cursor, run_id: str, now: float) -> None:
     if found is None or found[0] in FINISHED:
         return
     name = child_signal(run_id)
-    head = dumps({"run_id": run_id, "status": status})
-    payload = f'{head[:-1]},"output":{output or "null"},"error":{error or "null"}}}'
-    cur.execute(
-        "INSERT INTO ms_signals (run_id, name, payload, created_at) VALUES (?, ?, ?, ?)",
-        (parent, name, payload, now),
-    )
+    _store_end(cur, parent, run_id, status, output, error, now)
     if found[0] == "waiting" and name in split_wait_signals(found[1]):
         cur.execute(
             "UPDATE ms_runs SET wake_at = ?, updated_at = ? WHERE id = ?", (WAKE_NOW, now, parent)
         )
         conn._notify(cur, parent)
+
+
+def _store_end(
+    cur: Cursor,
+    parent: str,
+    child: str,
+    status: str,
+    output: str | None,
+    error: str | None,
+    now: float,
+) -> None:
+    head = dumps({"run_id": child, "status": status})
+    payload = f'{head[:-1]},"output":{output or "null"},"error":{error or "null"}}}'
+    cur.execute(
+        "INSERT INTO ms_signals (run_id, name, payload, created_at) VALUES (?, ?, ?, ?)",
+        (parent, child_signal(child), payload, now),
+    )
+
+
+def retell_parent(cur: Cursor, run_id: str, now: float) -> None:
+    """``run_id`` is open again (a retry, in this transaction): store the end of each
+    child that ended while it was finished (its end, cancelled by the parent's failure
+    or on its own, found no parent to tell), so that a wait for it wakes."""
+    cur.execute(
+        "SELECT id, status, output, error FROM ms_runs c WHERE parent = ?"
+        " AND parent_kind = 'child' AND status IN ('succeeded', 'failed', 'cancelled')"
+        " AND NOT EXISTS (SELECT 1 FROM ms_signals s WHERE s.run_id = ? AND s.name = ? || c.id)"
+        " ORDER BY id",
+        (run_id, run_id, CHILD_SIGNAL_PREFIX),
+    )
+    for child, status, output, error in cur.fetchall():
+        _store_end(cur, run_id, child, status, output, error, now)
 
 
 def close_children(conn: Connection, cur: Cursor, run_id: str, status: str, now: float) -> None:

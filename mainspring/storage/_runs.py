@@ -11,7 +11,7 @@ from typing import Any
 from .._errors import RunConflict, RunNotFound
 from .._serde import dumps, loads
 from ._api import queue_event
-from ._children import cancel_children, tell_parent
+from ._children import cancel_children, retell_parent, tell_parent
 from ._connection import Connection
 from ._records import FINISHED, ParentClose, RunRecord
 from ._rows import (
@@ -406,6 +406,7 @@ class RunTables(Connection):
             )
             if cur.rowcount != 1:  # retried concurrently: raising rolls the delete back
                 raise RunConflict(f"run {run_id!r} was retried concurrently", run_id=run_id)
+            retell_parent(cur, run_id, now)
             self._notify(cur, run_id)
             cur.execute(f"SELECT {_RUN_COLUMNS} FROM ms_runs WHERE id = ?", (run_id,))
             return _run(cur.fetchone())
