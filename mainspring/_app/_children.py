@@ -11,7 +11,7 @@ from .._errors import RunConflict
 from .._serde import loads
 from ..journal import Workflow
 from ..observability import child_traceparent
-from ..storage import RunRecord, Store
+from ..storage import ParentClose, RunRecord, Store
 from ._handle import RunHandle, run_id_of
 from ._lineage import new_id
 
@@ -53,8 +53,10 @@ class Children:
         key: str,
         parent: str,
         parent_step: str,
+        on_parent_close: ParentClose = "cancel",
     ) -> str:
-        """Create the child run ``key`` names, or find it (a replay); its id."""
+        """Create the child run ``key`` names, or find it (a replay); its id.
+        ``on_parent_close``: what the parent's end does to it (kept on its row)."""
         encoded = self._redact(workflow.encode_input(tuple(args), dict(kwargs)))
         record = self.store.get_run(parent)
         traceparent = child_traceparent(
@@ -72,6 +74,7 @@ class Children:
             # The code running the parent starts it: its version, so the workers
             # that may take the parent may take the child too.
             version=self.version,
+            parent_close=on_parent_close,
         )
         if not created and (child.parent != parent or loads(child.input) != loads(encoded)):
             raise RunConflict(

@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Generator
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, get_args
 
 from .._errors import ChildCancelled, ChildFailed, ConfigError, StoreError, StoreUnavailable
 from .._serde import dumps, loads
-from ..storage import child_signal
+from ..storage import ParentClose, child_signal
 from ._cursor import Cursor
 from ._engine import ChildStarter
 from ._waits import Waits
@@ -126,6 +126,7 @@ def start_child(
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
     key: str | None,
+    on_parent_close: ParentClose = "cancel",
 ) -> ChildHandle[Any]:
     """Start (or, on replay, find) the child run; see the module's docstring."""
     starter = cur.engine.children
@@ -137,6 +138,11 @@ def start_child(
         )
     if key is not None and (not isinstance(key, str) or not key):
         raise ConfigError(f"a child's key must be a non-empty string, got {key!r}")
+    if on_parent_close not in get_args(ParentClose):
+        raise ConfigError(
+            f"on_parent_close must be 'cancel' or 'abandon', got {on_parent_close!r}",
+            run_id=cur.run_id,
+        )
     workflow = starter.child_workflow(target)
     name = f"child:{workflow.name}"
     cur.boundary()
@@ -153,6 +159,7 @@ def start_child(
             key=ident,
             parent=cur.run_id,
             parent_step=f"{cur.session}:{seq}",
+            on_parent_close=on_parent_close,
         )
     except (StoreUnavailable, StoreError) as exc:
         raise cur.fail(exc) from exc

@@ -24,7 +24,7 @@ from typing import Any, Literal, NoReturn, TypeVar, overload
 from .._errors import ApprovalRejected
 from .._requests import Approval, RequestKind
 from .._serde import dumps, loads
-from ..storage import JournalRole, RunRecord, StepRecord
+from ..storage import JournalRole, ParentClose, RunRecord, StepRecord
 from . import _patches
 from ._children import ChildHandle, start_child
 from ._control import SimulatedCrash, _ContinueAsNew
@@ -363,7 +363,13 @@ class RunContext:
     # -- child runs -------------------------------------------------------------------
 
     async def start_child(
-        self, workflow: Workflow[..., T] | str, /, *args: Any, key: str | None = None, **kwargs: Any
+        self,
+        workflow: Workflow[..., T] | str,
+        /,
+        *args: Any,
+        key: str | None = None,
+        on_parent_close: ParentClose = "cancel",
+        **kwargs: Any,
     ) -> ChildHandle[T]:
         """Start ``workflow`` (a registered workflow or agent, or its name) as a child
         run and return a :class:`ChildHandle`; ``await handle`` gives its result.
@@ -372,15 +378,26 @@ class RunContext:
         child of this run. Its start is journaled here and its idempotency key is
         derived from this run and position (or from ``key``, which must then name one
         child of this run only), so a crash or replay never starts it twice.
-        Cancelling this run cancels its unfinished children.
+
+        When this run ends (succeeds, fails, is cancelled) while the child has not,
+        the child is cancelled with its own children (``on_parent_close="cancel"``,
+        the default); with ``on_parent_close="abandon"`` it runs on, on its own, and
+        nothing this run does after starting it, a cancel included, cancels it.
 
         Raises:
-            ConfigError: the workflow is not registered, or the arguments do not fit.
+            ConfigError: the workflow is not registered, the arguments do not fit, or
+                ``on_parent_close`` is neither ``"cancel"`` nor ``"abandon"``.
         """
-        return start_child(self._cursor, self._waits, workflow, args, kwargs, key)
+        return start_child(self._cursor, self._waits, workflow, args, kwargs, key, on_parent_close)
 
     async def child(
-        self, workflow: Workflow[..., T] | str, /, *args: Any, key: str | None = None, **kwargs: Any
+        self,
+        workflow: Workflow[..., T] | str,
+        /,
+        *args: Any,
+        key: str | None = None,
+        on_parent_close: ParentClose = "cancel",
+        **kwargs: Any,
     ) -> T:
         """Run ``workflow`` (or an agent: ``await ctx.child(researcher, "task")``) as a
         durable child run and return its result: :meth:`start_child` then wait. While
@@ -392,7 +409,9 @@ class RunContext:
             ChildFailed: the child failed (``.child_id``, ``.error``).
             ChildCancelled: the child was cancelled.
         """
-        handle: ChildHandle[T] = await self.start_child(workflow, *args, key=key, **kwargs)
+        handle: ChildHandle[T] = await self.start_child(
+            workflow, *args, key=key, on_parent_close=on_parent_close, **kwargs
+        )
         return await handle.result()
 
     # -- journaled values and sessions ------------------------------------------------

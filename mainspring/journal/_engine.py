@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from .._clock import Clock
-from ..storage import RunWrite, Store, WriteResult
+from ..storage import ParentClose, RunWrite, Store, WriteResult
 from ._intercept import StepInterceptor
 from ._retry import RetryPolicy
 from ._workflow import Workflow
@@ -60,6 +60,7 @@ class ChildStarter(Protocol):
         key: str,
         parent: str,
         parent_step: str,
+        on_parent_close: ParentClose = "cancel",
     ) -> str:
         """Create the child run (or find the one ``key`` names) and return its id."""
 

@@ -1,5 +1,6 @@
 """Child runs in the store: a parent learns of its child's end in the transaction
-that ends the child, and a cancel reaches a run's unfinished children.
+that ends the child, and a cancel, or the end, of a run reaches its unfinished
+children.
 
 A child run (``parent_kind = 'child'``) tells its parent it ended with a signal named
 :func:`child_signal` whose payload is the child's status, output and error, inserted in
@@ -7,6 +8,12 @@ the very transaction that writes that end (a finish, a cancel, a dead-letter). A
 signal is stored before or after the wait that consumes it, so the parent wakes
 whether it waits already or only later; and what it reads is what the child's row
 holds, never lost between two transactions.
+
+A run's end (a finish, a cancel, a dead-letter) cancels, in the same transaction, its
+unfinished children started with ``on_parent_close="cancel"`` (the default), through
+the cascade a cancel of the run takes; ``"abandon"`` children run on. A child started
+before the policy existed (``parent_close`` NULL) keeps what it was started under: a
+cancel of its parent cascades to it, its parent's normal end leaves it running.
 """
 
 from __future__ import annotations
@@ -16,9 +23,25 @@ from ._api import queue_event
 from ._connection import Connection, Cursor
 from ._records import FINISHED, WAKE_NOW, split_wait_signals
 
-__all__ = ["CHILD_SIGNAL_PREFIX", "cancel_children", "child_signal", "tell_parent"]
+__all__ = [
+    "CHILD_SIGNAL_PREFIX",
+    "cancel_children",
+    "child_signal",
+    "close_children",
+    "lock_closed_children",
+    "retell_parent",
+    "tell_parent",
+]
 
 CHILD_SIGNAL_PREFIX = "child:"
+
+# The children a cancel of their parent reaches, and those its end reaches.
+_ON_CANCEL = "(parent_close IS NULL OR parent_close = 'cancel')"
+_ON_CLOSE = "parent_close = 'cancel'"
+_UNFINISHED = (
+    "parent_kind = 'child' AND status NOT IN ('succeeded', 'failed', 'cancelled')"
+    " AND cancel_requested = 0"
+)
 
 
 def child_signal(child_id: str) -> str:
@@ -44,12 +67,7 @@ def tell_parent(conn: Connection, cur: Cursor, run_id: str, now: float) -> None:
     if found is None or found[0] in FINISHED:
         return
     name = child_signal(run_id)
-    head = dumps({"run_id": run_id, "status": status})
-    payload = f'{head[:-1]},"output":{output or "null"},"error":{error or "null"}}}'
-    cur.execute(
-        "INSERT INTO ms_signals (run_id, name, payload, created_at) VALUES (?, ?, ?, ?)",
-        (parent, name, payload, now),
-    )
+    _store_end(cur, parent, run_id, status, output, error, now)
     if found[0] == "waiting" and name in split_wait_signals(found[1]):
         cur.execute(
             "UPDATE ms_runs SET wake_at = ?, updated_at = ? WHERE id = ?", (WAKE_NOW, now, parent)
@@ -57,20 +75,88 @@ def tell_parent(conn: Connection, cur: Cursor, run_id: str, now: float) -> None:
         conn._notify(cur, parent)
 
 
+def _store_end(
+    cur: Cursor,
+    parent: str,
+    child: str,
+    status: str,
+    output: str | None,
+    error: str | None,
+    now: float,
+) -> None:
+    head = dumps({"run_id": child, "status": status})
+    payload = f'{head[:-1]},"output":{output or "null"},"error":{error or "null"}}}'
+    cur.execute(
+        "INSERT INTO ms_signals (run_id, name, payload, created_at) VALUES (?, ?, ?, ?)",
+        (parent, child_signal(child), payload, now),
+    )
+
+
+def retell_parent(cur: Cursor, run_id: str, now: float) -> None:
+    """``run_id`` is open again (a retry, in this transaction): store the end of each
+    child that ended while it was finished (its end, cancelled by the parent's failure
+    or on its own, found no parent to tell), so that a wait for it wakes."""
+    cur.execute(
+        "SELECT id, status, output, error FROM ms_runs c WHERE parent = ?"
+        " AND parent_kind = 'child' AND status IN ('succeeded', 'failed', 'cancelled')"
+        " AND NOT EXISTS (SELECT 1 FROM ms_signals s WHERE s.run_id = ? AND s.name = ? || c.id)"
+        " ORDER BY id",
+        (run_id, run_id, CHILD_SIGNAL_PREFIX),
+    )
+    for child, status, output, error in cur.fetchall():
+        _store_end(cur, run_id, child, status, output, error, now)
+
+
+def close_children(conn: Connection, cur: Cursor, run_id: str, status: str, now: float) -> None:
+    """``run_id`` has just ended with ``status`` (in this transaction): cancel its
+    unfinished children started with ``on_parent_close="cancel"``, as a cancel of
+    it does (their own children too). One indexed lookup when it has none."""
+    error = dumps({"type": "Cancelled", "message": f"its parent run {run_id!r} {status}"})
+    cancel_children(conn, cur, run_id, error, now, on_close=True)
+
+
+def lock_closed_children(conn: Connection, cur: Cursor, run_ids: list[str]) -> None:
+    """Lock the rows :func:`close_children` will write for the ends of ``run_ids``
+    (deepest first), before the caller locks those runs: the order a child's own
+    end takes (its row, then its parent's), so that a parent ending as its child
+    ends never deadlocks. One statement, nothing to read back; nothing to do where
+    a writer holds the whole database (SQLite)."""
+    if not conn._row_lock or not run_ids:
+        return
+    # The tree close_children walks: the children its end reaches, then theirs that
+    # their cancel reaches (the tree has only id and depth: the rest is the run's).
+    cur.execute(
+        "WITH RECURSIVE tree (id, depth) AS ("
+        f" SELECT id, 1 FROM ms_runs WHERE parent IN ({', '.join('?' * len(run_ids))})"
+        f" AND {_ON_CLOSE} AND {_UNFINISHED}"
+        " UNION ALL SELECT r.id, t.depth + 1 FROM ms_runs r JOIN tree t ON r.parent = t.id"
+        f" WHERE {_ON_CANCEL} AND {_UNFINISHED})"
+        " SELECT r.id FROM ms_runs r JOIN tree t ON r.id = t.id ORDER BY t.depth DESC, r.id"
+        f"{conn._row_lock} OF r",
+        run_ids,
+    )
+
+
 def cancel_children(
-    conn: Connection, cur: Cursor, run_id: str, error: str, now: float
+    conn: Connection,
+    cur: Cursor,
+    run_id: str,
+    error: str,
+    now: float,
+    *,
+    on_close: bool = False,
 ) -> list[tuple[str, str]]:
-    """Cancel the unfinished child runs of ``run_id``, their children first
-    (recursively): a running one is asked to cancel (its worker does at its next
-    step), any other is cancelled at once. Children already asked to cancel are left
-    to their own cascade. Returns ``(child id, status before)``.
+    """Cancel the unfinished child runs of ``run_id`` that a cancel of it reaches
+    (``on_close``: that its end reaches), their children first (recursively): a
+    running one is asked to cancel (its worker does at its next step), any other is
+    cancelled at once. Children already asked to cancel are left to their own
+    cascade. Returns ``(child id, status before)``.
 
     Children are locked before their parent is (the caller locks the parent after),
     the order a child's own end takes (its row, then its parent's)."""
     cur.execute(
-        "SELECT id FROM ms_runs WHERE parent = ? AND parent_kind = 'child'"
-        " AND status NOT IN ('succeeded', 'failed', 'cancelled') AND cancel_requested = 0"
-        " ORDER BY id",
+        f"SELECT id FROM ms_runs WHERE parent = ? AND {_ON_CLOSE if on_close else _ON_CANCEL}"
+        f" AND {_UNFINISHED} ORDER BY id",
         (run_id,),
     )
     done: list[tuple[str, str]] = []

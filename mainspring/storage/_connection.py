@@ -114,7 +114,10 @@ class Connection(ABC):
     _one_round_trip: ClassVar[bool] = False
 
     def _fenced(
-        self, runs: Sequence[tuple[str, int]], write: Callable[[Cursor], None]
+        self,
+        runs: Sequence[tuple[str, int]],
+        write: Callable[[Cursor], None],
+        lock: Callable[[Cursor], None] | None = None,
     ) -> dict[str, bool] | None:
         """One transaction, sent in one round trip where the database allows it
         (PostgreSQL's pipeline mode): lock every ``(run_id, epoch)`` of ``runs`` that
@@ -122,8 +125,12 @@ class Connection(ABC):
         commit. Returns ``cancel_requested`` by run id; ``None`` when any run was
         not locked at its epoch (nothing was written: the caller falls back to the
         statement-by-statement commit, which says why) or the dialect has no such
-        thing (SQLite, where a round trip costs nothing). ``write`` must not read:
-        its statements are only sent, their answers come at the end."""
+        thing (SQLite, where a round trip costs nothing). ``write`` must not read
+        what it need not: its statements are only sent, their answers come at the
+        end, and a read waits for its answer (a run's end reads its parent to tell
+        and its children to cancel). ``lock``
+        queues statements that lock rows before the fence does (a parent's
+        children, in the order a child's end locks them)."""
         return None
 
     # Whether _fenced_rows exists (PostgreSQL).

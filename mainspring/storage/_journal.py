@@ -9,7 +9,7 @@ from typing import Any
 
 from .._serde import loads
 from ._api import queue_event
-from ._children import tell_parent
+from ._children import close_children, lock_closed_children, tell_parent
 from ._connection import Connection, Cursor
 from ._records import (
     FINISHED,
@@ -146,6 +146,7 @@ class JournalTables(Connection):
         results: list[WriteResult] = []
         with self._write() as cur:
             ids = sorted({w.run_id for w in batch})
+            lock_closed_children(self, cur, _ending(batch))
             # One read of the fences and one upsert of all rows, however many runs.
             fences = self._fences(cur, ids)
             # A row another transaction holds is skipped on PostgreSQL: its run waits
@@ -195,9 +196,11 @@ class JournalTables(Connection):
             cancel = self._fenced_rows(batch)
         else:
             # A finish does not read whether the run was asked to cancel.
+            ending = _ending(batch)
             cancel = self._fenced(
                 [(w.run_id, w.epoch) for w in batch],
                 lambda cur: self._apply(cur, [(w, False) for w in batch], now),
+                lock=(lambda cur: lock_closed_children(self, cur, ending)) if ending else None,
             )
         if cancel is None:
             return None
@@ -316,6 +319,7 @@ class JournalTables(Connection):
             if t.status in FINISHED:
                 queue_event(cur, w.run_id, f"run.{t.status}", _event_run(t.status, t), now)  # type: ignore[arg-type]
                 tell_parent(self, cur, w.run_id, now)
+                close_children(self, cur, w.run_id, t.status, now)
         elif t.kind == "suspend":
             wake_at = t.wake_at
             if cancel_requested:
@@ -362,3 +366,15 @@ def _event_run(status: str, t: RunTransition) -> dict[str, Any]:
     if t.error is not None:
         run["error"] = loads(t.error)
     return run
+
+
+def _ending(batch: Sequence[RunWrite]) -> list[str]:
+    """The runs ``batch`` ends (a finish to a final status): their commit cancels
+    their children (``close_children``), whose rows it locks first."""
+    return sorted(
+        w.run_id
+        for w in batch
+        if w.transition is not None
+        and w.transition.kind == "finish"
+        and w.transition.status in FINISHED
+    )

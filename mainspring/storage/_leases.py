@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 
 from .._serde import dumps, loads
 from ._api import queue_event
-from ._children import tell_parent
+from ._children import close_children, tell_parent
 from ._connection import Cursor
 from ._queues import QueueTables, ready_queues_sql
 from ._records import RunRecord
@@ -205,6 +205,7 @@ class LeaseTables(QueueTables):
                             now,
                         )
                         tell_parent(self, cur, rid, now)
+                        close_children(self, cur, rid, "failed", now)
                         dead.append((rid, workflow))
                         continue
                     cur.execute(

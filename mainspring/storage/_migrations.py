@@ -257,6 +257,13 @@ CREATE TABLE ms_stream_chunks (
 CREATE INDEX ms_stream_chunks_run ON ms_stream_chunks (run_id, id);
 CREATE INDEX ms_stream_chunks_created ON ms_stream_chunks (created_at);
 """,
+    # Parent-close policy (docs/composition.md): what a child run's parent's end does
+    # to it, ``cancel`` (the default) or ``abandon`` (``on_parent_close=``). NULL: a
+    # child started before this column, which keeps what it was started under (a
+    # cancel of its parent cascades to it; its parent's normal end leaves it running).
+    14: """
+ALTER TABLE ms_runs ADD COLUMN parent_close TEXT;
+""",
 }
 
 LATEST = max(MIGRATIONS)

@@ -9,6 +9,7 @@ __all__ = [
     "FINISHED",
     "JOURNAL_ROLES",
     "JournalRole",
+    "ParentClose",
     "RunRecord",
     "RunStatus",
     "RunTransition",
@@ -46,6 +47,9 @@ def split_wait_signals(wait_signal: str | None) -> list[str]:
 
 
 ParentKind = Literal["fork", "child"]
+ParentClose = Literal["cancel", "abandon"]
+"""What a child run's parent's end does to it (``on_parent_close=``): ``cancel`` it
+(with the parent's cascade) or ``abandon`` it (it runs on, on its own)."""
 StepKind = Literal["step", "sleep", "signal", "now", "uuid", "random", "patch"]
 """What a journal row is. ``patch``: the marker of a code change a run took
 (``ctx.patched``, ``ctx.version``), named by the change's id, its version as output."""
@@ -73,6 +77,9 @@ class RunRecord:
     ``queue`` / ``queue_key`` / ``priority``: the queue it was submitted to (``None``:
     none), its key within that queue (per-key limits) and its priority there
     (higher first).
+    ``parent_close``: a child's parent-close policy (:data:`ParentClose`); ``None``
+    for a run that is no child, or a child started before the policy existed (its
+    parent's cancel cascades to it, its parent's normal end leaves it running).
     """
 
     id: str
@@ -106,6 +113,7 @@ class RunRecord:
     queue: str | None = None
     queue_key: str | None = None
     priority: int = 0
+    parent_close: ParentClose | None = None
 
     @property
     def finished(self) -> bool:

@@ -11,9 +11,9 @@ from typing import Any
 from .._errors import RunConflict, RunNotFound
 from .._serde import dumps, loads
 from ._api import queue_event
-from ._children import cancel_children, tell_parent
+from ._children import cancel_children, retell_parent, tell_parent
 from ._connection import Connection
-from ._records import FINISHED, RunRecord
+from ._records import FINISHED, ParentClose, RunRecord
 from ._rows import (
     _RUN_COLUMNS,
     _RUN_SUMMARY_COLUMNS,
@@ -61,6 +61,7 @@ class RunTables(Connection):
         queue: str | None = None,
         queue_key: str | None = None,
         priority: int = 0,
+        parent_close: ParentClose = "cancel",
     ) -> tuple[RunRecord, bool]:
         """Insert a queued run, or return the existing run with that ``key``.
         ``traceparent``: the caller's W3C trace context, kept with the run.
@@ -68,17 +69,20 @@ class RunTables(Connection):
         its step (``"session:seq"``). ``version``: the submitting code's version.
         ``queue`` / ``queue_key`` / ``priority``: the queue that starts it within its
         limits (created with no limits if it was never declared), its key there and
-        its priority (higher first).
+        its priority (higher first). ``parent_close``: what the parent's end does to
+        a child (:data:`ParentClose`).
 
         Returns ``(run, created)``.
         """
         kind = None if parent is None else "child"
+        close = None if parent is None else parent_close
         values: tuple[Any, ...] = (run_id, workflow, key, input, now, now, traceparent)
-        values += (parent, parent_step, kind, version, queue, queue_key, priority)
+        values += (parent, parent_step, kind, version, queue, queue_key, priority, close)
         insert = (
             "INSERT INTO ms_runs (id, workflow, idem_key, status, input, created_at,"
             " updated_at, traceparent, parent, parent_step, parent_kind, version, queue,"
-            " queue_key, priority) VALUES (?, ?, ?, 'queued', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+            " queue_key, priority, parent_close)"
+            " VALUES (?, ?, ?, 'queued', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
         )
         if queue is None and (queue_key is not None or priority):
             raise ValueError("queue_key and priority need a queue")
@@ -402,6 +406,7 @@ class RunTables(Connection):
             )
             if cur.rowcount != 1:  # retried concurrently: raising rolls the delete back
                 raise RunConflict(f"run {run_id!r} was retried concurrently", run_id=run_id)
+            retell_parent(cur, run_id, now)
             self._notify(cur, run_id)
             cur.execute(f"SELECT {_RUN_COLUMNS} FROM ms_runs WHERE id = ?", (run_id,))
             return _run(cur.fetchone())

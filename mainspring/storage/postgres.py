@@ -272,7 +272,10 @@ class PostgresStore(Store):
             raise self._error(exc, "writing") from exc
 
     def _fenced(
-        self, runs: Sequence[tuple[str, int]], write: Callable[[Cursor], None]
+        self,
+        runs: Sequence[tuple[str, int]],
+        write: Callable[[Cursor], None],
+        lock: Callable[[Cursor], None] | None = None,
     ) -> dict[str, bool] | None:
         """BEGIN, the fence, ``write``'s statements and COMMIT in one pipeline: one
         round trip. The fence locks the runs that are ``running`` at their epochs
@@ -292,6 +295,8 @@ class PostgresStore(Store):
                     with conn.pipeline():
                         try:
                             cur.execute("BEGIN")
+                            if lock is not None:
+                                lock(_Cursor(cur))
                             fence.execute(
                                 _FENCE,
                                 (len(runs), ids, [e for _, e in runs], ids),

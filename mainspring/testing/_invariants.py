@@ -25,6 +25,8 @@ The invariants:
   per endpoint each time it finishes, never again for a re-sent write.
 * **nothing in flight after success**: a succeeded run has no journal row left
   ``started`` or ``retrying``.
+* **no orphans**: a child run started with ``on_parent_close="cancel"`` whose parent
+  has ended has ended too, or has been asked to cancel.
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ ViolationKind = Literal[
     "signal_lost",
     "unended_row",
     "duplicate_event",
+    "orphan",
 ]
 
 
@@ -92,6 +95,8 @@ class _Run:
     wait_signal: str | None
     cancel_requested: bool
     lease_until: float | None
+    parent: str | None = None
+    parent_close: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +141,8 @@ def _read_state(
             snap.wait_signals.get(rid),
             r.cancel_requested,
             r.lease_until,
+            r.parent if r.parent_kind == "child" else None,
+            r.parent_close,
         )
         for rid, r in snap.runs.items()
     }
@@ -333,6 +340,7 @@ def check_invariants(
                             f"still {r.status!r}",
                         )
                     )
+        found += _orphan(run, runs)
     found += _signals(store, steps, run_ids)
     found += _events(store, run_ids, set() if history is None else history.reopened)
     if ledger is not None:
@@ -393,6 +401,21 @@ def _liveness(run: _Run, pending: set[str], now: float, settled: bool) -> list[V
     if settled:
         return bad("not_finished", f"still {run.status} after the test drove every run")
     return []
+
+
+def _orphan(run: _Run, runs: dict[str, _Run]) -> list[Violation]:
+    """A child its parent's end should have cancelled (or asked to), and did not."""
+    parent = runs.get(run.parent) if run.parent is not None else None
+    if (
+        parent is None
+        or parent.status not in FINISHED
+        or run.parent_close != "cancel"
+        or run.status in FINISHED
+        or run.cancel_requested
+    ):
+        return []
+    detail = f"still {run.status}, not asked to cancel, while its parent {parent.id} is "
+    return [Violation(kind="orphan", run_id=run.id, detail=detail + parent.status)]
 
 
 def _pending_signals(store: Store, run_ids: Collection[str] | None) -> dict[str, set[str]]:

@@ -22,7 +22,15 @@ from contextlib import contextmanager
 from typing import Any
 
 from .._errors import RunConflict, RunNotFound, SchemaVersionError
-from ..storage import SCHEMA_VERSION, RunStatus, RunTransition, RunWrite, StepRecord, Store
+from ..storage import (
+    SCHEMA_VERSION,
+    ParentClose,
+    RunStatus,
+    RunTransition,
+    RunWrite,
+    StepRecord,
+    Store,
+)
 from ._queue_conformance import QueueConformance
 
 __all__ = ["StoreConformance"]
@@ -468,6 +476,52 @@ class StoreConformance(QueueConformance):
                 pass
             else:
                 raise AssertionError("cancelling an unknown run was accepted")
+
+    def test_a_run_that_ends_cancels_the_children_its_end_reaches(self) -> None:
+        """A finish (p1, committed beside another run's suspend) or a dead-letter (p2)
+        cancels the unfinished children started with ``parent_close="cancel"`` and
+        their own children, running or not; ``"abandon"`` children and finished ones
+        are left as they are."""
+        with self.store() as s:
+            family: list[tuple[str, str | None, ParentClose]] = [
+                ("p1", None, "cancel"),
+                ("p2", None, "cancel"),
+                ("p1-kept", "p1", "cancel"),
+                ("p1-kept-kid", "p1-kept", "cancel"),
+                ("p1-free", "p1", "abandon"),
+                ("p2-kept", "p2", "cancel"),
+                ("p2-free", "p2", "abandon"),
+            ]
+            for rid, parent, close in family:
+                workflow = "wf" if parent is None else "kid"
+                s.create_run(run_id=rid, workflow=workflow, input="{}", key=None, now=T0,
+                             parent=parent, parent_step=None if parent is None else "0:0",
+                             parent_close=close)  # fmt: skip
+            self._new(s, "other")
+            held = {r.id: r.epoch for r in self._claim(s, max_recoveries=0)}
+            [kept] = self._claim(s, run_id="p1-kept", workflows=["kid"])
+            done = RunTransition(kind="finish", status="succeeded", output="1")
+            nap = RunTransition(kind="suspend", status="sleeping", wake_at=T0 + 60)
+            writes = [
+                RunWrite(run_id="p1", epoch=held["p1"], transition=done),
+                RunWrite(run_id="other", epoch=held["other"], transition=nap),
+            ]
+            assert [r.ok for r in s.commit(writes, T0 + 1)] == [True, True]
+            assert self._claim(s, now=T0 + LEASE + 1, max_recoveries=0) == []  # p2 dead
+            runs = {rid: s.get_run(rid) for rid in ("p1-kept", "p1-kept-kid", "p2-kept")}
+            runs |= {rid: s.get_run(rid) for rid in ("p1-free", "p2-free", "p2")}
+            got = {rid: (r.status, r.cancel_requested) for rid, r in runs.items() if r}
+            assert got == {
+                "p1-kept": ("running", True),  # its worker cancels it at its next commit
+                "p1-kept-kid": ("cancelled", True),
+                "p2-kept": ("cancelled", True),
+                "p1-free": ("queued", False),
+                "p2-free": ("queued", False),
+                "p2": ("failed", False),
+            }
+            beat = s.heartbeat(runs=[("p1-kept", kept.epoch)], now=T0 + 2, lease_s=LEASE)
+            assert beat.cancel == {"p1-kept"}
+            assert "its parent run 'p2' failed" in (runs["p2-kept"].error or "")  # type: ignore[union-attr]
 
     def test_finish_records_output(self) -> None:
         with self.store() as s:
