@@ -16,7 +16,7 @@ from .._errors import ConfigError, RunConflict
 from .._serde import dumps, loads
 from .._signals import is_request_signal
 from ..observability import Redactor, fork_traceparent
-from ..storage import RunRecord, StepRecord, Store
+from ..storage import CHILD_SIGNAL_PREFIX, RunRecord, StepRecord, Store
 from ._handle import RunHandle, run_id_of
 
 if TYPE_CHECKING:
@@ -58,6 +58,10 @@ class Lineage:
         there. ``decisions="keep"`` copies the answers, each recorded as decided by
         ``by`` (default: the local user; over HTTP the forking key, which needs the
         ``approve`` scope).
+
+        A fork past the step that started a child run (``ctx.child``) shares that
+        child: awaiting it, the fork gets the child's end as the parent does, whether
+        the child had ended when the fork was made or ends later.
 
         Args:
             from_step: the journal position to keep up to, inclusive: ``seq`` in the
@@ -210,8 +214,10 @@ def _merge_patch(target: Any, patch: Any) -> Any:
 
 
 def _is_request_step(step: StepRecord) -> bool:
-    """A wait for a human's answer (whose signal only the answer path may send)."""
-    if step.kind != "signal":
+    """A wait for a human's answer (whose signal only the answer path may send). A
+    wait for a child run's end is none: no one decided it, and a fork holding the
+    child's start gets the same end (so it keeps that wait as it is)."""
+    if step.kind != "signal" or step.name.startswith(CHILD_SIGNAL_PREFIX):
         return False
     if is_request_signal(step.name):
         return True

@@ -14,24 +14,40 @@ unfinished children started with ``on_parent_close="cancel"`` (the default), thr
 the cascade a cancel of the run takes; ``"abandon"`` children run on. A child started
 before the policy existed (``parent_close`` NULL) keeps what it was started under: a
 cancel of its parent cascades to it, its parent's normal end leaves it running.
+
+A fork of the parent made past the child's start holds that start too (its journal
+row, role ``child``, output ``{"run_id": ...}``), and is told the same end: by the
+fork itself when the child had ended already (:func:`share_child_ends`, in the
+fork's transaction), else by the child when it ends, which looks for the forks (and
+forks of those forks) holding its start. Either the fork's transaction sees the
+child ended or the child's end sees the fork: the fork locks the child's row first
+(:func:`lock_children`), the row a child's end writes first.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
+
 from .._serde import dumps, loads
 from ._api import queue_event
 from ._connection import Connection, Cursor
-from ._records import FINISHED, WAKE_NOW, split_wait_signals
+from ._records import FINISHED, WAKE_NOW, StepRecord, split_wait_signals
 
 __all__ = [
     "CHILD_SIGNAL_PREFIX",
     "cancel_children",
     "child_signal",
+    "child_starts",
     "close_children",
+    "lock_children",
     "lock_closed_children",
     "retell_parent",
+    "share_child_ends",
     "tell_parent",
 ]
+
+# A child's end as its row holds it: (status, output, error).
+ChildEnd = tuple[str, str | None, str | None]
 
 CHILD_SIGNAL_PREFIX = "child:"
 
@@ -49,47 +65,140 @@ def child_signal(child_id: str) -> str:
     return CHILD_SIGNAL_PREFIX + child_id
 
 
-def tell_parent(conn: Connection, cur: Cursor, run_id: str, now: float) -> None:
+def tell_parent(
+    conn: Connection, cur: Cursor, run_id: str, now: float, *, forks_only: bool = False
+) -> None:
     """If ``run_id`` is a child run that has just ended (in this transaction), store
-    its end as a signal for its parent and wake the parent if it waits for it."""
+    its end as a signal for its parent, and for every fork holding its start, and
+    wake each that waits for it. ``forks_only``: not for the parent (a cancel that
+    cascades from it)."""
     cur.execute(
-        "SELECT parent, status, output, error FROM ms_runs WHERE id = ? AND parent_kind = 'child'",
+        "SELECT parent, parent_step, status, output, error FROM ms_runs"
+        " WHERE id = ? AND parent_kind = 'child'",
         (run_id,),
     )
     row = cur.fetchone()
-    if row is None or row[0] is None or row[1] not in FINISHED:
+    if row is None or row[0] is None or row[2] not in FINISHED:
         return
-    parent, status, output, error = row
-    # Locked: a suspend of the parent committing now either sees this signal or is
+    parent, step, status, output, error = row
+    payload = _end_payload(run_id, (status, output, error))
+    if not forks_only:
+        _tell(conn, cur, parent, run_id, payload, now)
+    for fork in _forks_holding(cur, parent, step, run_id):
+        _tell(conn, cur, fork, run_id, payload, now)
+
+
+def child_starts(rows: Iterable[StepRecord]) -> dict[str, StepRecord]:
+    """The child runs whose starts are among these journal rows, by id."""
+    found: dict[str, StepRecord] = {}
+    for r in rows:
+        child = _started(r.role, r.output) if r.status == "completed" else None
+        if child is not None:
+            found[child] = r
+    return found
+
+
+def lock_children(conn: Connection, cur: Cursor, child_ids: Iterable[str]) -> dict[str, ChildEnd]:
+    """Lock the rows of these child runs (in id order, before any parent's row: the
+    order a child's end takes) and read where each is: ``{id: (status, output,
+    error)}`` of those that exist."""
+    found: dict[str, ChildEnd] = {}
+    for child in sorted(set(child_ids)):
+        cur.execute(
+            "SELECT status, output, error FROM ms_runs WHERE id = ? AND parent_kind = 'child'"
+            f"{conn._row_lock}",
+            (child,),
+        )
+        row = cur.fetchone()
+        if row is not None:
+            found[child] = (row[0], row[1], row[2])
+    return found
+
+
+def share_child_ends(
+    cur: Cursor, fork_id: str, rows: Sequence[StepRecord], ends: dict[str, ChildEnd], now: float
+) -> None:
+    """Store, for a new fork whose journal is ``rows``, the end of each child whose
+    start it copied and which has ended already (``ends``, read under
+    :func:`lock_children`), unless the copy holds the wait that took it. A child
+    still running tells the fork itself when it ends (:func:`tell_parent`)."""
+    taken = {r.name for r in rows if r.kind == "signal" and r.status == "completed"}
+    for child in child_starts(rows):
+        end = ends.get(child)
+        if end is None or end[0] not in FINISHED or child_signal(child) in taken:
+            continue
+        cur.execute(
+            "INSERT INTO ms_signals (run_id, name, payload, created_at) VALUES (?, ?, ?, ?)",
+            (fork_id, child_signal(child), _end_payload(child, end), now),
+        )
+
+
+def _end_payload(child: str, end: ChildEnd) -> str:
+    """The signal's payload: the child's status, output and error as its row holds them."""
+    status, output, error = end
+    head = dumps({"run_id": child, "status": status})
+    return f'{head[:-1]},"output":{output or "null"},"error":{error or "null"}}}'
+
+
+def _tell(conn: Connection, cur: Cursor, holder: str, child: str, payload: str, now: float) -> None:
+    """Store a child's end for ``holder`` (its parent, or a fork holding its start)
+    and wake it if it waits for it; a finished or missing holder is left alone."""
+    # Locked: a suspend of the holder committing now either sees this signal or is
     # seen waiting by it (as ``send_signal``).
-    cur.execute(f"SELECT status, wait_signal FROM ms_runs WHERE id = ?{conn._row_lock}", (parent,))
+    cur.execute(f"SELECT status, wait_signal FROM ms_runs WHERE id = ?{conn._row_lock}", (holder,))
     found = cur.fetchone()
     if found is None or found[0] in FINISHED:
         return
-    name = child_signal(run_id)
-    _store_end(cur, parent, run_id, status, output, error, now)
-    if found[0] == "waiting" and name in split_wait_signals(found[1]):
-        cur.execute(
-            "UPDATE ms_runs SET wake_at = ?, updated_at = ? WHERE id = ?", (WAKE_NOW, now, parent)
-        )
-        conn._notify(cur, parent)
-
-
-def _store_end(
-    cur: Cursor,
-    parent: str,
-    child: str,
-    status: str,
-    output: str | None,
-    error: str | None,
-    now: float,
-) -> None:
-    head = dumps({"run_id": child, "status": status})
-    payload = f'{head[:-1]},"output":{output or "null"},"error":{error or "null"}}}'
+    name = child_signal(child)
     cur.execute(
         "INSERT INTO ms_signals (run_id, name, payload, created_at) VALUES (?, ?, ?, ?)",
-        (parent, child_signal(child), payload, now),
+        (holder, name, payload, now),
     )
+    if found[0] == "waiting" and name in split_wait_signals(found[1]):
+        cur.execute(
+            "UPDATE ms_runs SET wake_at = ?, updated_at = ? WHERE id = ?", (WAKE_NOW, now, holder)
+        )
+        conn._notify(cur, holder)
+
+
+def _forks_holding(cur: Cursor, parent: str, step: str | None, child: str) -> list[str]:
+    """The forks of ``parent``, and forks of those, whose journals hold the start of
+    ``child`` at ``step`` (``"session:seq"``), parents before their forks. A fork
+    that does not hold it has no fork that does (a fork copies its source's rows)."""
+    try:
+        session, seq = (int(x) for x in (step or "").split(":"))
+    except ValueError:
+        return []
+    found: list[str] = []
+    todo = [parent]
+    while todo:
+        cur.execute(
+            "SELECT id FROM ms_runs WHERE parent = ? AND parent_kind = 'fork' ORDER BY id",
+            (todo.pop(0),),
+        )
+        for (fork,) in cur.fetchall():
+            cur.execute(
+                "SELECT role, output FROM ms_steps WHERE run_id = ? AND session = ? AND seq = ?"
+                " AND status = 'completed'",
+                (fork, session, seq),
+            )
+            row = cur.fetchone()
+            if row is not None and _started(row[0], row[1]) == child:
+                found.append(fork)
+                todo.append(fork)
+    return found
+
+
+def _started(role: str | None, output: str | None) -> str | None:
+    """The child run a journal row started (a ``child`` row's output), if any."""
+    if role != "child" or output is None:
+        return None
+    try:
+        value = loads(output)
+    except ValueError:
+        return None
+    child = value.get("run_id") if isinstance(value, dict) else None
+    return child if isinstance(child, str) else None
 
 
 def retell_parent(cur: Cursor, run_id: str, now: float) -> None:
@@ -104,7 +213,10 @@ def retell_parent(cur: Cursor, run_id: str, now: float) -> None:
         (run_id, run_id, CHILD_SIGNAL_PREFIX),
     )
     for child, status, output, error in cur.fetchall():
-        _store_end(cur, run_id, child, status, output, error, now)
+        cur.execute(
+            "INSERT INTO ms_signals (run_id, name, payload, created_at) VALUES (?, ?, ?, ?)",
+            (run_id, child_signal(child), _end_payload(child, (status, output, error)), now),
+        )
 
 
 def close_children(conn: Connection, cur: Cursor, run_id: str, status: str, now: float) -> None:
@@ -153,7 +265,8 @@ def cancel_children(
     cascade. Returns ``(child id, status before)``.
 
     Children are locked before their parent is (the caller locks the parent after),
-    the order a child's own end takes (its row, then its parent's)."""
+    the order a child's own end takes (its row, then its parent's, then its forks'
+    holding its start, which are told of the cancel as at any end)."""
     cur.execute(
         f"SELECT id FROM ms_runs WHERE parent = ? AND {_ON_CLOSE if on_close else _ON_CANCEL}"
         f" AND {_UNFINISHED} ORDER BY id",
@@ -182,5 +295,7 @@ def cancel_children(
             )
             event = {"status": "cancelled", "error": loads(error)}
             queue_event(cur, child, "run.cancelled", event, now)
+            # The parent is being cancelled; a fork holding the child's start is not.
+            tell_parent(conn, cur, child, now, forks_only=True)
         done.append((child, row[0]))
     return done

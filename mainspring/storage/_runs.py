@@ -11,9 +11,16 @@ from typing import Any
 from .._errors import RunConflict, RunNotFound
 from .._serde import dumps, loads
 from ._api import queue_event
-from ._children import cancel_children, retell_parent, tell_parent
-from ._connection import Connection
-from ._records import FINISHED, ParentClose, RunRecord
+from ._children import (
+    cancel_children,
+    child_starts,
+    lock_children,
+    retell_parent,
+    share_child_ends,
+    tell_parent,
+)
+from ._connection import Connection, Cursor
+from ._records import FINISHED, ParentClose, RunRecord, StepRecord
 from ._rows import (
     _RUN_COLUMNS,
     _RUN_SUMMARY_COLUMNS,
@@ -300,8 +307,32 @@ class RunTables(Connection):
         ``traceparent``: the W3C trace context its spans join.
         The new run starts in ``session`` with ``source``'s hand-off, which the caller
         must have checked is the hand-off of that session.
+
+        A child run whose start the copy holds reaches the new run as it reaches its
+        parent: a child that has ended left its end for the new run here, one still
+        running tells it when it ends.
         """
+
+        def copied(cur: Cursor, where: str = "") -> list[StepRecord]:
+            cur.execute(
+                f"SELECT {_STEP_COLUMNS} FROM ms_steps WHERE run_id = ? AND session = ?"
+                f" AND seq <= ?{where} ORDER BY seq",
+                (source.id, session, upto_seq),
+            )
+            rows = [_step(r) for r in cur.fetchall()]
+            for r in rows:
+                r.run_id, r.epoch = run_id, 0
+                if r.seq == upto_seq and output is not None:
+                    r.output = output
+                if outputs and r.seq in outputs:
+                    r.output = outputs[r.seq]
+            return rows
+
         with self._write() as cur:
+            # The children whose starts the copy holds are locked before the source
+            # (the order a child's end takes: its row, then its parent's), so that
+            # either this sees a child ended or the child's end sees this fork.
+            ends = lock_children(self, cur, child_starts(copied(cur, " AND role = 'child'")))
             # The source's row is held while its journal is copied, so the copy and
             # the hand-off are of one moment (its worker may be committing).
             cur.execute(
@@ -346,20 +377,14 @@ class RunTables(Connection):
                     traceparent,
                 ),
             )
-            cur.execute(
-                f"SELECT {_STEP_COLUMNS} FROM ms_steps WHERE run_id = ? AND session = ?"
-                " AND seq <= ? ORDER BY seq",
-                (source.id, session, upto_seq),
-            )
-            rows = [_step(r) for r in cur.fetchall()]
-            for r in rows:
-                r.run_id, r.epoch = run_id, 0
-                if r.seq == upto_seq and output is not None:
-                    r.output = output
-                if outputs and r.seq in outputs:
-                    r.output = outputs[r.seq]
+            rows = copied(cur)
             if rows:
                 cur.executemany(_UPSERT_STEP, [_step_params(r) for r in rows])
+            # A start the first read did not see (the source's journal moved under
+            # it): locked now, out of order but rare.
+            late = child_starts(rows).keys() - ends.keys()
+            ends.update(lock_children(self, cur, late))
+            share_child_ends(cur, run_id, rows, ends, now)
             self._notify(cur, run_id)
             cur.execute(f"SELECT {_RUN_COLUMNS} FROM ms_runs WHERE id = ?", (run_id,))
             return _run(cur.fetchone())
