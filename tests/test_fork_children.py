@@ -246,3 +246,54 @@ async def test_a_fork_made_while_its_child_ends_hears_of_the_end_once(fapp: ms.A
         for run in (parent, *forks):
             assert await _result(run) == "cancelled: Cancelled: raced"
         assert _child_signals(fapp, forks[0].run_id) == [(f"child:{kid.id}", True)]
+
+
+@pytest.mark.parametrize("policy", ["cancel", "abandon"])
+async def test_a_parents_end_reaches_the_child_a_fork_shares_as_its_policy_says(
+    fapp: ms.App, policy: str
+):
+    # The parent fails after starting the child and before awaiting it; a fork made
+    # past the start goes on and awaits it. The parent's end cancels the child
+    # (default policy: the fork sees ChildCancelled) or leaves it running ("abandon":
+    # the fork gets the child's own end).
+    broken = {"parent": True}
+
+    @fapp.workflow
+    async def research(ctx: ms.RunContext, topic: str) -> str:
+        return f"{topic} / " + await ctx.wait_for("go")
+
+    def check() -> str:
+        if broken["parent"]:
+            raise RuntimeError("the parent's check failed")
+        return "ok"
+
+    @fapp.workflow
+    async def report(ctx: ms.RunContext, topic: str) -> str:
+        handle = await ctx.start_child(research, topic, on_parent_close=policy)
+        await ctx.wait_for("proceed")
+        await ctx.step(check, retry=ms.RetryPolicy(max_attempts=1))
+        try:
+            return await handle
+        except ms.ChildFailed as exc:
+            return f"{exc.status}: {exc.error['message']}"
+
+    parent = fapp.submit("report", "tides")
+    await drain(fapp)
+    (kid,) = fapp.children(parent.run_id)
+    fork = fapp.fork(parent, from_step=0)
+    await drain(fapp)
+    fapp.signal(parent.run_id, "proceed", "now")
+    await drain(fapp)
+    assert fapp.get_run(parent.run_id).status == "failed"
+    broken["parent"] = False
+    fapp.signal(fork.run_id, "proceed", "now")
+    await drain(fapp)
+    if policy == "cancel":
+        assert fapp.get_run(kid.id).status == "cancelled"
+        assert await _result(fork) == f"cancelled: its parent run {parent.run_id!r} failed"
+    else:
+        assert fapp.get_run(kid.id).status == "waiting"
+        fapp.signal(kid.id, "go", "ebb")
+        await drain(fapp)
+        assert await _result(fork) == "tides / ebb"
+    assert_invariants(fapp.store, now=fapp.clock.now(), settled=True)
