@@ -16,7 +16,7 @@ from ._api import queue_event
 from ._connection import Connection, Cursor
 from ._records import FINISHED, WAKE_NOW, split_wait_signals
 
-__all__ = ["CHILD_SIGNAL_PREFIX", "cancel_children", "child_signal", "tell_parent"]
+__all__ = ["CHILD_SIGNAL_PREFIX", "ChildLocked", "cancel_children", "child_signal", "tell_parent"]
 
 CHILD_SIGNAL_PREFIX = "child:"
 
@@ -57,16 +57,25 @@ def tell_parent(conn: Connection, cur: Cursor, run_id: str, now: float) -> None:
         conn._notify(cur, parent)
 
 
+class ChildLocked(Exception):
+    """A child :func:`cancel_children` was told not to wait for is locked by another
+    transaction: the caller rolls back (letting go of the parent) and starts again."""
+
+
 def cancel_children(
-    conn: Connection, cur: Cursor, run_id: str, error: str, now: float
+    conn: Connection, cur: Cursor, run_id: str, error: str, now: float, *, wait: bool = True
 ) -> list[tuple[str, str]]:
     """Cancel the unfinished child runs of ``run_id``, their children first
     (recursively): a running one is asked to cancel (its worker does at its next
     step), any other is cancelled at once. Children already asked to cancel are left
     to their own cascade. Returns ``(child id, status before)``.
 
-    Children are locked before their parent is (the caller locks the parent after),
-    the order a child's own end takes (its row, then its parent's)."""
+    A child's row is locked before its parent's, the order a child's own end takes
+    (its row, then its parent's, in :func:`tell_parent`): the caller locks
+    ``run_id`` after. A caller that holds ``run_id`` already passes ``wait=False``:
+    a child's row held by another transaction (which may be that child's end,
+    waiting for the parent) is not waited for (``SKIP LOCKED``) but raises
+    :class:`ChildLocked`, since waiting there closes a deadlock on PostgreSQL."""
     cur.execute(
         "SELECT id FROM ms_runs WHERE parent = ? AND parent_kind = 'child'"
         " AND status NOT IN ('succeeded', 'failed', 'cancelled') AND cancel_requested = 0"
@@ -75,9 +84,13 @@ def cancel_children(
     )
     done: list[tuple[str, str]] = []
     for (child,) in cur.fetchall():
-        done += cancel_children(conn, cur, child, error, now)
-        cur.execute(f"SELECT status FROM ms_runs WHERE id = ?{conn._row_lock}", (child,))
+        done += cancel_children(conn, cur, child, error, now, wait=wait)
+        lock = conn._row_lock if wait else conn._lock_clause
+        cur.execute(f"SELECT status FROM ms_runs WHERE id = ?{lock}", (child,))
         row = cur.fetchone()
+        if row is None and not wait:
+            # Skipped (an unfinished run is never pruned): held by another transaction.
+            raise ChildLocked(child)
         if row is None or row[0] in FINISHED:
             continue
         if row[0] == "running":

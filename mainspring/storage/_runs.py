@@ -11,8 +11,8 @@ from typing import Any
 from .._errors import RunConflict, RunNotFound
 from .._serde import dumps, loads
 from ._api import queue_event
-from ._children import cancel_children, tell_parent
-from ._connection import Connection
+from ._children import ChildLocked, cancel_children, tell_parent
+from ._connection import Connection, Cursor
 from ._records import FINISHED, RunRecord
 from ._rows import (
     _RUN_COLUMNS,
@@ -29,6 +29,10 @@ __all__ = ["PruneResult", "RunTables"]
 
 # Finished runs past retention: what ``prune`` deletes.
 _PRUNABLE = "status IN ('succeeded', 'failed', 'cancelled') AND finished_at < ?"
+
+# Attempts of a cancel that meets a just-started child held by another transaction
+# (see ``RunTables._cancel``); the last one waits for it.
+_CANCEL_ATTEMPTS = 8
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -419,43 +423,59 @@ class RunTables(Connection):
         cancelled with it, recursively, in the same transaction.
         """
         error = _cancel_error(reason)
-        with self._write() as cur:
-            cur.execute("SELECT status FROM ms_runs WHERE id = ?", (run_id,))
-            first = cur.fetchone()
-            if first is not None and first[0] not in FINISHED:
-                # Children first: their rows are locked before the parent's, the
-                # order a child's own end takes.
-                cancel_children(self, cur, run_id, error, now)
-            # Locked: a worker's commit (a suspend, a finish) cannot slip between
-            # this read and the write below.
-            cur.execute(f"SELECT status FROM ms_runs WHERE id = ?{self._row_lock}", (run_id,))
-            row = cur.fetchone()
-            if row is None:
-                raise RunNotFound(f"cannot cancel: no run {run_id!r}")
-            status: str = row[0]
-            if status in FINISHED:
-                return status
-            # A child started while the cancel came in (its start holds this row).
+        attempt = 1
+        while True:
+            try:
+                with self._write() as cur:
+                    return self._cancel(cur, run_id, error, now, last=attempt == _CANCEL_ATTEMPTS)
+            except ChildLocked:
+                attempt += 1  # rolled back: the parent's row is let go, and taken again
+
+    def _cancel(self, cur: Cursor, run_id: str, error: str, now: float, *, last: bool) -> str:
+        """One attempt of :meth:`cancel`, in the caller's transaction. Raises
+        :class:`ChildLocked` (unless ``last``) for a child that appeared after the
+        children were locked and that another transaction holds."""
+        cur.execute("SELECT status FROM ms_runs WHERE id = ?", (run_id,))
+        first = cur.fetchone()
+        if first is not None and first[0] not in FINISHED:
+            # Children first: their rows are locked before the parent's, the
+            # order a child's own end takes (its row, then its parent's).
             cancel_children(self, cur, run_id, error, now)
-            if status == "running":
-                cur.execute(
-                    "UPDATE ms_runs SET cancel_requested = 1, error = ?, updated_at = ?"
-                    " WHERE id = ? AND status = 'running'",
-                    (error, now, run_id),
-                )
-                return status
+        # Locked: a worker's commit (a suspend, a finish) cannot slip between
+        # this read and the write below.
+        cur.execute(f"SELECT status FROM ms_runs WHERE id = ?{self._row_lock}", (run_id,))
+        row = cur.fetchone()
+        if row is None:
+            raise RunNotFound(f"cannot cancel: no run {run_id!r}")
+        status: str = row[0]
+        if status in FINISHED:
+            return status
+        # A child started while the cancel came in (its start holds this row). Holding
+        # the parent now, its row must not be waited for: that child may be ending,
+        # its transaction holding its row and waiting for the parent's (a deadlock on
+        # PostgreSQL). Held, it raises ChildLocked, and the next attempt locks it
+        # with the others, before the parent. A last attempt waits (the old order):
+        # each retry takes a child started within the one before, so it is not reached.
+        cancel_children(self, cur, run_id, error, now, wait=last)
+        if status == "running":
             cur.execute(
-                "UPDATE ms_runs SET status = 'cancelled', epoch = epoch + 1,"
-                " cancel_requested = 1, error = ?, finished_at = ?, updated_at = ?,"
-                " owner = NULL, lease_until = NULL, wake_at = NULL, wait_signal = NULL,"
-                " wait_reason = NULL WHERE id = ? AND status = ?",
-                (error, now, now, run_id, status),
+                "UPDATE ms_runs SET cancel_requested = 1, error = ?, updated_at = ?"
+                " WHERE id = ? AND status = 'running'",
+                (error, now, run_id),
             )
-            queue_event(
-                cur, run_id, "run.cancelled", {"status": "cancelled", "error": loads(error)}, now
-            )
-            tell_parent(self, cur, run_id, now)
-            return "cancelled"
+            return status
+        cur.execute(
+            "UPDATE ms_runs SET status = 'cancelled', epoch = epoch + 1,"
+            " cancel_requested = 1, error = ?, finished_at = ?, updated_at = ?,"
+            " owner = NULL, lease_until = NULL, wake_at = NULL, wait_signal = NULL,"
+            " wait_reason = NULL WHERE id = ? AND status = ?",
+            (error, now, now, run_id, status),
+        )
+        queue_event(
+            cur, run_id, "run.cancelled", {"status": "cancelled", "error": loads(error)}, now
+        )
+        tell_parent(self, cur, run_id, now)
+        return "cancelled"
 
     # -- retention ----------------------------------------------------------------------
 

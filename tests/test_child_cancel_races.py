@@ -1,0 +1,225 @@
+"""A cancel of a parent run racing the end of its brand-new child, on PostgreSQL.
+
+A child's end locks its own row, then its parent's (to tell it, in the same
+transaction). A cancel of the parent locks the children it finds before the parent;
+but a child started while the cancel came in is found only once the parent is held.
+Waiting for that child's row then closed a cycle with the child's end (holding the
+child, waiting for the parent): PostgreSQL aborted one of them as a deadlock
+(``StoreUnavailable``), in about one race in twelve. Now the cancel never waits for
+a child's row while it holds the parent: it lets the parent go and starts again.
+
+``test_a_cancel_holding_the_parent_never_waits_for_an_ending_child`` sets the
+interleaving up step by step (other transactions hold the rows to order it); the
+race loops leave it to the scheduler. The default suite runs a short loop, ``-m
+slow`` a long one.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pg
+import psycopg
+import pytest
+
+from mainspring import StoreUnavailable
+from mainspring.storage import RunTransition, RunWrite, Store, open_store
+
+# How long a helper waits for the server to show the expected lock waits before it
+# gives up. Not a duration under test: each wait shows within milliseconds.
+GIVE_UP_S = 30.0
+
+
+@pytest.fixture
+def pg_url(pg_session_dsn: str) -> str:
+    """An empty PostgreSQL database (skips without a server)."""
+    pg.reset(pg_session_dsn)
+    return pg_session_dsn
+
+
+@pytest.fixture
+def store(pg_url: str) -> Iterator[Store]:
+    s = open_store(pg_url)
+    yield s
+    s.close()
+
+
+def _run(store: Store, parent: str | None = None) -> str:
+    run_id = uuid.uuid4().hex
+    store.create_run(
+        run_id=run_id, workflow="wf", input="null", key=None, now=time.time(), parent=parent
+    )
+    return run_id
+
+
+def _claim(store: Store, run_id: str) -> int | None:
+    """Take ``run_id`` as a worker does; its epoch, or None if it is not runnable."""
+    runs = store.claim(
+        worker="w",
+        now=time.time(),
+        lease_s=60.0,
+        limit=1,
+        workflows=None,
+        max_recoveries=3,
+        run_id=run_id,
+    )
+    return runs[0].epoch if runs else None
+
+
+def _finish(store: Store, run_id: str, epoch: int) -> None:
+    end = RunTransition(kind="finish", status="succeeded", output='"ok"')
+    write = RunWrite(run_id=run_id, epoch=epoch, transition=end)
+    [result] = store.commit([write], time.time())
+    while result.busy:  # its row held for a moment (by the cancel): a worker sends it again
+        [result] = store.commit([write], time.time())
+    assert result.ok, result
+
+
+def _lock(url: str, run_id: str) -> psycopg.Connection:
+    """Another transaction holding ``run_id``'s row until it commits."""
+    conn = psycopg.connect(url)
+    conn.execute("SELECT 1 FROM ms_runs WHERE id = %s FOR UPDATE", (run_id,))
+    return conn
+
+
+def _until_waiting(monitor: psycopg.Connection, n: int) -> None:
+    """Until ``n`` sessions of this database wait for a lock."""
+    deadline = time.monotonic() + GIVE_UP_S
+    while time.monotonic() < deadline:
+        row = monitor.execute(
+            "SELECT count(*) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+        ).fetchone()
+        if row is not None and row[0] >= n:
+            return
+        time.sleep(0.005)
+    raise AssertionError(f"{n} sessions never waited for a lock")
+
+
+class _Thread(threading.Thread):
+    """A thread that keeps what its target raised."""
+
+    def __init__(self, target: Callable[[], object]) -> None:
+        super().__init__(daemon=True)
+        self.call = target
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self.call()
+        except BaseException as exc:  # reported by the test
+            self.error = exc
+
+
+def test_a_cancel_holding_the_parent_never_waits_for_an_ending_child(
+    store: Store, pg_url: str
+) -> None:
+    parent = _run(store)
+    assert _claim(store, parent) is not None
+    older = _run(store, parent)
+    with psycopg.connect(pg_url, autocommit=True) as monitor:
+        # The cancel finds the older child only, and stops on its row.
+        holds_older = _lock(pg_url, older)
+        answers: list[str] = []
+        cancel = _Thread(lambda: answers.append(store.cancel(parent, time.time(), "stop")))
+        cancel.start()
+        _until_waiting(monitor, 1)
+        # Meanwhile a new child starts and its worker takes it.
+        child = _run(store, parent)
+        epoch = _claim(store, child)
+        assert epoch is not None
+        # The cancel goes on to the parent's row and stops there ...
+        holds_parent = _lock(pg_url, parent)
+        holds_older.commit()
+        _until_waiting(monitor, 1)
+        # ... and the child's end locks the child's row and stops at its parent's,
+        # behind the cancel: the parent goes to the cancel first.
+        end = _Thread(lambda: _finish(store, child, epoch))
+        end.start()
+        _until_waiting(monitor, 2)
+        holds_parent.commit()
+        cancel.join(GIVE_UP_S)
+        end.join(GIVE_UP_S)
+        holds_older.close()
+        holds_parent.close()
+    assert (cancel.error, end.error) == (None, None)
+    assert answers == ["running"]
+    run = store.get_run(parent)
+    assert run is not None and run.status == "running" and run.cancel_requested
+    assert _status(store, older) == "cancelled"
+    assert _status(store, child) == "succeeded"
+    # The child's end reached its parent, as it does when nothing races it.
+    assert f"child:{child}" in {s.name for s in store.list_signals(parent)}
+
+
+def _status(store: Store, run_id: str) -> str:
+    run = store.get_run(run_id)
+    assert run is not None
+    return run.status
+
+
+def _race_cancel_against_a_new_child(store: Store, rounds: int) -> None:
+    deadlocks = [d for d in (_round(store) for _ in range(rounds)) if d is not None]
+    assert deadlocks == [], f"{len(deadlocks)} of {rounds} rounds deadlocked: {deadlocks[0]}"
+
+
+def _round(store: Store) -> str | None:
+    """A running parent with an unfinished child; one thread starts a second child,
+    takes it and ends it, while another cancels the parent. Returns the deadlock
+    either met, if one did."""
+    parent = _run(store)
+    assert _claim(store, parent) is not None
+    _run(store, parent)  # found by the cancel: it has a child to lock first
+    start = threading.Barrier(2)
+    children: list[str] = []
+
+    def child_ends() -> None:
+        start.wait()
+        children.append(_run(store, parent))
+        epoch = _claim(store, children[0])
+        if epoch is not None:  # None: the cancel got to it while it was queued
+            _finish(store, children[0], epoch)
+
+    def cancel() -> None:
+        start.wait()
+        time.sleep(random.random() * 0.002)  # lands all around the child's short life
+        assert store.cancel(parent, time.time(), "stop") == "running"
+
+    threads = [_Thread(child_ends), _Thread(cancel)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(GIVE_UP_S)
+    for t in threads:
+        if isinstance(t.error, StoreUnavailable) and "deadlock" in str(t.error):
+            return str(t.error)
+        if t.error is not None:
+            raise t.error
+    run = store.get_run(parent)
+    assert run is not None and run.cancel_requested
+    # Ended before the cancel reached it, or cancelled by it while queued.
+    assert _status(store, children[0]) in ("succeeded", "cancelled")
+    return None
+
+
+def test_a_cancel_racing_a_new_child_end_never_deadlocks(store: Store) -> None:
+    _race_cancel_against_a_new_child(store, 25)
+
+
+@pytest.mark.slow
+def test_a_cancel_racing_a_new_child_end_never_deadlocks_many(store: Store) -> None:
+    _race_cancel_against_a_new_child(store, 400)
+
+
+def test_the_race_ends_the_same_on_sqlite(tmp_path: Path) -> None:
+    """SQLite's writers queue on one lock: the same rounds, the same outcomes."""
+    s = open_store(f"sqlite:///{tmp_path / 'ms.db'}")
+    try:
+        _race_cancel_against_a_new_child(s, 10)
+    finally:
+        s.close()
