@@ -223,3 +223,67 @@ def test_the_race_ends_the_same_on_sqlite(tmp_path: Path) -> None:
         _race_cancel_against_a_new_child(s, 10)
     finally:
         s.close()
+
+
+# -- batches: two workers' group commits, each ending the other's parent's child -------
+
+
+def _commit_until_done(store: Store, batch: list[RunWrite]) -> None:
+    """Commit ``batch`` as a worker's group commit does: writes answered busy (a row
+    held elsewhere for a moment) are sent again, after a moment."""
+    while batch:
+        results = store.commit(batch, time.time())
+        assert all(r.ok or r.busy for r in results), results
+        batch = [w for w, r in zip(batch, results, strict=True) if r.busy]
+        time.sleep(random.random() * 0.002)
+
+
+def _batch_round(store: Store) -> str | None:
+    """Parents P1 and P2, each running with a child running; one batch ends P1's
+    child and commits P2, the other ends P2's child and commits P1, at once."""
+    end = RunTransition(kind="finish", status="succeeded", output='"ok"')
+    parents = [_run(store), _run(store)]
+    epochs = [_claim(store, p) for p in parents]
+    children = [_run(store, p) for p in parents]
+    child_epochs = [_claim(store, c) for c in children]
+    batches = [
+        [
+            RunWrite(run_id=children[i], epoch=child_epochs[i] or 0, transition=end),
+            RunWrite(run_id=parents[1 - i], epoch=epochs[1 - i] or 0),
+        ]
+        for i in (0, 1)
+    ]
+    start = threading.Barrier(2)
+
+    def commit(batch: list[RunWrite]) -> Callable[[], None]:
+        def go() -> None:
+            start.wait()
+            _commit_until_done(store, batch)
+
+        return go
+
+    threads = [_Thread(commit(b)) for b in batches]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(GIVE_UP_S)
+    for t in threads:
+        if isinstance(t.error, StoreUnavailable) and "deadlock" in str(t.error):
+            return str(t.error)
+        if t.error is not None:
+            raise t.error
+    for parent, child in zip(parents, children, strict=True):
+        assert _status(store, child) == "succeeded"
+        assert f"child:{child}" in {s.name for s in store.list_signals(parent)}
+    return None
+
+
+def test_batches_ending_each_others_parents_children_never_deadlock(store: Store) -> None:
+    deadlocks = [d for d in (_batch_round(store) for _ in range(25)) if d is not None]
+    assert deadlocks == [], f"{len(deadlocks)} of 25 rounds deadlocked: {deadlocks[0]}"
+
+
+@pytest.mark.slow
+def test_batches_ending_each_others_parents_children_never_deadlock_many(store: Store) -> None:
+    deadlocks = [d for d in (_batch_round(store) for _ in range(400)) if d is not None]
+    assert deadlocks == [], f"{len(deadlocks)} of 400 rounds deadlocked: {deadlocks[0]}"

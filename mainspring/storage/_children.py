@@ -16,7 +16,14 @@ from ._api import queue_event
 from ._connection import Connection, Cursor
 from ._records import FINISHED, WAKE_NOW, split_wait_signals
 
-__all__ = ["CHILD_SIGNAL_PREFIX", "ChildLocked", "cancel_children", "child_signal", "tell_parent"]
+__all__ = [
+    "CHILD_SIGNAL_PREFIX",
+    "ChildLocked",
+    "cancel_children",
+    "child_signal",
+    "lock_parents",
+    "tell_parent",
+]
 
 CHILD_SIGNAL_PREFIX = "child:"
 
@@ -60,6 +67,41 @@ def tell_parent(conn: Connection, cur: Cursor, run_id: str, now: float) -> None:
 class ChildLocked(Exception):
     """A child :func:`cancel_children` was told not to wait for is locked by another
     transaction: the caller rolls back (letting go of the parent) and starts again."""
+
+
+def lock_parents(conn: Connection, cur: Cursor, run_ids: list[str]) -> set[str]:
+    """Lock the parents of those of ``run_ids`` that are child runs, without waiting
+    for a row another transaction holds (``SKIP LOCKED``); returns the children whose
+    parent was held elsewhere.
+
+    For a transaction that holds several runs' rows before it ends some of them (a
+    batch commit, a claim that dead-letters): :func:`tell_parent` waiting there for a
+    parent could close a cycle with another such transaction that holds that parent
+    and waits for a parent this one holds (a deadlock on PostgreSQL). With the
+    parents locked here first, it does not wait; a child whose parent was held is
+    left for later (busy). A transaction that holds one run's row may wait for its
+    parent: such waits only go up the tree."""
+    parents: dict[str, str] = {}
+    for i in range(0, len(run_ids), 500):  # within every driver's parameter limit
+        chunk = run_ids[i : i + 500]
+        # Joined: a parent that is gone (pruned) has nothing to lock.
+        cur.execute(
+            "SELECT c.id, c.parent FROM ms_runs c JOIN ms_runs p ON p.id = c.parent"
+            f" WHERE c.id IN ({', '.join('?' * len(chunk))}) AND c.parent_kind = 'child'",
+            chunk,
+        )
+        parents.update({child: parent for child, parent in cur.fetchall()})
+    wanted = sorted(set(parents.values()))
+    got: set[str] = set()
+    for i in range(0, len(wanted), 500):
+        chunk = wanted[i : i + 500]
+        cur.execute(
+            f"SELECT id FROM ms_runs WHERE id IN ({', '.join('?' * len(chunk))})"
+            f" ORDER BY id{conn._lock_clause}",
+            chunk,
+        )
+        got.update(r[0] for r in cur.fetchall())
+    return {child for child, parent in parents.items() if parent not in got}
 
 
 def cancel_children(

@@ -114,13 +114,18 @@ class Connection(ABC):
     _one_round_trip: ClassVar[bool] = False
 
     def _fenced(
-        self, runs: Sequence[tuple[str, int]], write: Callable[[Cursor], None]
+        self,
+        runs: Sequence[tuple[str, int]],
+        write: Callable[[Cursor], None],
+        *,
+        parents_of: Sequence[str] = (),
     ) -> dict[str, bool] | None:
         """One transaction, sent in one round trip where the database allows it
         (PostgreSQL's pipeline mode): lock every ``(run_id, epoch)`` of ``runs`` that
-        is ``running`` at that epoch, then let ``write`` queue its statements, and
-        commit. Returns ``cancel_requested`` by run id; ``None`` when any run was
-        not locked at its epoch (nothing was written: the caller falls back to the
+        is ``running`` at that epoch, and the parents of the child runs among
+        ``parents_of``, then let ``write`` queue its statements, and
+        commit. Returns ``cancel_requested`` by run id; ``None`` when any run (or
+        parent) was not locked (nothing was written: the caller falls back to the
         statement-by-statement commit, which says why) or the dialect has no such
         thing (SQLite, where a round trip costs nothing). ``write`` must not read:
         its statements are only sent, their answers come at the end."""

@@ -9,7 +9,7 @@ from typing import Any
 
 from .._serde import loads
 from ._api import queue_event
-from ._children import tell_parent
+from ._children import lock_parents, tell_parent
 from ._connection import Connection, Cursor
 from ._records import (
     FINISHED,
@@ -151,6 +151,9 @@ class JournalTables(Connection):
             # A row another transaction holds is skipped on PostgreSQL: its run waits
             # and retries (busy); it must not hold up the rest of the batch.
             unlocked = self._epochs(cur, sorted(set(ids) - fences.keys()))
+            # Holding several runs, it must not wait for a parent its ends tell.
+            ending = [w.run_id for w in batch if _ends(w) and w.run_id in fences]
+            parent_held = lock_parents(self, cur, ending) if len(fences) > 1 and ending else set()
             taken: dict[int, str] = {}  # signal id -> the wait consuming it in this batch
             for w in batch:
                 fence = fences.get(w.run_id)
@@ -162,6 +165,9 @@ class JournalTables(Connection):
                 epoch, cancel, status = fence
                 if epoch != w.epoch or status != "running":
                     results.append(self._resent(cur, w, epoch, status))
+                    continue
+                if w.run_id in parent_held:
+                    results.append(WriteResult(ok=False, busy=True))
                     continue
                 conflict = self._consume_conflict(cur, w, taken)
                 if conflict is not None:
@@ -194,10 +200,14 @@ class JournalTables(Connection):
         if self._rows_in_one and all(w.transition is None for w in batch):
             cancel = self._fenced_rows(batch)
         else:
-            # A finish does not read whether the run was asked to cancel.
+            # A finish does not read whether the run was asked to cancel. Holding
+            # several runs, the fence locks the parents its ends tell too (see
+            # ``lock_parents``); a run alone may wait for its parent.
+            ending = [w.run_id for w in batch if _ends(w)] if len(batch) > 1 else []
             cancel = self._fenced(
                 [(w.run_id, w.epoch) for w in batch],
                 lambda cur: self._apply(cur, [(w, False) for w in batch], now),
+                parents_of=ending,
             )
         if cancel is None:
             return None
@@ -353,6 +363,12 @@ class JournalTables(Connection):
                 " WHERE id = ? AND session = ?",
                 (ending + 1, t.handoff, now, w.run_id, ending),
             )
+
+
+def _ends(w: RunWrite) -> bool:
+    """Whether ``w`` ends its run (and so tells its parent, if it has one)."""
+    t = w.transition
+    return t is not None and t.kind == "finish" and t.status in FINISHED
 
 
 def _event_run(status: str, t: RunTransition) -> dict[str, Any]:

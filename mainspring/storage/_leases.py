@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 
 from .._serde import dumps, loads
 from ._api import queue_event
-from ._children import tell_parent
+from ._children import lock_parents, tell_parent
 from ._connection import Cursor
 from ._queues import QueueTables, ready_queues_sql
 from ._records import RunRecord
@@ -180,6 +180,10 @@ class LeaseTables(QueueTables):
                             continue
                         suspect = True
                     if recovering and count > max_recoveries:
+                        if lock_parents(self, cur, [rid]):
+                            # Its parent is held elsewhere, and this claim holds other
+                            # runs: telling it must not wait. A later claim ends it.
+                            continue
                         cur.execute(
                             # Ending the run moves the fence on: its last holder,
                             # stalled but alive, must not write into a dead run.

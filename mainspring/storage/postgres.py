@@ -52,6 +52,20 @@ _FENCE = (
     " WHERE r.id = ANY(CAST(%s AS TEXT[])) AND r.status = 'running'"
     " ORDER BY r.id FOR UPDATE OF r SKIP LOCKED) f"
 )
+# The same, for a batch of several runs that ends child runs: it locks their parents
+# too (``SKIP LOCKED``, see ``lock_parents``), and divides by zero unless it locked
+# every one, so that telling them never waits while the batch holds its runs.
+_FENCE_PARENTS = (
+    "WITH want AS (SELECT DISTINCT c.parent AS id FROM ms_runs c JOIN ms_runs p"
+    " ON p.id = c.parent WHERE c.id = ANY(CAST(%s AS TEXT[])) AND c.parent_kind = 'child'),"
+    " got AS (SELECT p.id FROM ms_runs p JOIN want ON p.id = want.id"
+    " ORDER BY p.id FOR UPDATE OF p SKIP LOCKED) "
+    + _FENCE.replace(
+        "1 / CAST(count(*) = %s AS INT)",
+        "1 / CAST(count(*) = %s AND (SELECT count(*) FROM got) = (SELECT count(*) FROM want)"
+        " AS INT)",
+    )
+)
 
 
 # A commit of journal rows (and recovery resets) only, as one statement with one
@@ -272,7 +286,11 @@ class PostgresStore(Store):
             raise self._error(exc, "writing") from exc
 
     def _fenced(
-        self, runs: Sequence[tuple[str, int]], write: Callable[[Cursor], None]
+        self,
+        runs: Sequence[tuple[str, int]],
+        write: Callable[[Cursor], None],
+        *,
+        parents_of: Sequence[str] = (),
     ) -> dict[str, bool] | None:
         """BEGIN, the fence, ``write``'s statements and COMMIT in one pipeline: one
         round trip. The fence locks the runs that are ``running`` at their epochs
@@ -292,10 +310,11 @@ class PostgresStore(Store):
                     with conn.pipeline():
                         try:
                             cur.execute("BEGIN")
-                            fence.execute(
-                                _FENCE,
-                                (len(runs), ids, [e for _, e in runs], ids),
-                            )
+                            params = (len(runs), ids, [e for _, e in runs], ids)
+                            if parents_of:
+                                fence.execute(_FENCE_PARENTS, (list(parents_of), *params))
+                            else:
+                                fence.execute(_FENCE, params)
                             write(_Cursor(cur))
                             cur.execute("COMMIT")
                         except psycopg.errors.DivisionByZero:
