@@ -81,6 +81,8 @@ def lock_parents(conn: Connection, cur: Cursor, run_ids: list[str]) -> set[str]:
     parents locked here first, it does not wait; a child whose parent was held is
     left for later (busy). A transaction that holds one run's row may wait for its
     parent: such waits only go up the tree."""
+    if not conn._lock_clause:  # no row locks (SQLite: one writer at a time)
+        return set()
     parents: dict[str, str] = {}
     for i in range(0, len(run_ids), 500):  # within every driver's parameter limit
         chunk = run_ids[i : i + 500]

@@ -1,17 +1,23 @@
-"""A cancel of a parent run racing the end of its brand-new child, on PostgreSQL.
+"""Ends of child runs racing what holds their parents, on PostgreSQL: no deadlock.
 
 A child's end locks its own row, then its parent's (to tell it, in the same
-transaction). A cancel of the parent locks the children it finds before the parent;
-but a child started while the cancel came in is found only once the parent is held.
-Waiting for that child's row then closed a cycle with the child's end (holding the
-child, waiting for the parent): PostgreSQL aborted one of them as a deadlock
-(``StoreUnavailable``), in about one race in twelve. Now the cancel never waits for
-a child's row while it holds the parent: it lets the parent go and starts again.
+transaction). Whatever holds a parent's row and then waits for another run's row
+can close a cycle with it, which PostgreSQL ends by aborting one transaction as a
+deadlock (``StoreUnavailable``). Three did, before they stopped waiting:
 
-``test_a_cancel_holding_the_parent_never_waits_for_an_ending_child`` sets the
-interleaving up step by step (other transactions hold the rows to order it); the
-race loops leave it to the scheduler. The default suite runs a short loop, ``-m
-slow`` a long one.
+- a cancel of the parent, which locks the children it finds before the parent, but
+  finds a child started while it came in only once it holds the parent; it now lets
+  the parent go and starts again (about one race in fourteen deadlocked);
+- two workers' group commits, each ending a child whose parent the other's batch
+  holds; a batch now locks those parents with its runs, without waiting (about two
+  races in three deadlocked);
+- a claim that holds the runs it takes and dead-letters a child whose parent a batch
+  holds; it now leaves that child for a later claim (about one race in four).
+
+``test_a_cancel_holding_the_parent_never_waits_for_an_ending_child`` sets the first
+interleaving up step by step (other transactions hold rows to order it); the race
+loops leave it to the scheduler. The default suite runs short loops, ``-m slow``
+long ones.
 """
 
 from __future__ import annotations
@@ -221,6 +227,9 @@ def test_the_race_ends_the_same_on_sqlite(tmp_path: Path) -> None:
     s = open_store(f"sqlite:///{tmp_path / 'ms.db'}")
     try:
         _race_cancel_against_a_new_child(s, 10)
+        for _ in range(5):
+            assert _batch_round(s) is None
+            assert _dead_letter_round(s) is None
     finally:
         s.close()
 
@@ -286,4 +295,80 @@ def test_batches_ending_each_others_parents_children_never_deadlock(store: Store
 @pytest.mark.slow
 def test_batches_ending_each_others_parents_children_never_deadlock_many(store: Store) -> None:
     deadlocks = [d for d in (_batch_round(store) for _ in range(400)) if d is not None]
+    assert deadlocks == [], f"{len(deadlocks)} of 400 rounds deadlocked: {deadlocks[0]}"
+
+
+# -- a claim that dead-letters a child, against a batch that holds its parent ----------
+
+
+def _take(store: Store, run_id: str, *, at: float, max_recoveries: int = 1) -> int:
+    """Claim ``run_id`` with a lease that ran out at ``at`` + 1 (a worker that died)."""
+    runs = store.claim(
+        worker="gone",
+        now=at,
+        lease_s=1.0,
+        limit=1,
+        workflows=None,
+        max_recoveries=max_recoveries,
+        run_id=run_id,
+    )
+    assert runs, run_id
+    return runs[0].epoch
+
+
+def _dead_letter_round(store: Store) -> str | None:
+    """A claim takes P2 (its worker died) and dead-letters P1's child X (its workers
+    kept dying), holding both rows, while a batch ends P2's child and commits P1."""
+    past = time.time() - 100
+    p1, p2 = _run(store), _run(store)
+    e1 = _claim(store, p1)
+    x, c2 = _run(store, p1), _run(store, p2)
+    _take(store, x, at=past)
+    _take(store, x, at=past + 10)  # recovered once: the next recovery dead-letters it
+    _take(store, p2, at=past - 10)  # its lease ran out first: the claim takes it first
+    e2 = _claim(store, c2)
+    end = RunTransition(kind="finish", status="succeeded", output='"ok"')
+    batch = [RunWrite(run_id=c2, epoch=e2 or 0, transition=end), RunWrite(run_id=p1, epoch=e1 or 0)]
+    start = threading.Barrier(2)
+
+    def claim() -> None:
+        start.wait()
+        store.claim(
+            worker="w", now=time.time(), lease_s=60.0, limit=2, workflows=None, max_recoveries=1
+        )
+
+    def commit() -> None:
+        start.wait()
+        time.sleep(random.random() * 0.002)
+        _commit_until_done(store, batch)
+
+    threads = [_Thread(claim), _Thread(commit)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(GIVE_UP_S)
+    for t in threads:
+        if isinstance(t.error, StoreUnavailable) and "deadlock" in str(t.error):
+            return str(t.error)
+        if t.error is not None:
+            raise t.error
+    # A claim that found X's parent held left X for the next one.
+    store.claim(
+        worker="w", now=time.time(), lease_s=60.0, limit=2, workflows=None, max_recoveries=1
+    )
+    assert _status(store, x) == "failed"
+    assert _status(store, c2) == "succeeded"
+    assert f"child:{x}" in {s.name for s in store.list_signals(p1)}
+    assert f"child:{c2}" in {s.name for s in store.list_signals(p2)}
+    return None
+
+
+def test_a_dead_letter_racing_a_batch_never_deadlocks(store: Store) -> None:
+    deadlocks = [d for d in (_dead_letter_round(store) for _ in range(25)) if d is not None]
+    assert deadlocks == [], f"{len(deadlocks)} of 25 rounds deadlocked: {deadlocks[0]}"
+
+
+@pytest.mark.slow
+def test_a_dead_letter_racing_a_batch_never_deadlocks_many(store: Store) -> None:
+    deadlocks = [d for d in (_dead_letter_round(store) for _ in range(400)) if d is not None]
     assert deadlocks == [], f"{len(deadlocks)} of 400 rounds deadlocked: {deadlocks[0]}"
