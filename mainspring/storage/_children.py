@@ -35,15 +35,18 @@ from ._records import FINISHED, WAKE_NOW, StepRecord, split_wait_signals
 
 __all__ = [
     "CHILD_SIGNAL_PREFIX",
+    "ChildLocked",
     "cancel_children",
     "child_signal",
     "child_starts",
     "close_children",
     "lock_children",
     "lock_closed_children",
+    "lock_parents",
     "retell_parent",
     "share_child_ends",
     "tell_parent",
+    "told_rows_sql",
 ]
 
 # A child's end as its row holds it: (status, output, error).
@@ -98,20 +101,30 @@ def child_starts(rows: Iterable[StepRecord]) -> dict[str, StepRecord]:
     return found
 
 
-def lock_children(conn: Connection, cur: Cursor, child_ids: Iterable[str]) -> dict[str, ChildEnd]:
-    """Lock the rows of these child runs (in id order, before any parent's row: the
-    order a child's end takes) and read where each is: ``{id: (status, output,
-    error)}`` of those that exist."""
+def lock_children(
+    conn: Connection, cur: Cursor, child_ids: Iterable[str], *, wait: bool = True
+) -> dict[str, ChildEnd]:
+    """Lock the rows of these child runs (before any parent's row: the order a
+    child's end takes; in descending id order, as :func:`cancel_children` does)
+    and read where each is: ``{id: (status, output, error)}`` of those that exist.
+    ``wait=False``, for a caller that holds their parent already: a row another
+    transaction holds raises :class:`ChildLocked` rather than being waited for
+    (see :func:`cancel_children`)."""
+    lock = conn._row_lock if wait else conn._lock_clause
     found: dict[str, ChildEnd] = {}
-    for child in sorted(set(child_ids)):
+    for child in sorted(set(child_ids), reverse=True):
         cur.execute(
             "SELECT status, output, error FROM ms_runs WHERE id = ? AND parent_kind = 'child'"
-            f"{conn._row_lock}",
+            f"{lock}",
             (child,),
         )
         row = cur.fetchone()
         if row is not None:
             found[child] = (row[0], row[1], row[2])
+        elif not wait:
+            cur.execute("SELECT 1 FROM ms_runs WHERE id = ?", (child,))
+            if cur.fetchone() is not None:  # skipped, not gone (pruned)
+                raise ChildLocked(child)
     return found
 
 
@@ -228,25 +241,98 @@ def close_children(conn: Connection, cur: Cursor, run_id: str, status: str, now:
 
 
 def lock_closed_children(conn: Connection, cur: Cursor, run_ids: list[str]) -> None:
-    """Lock the rows :func:`close_children` will write for the ends of ``run_ids``
-    (deepest first), before the caller locks those runs: the order a child's own
-    end takes (its row, then its parent's), so that a parent ending as its child
-    ends never deadlocks. One statement, nothing to read back; nothing to do where
-    a writer holds the whole database (SQLite)."""
+    """Lock the rows :func:`close_children` will write for the ends of ``run_ids``,
+    before the caller locks those runs: the order a child's own end takes (its row,
+    then its parent's), so that a parent ending as its child ends never deadlocks.
+    In the order :func:`cancel_children` locks them (a child's children before it,
+    siblings in descending id order: the path from the root, descending), so that
+    a parent's end and its cancel, or a cancel of an ancestor, never wait for each
+    other in a cycle either. One statement, nothing to read back; nothing to do
+    where a writer holds the whole database (SQLite)."""
     if not conn._row_lock or not run_ids:
         return
     # The tree close_children walks: the children its end reaches, then theirs that
-    # their cancel reaches (the tree has only id and depth: the rest is the run's).
+    # their cancel reaches (the tree has only id and path: the rest is the run's).
+    # A path sorts after the paths that extend it, so descending puts a child's
+    # subtree before it; PostgreSQL SQL, as is the row lock (SQLite returned above).
     cur.execute(
-        "WITH RECURSIVE tree (id, depth) AS ("
-        f" SELECT id, 1 FROM ms_runs WHERE parent IN ({', '.join('?' * len(run_ids))})"
-        f" AND {_ON_CLOSE} AND {_UNFINISHED}"
-        " UNION ALL SELECT r.id, t.depth + 1 FROM ms_runs r JOIN tree t ON r.parent = t.id"
+        "WITH RECURSIVE tree (id, path) AS ("
+        " SELECT id, ARRAY[parent, id] FROM ms_runs"
+        f" WHERE parent IN ({', '.join('?' * len(run_ids))}) AND {_ON_CLOSE} AND {_UNFINISHED}"
+        " UNION ALL SELECT r.id, t.path || r.id FROM ms_runs r JOIN tree t ON r.parent = t.id"
         f" WHERE {_ON_CANCEL} AND {_UNFINISHED})"
-        " SELECT r.id FROM ms_runs r JOIN tree t ON r.id = t.id ORDER BY t.depth DESC, r.id"
+        " SELECT r.id FROM ms_runs r JOIN tree t ON r.id = t.id ORDER BY t.path DESC"
         f"{conn._row_lock} OF r",
         run_ids,
     )
+
+
+class ChildLocked(Exception):
+    """A child :func:`cancel_children` (or :func:`lock_children`) was told not to
+    wait for is locked by another transaction: the caller rolls back (letting go of
+    the parent) and starts again."""
+
+
+def told_rows_sql(ids: str) -> str:
+    """The ``WITH RECURSIVE`` clauses of a query (the caller's select follows) that
+    name ``told (root, id)``: for each ending run ``root`` among the runs that
+    ``ids`` selects (a condition on ``ms_runs``' ``id``), the rows its end writes
+    besides its own: the children its end cancels (with theirs), the parent it
+    tells if it is a child, and the forks that may hold a start those ends tell
+    (every fork, and fork of a fork, of those parents: a few more than
+    :func:`tell_parent` finds, which only costs a busy answer). A row may be gone
+    (a pruned parent): join ``ms_runs``."""
+    return (
+        "WITH RECURSIVE tree (root, id) AS ("
+        f" SELECT id, id FROM ms_runs WHERE {ids}"
+        " UNION ALL SELECT t.root, r.id FROM tree t JOIN ms_runs r ON r.parent = t.id"
+        f" WHERE {_ON_CANCEL} AND {_UNFINISHED}),"
+        " told (root, id) AS (SELECT root, id FROM tree WHERE id <> root"
+        " UNION ALL SELECT t.root, r.parent FROM tree t JOIN ms_runs r ON r.id = t.id"
+        " WHERE r.parent_kind = 'child' AND r.parent IS NOT NULL"
+        " UNION ALL SELECT h.root, f.id FROM told h JOIN ms_runs f ON f.parent = h.id"
+        " AND f.parent_kind = 'fork')"
+    )
+
+
+def lock_parents(conn: Connection, cur: Cursor, run_ids: list[str]) -> set[str]:
+    """Lock the rows the ends of ``run_ids`` write besides their own (their parents
+    and the forks those tell, the children their end cancels: :func:`told_rows_sql`),
+    without waiting for a row another transaction holds (``SKIP LOCKED``); returns
+    the runs of ``run_ids`` one of whose rows was held elsewhere.
+
+    For a transaction that holds several runs' rows before it ends some of them (a
+    batch commit, a claim that dead-letters): :func:`tell_parent` (or the cascade of
+    :func:`close_children`) waiting there for a row could close a cycle with another
+    such transaction that holds that row and waits for one this one holds (a
+    deadlock on PostgreSQL). With those rows locked here first, it does not wait; a
+    run one of whose rows was held is left for later (busy). A transaction that
+    holds one run's row may wait for its parent (and the parent's forks after it):
+    such waits only go up the tree, then across to the forks, never back down."""
+    if not conn._lock_clause:  # no row locks (SQLite: one writer at a time)
+        return set()
+    told: dict[str, set[str]] = {}
+    for i in range(0, len(run_ids), 500):  # within every driver's parameter limit
+        chunk = run_ids[i : i + 500]
+        cur.execute(
+            told_rows_sql(f"id IN ({', '.join('?' * len(chunk))})")
+            # Joined: a row that is gone (a pruned parent) has nothing to lock.
+            + " SELECT DISTINCT h.root, h.id FROM told h JOIN ms_runs x ON x.id = h.id",
+            chunk,
+        )
+        for root, row in cur.fetchall():
+            told.setdefault(row, set()).add(root)
+    wanted = sorted(told)
+    got: set[str] = set()
+    for i in range(0, len(wanted), 500):
+        chunk = wanted[i : i + 500]
+        cur.execute(
+            f"SELECT id FROM ms_runs WHERE id IN ({', '.join('?' * len(chunk))})"
+            f" ORDER BY id{conn._lock_clause}",
+            chunk,
+        )
+        got.update(r[0] for r in cur.fetchall())
+    return {root for row, roots in told.items() if row not in got for root in roots}
 
 
 def cancel_children(
@@ -257,6 +343,7 @@ def cancel_children(
     now: float,
     *,
     on_close: bool = False,
+    wait: bool = True,
 ) -> list[tuple[str, str]]:
     """Cancel the unfinished child runs of ``run_id`` that a cancel of it reaches
     (``on_close``: that its end reaches), their children first (recursively): a
@@ -264,19 +351,32 @@ def cancel_children(
     cancelled at once. Children already asked to cancel are left to their own
     cascade. Returns ``(child id, status before)``.
 
-    Children are locked before their parent is (the caller locks the parent after),
-    the order a child's own end takes (its row, then its parent's, then its forks'
-    holding its start, which are told of the cancel as at any end)."""
+    A child's row is locked before its parent's, the order a child's own end takes
+    (its row, then its parent's, then the forks' holding its start, in
+    :func:`tell_parent`; a child cancelled here tells those forks as at any end):
+    the caller locks ``run_id`` after. Siblings go in descending id order, each
+    after its own children, the order :func:`lock_closed_children` and
+    :func:`lock_children` take, so that no two of them wait for each other's
+    rows in a cycle. A caller that holds ``run_id`` already passes
+    ``wait=False``: a child's row held by another transaction (which may be that
+    child's end, waiting for the parent) is not waited for (``SKIP LOCKED``) but
+    raises :class:`ChildLocked`, since waiting there closes a deadlock on
+    PostgreSQL."""
     cur.execute(
         f"SELECT id FROM ms_runs WHERE parent = ? AND {_ON_CLOSE if on_close else _ON_CANCEL}"
-        f" AND {_UNFINISHED} ORDER BY id",
+        # Descending: the order of lock_closed_children's statement.
+        f" AND {_UNFINISHED} ORDER BY id DESC",
         (run_id,),
     )
     done: list[tuple[str, str]] = []
     for (child,) in cur.fetchall():
-        done += cancel_children(conn, cur, child, error, now)
-        cur.execute(f"SELECT status FROM ms_runs WHERE id = ?{conn._row_lock}", (child,))
+        done += cancel_children(conn, cur, child, error, now, wait=wait)
+        lock = conn._row_lock if wait else conn._lock_clause
+        cur.execute(f"SELECT status FROM ms_runs WHERE id = ?{lock}", (child,))
         row = cur.fetchone()
+        if row is None and not wait:
+            # Skipped (an unfinished run is never pruned): held by another transaction.
+            raise ChildLocked(child)
         if row is None or row[0] in FINISHED:
             continue
         if row[0] == "running":

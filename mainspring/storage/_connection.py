@@ -117,20 +117,25 @@ class Connection(ABC):
         self,
         runs: Sequence[tuple[str, int]],
         write: Callable[[Cursor], None],
+        *,
         lock: Callable[[Cursor], None] | None = None,
+        parents_of: Sequence[str] = (),
     ) -> dict[str, bool] | None:
         """One transaction, sent in one round trip where the database allows it
-        (PostgreSQL's pipeline mode): lock every ``(run_id, epoch)`` of ``runs`` that
-        is ``running`` at that epoch, then let ``write`` queue its statements, and
-        commit. Returns ``cancel_requested`` by run id; ``None`` when any run was
-        not locked at its epoch (nothing was written: the caller falls back to the
-        statement-by-statement commit, which says why) or the dialect has no such
-        thing (SQLite, where a round trip costs nothing). ``write`` must not read
-        what it need not: its statements are only sent, their answers come at the
-        end, and a read waits for its answer (a run's end reads its parent to tell
-        and its children to cancel). ``lock``
-        queues statements that lock rows before the fence does (a parent's
-        children, in the order a child's end locks them)."""
+        (PostgreSQL's pipeline mode): let ``lock`` queue the statements that lock
+        rows before the runs' (waiting for them: an ending parent's children, in the
+        order a child's end locks them, child before parent), then lock every
+        ``(run_id, epoch)`` of ``runs`` that is ``running`` at that epoch and, in
+        the same statement and without waiting, the rows the ends of ``parents_of``
+        write besides their own (their parents and those parents' forks, their
+        children: ``told_rows_sql``), then let ``write`` queue its statements, and
+        commit. Returns ``cancel_requested`` by run id; ``None`` when any run (or
+        row of ``parents_of``) was not locked (nothing was written: the caller falls
+        back to the statement-by-statement commit, which says why) or the dialect
+        has no such thing (SQLite, where a round trip costs nothing). ``write`` must
+        not read what it need not: its statements are only sent, their answers come
+        at the end, and a read waits for its answer (a run's end reads its parent to
+        tell and its children to cancel)."""
         return None
 
     # Whether _fenced_rows exists (PostgreSQL).

@@ -9,7 +9,7 @@ from typing import Any
 
 from .._serde import loads
 from ._api import queue_event
-from ._children import close_children, lock_closed_children, tell_parent
+from ._children import close_children, lock_closed_children, lock_parents, tell_parent
 from ._connection import Connection, Cursor
 from ._records import (
     FINISHED,
@@ -152,6 +152,10 @@ class JournalTables(Connection):
             # A row another transaction holds is skipped on PostgreSQL: its run waits
             # and retries (busy); it must not hold up the rest of the batch.
             unlocked = self._epochs(cur, sorted(set(ids) - fences.keys()))
+            # Holding several runs, it must not wait for a row its ends write (a
+            # parent and its forks it tells, the children it cancels).
+            ending = [w.run_id for w in batch if _ends(w) and w.run_id in fences]
+            parent_held = lock_parents(self, cur, ending) if len(fences) > 1 and ending else set()
             taken: dict[int, str] = {}  # signal id -> the wait consuming it in this batch
             for w in batch:
                 fence = fences.get(w.run_id)
@@ -163,6 +167,9 @@ class JournalTables(Connection):
                 epoch, cancel, status = fence
                 if epoch != w.epoch or status != "running":
                     results.append(self._resent(cur, w, epoch, status))
+                    continue
+                if w.run_id in parent_held:
+                    results.append(WriteResult(ok=False, busy=True))
                     continue
                 conflict = self._consume_conflict(cur, w, taken)
                 if conflict is not None:
@@ -195,12 +202,16 @@ class JournalTables(Connection):
         if self._rows_in_one and all(w.transition is None for w in batch):
             cancel = self._fenced_rows(batch)
         else:
-            # A finish does not read whether the run was asked to cancel.
+            # A finish does not read whether the run was asked to cancel. An end's
+            # children are locked before its run (they cancel with it). Holding
+            # several runs, the fence also locks the rows its ends tell (see
+            # ``lock_parents``) without waiting; a run alone may wait for its parent.
             ending = _ending(batch)
             cancel = self._fenced(
                 [(w.run_id, w.epoch) for w in batch],
                 lambda cur: self._apply(cur, [(w, False) for w in batch], now),
                 lock=(lambda cur: lock_closed_children(self, cur, ending)) if ending else None,
+                parents_of=ending if len(batch) > 1 else (),
             )
         if cancel is None:
             return None
@@ -359,6 +370,12 @@ class JournalTables(Connection):
             )
 
 
+def _ends(w: RunWrite) -> bool:
+    """Whether ``w`` ends its run (and so tells its parent, if it has one)."""
+    t = w.transition
+    return t is not None and t.kind == "finish" and t.status in FINISHED
+
+
 def _event_run(status: str, t: RunTransition) -> dict[str, Any]:
     run: dict[str, Any] = {"status": status}
     if t.output is not None:
@@ -371,10 +388,4 @@ def _event_run(status: str, t: RunTransition) -> dict[str, Any]:
 def _ending(batch: Sequence[RunWrite]) -> list[str]:
     """The runs ``batch`` ends (a finish to a final status): their commit cancels
     their children (``close_children``), whose rows it locks first."""
-    return sorted(
-        w.run_id
-        for w in batch
-        if w.transition is not None
-        and w.transition.kind == "finish"
-        and w.transition.status in FINISHED
-    )
+    return sorted(w.run_id for w in batch if _ends(w))

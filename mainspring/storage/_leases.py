@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 
 from .._serde import dumps, loads
 from ._api import queue_event
-from ._children import close_children, tell_parent
+from ._children import close_children, lock_parents, tell_parent
 from ._connection import Cursor
 from ._queues import QueueTables, ready_queues_sql
 from ._records import RunRecord
@@ -180,6 +180,11 @@ class LeaseTables(QueueTables):
                             continue
                         suspect = True
                     if recovering and count > max_recoveries:
+                        if lock_parents(self, cur, [rid]):
+                            # A row its end writes (its parent or a fork it tells,
+                            # a child it cancels) is held elsewhere, and this claim
+                            # holds other runs: it must not wait. A later claim ends it.
+                            continue
                         cur.execute(
                             # Ending the run moves the fence on: its last holder,
                             # stalled but alive, must not write into a dead run.

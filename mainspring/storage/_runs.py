@@ -4,14 +4,15 @@ are in ``_leases.py`` and ``_journal.py``."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from .._errors import RunConflict, RunNotFound
 from .._serde import dumps, loads
 from ._api import queue_event
 from ._children import (
+    ChildLocked,
     cancel_children,
     child_starts,
     lock_children,
@@ -36,6 +37,12 @@ __all__ = ["PruneResult", "RunTables"]
 
 # Finished runs past retention: what ``prune`` deletes.
 _PRUNABLE = "status IN ('succeeded', 'failed', 'cancelled') AND finished_at < ?"
+
+_T = TypeVar("_T")
+
+# Attempts of a cancel (or a fork) that meets a just-started child held by another
+# transaction (see ``RunTables._cancel``); the last one waits for it.
+_LOCK_ATTEMPTS = 8
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -328,7 +335,7 @@ class RunTables(Connection):
                     r.output = outputs[r.seq]
             return rows
 
-        with self._write() as cur:
+        def attempt(cur: Cursor, last: bool) -> RunRecord:
             # The children whose starts the copy holds are locked before the source
             # (the order a child's end takes: its row, then its parent's), so that
             # either this sees a child ended or the child's end sees this fork.
@@ -381,13 +388,18 @@ class RunTables(Connection):
             if rows:
                 cur.executemany(_UPSERT_STEP, [_step_params(r) for r in rows])
             # A start the first read did not see (the source's journal moved under
-            # it): locked now, out of order but rare.
+            # it): locked now, out of order, so not waited for while the source is
+            # held (that child may be ending, holding its row and waiting for the
+            # source's): held, it rolls the fork back, and the next attempt sees it
+            # first. A last attempt waits (the old order).
             late = child_starts(rows).keys() - ends.keys()
-            ends.update(lock_children(self, cur, late))
+            ends.update(lock_children(self, cur, late, wait=last))
             share_child_ends(cur, run_id, rows, ends, now)
             self._notify(cur, run_id)
             cur.execute(f"SELECT {_RUN_COLUMNS} FROM ms_runs WHERE id = ?", (run_id,))
             return _run(cur.fetchone())
+
+        return self._attempts(attempt)
 
     def retry_run(self, run_id: str, *, from_seq: int | None, now: float) -> RunRecord:
         """Queue a failed run again. Journal rows of its current session from
@@ -449,43 +461,67 @@ class RunTables(Connection):
         cancelled with it, recursively, in the same transaction.
         """
         error = _cancel_error(reason)
-        with self._write() as cur:
-            cur.execute("SELECT status FROM ms_runs WHERE id = ?", (run_id,))
-            first = cur.fetchone()
-            if first is not None and first[0] not in FINISHED:
-                # Children first: their rows are locked before the parent's, the
-                # order a child's own end takes.
-                cancel_children(self, cur, run_id, error, now)
-            # Locked: a worker's commit (a suspend, a finish) cannot slip between
-            # this read and the write below.
-            cur.execute(f"SELECT status FROM ms_runs WHERE id = ?{self._row_lock}", (run_id,))
-            row = cur.fetchone()
-            if row is None:
-                raise RunNotFound(f"cannot cancel: no run {run_id!r}")
-            status: str = row[0]
-            if status in FINISHED:
-                return status
-            # A child started while the cancel came in (its start holds this row).
+        return self._attempts(lambda cur, last: self._cancel(cur, run_id, error, now, last=last))
+
+    def _attempts(self, attempt: Callable[[Cursor, bool], _T]) -> _T:
+        """Run ``attempt`` in a transaction until it does not raise
+        :class:`ChildLocked` (a child it must not wait for, held elsewhere): each
+        time rolled back, letting go of the rows it held (a parent, a fork's
+        source), and taken again. The last of ``_LOCK_ATTEMPTS`` is told
+        (``True``) to wait rather than raise."""
+        n = 1
+        while True:
+            try:
+                with self._write() as cur:
+                    return attempt(cur, n == _LOCK_ATTEMPTS)
+            except ChildLocked:
+                n += 1  # rolled back
+
+    def _cancel(self, cur: Cursor, run_id: str, error: str, now: float, *, last: bool) -> str:
+        """One attempt of :meth:`cancel`, in the caller's transaction. Raises
+        :class:`ChildLocked` (unless ``last``) for a child that appeared after the
+        children were locked and that another transaction holds."""
+        cur.execute("SELECT status FROM ms_runs WHERE id = ?", (run_id,))
+        first = cur.fetchone()
+        if first is not None and first[0] not in FINISHED:
+            # Children first: their rows are locked before the parent's, the
+            # order a child's own end takes (its row, then its parent's).
             cancel_children(self, cur, run_id, error, now)
-            if status == "running":
-                cur.execute(
-                    "UPDATE ms_runs SET cancel_requested = 1, error = ?, updated_at = ?"
-                    " WHERE id = ? AND status = 'running'",
-                    (error, now, run_id),
-                )
-                return status
+        # Locked: a worker's commit (a suspend, a finish) cannot slip between
+        # this read and the write below.
+        cur.execute(f"SELECT status FROM ms_runs WHERE id = ?{self._row_lock}", (run_id,))
+        row = cur.fetchone()
+        if row is None:
+            raise RunNotFound(f"cannot cancel: no run {run_id!r}")
+        status: str = row[0]
+        if status in FINISHED:
+            return status
+        # A child started while the cancel came in (its start holds this row). Holding
+        # the parent now, its row must not be waited for: that child may be ending,
+        # its transaction holding its row and waiting for the parent's (a deadlock on
+        # PostgreSQL). Held, it raises ChildLocked, and the next attempt locks it
+        # with the others, before the parent. A last attempt waits (the old order):
+        # each retry takes a child started within the one before, so it is not reached.
+        cancel_children(self, cur, run_id, error, now, wait=last)
+        if status == "running":
             cur.execute(
-                "UPDATE ms_runs SET status = 'cancelled', epoch = epoch + 1,"
-                " cancel_requested = 1, error = ?, finished_at = ?, updated_at = ?,"
-                " owner = NULL, lease_until = NULL, wake_at = NULL, wait_signal = NULL,"
-                " wait_reason = NULL WHERE id = ? AND status = ?",
-                (error, now, now, run_id, status),
+                "UPDATE ms_runs SET cancel_requested = 1, error = ?, updated_at = ?"
+                " WHERE id = ? AND status = 'running'",
+                (error, now, run_id),
             )
-            queue_event(
-                cur, run_id, "run.cancelled", {"status": "cancelled", "error": loads(error)}, now
-            )
-            tell_parent(self, cur, run_id, now)
-            return "cancelled"
+            return status
+        cur.execute(
+            "UPDATE ms_runs SET status = 'cancelled', epoch = epoch + 1,"
+            " cancel_requested = 1, error = ?, finished_at = ?, updated_at = ?,"
+            " owner = NULL, lease_until = NULL, wake_at = NULL, wait_signal = NULL,"
+            " wait_reason = NULL WHERE id = ? AND status = ?",
+            (error, now, now, run_id, status),
+        )
+        queue_event(
+            cur, run_id, "run.cancelled", {"status": "cancelled", "error": loads(error)}, now
+        )
+        tell_parent(self, cur, run_id, now)
+        return "cancelled"
 
     # -- retention ----------------------------------------------------------------------
 

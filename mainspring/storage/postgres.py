@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 
 from .._errors import ConfigError, MissingExtra, StoreError, StoreUnavailable
 from ._base import Cursor, Heartbeat, Store
+from ._children import told_rows_sql
 from ._records import RunWrite
 from ._rows import _STEP_COLUMNS, _UPSERT_STEP, _step_params
 from ._url import redact_url
@@ -51,6 +52,22 @@ _FENCE = (
     " ON r.id = h.id AND r.epoch = h.epoch"
     " WHERE r.id = ANY(CAST(%s AS TEXT[])) AND r.status = 'running'"
     " ORDER BY r.id FOR UPDATE OF r SKIP LOCKED) f"
+)
+# The same, for a batch of several runs that ends runs: it locks the rows those ends
+# write besides their own too (parents and their forks told, children cancelled:
+# ``told_rows_sql``; ``SKIP LOCKED``, see ``lock_parents``), and divides by zero
+# unless it locked every one, so that those writes never wait while the batch holds
+# its runs.
+_FENCE_PARENTS = (
+    told_rows_sql("id = ANY(CAST(%s AS TEXT[]))")
+    + ", want AS (SELECT DISTINCT h.id FROM told h JOIN ms_runs x ON x.id = h.id),"
+    " got AS (SELECT p.id FROM ms_runs p JOIN want ON p.id = want.id"
+    " ORDER BY p.id FOR UPDATE OF p SKIP LOCKED) "
+    + _FENCE.replace(
+        "1 / CAST(count(*) = %s AS INT)",
+        "1 / CAST(count(*) = %s AND (SELECT count(*) FROM got) = (SELECT count(*) FROM want)"
+        " AS INT)",
+    )
 )
 
 
@@ -275,7 +292,9 @@ class PostgresStore(Store):
         self,
         runs: Sequence[tuple[str, int]],
         write: Callable[[Cursor], None],
+        *,
         lock: Callable[[Cursor], None] | None = None,
+        parents_of: Sequence[str] = (),
     ) -> dict[str, bool] | None:
         """BEGIN, the fence, ``write``'s statements and COMMIT in one pipeline: one
         round trip. The fence locks the runs that are ``running`` at their epochs
@@ -297,10 +316,11 @@ class PostgresStore(Store):
                             cur.execute("BEGIN")
                             if lock is not None:
                                 lock(_Cursor(cur))
-                            fence.execute(
-                                _FENCE,
-                                (len(runs), ids, [e for _, e in runs], ids),
-                            )
+                            params = (len(runs), ids, [e for _, e in runs], ids)
+                            if parents_of:
+                                fence.execute(_FENCE_PARENTS, (list(parents_of), *params))
+                            else:
+                                fence.execute(_FENCE, params)
                             write(_Cursor(cur))
                             cur.execute("COMMIT")
                         except psycopg.errors.DivisionByZero:
