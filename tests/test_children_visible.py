@@ -1,6 +1,6 @@
 """Child runs are visible: ``mainspring show`` (text and JSON), the HTTP API's run
-view, the dashboard's run page, and the trace export nests a child under the step
-of its parent that started it."""
+view, the dashboard's run page, each with a child's parent-close policy, and the trace
+export nests a child under the step of its parent that started it."""
 
 from __future__ import annotations
 
@@ -14,9 +14,10 @@ from typer.testing import CliRunner
 import mainspring as ms
 from mainspring.cli import cli
 from mainspring.server import create_app
+from mainspring.storage import ParentClose
 
 
-def _family(db: str) -> tuple[str, str]:
+def _family(db: str, on_parent_close: ParentClose = "cancel") -> tuple[str, str]:
     app = ms.App(db)
 
     @app.workflow
@@ -25,7 +26,7 @@ def _family(db: str) -> tuple[str, str]:
 
     @app.workflow
     async def parent(ctx: ms.RunContext) -> int:
-        return await ctx.child(kid, 1)
+        return await ctx.child(kid, 1, on_parent_close=on_parent_close)
 
     try:
         run_id = app.submit(parent).run_id
@@ -52,15 +53,17 @@ def test_show_api_and_dashboard_list_children_and_parents(tmp_path: Path) -> Non
                     "workflow": "kid",
                     "status": "succeeded",
                     "parent_step": "0:0",
+                    "parent_close": "cancel",
                     "url": f"/runs/{child}",
                 }
             ]
             body = client.get(f"/runs/{child}", headers=auth).json()
-            assert (body["parent"], body["parent_step"], body["parent_kind"]) == (
-                parent,
-                "0:0",
-                "child",
-            )
+            assert (
+                body["parent"],
+                body["parent_step"],
+                body["parent_kind"],
+                body["parent_close"],
+            ) == (parent, "0:0", "child", "cancel")
             schema = client.get("/openapi.json").json()["components"]["schemas"]
             assert "children" in schema["RunOut"]["properties"]
             r = client.post(
@@ -77,16 +80,64 @@ def test_show_api_and_dashboard_list_children_and_parents(tmp_path: Path) -> Non
             assert f'href="/ui/runs/{child}" class="child-run"' in page
             page = client.get(f"/ui/runs/{child}").text
             assert f'<dt>child of</dt><dd><a href="/ui/runs/{parent}" id="run-parent"' in page
+            assert '<span id="run-parent-close">on parent close: cancel</span>' in page
     finally:
         app.close()
     shown = CliRunner().invoke(cli, ["show", parent, "--db", db])
-    assert f"{child} kid succeeded (step 0:0)" in shown.output
+    assert f"{child} kid succeeded (step 0:0, on parent close: cancel)" in shown.output
     shown = CliRunner().invoke(cli, ["show", child, "--db", db])
-    assert f"child of     run {parent}, step 0:0" in shown.output
+    assert f"child of     run {parent}, step 0:0 (on parent close: cancel)" in shown.output
     data = json.loads(CliRunner().invoke(cli, ["show", parent, "--db", db, "--json"]).stdout)
     assert data["run"]["children"] == [
-        {"run": child, "workflow": "kid", "status": "succeeded", "step": "0:0"}
+        {"run": child, "workflow": "kid", "status": "succeeded", "step": "0:0", "close": "cancel"}
     ]
+
+
+def test_an_abandoned_childs_policy_shows_and_a_fork_has_none(tmp_path: Path) -> None:
+    db = f"sqlite:///{tmp_path / 'kids.db'}"
+    parent, child = _family(db, on_parent_close="abandon")
+    app = ms.App(db)
+    try:
+        fork = app.fork(child, from_step=0).run_id
+        _, admin = app.store.create_api_key("ops", ["admin"], app.clock.now())
+        auth = {"Authorization": f"Bearer {admin}"}
+        with TestClient(create_app(app, webhooks=False)) as client:
+            body = client.get(f"/runs/{parent}", headers=auth).json()
+            assert [c["parent_close"] for c in body["children"]] == ["abandon"]
+            assert client.get(f"/runs/{child}", headers=auth).json()["parent_close"] == "abandon"
+            body = client.get(f"/runs/{fork}", headers=auth).json()
+            assert (body["parent_kind"], body["parent_close"]) == ("fork", None)
+            r = client.post(
+                "/ui/login",
+                content=f"key={admin}",
+                headers={
+                    "Origin": "http://testserver",
+                    "Content-Type": "application/x-www-form-urlencoded",
+                },
+                follow_redirects=False,
+            )
+            assert r.status_code in (302, 303), r.text
+            page = client.get(f"/ui/runs/{child}").text
+            assert '<span id="run-parent-close">on parent close: abandon</span>' in page
+            assert "on parent close" not in client.get(f"/ui/runs/{fork}").text
+    finally:
+        app.close()
+    shown = CliRunner().invoke(cli, ["show", parent, "--db", db])
+    assert f"{child} kid succeeded (step 0:0, on parent close: abandon)" in shown.output
+    shown = CliRunner().invoke(cli, ["show", child, "--db", db])
+    assert f"child of     run {parent}, step 0:0 (on parent close: abandon)" in shown.output
+    shown = CliRunner().invoke(cli, ["show", fork, "--db", db])
+    assert f"forked from  run {child}, step 0:0\n" in shown.output
+    assert "on parent close" not in shown.output
+    data = json.loads(CliRunner().invoke(cli, ["show", child, "--db", db, "--json"]).stdout)
+    assert data["run"]["parent"] == {
+        "run": parent,
+        "step": "0:0",
+        "kind": "child",
+        "close": "abandon",
+    }
+    data = json.loads(CliRunner().invoke(cli, ["show", fork, "--db", db, "--json"]).stdout)
+    assert (data["run"]["parent"]["kind"], data["run"]["parent"]["close"]) == ("fork", None)
 
 
 def test_trace_export_nests_a_child_under_its_parents_step(tmp_path: Path) -> None:

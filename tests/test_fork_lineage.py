@@ -52,4 +52,9 @@ def test_a_fork_names_its_parent_run_and_step(tmp_path: Path) -> None:
     shown = CliRunner().invoke(cli, ["show", fork, "--db", db])
     assert f"forked from  run {source}, step 0:0" in shown.output
     data = json.loads(CliRunner().invoke(cli, ["show", fork, "--db", db, "--json"]).stdout)
-    assert data["run"]["parent"] == {"run": source, "step": "0:0", "kind": "fork"}
+    assert data["run"]["parent"] == {
+        "run": source,
+        "step": "0:0",
+        "kind": "fork",
+        "close": None,
+    }

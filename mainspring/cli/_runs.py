@@ -270,7 +270,13 @@ def show(
             "waited_s": round(rate.rate_wait_s, 3),
         }
         run_json["children"] = [
-            {"run": c.id, "workflow": c.workflow, "status": c.status, "step": c.parent_step}
+            {
+                "run": c.id,
+                "workflow": c.workflow,
+                "status": c.status,
+                "step": c.parent_step,
+                "close": c.parent_close,
+            }
             for c in children
         ]
         print_json({"run": run_json, "steps": [_step_json(s) for s in steps]})
@@ -302,9 +308,11 @@ def show(
         facts.append(("recoveries", str(record.recoveries)))
     if record.parent is not None:
         how = "child of" if record.parent_kind == "child" else "forked from"
-        facts.append((how, f"run {record.parent}, step {record.parent_step}"))
+        where = f"run {record.parent}, step {record.parent_step}"
+        close = _close_text(record)
+        facts.append((how, f"{where} ({close})" if close else where))
     if children:
-        lines = [f"{c.id} {c.workflow} {c.status} (step {c.parent_step})" for c in children]
+        lines = [_child_line(c) for c in children]
         facts.append((f"children ({len(children)})", "\n".join(lines)))
     times = f"created {_clock(record.created_at, now)}, updated {_clock(record.updated_at, now)}"
     if record.finished_at is not None:
@@ -485,6 +493,18 @@ def _queue_text(r: RunRecord) -> str:
     return r.queue + (f" ({', '.join(more)})" if more else "")
 
 
+def _close_text(r: RunRecord) -> str:
+    """A child's parent-close policy, ``on parent close: cancel``; empty for a fork, or
+    a child started before the policy existed (its row has none)."""
+    return "" if r.parent_close is None else f"on parent close: {r.parent_close}"
+
+
+def _child_line(c: RunRecord) -> str:
+    """One of a parent's children: ``<id> kid running (step 0:3, on parent close: cancel)``."""
+    close = _close_text(c)
+    return f"{c.id} {c.workflow} {c.status} (step {c.parent_step}{', ' + close if close else ''})"
+
+
 def _run_json(r: RunRecord, current: StepRecord | None) -> dict[str, Any]:
     suspended = r.status in _SUSPENDED
     return {
@@ -513,7 +533,12 @@ def _run_json(r: RunRecord, current: StepRecord | None) -> dict[str, Any]:
         # Lineage: the run and step it was forked from, or that started it as a child.
         "parent": None
         if r.parent is None
-        else {"run": r.parent, "step": r.parent_step, "kind": r.parent_kind},
+        else {
+            "run": r.parent,
+            "step": r.parent_step,
+            "kind": r.parent_kind,
+            "close": r.parent_close,  # a child's parent-close policy (null: a fork's)
+        },
         "created_at": _iso(r.created_at),
         "updated_at": _iso(r.updated_at),
         "active_at": _iso(_active_at(r, current)),

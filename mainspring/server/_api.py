@@ -323,6 +323,7 @@ def create_app(
                 workflow=c.workflow,
                 status=c.status,
                 parent_step=c.parent_step,
+                parent_close=c.parent_close,
                 url=f"/runs/{c.id}",
             )
             for c in app.children(run_id)

@@ -124,6 +124,11 @@ class ChildOut(BaseModel):
     parent_step: str | None = Field(
         None, description="The parent's step that started it, 'session:seq'."
     )
+    parent_close: Literal["cancel", "abandon"] | None = Field(
+        None,
+        description="What the parent's end does to it (on_parent_close): 'cancel' or "
+        "'abandon'; null: started before the policy existed.",
+    )
     url: str
 
 
@@ -156,6 +161,12 @@ class RunOut(BaseModel):
     )
     parent_kind: Literal["fork", "child"] | None = Field(
         None, description="What the parent is to this run: 'fork' or 'child'."
+    )
+    parent_close: Literal["cancel", "abandon"] | None = Field(
+        None,
+        description="A child's parent-close policy (on_parent_close): 'cancel' (the "
+        "parent's end cancels it) or 'abandon' (it runs on); null: a fork, no parent, "
+        "or a child started before the policy existed.",
     )
     children: list[ChildOut] = Field(
         default_factory=list,

@@ -68,6 +68,7 @@ def run_out(
         queue_key=r.queue_key,
         priority=r.priority,
         parent_kind=r.parent_kind,
+        parent_close=r.parent_close,
         created_at=r.created_at,
         updated_at=r.updated_at,
         finished_at=r.finished_at,
