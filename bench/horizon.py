@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -71,20 +72,29 @@ def side_by_side(names: Sequence[str], argv: Sequence[str]) -> list[SuiteCell]:
     Raises:
         SystemExit: a child failed (its cells so far are lost with it).
     """
-    children = [
-        (name, subprocess.Popen(
-            [sys.executable, __file__, *argv, "--contenders", name, "--json"],
-            stdout=subprocess.PIPE, text=True,
-        ))
-        for name in names
-    ]  # fmt: skip
-    cells: list[SuiteCell] = []
-    for name, child in children:
-        out, _ = child.communicate()
-        if child.returncode != 0:
-            raise SystemExit(f"horizon: the {name} child exited {child.returncode}")
-        cells += [SuiteCell.from_dict(json.loads(line)) for line in out.splitlines() if line]
-    return cells
+    # A SIGTERM (an operator, `timeout`) ends the children too: it raises SystemExit
+    # here, and the finally below kills them (their workers and runners then exit).
+    before = signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    children = []
+    try:
+        for name in names:
+            children.append((name, subprocess.Popen(
+                [sys.executable, __file__, *argv, "--contenders", name, "--json"],
+                stdout=subprocess.PIPE, text=True,
+            )))  # fmt: skip
+        cells: list[SuiteCell] = []
+        for name, child in children:
+            out, _ = child.communicate()
+            if child.returncode != 0:
+                raise SystemExit(f"horizon: the {name} child exited {child.returncode}")
+            cells += [SuiteCell.from_dict(json.loads(line)) for line in out.splitlines() if line]
+        return cells
+    finally:
+        for _, child in children:
+            if child.poll() is None:
+                child.kill()
+                child.wait()
+        signal.signal(signal.SIGTERM, before)
 
 
 def contender(name: str, python: Path | None) -> Contender:

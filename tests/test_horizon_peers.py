@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -145,3 +148,35 @@ def test_a_peer_runner_plays_a_cell_through_run_suite(horizon: ModuleType) -> No
     )  # fmt: skip
     assert (cell.contender, cell.succeeded, cell.failures) == ("plain_loop", 1, [])
     assert cell.model_calls >= 4  # three tickets and finish, the policy's errors on top
+
+
+def test_a_sigterm_to_a_parallel_run_ends_its_contender_children(tmp_path: Path) -> None:
+    # `timeout` or an operator stops the one command: its children, one per contender,
+    # must not run on with the machine (their workers then exit by the harness watch).
+    seed = str(900_000 + os.getpid() % 100_000)  # marks this test's children
+    argv = [sys.executable, str(ROOT / "bench" / "horizon.py"), "--parallel", "--no-faults"]
+    argv += ["--contenders", "mainspring,mainspring", "--task", "support", "--steps", "400"]
+    argv += ["--runs", "1", "--seed", seed]
+    parent = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def children() -> list[int]:
+        found = []
+        for entry in Path("/proc").iterdir():
+            try:
+                cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+            except (OSError, ValueError):
+                continue
+            if b"--json" in cmdline and seed.encode() in cmdline and entry.name.isdigit():
+                found.append(int(entry.name))
+        return found
+
+    deadline = time.monotonic() + 60
+    while len(children()) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert len(children()) == 2, "the two contender children never started"
+    parent.send_signal(signal.SIGTERM)
+    assert parent.wait(30) == 128 + signal.SIGTERM
+    deadline = time.monotonic() + 10
+    while children() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert children() == []
