@@ -32,6 +32,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 
 import pg
@@ -175,9 +176,24 @@ def _status(store: Store, run_id: str) -> str:
     return run.status
 
 
-def _race_cancel_against_a_new_child(store: Store, rounds: int) -> None:
-    deadlocks = [d for d in (_round(store) for _ in range(rounds)) if d is not None]
+def _no_deadlocks(one_round: Callable[[], str | None], rounds: int) -> None:
+    """Play ``rounds`` rounds of a race; none may meet a deadlock."""
+    deadlocks = [d for d in (one_round() for _ in range(rounds)) if d is not None]
     assert deadlocks == [], f"{len(deadlocks)} of {rounds} rounds deadlocked: {deadlocks[0]}"
+
+
+def _deadlock(threads: list[_Thread]) -> str | None:
+    """Join ``threads``; the deadlock one met, if one did (anything else raises)."""
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(GIVE_UP_S)
+    for t in threads:
+        if isinstance(t.error, StoreUnavailable) and "deadlock" in str(t.error):
+            return str(t.error)
+        if t.error is not None:
+            raise t.error
+    return None
 
 
 def _round(store: Store) -> str | None:
@@ -203,15 +219,9 @@ def _round(store: Store) -> str | None:
         assert store.cancel(parent, time.time(), "stop") == "running"
 
     threads = [_Thread(child_ends), _Thread(cancel)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(GIVE_UP_S)
-    for t in threads:
-        if isinstance(t.error, StoreUnavailable) and "deadlock" in str(t.error):
-            return str(t.error)
-        if t.error is not None:
-            raise t.error
+    met = _deadlock(threads)
+    if met is not None:
+        return met
     run = store.get_run(parent)
     assert run is not None and run.cancel_requested
     # Ended before the cancel reached it, or cancelled by it while queued.
@@ -220,19 +230,19 @@ def _round(store: Store) -> str | None:
 
 
 def test_a_cancel_racing_a_new_child_end_never_deadlocks(store: Store) -> None:
-    _race_cancel_against_a_new_child(store, 25)
+    _no_deadlocks(lambda: _round(store), 25)
 
 
 @pytest.mark.slow
 def test_a_cancel_racing_a_new_child_end_never_deadlocks_many(store: Store) -> None:
-    _race_cancel_against_a_new_child(store, 400)
+    _no_deadlocks(lambda: _round(store), 400)
 
 
 def test_the_race_ends_the_same_on_sqlite(tmp_path: Path) -> None:
     """SQLite's writers queue on one lock: the same rounds, the same outcomes."""
     s = open_store(f"sqlite:///{tmp_path / 'ms.db'}")
     try:
-        _race_cancel_against_a_new_child(s, 10)
+        _no_deadlocks(lambda: _round(s), 10)
         for _ in range(5):
             assert _batch_round(s) is None
             assert _dead_letter_round(s) is None
@@ -281,15 +291,9 @@ def _batch_round(store: Store) -> str | None:
         return go
 
     threads = [_Thread(commit(b)) for b in batches]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(GIVE_UP_S)
-    for t in threads:
-        if isinstance(t.error, StoreUnavailable) and "deadlock" in str(t.error):
-            return str(t.error)
-        if t.error is not None:
-            raise t.error
+    met = _deadlock(threads)
+    if met is not None:
+        return met
     for parent, child in zip(parents, children, strict=True):
         assert _status(store, child) == "succeeded"
         assert f"child:{child}" in {s.name for s in store.list_signals(parent)}
@@ -297,14 +301,12 @@ def _batch_round(store: Store) -> str | None:
 
 
 def test_batches_ending_each_others_parents_children_never_deadlock(store: Store) -> None:
-    deadlocks = [d for d in (_batch_round(store) for _ in range(25)) if d is not None]
-    assert deadlocks == [], f"{len(deadlocks)} of 25 rounds deadlocked: {deadlocks[0]}"
+    _no_deadlocks(lambda: _batch_round(store), 25)
 
 
 @pytest.mark.slow
 def test_batches_ending_each_others_parents_children_never_deadlock_many(store: Store) -> None:
-    deadlocks = [d for d in (_batch_round(store) for _ in range(400)) if d is not None]
-    assert deadlocks == [], f"{len(deadlocks)} of 400 rounds deadlocked: {deadlocks[0]}"
+    _no_deadlocks(lambda: _batch_round(store), 400)
 
 
 # -- a claim that dead-letters a child, against a batch that holds its parent ----------
@@ -352,15 +354,9 @@ def _dead_letter_round(store: Store) -> str | None:
         _commit_until_done(store, batch)
 
     threads = [_Thread(claim), _Thread(commit)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(GIVE_UP_S)
-    for t in threads:
-        if isinstance(t.error, StoreUnavailable) and "deadlock" in str(t.error):
-            return str(t.error)
-        if t.error is not None:
-            raise t.error
+    met = _deadlock(threads)
+    if met is not None:
+        return met
     # A claim that found X's parent held left X for the next one.
     store.claim(
         worker="w", now=time.time(), lease_s=60.0, limit=2, workflows=None, max_recoveries=1
@@ -373,31 +369,15 @@ def _dead_letter_round(store: Store) -> str | None:
 
 
 def test_a_dead_letter_racing_a_batch_never_deadlocks(store: Store) -> None:
-    deadlocks = [d for d in (_dead_letter_round(store) for _ in range(25)) if d is not None]
-    assert deadlocks == [], f"{len(deadlocks)} of 25 rounds deadlocked: {deadlocks[0]}"
+    _no_deadlocks(lambda: _dead_letter_round(store), 25)
 
 
 @pytest.mark.slow
 def test_a_dead_letter_racing_a_batch_never_deadlocks_many(store: Store) -> None:
-    deadlocks = [d for d in (_dead_letter_round(store) for _ in range(400)) if d is not None]
-    assert deadlocks == [], f"{len(deadlocks)} of 400 rounds deadlocked: {deadlocks[0]}"
+    _no_deadlocks(lambda: _dead_letter_round(store), 400)
 
 
 # -- a parent's end (which cancels its children) against its child's end ---------------
-
-
-def _deadlock(threads: list[_Thread]) -> str | None:
-    """Join ``threads``; the deadlock one met, if one did (anything else raises)."""
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(GIVE_UP_S)
-    for t in threads:
-        if isinstance(t.error, StoreUnavailable) and "deadlock" in str(t.error):
-            return str(t.error)
-        if t.error is not None:
-            raise t.error
-    return None
 
 
 def _close_round(store: Store, *, batched: bool) -> str | None:
@@ -443,17 +423,13 @@ def _close_round(store: Store, *, batched: bool) -> str | None:
 
 def test_a_parent_ending_as_its_child_ends_never_deadlocks(store: Store) -> None:
     for batched in (False, True):
-        rounds = [_close_round(store, batched=batched) for _ in range(25)]
-        deadlocks = [d for d in rounds if d is not None]
-        assert deadlocks == [], f"{len(deadlocks)} of 25 rounds deadlocked: {deadlocks[0]}"
+        _no_deadlocks(partial(_close_round, store, batched=batched), 25)
 
 
 @pytest.mark.slow
 def test_a_parent_ending_as_its_child_ends_never_deadlocks_many(store: Store) -> None:
     for batched in (False, True):
-        rounds = [_close_round(store, batched=batched) for _ in range(200)]
-        deadlocks = [d for d in rounds if d is not None]
-        assert deadlocks == [], f"{len(deadlocks)} of 200 rounds deadlocked: {deadlocks[0]}"
+        _no_deadlocks(partial(_close_round, store, batched=batched), 200)
 
 
 # -- a child's end tells its parent's forks: batches holding each other's forks --------
@@ -513,14 +489,12 @@ def _fork_round(store: Store) -> str | None:
 
 
 def test_batches_ending_children_of_each_others_forks_never_deadlock(store: Store) -> None:
-    deadlocks = [d for d in (_fork_round(store) for _ in range(25)) if d is not None]
-    assert deadlocks == [], f"{len(deadlocks)} of 25 rounds deadlocked: {deadlocks[0]}"
+    _no_deadlocks(lambda: _fork_round(store), 25)
 
 
 @pytest.mark.slow
 def test_batches_ending_children_of_each_others_forks_never_deadlock_many(store: Store) -> None:
-    deadlocks = [d for d in (_fork_round(store) for _ in range(400)) if d is not None]
-    assert deadlocks == [], f"{len(deadlocks)} of 400 rounds deadlocked: {deadlocks[0]}"
+    _no_deadlocks(lambda: _fork_round(store), 400)
 
 
 # -- a parent's end and its cancel lock its children in one order ----------------------
