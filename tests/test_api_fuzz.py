@@ -12,6 +12,8 @@ ids of no run.
 from __future__ import annotations
 
 import asyncio
+import shutil
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -45,6 +47,7 @@ class Seeded:
     finished: list[str] = field(default_factory=list)
     requests: list[tuple[str, str]] = field(default_factory=list)
     webhooks: list[str] = field(default_factory=list)
+    cancellable: list[str] = field(default_factory=list)
 
 
 def _make_app(path: Path) -> ms.App:
@@ -88,115 +91,158 @@ def _seed(app: ms.App) -> Seeded:
     order = {run_id: i for i, run_id in enumerate(seeded.runs)}
     seeded.requests = sorted(((r.run_id, r.id) for r in app.requests()), key=lambda p: order[p[0]])
     assert len(seeded.requests) == 3, seeded.requests
+    # Queued runs that half the valid cancels go to (the rest meet real ids at random).
+    seeded.cancellable = [app.submit("plain", n).run_id for n in (5, 6, 7)]
     hook, _ = app.store.add_webhook("http://127.0.0.1:9/hook", now)
     seeded.webhooks = [hook.id]
     return seeded
 
 
+class _Seeded:
+    """The fuzzed server and its data, made on first use.
+
+    Why not ``schemathesis.pytest.from_fixture``: its lazy loader renames pytest's items
+    through a private attribute (``Function._nodeid``) that pytest 9.2 removed, so it
+    failed at once on the releases a resolver picks today. A schema loaded at import and
+    parametrized by schemathesis's own collector uses pytest's public API only; it
+    generates its first cases (and asks for the key, and calls the hooks below) while
+    collecting, so the data is made then, once per process, in a folder of its own.
+    """
+
+    def __init__(self) -> None:
+        self.folder = Path(tempfile.mkdtemp(prefix="mainspring-fuzz-"))
+        self._seeded: Seeded | None = None
+        # Only /openapi.json is asked before the data exists: the same document.
+        self.api: Any = create_app(_make_app(self.folder / "schema.db"), webhooks=False)
+
+    @property
+    def data(self) -> Seeded:
+        if self._seeded is None:
+            self._seeded = _seed(_make_app(self.folder / "fuzz.db"))
+            # Streams end after 0.3 s (a client would resume them): so GET /events,
+            # which otherwise follows every run for ever, is fuzzed too.
+            self.api = create_app(
+                self._seeded.app, webhooks=False, events_poll_s=0.01, max_stream_s=0.3
+            )
+        return self._seeded
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        await self.api(scope, receive, send)
+
+    def close(self) -> None:
+        if self._seeded is not None:
+            self._seeded.app.close()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+FUZZED = _Seeded()
+
+
 @pytest.fixture(scope="module")
-def seeded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Seeded]:
-    app = _make_app(tmp_path_factory.mktemp("fuzz") / "fuzz.db")
+def seeded() -> Iterator[Seeded]:
     try:
-        yield _seed(app)
+        yield FUZZED.data
     finally:
-        app.close()
+        FUZZED.close()
 
 
-@pytest.fixture(scope="module")
-def api_schema(seeded: Seeded) -> Any:
-    # Streams end after 0.3 s (a client would resume them): so GET /events, which
-    # otherwise follows every run for ever, is fuzzed too.
-    api = create_app(seeded.app, webhooks=False, events_poll_s=0.01, max_stream_s=0.3)
-    schema = schemathesis.openapi.from_asgi("/openapi.json", api)
-    schema.config.generation.update(
-        max_examples=MAX_EXAMPLES,
-        deterministic=True,
-        database="none",
-        # The key is the admin's (below): no made-up X-API-Key or cookie beside it.
-        with_security_parameters=False,
-    )
+schema = schemathesis.openapi.from_asgi("/openapi.json", FUZZED)
+schema.config.generation.update(
+    max_examples=MAX_EXAMPLES,
+    deterministic=True,
+    database="none",
+    # The key is the admin's (below): no made-up X-API-Key or cookie beside it.
+    with_security_parameters=False,
+)
 
-    # A body past the size limit is rejected with 413 (before it is parsed): that is
-    # a rejection of invalid data too.
-    schema.config.checks.negative_data_rejection.expected_statuses = [
-        *schema.config.checks.negative_data_rejection.expected_statuses,
-        "413",
-    ]
+# A body past the size limit is rejected with 413 (before it is parsed): that is a
+# rejection of invalid data too.
+schema.config.checks.negative_data_rejection.expected_statuses = [
+    *schema.config.checks.negative_data_rejection.expected_statuses,
+    "413",
+]
 
-    @schema.auth()
-    class AdminKey:
-        """The admin key on every case (explicit auth: the checks also probe without)."""
 
-        def get(self, case: Any, ctx: Any) -> str:
-            return seeded.admin
+@schema.auth()
+class AdminKey:
+    """The admin key on every case (explicit auth: the checks also probe without)."""
 
-        def set(self, case: Any, token: str, ctx: Any) -> None:
-            case.headers = {**(case.headers or {}), "Authorization": f"Bearer {token}"}
+    def get(self, case: Any, ctx: Any) -> str:
+        return FUZZED.data.admin
 
-    @schema.hook
-    def flatmap_path_parameters(context: Any, path_parameters: dict[str, Any]) -> Any:
-        """Sometimes a real run, request or webhook id instead of a generated one."""
-        generated = st.just(path_parameters)
-        if not isinstance(path_parameters, dict):  # none, or malformed on purpose
-            return generated
-        path = context.operation.path if context.operation is not None else ""
-        if path == "/runs/{run_id}/events":
-            # A stream ends with its run: only finished runs (or no run at all: 404).
-            real = st.sampled_from(seeded.finished).map(
-                lambda rid: {**path_parameters, "run_id": rid}
-            )
-            return st.one_of(generated, real)
-        if "request_id" in path_parameters:
-            pairs = st.sampled_from(seeded.requests)
-            real = pairs.map(lambda p: {**path_parameters, "run_id": p[0], "request_id": p[1]})
-            same_run = pairs.map(lambda p: {**path_parameters, "run_id": p[0]})
-            return st.one_of(generated, real, real, same_run)
-        if "run_id" in path_parameters:
-            real = st.sampled_from(seeded.runs).map(lambda rid: {**path_parameters, "run_id": rid})
-            return st.one_of(generated, real, real)
-        if "webhook_id" in path_parameters:
-            real = st.sampled_from(seeded.webhooks).map(
-                lambda wid: {**path_parameters, "webhook_id": wid}
-            )
-            return st.one_of(generated, real)
+    def set(self, case: Any, token: str, ctx: Any) -> None:
+        case.headers = {**(case.headers or {}), "Authorization": f"Bearer {token}"}
+
+
+@schema.hook
+def flatmap_path_parameters(context: Any, path_parameters: dict[str, Any]) -> Any:
+    """Sometimes a real run, request or webhook id instead of a generated one."""
+    seeded = FUZZED.data
+    generated = st.just(path_parameters)
+    if not isinstance(path_parameters, dict):  # none, or malformed on purpose
         return generated
-
-    @schema.hook
-    def map_case(context: Any, case: Any) -> Any:
-        """Most valid submissions name a registered workflow, so that they get past
-        the name to the arguments; two in three valid answers fit their request.
-        (Invalid cases stay as they are: they must fail.)"""
-        body = case.body
-        if (
-            case.operation.label == "POST /runs"
-            and case.meta is not None
-            and case.meta.generation.mode.is_positive
-            and isinstance(body, dict)
-        ):
-            names = [body.get("workflow"), "deploy", "choose", "plain"]
-            case.body = {**body, "workflow": names[len(repr(body)) % len(names)]}
-        if (
-            case.operation.label == "POST /runs/{run_id}/requests/{request_id}"
-            and case.meta is not None
-            and case.meta.generation.mode.is_positive
-            and len(repr(body)) % 3 != 0
-        ):
-            question = str(case.path_parameters.get("request_id")).startswith("question:")
-            case.body = {"answer": "red"} if question else {"decision": "approve"}
-        if (
-            case.operation.label == "POST /runs/{run_id}/signals"
-            and case.meta is not None
-            and case.meta.generation.mode.is_positive
-            and len(repr(body)) % 2 == 0
-        ):
-            # Half the valid signals go to a run still waiting, so they get past the 404.
-            case.path_parameters = {**(case.path_parameters or {}), "run_id": seeded.runs[0]}
-        return case
-
-    return schema
+    path = context.operation.path if context.operation is not None else ""
+    if path == "/runs/{run_id}/events":
+        # A stream ends with its run: only finished runs (or no run at all: 404).
+        real = st.sampled_from(seeded.finished).map(lambda rid: {**path_parameters, "run_id": rid})
+        return st.one_of(generated, real)
+    if "request_id" in path_parameters:
+        pairs = st.sampled_from(seeded.requests)
+        real = pairs.map(lambda p: {**path_parameters, "run_id": p[0], "request_id": p[1]})
+        same_run = pairs.map(lambda p: {**path_parameters, "run_id": p[0]})
+        return st.one_of(generated, real, real, same_run)
+    if "run_id" in path_parameters:
+        real = st.sampled_from(seeded.runs).map(lambda rid: {**path_parameters, "run_id": rid})
+        return st.one_of(generated, real, real)
+    if "webhook_id" in path_parameters:
+        real = st.sampled_from(seeded.webhooks).map(
+            lambda wid: {**path_parameters, "webhook_id": wid}
+        )
+        return st.one_of(generated, real)
+    return generated
 
 
-schema = schemathesis.pytest.from_fixture("api_schema")
+@schema.hook
+def map_case(context: Any, case: Any) -> Any:
+    """Most valid submissions name a registered workflow, so that they get past the
+    name to the arguments; two in three valid answers fit their request. (Invalid
+    cases stay as they are: they must fail.)"""
+    seeded = FUZZED.data
+    body = case.body
+    if (
+        case.operation.label == "POST /runs"
+        and case.meta is not None
+        and case.meta.generation.mode.is_positive
+        and isinstance(body, dict)
+    ):
+        names = [body.get("workflow"), "deploy", "choose", "plain"]
+        case.body = {**body, "workflow": names[len(repr(body)) % len(names)]}
+    if (
+        case.operation.label == "POST /runs/{run_id}/requests/{request_id}"
+        and case.meta is not None
+        and case.meta.generation.mode.is_positive
+        and len(repr(body)) % 3 != 0
+    ):
+        question = str(case.path_parameters.get("request_id")).startswith("question:")
+        case.body = {"answer": "red"} if question else {"decision": "approve"}
+    if (
+        case.operation.label == "POST /runs/{run_id}/signals"
+        and case.meta is not None
+        and case.meta.generation.mode.is_positive
+        and len(repr(body)) % 2 == 0
+    ):
+        # Half the valid signals go to a run still waiting, so they get past the 404.
+        case.path_parameters = {**(case.path_parameters or {}), "run_id": seeded.runs[0]}
+    if (
+        case.operation.label == "POST /runs/{run_id}/cancel"
+        and case.meta is not None
+        and case.meta.generation.mode.is_positive
+        and len(repr(body)) % 2 == 0
+    ):
+        # Half the valid cancels go to a queued run, so that some are accepted.
+        run_id = seeded.cancellable[len(repr(body)) % len(seeded.cancellable)]
+        case.path_parameters = {**(case.path_parameters or {}), "run_id": run_id}
+    return case
 
 
 def _assert_error_body(response: Any) -> None:
@@ -216,6 +262,8 @@ SEMANTIC = {
     "POST /runs/{run_id}/requests/{request_id}": {"invalid_answer"},
     # Which steps a run's journal holds: a schema-valid step may not exist in it.
     "POST /runs/{run_id}/fork": {"invalid_input"},
+    # Which addresses webhooks may go to: a schema-valid URL may be refused by the policy.
+    "POST /webhooks": {"invalid_input"},
 }
 
 
@@ -223,7 +271,7 @@ SEEN: Counter[tuple[str, int]] = Counter()
 
 
 @schema.parametrize()
-def test_fuzz(case: Any) -> None:
+def test_fuzz(case: Any, seeded: Seeded) -> None:
     semantic = SEMANTIC.get(case.operation.label)
     excluded = [schemathesis.checks.positive_data_acceptance] if semantic else []
     response = case.call_and_validate(excluded_checks=excluded)

@@ -15,6 +15,7 @@ end state is exact and no effect happened twice.
 
 from __future__ import annotations
 
+import importlib.util
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -22,7 +23,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from .. import ConfigError
+from .. import ConfigError, MissingExtra
 from ._stats import pass_hat_k, wilson
 from ._suite_contenders import (
     CellDrive,
@@ -162,7 +163,12 @@ def run_suite(
 
     Raises:
         ConfigError: an unknown task or contender, or a count below 1.
+        MissingExtra: the ``openai`` SDK is missing (mainspring's agents talk to the
+            suite's provider through it, as they would to OpenAI).
     """
+    if contender == "mainspring" and importlib.util.find_spec("openai") is None:
+        # Said once, here, rather than as every run's failure.
+        raise MissingExtra("the horizon suite", "lab", "openai")
     unknown = [t for t in tasks if t not in TASKS]
     if unknown:
         raise ConfigError(f"unknown task(s) {unknown!r}; the suite has {sorted(TASKS)}")
