@@ -1099,3 +1099,21 @@ async def test_last_error_names_the_tool_once(sqlite_app: ms.App) -> None:
         "ValidationFailed: fetch: result failed validator '<lambda>': empty result",
         "crash: ValueError: no item 3",
     ]
+
+
+async def test_max_in_a_row_bounds_consecutive_faults() -> None:
+    """Every call would fault; with ``max_in_a_row=2`` every third passes, so a retry
+    policy of three attempts always recovers."""
+    inner = ScriptedModel([f"answer {i}" for i in range(4)])
+    model = FaultyModel(inner, FaultProfile(transient_rate=1.0, max_in_a_row=2), seed=3)
+    answers = []
+    for _ in range(12):
+        try:
+            answers.append((await model.request([UserMessage(content="go")])).text)
+        except ms.TransientError:
+            answers.append(None)
+    assert answers == [x for i in range(4) for x in (None, None, f"answer {i}")]
+    assert model.history == ["transient", "transient", None] * 4
+    assert model.injected["transient"] == 8
+    with pytest.raises(ms.ConfigError, match="max_in_a_row"):
+        FaultProfile(transient_rate=0.1, max_in_a_row=-1)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import subprocess
@@ -120,3 +121,28 @@ def test_demo_refuses_a_used_directory(tmp_path: Path) -> None:
     done = _demo("--dir", str(tmp_path))
     assert done.returncode == 2
     assert "from an earlier demo" in done.stderr
+
+
+def test_the_demo_cannot_fail_by_its_own_dice(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The transform stage's injected faults never outnumber its attempts: the model
+    faults at most MAX_FAULTS_IN_A_ROW times in a row, and the stage retries more often."""
+    monkeypatch.setenv("MIGRATION_TARGET", str(tmp_path / "target.db"))
+    worker_app = importlib.import_module("mainspring.examples.migration.worker_app")
+    from mainspring.examples.migration.local import MAX_FAULTS_IN_A_ROW, segment_model
+
+    assert worker_app.config.retry.max_attempts > MAX_FAULTS_IN_A_ROW
+    model = segment_model()
+    assert model.profile.max_in_a_row == MAX_FAULTS_IN_A_ROW
+    assert model.seed == segment_model().seed  # the same faults in every run
+
+
+@pytest.mark.slow
+def test_the_demo_passes_fifty_runs_in_a_row(tmp_path: Path) -> None:
+    """``mainspring demo`` as a new user runs it (the lab comparison included), 50 times:
+    the main job never fails, whatever the timing of its kill."""
+    for i in range(50):
+        done = _demo("--yes", "--json", "--dir", str(tmp_path / f"demo-{i}"))
+        assert done.returncode == 0, f"run {i + 1} of 50 failed:\n{done.stdout}\n{done.stderr}"
+        assert json.loads(done.stdout)["ok"] is True

@@ -59,6 +59,10 @@ class FaultProfile:
         empty_rate: the reply has neither text nor tool calls.
         timeout_s: how long a hang lasts.
         retry_after_s: the ``retry_after`` of an injected rate limit.
+        max_in_a_row: at most this many calls in a row meet a fault; the next one
+            passes (``None``: no bound). With a retry policy of more attempts than
+            this, every call recovers: a demo or a test that must not fail by its own
+            dice sets it.
     """
 
     transient_rate: float = 0.0
@@ -69,8 +73,17 @@ class FaultProfile:
     empty_rate: float = 0.0
     timeout_s: float = 1.0
     retry_after_s: float = 1.0
+    max_in_a_row: int | None = None
 
     def __post_init__(self) -> None:
+        if self.max_in_a_row is not None and (
+            isinstance(self.max_in_a_row, bool)
+            or not isinstance(self.max_in_a_row, int)
+            or self.max_in_a_row < 0
+        ):
+            raise ConfigError(
+                f"FaultProfile.max_in_a_row must be an int >= 0 or None, got {self.max_in_a_row!r}"
+            )
         for f in fields(self):
             value = getattr(self, f.name)
             if f.name.endswith("_rate") and not 0.0 <= value <= 1.0:
@@ -147,11 +160,13 @@ class FaultyModel(Model):
         self.seed = seed
         self.name = inner.name
         self.provider = inner.provider
+        self.remote = inner.remote
         self.model_id = inner.model_id
         self._clock = clock
         self.calls = 0
         self.injected: Counter[FaultKind] = Counter()
         self.history: list[FaultKind | None] = []
+        self._in_a_row = 0  # faults on the calls just before this one
 
     def __repr__(self) -> str:
         return f"<FaultyModel {self.name!r} seed={self.seed} {self.profile!r}>"
@@ -185,6 +200,10 @@ class FaultyModel(Model):
         index = self.calls
         self.calls += 1
         fault = self.fault_at(index)
+        bound = self.profile.max_in_a_row
+        if fault is not None and bound is not None and self._in_a_row >= bound:
+            fault = None  # the bound: this call passes
+        self._in_a_row = self._in_a_row + 1 if fault is not None else 0
         self.history.append(fault)
         if fault is None:
             return await self.inner.request(messages, tools=tools, settings=settings)

@@ -17,15 +17,20 @@ from mainspring.testing import LedgerReport
 from .pipeline import MigrationConfig, build, segment_writer
 from .target import TargetStore
 
-__all__ = ["LocalRun", "run_local", "segment_model"]
+__all__ = ["MAX_FAULTS_IN_A_ROW", "LocalRun", "run_local", "segment_model"]
+
+#: The most faults the transform stage's model injects in a row: below its steps' attempts.
+MAX_FAULTS_IN_A_ROW = 2
 
 
 def segment_model(clock: ms.Clock | None = None, seed: int = 7) -> FaultyModel:
     """The transform stage's model: rules played by a ScriptedModel, with 20 % of
-    requests failing (a 5xx) and 10 % answering malformed JSON."""
+    requests failing (a 5xx) and 10 % answering malformed JSON, never more than
+    :data:`MAX_FAULTS_IN_A_ROW` in a row (the stage retries more often than that, so the
+    demo never fails by its own dice)."""
     return FaultyModel(
         ScriptedModel(segment_writer, model_id="segment-writer"),
-        FaultProfile(transient_rate=0.2, malformed_rate=0.1),
+        FaultProfile(transient_rate=0.2, malformed_rate=0.1, max_in_a_row=MAX_FAULTS_IN_A_ROW),
         seed=seed,
         clock=clock,
     )
