@@ -1,8 +1,10 @@
 """The agent of ``bench/rate_limit.py``: an OpenAI model behind the enforcing fake
-server, with the limit declared to mainspring, or (RATE_BENCH_UNDECLARED=1) left to be
-learned from the server's headers (read from the environment the bench sets:
-MAINSPRING_DATABASE_URL, RATE_BENCH_BASE_URL, RATE_BENCH_TPM, RATE_BENCH_RPM,
-RATE_BENCH_PERIOD_S)."""
+server. RATE_BENCH_LIMITS says what the App is told: ``declared`` (the limit),
+``learned`` (nothing but the fake's short "minute": limits learned from the server's
+headers), ``default`` (nothing at all: ``ms.App()`` as a new user writes it) or ``off``
+(``rate_limits=False``, the default before limits were on). The rest is read from the
+environment the bench sets: MAINSPRING_DATABASE_URL, RATE_BENCH_BASE_URL, RATE_BENCH_TPM,
+RATE_BENCH_RPM, RATE_BENCH_PERIOD_S."""
 
 from __future__ import annotations
 
@@ -24,12 +26,14 @@ DECLARED = RateLimit(
 # Undeclared: only the length of the fake's "minute" (a real provider's is 60 s).
 LEARNED = RateLimits(period_s=PERIOD_S, headroom=0.02)
 
-app = ms.App(
-    lease_s=5.0,
-    poll_interval_s=0.02,
-    inline_wait_s=0.2,
-    rate_limits=LEARNED if os.environ.get("RATE_BENCH_UNDECLARED") == "1" else [DECLARED],
-)
+_MODE = os.environ.get("RATE_BENCH_LIMITS", "declared")
+_LIMITS: dict[str, dict[str, object]] = {
+    "declared": {"rate_limits": [DECLARED]},
+    "learned": {"rate_limits": LEARNED},
+    "default": {},
+    "off": {"rate_limits": False},
+}
+app = ms.App(lease_s=5.0, poll_interval_s=0.02, inline_wait_s=0.2, **_LIMITS[_MODE])  # type: ignore[arg-type]
 
 
 @app.tool

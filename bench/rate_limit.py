@@ -6,16 +6,21 @@ buckets, real 429s, limits announced in ``x-ratelimit-*`` headers) enforces the 
 with a "minute" of a few seconds. Printed side by side: mainspring's shared limiter
 (a) with the limits declared, (b) with nothing declared (a cold start: limits learned
 from the headers), (c) with nothing declared on an account that an outside consumer
-shares, taking 30 % of the refill at random moments; then the peers, (d) a naive loop
+shares, taking 30 % of the refill at random moments; then the App as a new user writes
+it, ``ms.App()`` with nothing about rate limits, (d) as it is now (limits learned from
+the headers by default) and (e) with them off (``rate_limits=False``, the default before
+2026-12-07), both against a server with a real 60-second minute (``--default-tpm``
+tokens a minute: the default assumes a provider's minute); then the peers, (f) a naive loop
 on the official SDK's default retries (``max_retries=2``, its back-off, honouring
-``retry-after``) and (e) a fixed-window token counter shared by the processes, as
+``retry-after``) and (g) a fixed-window token counter shared by the processes, as
 litellm's router keeps (tokens counted per window after each reply, no reservation
 for calls in flight). For each: runs succeeded, the 429s the server sent, the share of
 the refill used ((tokens served - limit) / (limit x elapsed periods): the bucket starts
 full), the p95 lateness of a booked slot (arrival at the server minus the booked
 start), and the calls that failed even after the SDK's retries. A report: nothing is
 asserted. ``python bench/rate_limit.py [--runs 20] [--turns 8] [--tpm 40000]
-[--period 3] [--cases mainspring,cold,shared,naive,window] [--json]``.
+[--period 3] [--default-tpm 120000] [--cases mainspring,cold,shared,default,off,naive,window]
+[--json]``.
 """
 
 from __future__ import annotations
@@ -90,7 +95,7 @@ def _done(body: Any) -> int:
 
 
 def run_mainspring(
-    args: argparse.Namespace, base_url: str, tmp: Path, *, undeclared: bool
+    args: argparse.Namespace, base_url: str, tmp: Path, *, limits: str
 ) -> dict[str, Any]:
     env = {
         **os.environ,
@@ -99,7 +104,7 @@ def run_mainspring(
         "RATE_BENCH_TPM": str(args.tpm),
         "RATE_BENCH_RPM": str(args.rpm),
         "RATE_BENCH_PERIOD_S": str(args.period),
-        "RATE_BENCH_UNDECLARED": "1" if undeclared else "0",
+        "RATE_BENCH_LIMITS": limits,
         "PYTHONPATH": os.pathsep.join([str(BENCH), os.environ.get("PYTHONPATH", "")]),
     }
     os.environ.update({k: env[k] for k in env if k.startswith(("MAINSPRING_", "RATE_BENCH_"))})
@@ -287,24 +292,28 @@ def run_peer(kind: str, args: argparse.Namespace, base_url: str, tmp: Path) -> d
 
 
 CASES = {
-    # kind: (contender, limits declared to mainspring, outside consumer's share)
-    "mainspring": ("mainspring, limits declared", False, 0.0),
-    "cold": ("mainspring, undeclared (cold start)", True, 0.0),
-    "shared": ("mainspring, undeclared, shared account", True, 0.3),
-    "naive": ("naive + SDK retries", False, 0.0),
-    "window": ("fixed window (litellm)", False, 0.0),
+    # kind: (contender, what the App is told (RATE_BENCH_LIMITS; None: a peer), outside
+    # consumer's share, a real 60-second minute)
+    "mainspring": ("mainspring, limits declared", "declared", 0.0, False),
+    "cold": ("mainspring, undeclared (cold start)", "learned", 0.0, False),
+    "shared": ("mainspring, undeclared, shared account", "learned", 0.3, False),
+    "default": ("mainspring, default App (60 s minute)", "default", 0.0, True),
+    "off": ("mainspring, rate_limits=False (60 s minute)", "off", 0.0, True),
+    "naive": ("naive + SDK retries", None, 0.0, False),
+    "window": ("fixed window (litellm)", None, 0.0, False),
 }
 
 
 def measure(kind: str, args: argparse.Namespace, log: Console) -> dict[str, Any]:
-    name, undeclared, outside = CASES[kind]
+    name, limits, outside, minute = CASES[kind]
+    tpm, period = (args.default_tpm, 60.0) if minute else (args.tpm, args.period)
     with (
         tempfile.TemporaryDirectory(prefix=f"rate-bench-{kind}-") as tmp,
         FakeOpenAIServer(
             fallback=reply,
-            tpm=args.tpm,
+            tpm=tpm,
             rpm=args.rpm,
-            period_s=args.period,
+            period_s=period,
             outside_share=outside,
             outside_seed=1,
         ) as server,
@@ -312,8 +321,8 @@ def measure(kind: str, args: argparse.Namespace, log: Console) -> dict[str, Any]
         log.print(
             f"[dim]{name}: {args.runs} runs x {args.turns} calls on {args.workers} processes..."
         )
-        if kind in ("mainspring", "cold", "shared"):
-            extra = run_mainspring(args, server.base_url, Path(tmp), undeclared=undeclared)
+        if limits is not None:
+            extra = run_mainspring(args, server.base_url, Path(tmp), limits=limits)
         else:
             extra = run_peer(kind, args, server.base_url, Path(tmp))
         slots = extra.pop("slots")
@@ -324,7 +333,7 @@ def measure(kind: str, args: argparse.Namespace, log: Console) -> dict[str, Any]
         last = max(t for t, _, _ in served)
         others = sum(e.get("tpm", 0.0) for t, e in server.outside_events if first <= t <= last)
         # The first call's own time: it was admitted just before it was recorded.
-        periods = (last - first) / args.period
+        periods = (last - first) / period
         # The bucket starts full: past its first TPM, only the refill is there (and the
         # outside consumer's share of it is used too, by someone).
         used = tokens + others
@@ -336,11 +345,11 @@ def measure(kind: str, args: argparse.Namespace, log: Console) -> dict[str, Any]
             "outside_tokens": round(others),
             "elapsed_s": round(last - first, 2),
             "periods": round(periods, 2),
-            "share": used / (args.tpm * periods) if periods > 0 else float("nan"),
+            "tpm": tpm,
+            "period_s": period,
+            "share": used / (tpm * periods) if periods > 0 else float("nan"),
             "physical": (periods + 1) / periods if periods > 0 else float("nan"),
-            "refill_share": (used - args.tpm) / (args.tpm * periods)
-            if periods > 0
-            else float("nan"),
+            "refill_share": (used - tpm) / (tpm * periods) if periods > 0 else float("nan"),
             "too_many_requests": server.too_many_requests,
             "p95_late_s": late[min(len(late) - 1, math.ceil(0.95 * len(late)) - 1)]
             if late
@@ -359,6 +368,12 @@ def main() -> None:
     p.add_argument("--rpm", type=float, default=600)
     p.add_argument("--period", type=float, default=3.0, help="seconds per 'minute'")
     p.add_argument(
+        "--default-tpm",
+        type=float,
+        default=120_000,
+        help="TPM of the server with a real 60 s minute (the default and off cases)",
+    )
+    p.add_argument(
         "--cases", default=",".join(CASES), help=f"comma-separated, of {', '.join(CASES)}"
     )
     p.add_argument("--json", action="store_true", help="one JSON document on stdout")
@@ -369,7 +384,8 @@ def main() -> None:
     ours = rows[0]
     table = Table(
         title=f"{args.runs} runs x {args.turns} calls, {args.workers} worker processes, "
-        f"TPM {args.tpm:g} per {args.period:g} s (fake OpenAI, enforcing)"
+        f"TPM {args.tpm:g} per {args.period:g} s (fake OpenAI, enforcing; the 60 s minute "
+        f"cases: TPM {args.default_tpm:g})"
     )
     columns = ["contender", "runs succeeded", "calls", "429s", "share of refill"]
     columns += ["p95 lateness", "failed calls", "periods", "refill share / first"]

@@ -42,7 +42,9 @@ async def test_429s_and_rate_waits_are_counted_alike_everywhere(tmp_path: Path) 
         usage = Usage(input_tokens=10, output_tokens=2)
         server.script([server.tool_call("finish", {"answer": "ok"}, usage=usage)] * 3)
         model = OpenAIModel("gpt-4.1-mini", base_url=server.base_url, api_key="sk-test")
-        app = ms.App(db, clock=clock, poll_interval_s=0.01, inline_wait_s=0.0)
+        # No limiter (it would learn the limit from the headers and never be refused):
+        # the 429s themselves are what is counted here.
+        app = ms.App(db, clock=clock, poll_interval_s=0.01, inline_wait_s=0.0, rate_limits=False)
         try:
             agent = app.agent("a", model=model, instructions="x")
             ids = [app.submit(agent, f"q{i}").run_id for i in range(3)]

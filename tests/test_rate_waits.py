@@ -224,8 +224,9 @@ async def test_a_probe_whose_worker_dies_is_released_when_its_run_is_taken_over(
         lease_s=5.0,
         rate_limits=RateLimits(period_s=60),  # nothing declared: a cold start
     )
-    dies = _DiesOnce([_finish()])
-    other = ScriptedModel([_finish()])
+    # Stand-ins for a provider: learned limits apply to them as to a remote model.
+    dies = _DiesOnce([_finish()], remote=True)
+    other = ScriptedModel([_finish()], remote=True)
     a = app.agent("a", model=dies, instructions="x")
     b = app.agent("b", model=other, instructions="x")
     try:
@@ -308,7 +309,7 @@ async def test_a_re_sent_probe_keeps_the_gate_when_another_run_books_at_once(
         lease_s=5.0,
         rate_limits=limits,
     )
-    a = app.agent("a", model=_DiesOnce([_finish()]), instructions="x")
+    a = app.agent("a", model=_DiesOnce([_finish()], remote=True), instructions="x")
 
     @app.workflow
     async def idle(ctx: ms.RunContext) -> None:

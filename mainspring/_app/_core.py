@@ -86,11 +86,14 @@ class App(Admin, Agents, Children, Lineage, MCPServers, Observe, Queues, Schedul
         redact: what to hide from the journal (and so from traces and exports):
             common API-key shapes, bearer tokens and ``password=...`` by default;
             ``Redactor(patterns=[...])`` adds patterns, ``None`` turns it off.
-        rate_limits: turn on rate limiting shared by every worker of the store: a
-            list of :class:`~mainspring.limits.RateLimit`, a
+        rate_limits: rate limiting shared by every worker of the store, on by
+            default: every remote model learns its provider's limits from the
+            response headers and paces its calls to them (``True``). Declare limits
+            with a list of :class:`~mainspring.limits.RateLimit`, a
             :class:`~mainspring.limits.RateLimits`, or the path of a TOML/JSON file
-            (see ``docs/rate-limits.md``). Models without a declared limit learn theirs
-            from the provider's headers. ``None`` (default): no rate limiting.
+            (see ``docs/rate-limits.md``); models without a declared limit still learn
+            theirs. ``False`` (or ``None``) turns rate limiting off: refusals (429)
+            are then only waited out.
         interceptors: :class:`~mainspring.journal.StepInterceptor` s wrapped around
             every executed step attempt, the first outermost (tracing, fault
             injection: the reliability lab's ``mainspring lab run`` is one).
@@ -115,7 +118,7 @@ class App(Admin, Agents, Children, Lineage, MCPServers, Observe, Queues, Schedul
         default_retry: RetryPolicy | None = None,
         poll_interval_s: float = 0.1,
         redact: Redactor | None = _DEFAULT_REDACTOR,
-        rate_limits: Sequence[RateLimit] | RateLimits | str | os.PathLike[str] | None = None,
+        rate_limits: Sequence[RateLimit] | RateLimits | str | os.PathLike[str] | bool | None = True,
         interceptors: Sequence[StepInterceptor] = (),
         version: str | None = None,
     ) -> None:
@@ -593,9 +596,13 @@ class App(Admin, Agents, Children, Lineage, MCPServers, Observe, Queues, Schedul
 
 
 def _rate_limits(
-    given: Sequence[RateLimit] | RateLimits | str | os.PathLike[str] | None,
+    given: Sequence[RateLimit] | RateLimits | str | os.PathLike[str] | bool | None,
 ) -> RateLimits | None:
-    if given is None or isinstance(given, RateLimits):
+    if given is None or given is False:
+        return None
+    if given is True:
+        return RateLimits()  # learned from the providers' headers
+    if isinstance(given, RateLimits):
         return given
     if isinstance(given, str | os.PathLike):
         return RateLimits(load_rate_limits(given))

@@ -154,7 +154,9 @@ async def call_model(
             run_id=ctx.run_id,
         )
     limiter = None
-    if rate_limits is not None:
+    if rate_limits is not None and rate_limits.applies(
+        model.provider, model.model_id, account, remote=model.remote
+    ):
         limiter = rate_limits.limiter(model.provider, model.model_id, account)
         if prompt_tokens is None:
             prompt_tokens = counter_for(model.provider).messages(messages, tools)
@@ -201,6 +203,11 @@ class _Call:
 
     async def run(self) -> ModelResponse:
         m = self.model
+        if self.limiter is not None and self.ctx.upcoming_role() == "model":
+            # The journal holds this call without a booking before it: it was made by
+            # code with no limiter (before rate limits were on by default). Replay it as
+            # it was, booking nothing, or the steps would not line up.
+            self.limiter = None
         while True:
             booking: Booking | None = None
             if self.limiter is not None:

@@ -75,6 +75,16 @@ class RunContext:
         """True while the workflow re-executes journaled steps."""
         return self._cursor.is_replaying
 
+    def upcoming_role(self) -> JournalRole | None:
+        """What the journal holds where the next ``ctx`` call lands: the role of that
+        step row (``"model"``, ``"tool"``, ``"rate"``...; other kinds of rows count as
+        ``"step"``), or ``None`` past the journal (a first execution from here).
+
+        For code whose steps changed in a known, harmless way (an integration, the
+        runtime's own model calls) to replay a journal written before the change."""
+        rec = self._cursor.upcoming()
+        return None if rec is None else rec.role
+
     # -- steps ------------------------------------------------------------------------
 
     @overload

@@ -109,6 +109,11 @@ class Cursor:
             seq += 1
         return seq
 
+    def upcoming(self) -> StepRecord | None:
+        """The journal's record at the position the next durable call will take
+        (``None`` past the journal: a first execution from there)."""
+        return self.journal.get(self.next_seq())
+
     def take(self, kind: StepKind, name: str) -> int:
         """The next sequence number, checked against the journal's record there.
 

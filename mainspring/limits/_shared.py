@@ -314,6 +314,10 @@ class RateLimits:
         RateLimit(provider="x", model="x", **self._defaults)  # type: ignore[arg-type]  # validates
         self._limiters: dict[tuple[int, str], StoreRateLimiter] = {}
 
+    def declares(self, provider: str, model: str, account: str = "default") -> bool:
+        """Whether a limit is declared for this model and account."""
+        return f"{provider}:{model}:{account}" in self.declared
+
     def rate_for(self, provider: str, model: str, account: str = "default") -> RateLimit:
         """The declared limit of this model and account, or a learning one."""
         found = self.declared.get(f"{provider}:{model}:{account}")
@@ -366,6 +370,11 @@ class BoundRateLimits:
         self.limits = limits
         self.clock = clock
         self._store = store
+
+    def applies(self, provider: str, model: str, account: str, *, remote: bool) -> bool:
+        """Whether a model's calls book against these limits: a remote model's always
+        (declared or learned), a local one's (a scripted model) only if declared."""
+        return remote or self.limits.declares(provider, model, account)
 
     def limiter(self, provider: str, model: str, account: str = "default") -> StoreRateLimiter:
         """The shared limiter of a model and account (see :meth:`RateLimits.limiter`)."""

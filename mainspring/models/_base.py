@@ -36,6 +36,10 @@ class Model(ABC):
     #: ``stream=True``, a :class:`ScriptedModel` given chunks). When ``False`` the
     #: runtime calls :meth:`request` and writes no live stream.
     streams: bool = False
+    #: Whether requests leave the process for a provider's API. The limits an App learns
+    #: from provider headers (on by default) apply to remote models only; a local model
+    #: (a :class:`ScriptedModel`) is limited only by limits declared for it.
+    remote: bool = True
 
     @abstractmethod
     async def request(

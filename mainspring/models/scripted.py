@@ -83,6 +83,10 @@ class ScriptedModel(Model):
         on_chunk: called (and awaited, if async) with ``(index, piece)`` before each
             piece is handed out: a test pauses a stream mid-way here (awaiting an
             event) or ends it (raising).
+        remote: stand in for a provider's API (:attr:`Model.remote`): the limits an App
+            learns from headers then apply to it, as to a real provider (a test of the
+            limiter). By default a scripted model is local: only limits declared for
+            it apply.
 
     Attributes:
         requests: every request received, in order.
@@ -103,7 +107,11 @@ class ScriptedModel(Model):
         turn_from: Literal["requests", "history"] = "requests",
         chunk_size: int | None = None,
         on_chunk: Callable[[int, str], Awaitable[None] | None] | None = None,
+        remote: bool = False,
     ) -> None:
+        # Played in this process: no provider's limits to learn, unless it stands in for
+        # a provider (a test of the limiter) and says so.
+        self.remote = remote
         if chunk_size is not None and chunk_size < 1:
             raise ConfigError(f"chunk_size must be a positive number, got {chunk_size!r}")
         self.chunk_size = chunk_size
