@@ -165,3 +165,31 @@ def test_trace_export_nests_a_child_under_its_parents_step(tmp_path: Path) -> No
     child_root = next(s for s in spans if s.attributes.get("mainspring.run.id") == child)
     assert child_root.parent is not None
     assert child_root.parent.span_id == start.context.span_id
+
+
+def test_show_aligns_every_child_line(tmp_path: Path) -> None:
+    """Three children: each line of the value sits in the value column, not at the
+    left margin."""
+    db = f"sqlite:///{tmp_path / 'kids.db'}"
+    app = ms.App(db)
+
+    @app.workflow
+    async def kid(ctx: ms.RunContext, n: int) -> int:
+        return await ctx.step(lambda: n + 1, name="add")
+
+    @app.workflow
+    async def parent(ctx: ms.RunContext) -> list[int]:
+        return [await ctx.child(kid, n, key=f"k{n}") for n in range(3)]
+
+    try:
+        run_id = app.submit(parent).run_id
+        asyncio.run(app.worker().run(until_idle=True))
+        children = [c.id for c in app.children(run_id)]
+    finally:
+        app.close()
+    output = CliRunner().invoke(cli, ["show", run_id, "--db", db]).output
+    facts = output.split("\n\n")[0].splitlines()  # the run's facts, before its steps
+    rows = [line for line in facts if any(c in line for c in children)]
+    assert len(rows) == 3 and rows[0].startswith("children (3)  "), rows
+    column = rows[0].index(children[0])
+    assert [row.index(c) for row, c in zip(rows, children, strict=True)] == [column] * 3, rows

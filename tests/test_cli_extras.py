@@ -9,6 +9,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -68,3 +69,28 @@ def test_missing_extra_is_an_import_error_and_a_config_error() -> None:
     assert isinstance(exc, ImportError) and isinstance(exc, ms.ConfigError)
     assert exc.name == "psycopg" and exc.extra == "postgres"
     assert str(exc).endswith("pip install 'mainspring[postgres]'")
+
+
+def test_no_help_page_shows_raw_markup() -> None:
+    """Every command's --help, groups and subcommands included, reads as plain text: no
+    reStructuredText double backticks (docstrings are written for the API docs)."""
+    import typer
+    from typer.testing import CliRunner
+
+    from mainspring.cli import cli
+
+    root = typer.main.get_command(cli)
+    pages: list[tuple[str, ...]] = []
+
+    def walk(command: Any, path: tuple[str, ...]) -> None:
+        pages.append(path)
+        for name, sub in getattr(command, "commands", {}).items():  # a group's commands
+            walk(sub, (*path, name))
+
+    walk(root, ())
+    runner = CliRunner()
+    assert len(pages) > 20
+    for path in pages:
+        done = runner.invoke(cli, [*path, "--help"], env={"COLUMNS": "200"})
+        assert done.exit_code == 0, (path, done.output)
+        assert "``" not in done.output, (path, done.output)

@@ -89,8 +89,8 @@ def approve(
     as_json: JsonOption = False,
 ) -> None:
     """Approve a request (or --reject REASON, or approve with --edit JSON arguments).
-    The decision is recorded as your user name's. ``--all-pending`` decides every
-    pending approval at once (``--workflow`` narrows it), after listing them."""
+    The decision is recorded as your user name's. --all-pending decides every
+    pending approval at once (--workflow narrows it), after listing them."""
     with cli_errors():
         if edit is not None and reject is not None:
             raise ConfigError("choose one of --edit and --reject")

@@ -340,7 +340,11 @@ def show(
         facts.append(("waiting on", _wait_text(record, now)))
     label_width = max(len(label) for label, _ in facts)
     for label, value in facts:
-        out.print(Text.assemble((label.ljust(label_width), "bold"), "  ", value))
+        # A value of several lines (the children) keeps every line in the value column.
+        first, *more = (value if isinstance(value, Text) else Text(value)).split("\n")
+        out.print(Text.assemble((label.ljust(label_width), "bold"), "  ", first))
+        for line in more:
+            out.print(Text.assemble(" " * (label_width + 2), line))
     if verbose and isinstance(error, dict) and error.get("traceback"):
         out.print(Text("\nrun error traceback:", style="bold"))
         out.print(str(error["traceback"]).rstrip())
