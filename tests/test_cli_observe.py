@@ -77,6 +77,12 @@ async def test_trace_tree_and_json(db: str) -> None:
     assert data["steps"][1]["error_class"] == "PermissionError"
     assert data["steps"][1]["input"] == '{"ticket": 7}'
     assert data["totals"]["steps"] == 3 and data["totals"]["errors"] == 1
+    assert data["totals"]["unpriced"] is True and data["steps"][0]["priced"] is False
+    # The scripted model has no price: its tokens say so, as the dashboard does, rather
+    # than a cost of $0.0000 that reads as free.
+    text = _invoke("trace", agent_run, "--db", db).output
+    assert "$0.0000" not in text
+    assert "· no price" in text.splitlines()[0] and "tok no price" in text
 
 
 async def test_doctor_and_tail(db: str) -> None:
@@ -163,4 +169,5 @@ async def test_an_agents_own_prices_are_journaled_so_db_alone_shows_the_cost(db:
     run_id = ms.App(db).list_runs()[0].id
     data = json.loads(_invoke("trace", run_id, "--db", db, "--json").stdout)
     assert data["totals"]["cost_usd"] == pytest.approx(0.003)
+    assert data["totals"]["unpriced"] is False and data["steps"][0]["priced"] is True
     assert "$0.0030" in _invoke("trace", run_id, "--db", db).output

@@ -71,10 +71,23 @@ async def test_repeating_the_same_action(fapp: ms.App) -> None:
 
 
 async def test_acting_on_stale_state(fapp: ms.App) -> None:
+    """Nine tool turns with no plan written down, and then the run failed: stale state is
+    one explanation the doctor offers."""
+    turns = [call("lookup", {"ticket": n}) for n in range(9)]
+    trace = await _run(fapp, [*turns, *[ms.TransientError("upstream 503")] * 2], model_retry=FAST)
+    assert trace.run.status == "failed"
+    assert _kinds(fapp, trace) == {"stalled", "stale_state"}
+
+
+async def test_a_healthy_agent_gets_no_warning(fapp: ms.App) -> None:
+    """The same nine tool turns in an agent that finished: nothing to report (an agent that
+    keeps no written plan is not acting on stale state for it)."""
     turns = [call("lookup", {"ticket": n}) for n in range(9)] + [call("finish", {"answer": 1})]
     trace = await _run(fapp, turns)
     assert trace.run.status == "succeeded"
-    assert _kinds(fapp, trace) == {"stale_state"}
+    diagnosis = fapp.diagnose(trace.run.id)
+    assert diagnosis.findings == ()
+    assert diagnosis.summary == "succeeded; nothing from the failure table found"
 
 
 async def test_tool_error_ignored(fapp: ms.App) -> None:

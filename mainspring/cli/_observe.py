@@ -216,7 +216,7 @@ def _tree(t: RunTrace, entries: list[TraceEntry]) -> Tree:
     )
     head.append(
         f"{took} · {len(t.entries)} steps · tokens {t.tokens_in:,} in / {t.tokens_out:,} out"
-        f" · ${t.cost_usd:.4f}"
+        f" · {_cost(t.cost_usd, unpriced=t.unpriced)}"
     )
     if t.rate_limited or t.rate_waits:
         head.append(
@@ -249,6 +249,14 @@ def _tree(t: RunTrace, entries: list[TraceEntry]) -> Tree:
     return root
 
 
+def _cost(usd: float, *, unpriced: bool) -> str:
+    """A cost as the dashboard says it: tokens of a model with no price are "no price",
+    never a made-up $0.0000."""
+    if not unpriced:
+        return f"${usd:.4f}"
+    return f"${usd:.4f} + no price for some" if usd else "no price"
+
+
 def _line(e: TraceEntry) -> Text:
     out = Text(f"{e.position:>5} ")
     out.append(e.name, style="bold" if e.kind == "model" else "")
@@ -258,7 +266,10 @@ def _line(e: TraceEntry) -> Text:
     if e.retries:
         out.append(f" attempt {e.attempt}", style="yellow")
     if e.tokens_in or e.tokens_out:
-        out.append(f" {e.tokens_in:,}→{e.tokens_out:,} tok ${e.cost_usd:.4f}", style="cyan")
+        out.append(
+            f" {e.tokens_in:,}→{e.tokens_out:,} tok {_cost(e.cost_usd, unpriced=not e.priced)}",
+            style="cyan",
+        )
     if e.rate_limited:
         out.append(" 429 (no attempt spent)", style="yellow")
     if e.rate_wait_s > 0:

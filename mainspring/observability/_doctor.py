@@ -312,6 +312,11 @@ def _looping(trace: RunTrace, calls: list[_Call]) -> Finding | None:
 
 
 def _stale_state(trace: RunTrace, calls: list[_Call]) -> Finding | None:
+    # A run that succeeded passed its completion checks: a plan never written down or a
+    # read that changed (polling a status) is how healthy agents work too, not a failure
+    # to explain. (done_but_wrong looks at succeeded runs.)
+    if trace.run.status == "succeeded":
+        return None
     evidence: list[str] = []
     model_turns = [e for e in trace.entries if e.kind == "model" and e.status == "completed"]
     updates = [i for i, e in enumerate(model_turns) if _asks(calls, e, "update_state")]

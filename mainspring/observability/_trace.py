@@ -14,7 +14,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ..limits import Price, cost_usd
+from ..limits import Price, cost_usd, price_of
 from ..models import Usage
 from ..storage import JournalRole, RunRecord, StepRecord
 from ._names import StepRole, model_of, step_role, tool_of_name
@@ -43,6 +43,8 @@ class TraceEntry:
             it runs).
         input_summary / output_summary: short, redacted renderings.
         tokens_in / tokens_out / cost_usd: a model call's usage and its price.
+        priced: a model call whose model has a price (journaled with the reply, or in
+            the price table): its ``cost_usd`` is a cost, not an unknown shown as 0.
         model / tool: what was called.
         calls: a model step's requested tool calls, ``(name, arguments JSON)``.
         error_class / error_message: the step's journaled error: why it failed, or
@@ -70,6 +72,7 @@ class TraceEntry:
     tokens_in: int = 0
     tokens_out: int = 0
     cost_usd: float = 0.0
+    priced: bool = False
     model: str | None = None
     tool: str | None = None
     error_class: str | None = None
@@ -114,6 +117,11 @@ class RunTrace:
         return sum(e.cost_usd for e in self.entries)
 
     @property
+    def unpriced(self) -> bool:
+        """Tokens were spent on a model with no price: ``cost_usd`` leaves them out."""
+        return any(not e.priced and (e.tokens_in or e.tokens_out) for e in self.entries)
+
+    @property
     def rate_limited(self) -> int:
         """Model calls the provider refused for rate (429s)."""
         return sum(1 for e in self.entries if e.rate_limited)
@@ -153,6 +161,7 @@ class RunTrace:
                 "tokens_in": self.tokens_in,
                 "tokens_out": self.tokens_out,
                 "cost_usd": round(self.cost_usd, 6),
+                "unpriced": self.unpriced,
                 "retries": sum(e.retries for e in self.entries),
                 "errors": sum(1 for e in self.entries if e.error_class),
                 "rate_limited": self.rate_limited,
@@ -178,6 +187,7 @@ class RunTrace:
                     "tokens_in": e.tokens_in,
                     "tokens_out": e.tokens_out,
                     "cost_usd": round(e.cost_usd, 8),
+                    "priced": e.priced,
                     "model": e.model,
                     "tool": e.tool,
                     "error_class": e.error_class,
@@ -303,6 +313,8 @@ def _model_fields(
         "cost_usd": journaled
         if isinstance(journaled := reply.get("cost_usd"), int | float)
         else cost_usd(model_id, usage, prices),
+        "priced": isinstance(reply.get("cost_usd"), int | float)
+        or price_of(model_id, prices) is not None,
         "output_summary": _clip(summary) if summary else None,
         "calls": tuple((str(c.get("name", "")), str(c.get("arguments", ""))) for c in calls),
     }
