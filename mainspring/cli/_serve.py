@@ -9,7 +9,13 @@ import typer
 
 from .. import MissingExtra
 from ..storage import redact_url
-from ._common import LogLevelOption, OtelOption, set_tracing
+from ._common import (
+    LibraryLogLevelOption,
+    LogLevelOption,
+    OtelOption,
+    logging_to_stderr,
+    set_tracing,
+)
 from ._load import load_app
 
 __all__ = ["serve"]
@@ -28,6 +34,7 @@ def serve(
     ] = True,
     max_body_bytes: Annotated[int, typer.Option(help="Larger request bodies get 413.")] = 1 << 20,
     log_level: LogLevelOption = "INFO",
+    library_log_level: LibraryLogLevelOption = None,
     docs: Annotated[
         bool,
         typer.Option(
@@ -74,10 +81,9 @@ def serve(
     except ImportError as exc:  # the CLI prints MissingExtra as one line with the fix
         raise MissingExtra("mainspring serve", "server", exc.name) from None
 
-    logging.basicConfig(
-        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    loaded = logging_to_stderr(log_level, library_log_level, app_spec)
     app = load_app(app_spec)
+    loaded(app)  # the App's own redaction patterns apply to the log too
     set_tracing(app, otel)
     api = create_app(
         app,
@@ -102,7 +108,10 @@ def serve(
         api,
         host=host,
         port=port,
-        log_level=log_level.lower(),
+        # uvicorn's records go to the handler above (redacted, one format), at the
+        # level of the other libraries; it installs no handler of its own.
+        log_config=None,
+        log_level=logging.getLogger().getEffectiveLevel(),
         access_log=False,
         ssl_certfile=ssl_certfile,
         ssl_keyfile=ssl_keyfile,

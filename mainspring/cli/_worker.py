@@ -12,7 +12,13 @@ import typer
 
 from ..observability import serve_metrics
 from ..storage import redact_url
-from ._common import LogLevelOption, OtelOption, set_tracing
+from ._common import (
+    LibraryLogLevelOption,
+    LogLevelOption,
+    OtelOption,
+    logging_to_stderr,
+    set_tracing,
+)
 from ._load import load_app
 
 __all__ = ["worker"]
@@ -32,6 +38,7 @@ def worker(
         bool, typer.Option(help="Exit when nothing is runnable or running.")
     ] = False,
     log_level: LogLevelOption = "INFO",
+    library_log_level: LibraryLogLevelOption = None,
     metrics_port: Annotated[
         int | None,
         typer.Option(help="Serve this worker's Prometheus counters on this port (/metrics)."),
@@ -63,12 +70,11 @@ def worker(
     ] = None,
 ) -> None:
     """Execute runs: claim, replay, step, heartbeat. Stops gracefully on SIGTERM/SIGINT."""
-    logging.basicConfig(
-        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    loaded = logging_to_stderr(log_level, library_log_level, app_spec)
     if lease_s is not None and lease_s <= 0:
         raise typer.BadParameter(f"must be > 0, got {lease_s!r}", param_hint="--lease-s")
     app = load_app(app_spec)
+    loaded(app)  # the App's own redaction patterns apply to the log too
     for path in schedules or []:
         app.load_schedules(path)
     set_tracing(app, otel)
