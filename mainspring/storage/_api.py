@@ -151,6 +151,9 @@ class ApiTables(Connection):
         parts = token.split("_", 2)
         if len(parts) != 3 or parts[0] != _KEY_PREFIX:
             return None
+        # Hashed and compared whether the id exists or not: the time taken does not
+        # tell a caller which key ids there are.
+        digest = hash_key(token)
         with self._read() as cur:
             cur.execute(
                 "SELECT id, name, hash, scopes, created_at, last_used_at, revoked_at"
@@ -158,7 +161,8 @@ class ApiTables(Connection):
                 (parts[1],),
             )
             row = cur.fetchone()
-        if row is None or not hmac.compare_digest(row[2], hash_key(token)):
+        genuine = hmac.compare_digest(row[2] if row is not None else "0" * len(digest), digest)
+        if row is None or not genuine:
             return None
         key = _api_key(row)
         if key.revoked_at is None and (key.last_used_at or 0) < now - _LAST_USED_EVERY_S:
