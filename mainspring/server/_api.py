@@ -177,7 +177,7 @@ def create_app(
     api.add_middleware(BrowserGuard, cookie=COOKIE)
     api.add_middleware(RequestCounter, record=app.telemetry.http_request)  # outermost
     _errors(api, app)
-    sessions = Sessions()
+    sessions = Sessions(app)
     api.include_router(dashboard_router(app, sessions, secure_cookies=secure_cookies))
 
     @api.get("/", include_in_schema=False)

@@ -1,5 +1,5 @@
-"""API keys, webhooks and their durable outbox: the store's tables for the
-outside world. A run's final transition queues its webhook events in its own
+"""API keys, dashboard sessions, webhooks and their durable outbox: the store's
+tables for the outside world. A run's final transition queues its webhook events in its own
 transaction (:func:`queue_event`), so an event exists if and only if the transition
 committed."""
 
@@ -43,6 +43,7 @@ WEBHOOK_EVENTS: tuple[WebhookEvent, ...] = (
     "run.cancelled",
 )
 _KEY_PREFIX = "msk"
+_SESSION_PREFIX = "mss_"
 # A key's last use is written at most this often: reads must not each cost a write.
 _LAST_USED_EVERY_S = 60.0
 
@@ -202,6 +203,51 @@ class ApiTables(Connection):
                 "UPDATE ms_api_keys SET revoked_at = ? WHERE id = ? AND revoked_at IS NULL",
                 (now, key_id),
             )
+            revoked = bool(cur.rowcount)
+            cur.execute("DELETE FROM ms_sessions WHERE key_id = ?", (key_id,))
+            return revoked
+
+    # -- dashboard sessions ----------------------------------------------------------------
+
+    def start_session(
+        self, key_id: str, now: float, *, ttl_s: float, max_per_key: int = 100
+    ) -> str:
+        """A new session for ``key_id`` ending after ``ttl_s``; returns its token
+        (``mss_…``), which is stored as a hash only. Ended sessions are removed, and
+        the key's oldest beyond ``max_per_key``."""
+        token = _SESSION_PREFIX + secrets.token_urlsafe(32)
+        with self._write() as cur:
+            cur.execute("DELETE FROM ms_sessions WHERE expires_at <= ?", (now,))
+            cur.execute(
+                "INSERT INTO ms_sessions (hash, key_id, created_at, expires_at)"
+                " VALUES (?, ?, ?, ?)",
+                (hash_key(token), key_id, now, now + ttl_s),
+            )
+            cur.execute(
+                "DELETE FROM ms_sessions WHERE key_id = ? AND hash NOT IN (SELECT hash FROM"
+                " ms_sessions WHERE key_id = ? ORDER BY created_at DESC, hash LIMIT ?)",
+                (key_id, key_id, max_per_key),
+            )
+        return token
+
+    def session_key_id(self, token: str, now: float) -> str | None:
+        """The key a live session stands for; ``None`` for an unknown, ended or
+        expired one."""
+        if not token.startswith(_SESSION_PREFIX):
+            return None
+        with self._read() as cur:
+            cur.execute(
+                "SELECT key_id FROM ms_sessions WHERE hash = ? AND expires_at > ?",
+                (hash_key(token), now),
+            )
+            row = cur.fetchone()
+        return str(row[0]) if row is not None else None
+
+    def end_session(self, token: str) -> bool:
+        """Log out: the token no longer authenticates anything. ``False`` when it
+        was not a live session."""
+        with self._write() as cur:
+            cur.execute("DELETE FROM ms_sessions WHERE hash = ?", (hash_key(token),))
             return bool(cur.rowcount)
 
     # -- webhooks and their outbox -------------------------------------------------------
