@@ -51,7 +51,7 @@ def serve(
         typer.Option(
             "--webhook-allow",
             metavar="CIDR",
-            help="A network webhooks may target beside public addresses (repeatable; "
+            help="A network webhooks may target beside globally routable addresses (repeatable; "
             "'*' allows any).",
         ),
     ] = None,

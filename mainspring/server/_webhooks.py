@@ -125,7 +125,8 @@ class WebhookDispatcher:
             in the outbox with its last error).
         backoff_s / max_backoff_s: the first retry delay and the cap; doubled each
             attempt, with full jitter.
-        allow_networks: networks beside public addresses that deliveries may reach
+        allow_networks: networks beside globally routable addresses that deliveries
+            may reach
             (``"10.0.0.0/8"``), or ``"*"`` for any (see ``TargetPolicy``).
     """
 
