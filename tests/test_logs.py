@@ -153,3 +153,24 @@ def test_the_filter_redacts_every_record_whoever_wrote_it() -> None:
     assert redact_log_text("no secrets here: /runs?status=waiting") == (
         "no secrets here: /runs?status=waiting"
     )
+
+
+def test_libraries_are_told_apart_by_name_and_by_where_their_code_is_installed() -> None:
+    import sysconfig
+
+    from mainspring.observability import LibraryLevel
+
+    installed = os.path.join(sysconfig.get_paths()["purelib"], "somelib", "client.py")
+    levels = LibraryLevel(logging.INFO, logging.WARNING, packages=["myapp"])
+
+    def passes(name: str, level: int, pathname: str = __file__) -> bool:
+        return levels.filter(logging.LogRecord(name, level, pathname, 1, "m", None, None))
+
+    assert passes("mainspring.worker", logging.INFO)
+    assert passes("myapp.tools", logging.INFO, installed)  # the app's own, even installed
+    assert passes("reports", logging.INFO)  # code that is not installed: the app's
+    assert not passes("httpx", logging.INFO)  # a known library, wherever it is
+    assert not passes("httpx2", logging.INFO)
+    assert not passes("somelib.client", logging.INFO, installed)  # an unknown, installed one
+    assert passes("somelib.client", logging.WARNING, installed)
+    assert not passes("mainspring.worker", logging.DEBUG)

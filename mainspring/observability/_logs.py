@@ -150,6 +150,7 @@ class LibraryLevel(logging.Filter):
         self.library = library
         self.packages = {"mainspring", *packages}
         self._installed = _installed_dirs()
+        self._files: dict[str, bool] = {}  # source file -> installed (one realpath each)
 
     def is_library(self, record: logging.LogRecord) -> bool:
         """Whether ``record`` comes from a third-party library (see the module)."""
@@ -158,7 +159,13 @@ class LibraryLevel(logging.Filter):
             return False
         if top in LIBRARIES:
             return True
-        return os.path.realpath(record.pathname or "").startswith(self._installed)
+        path = record.pathname or ""
+        installed = self._files.get(path)
+        if installed is None:
+            installed = os.path.realpath(path).startswith(self._installed)
+            if len(self._files) < 10_000:
+                self._files[path] = installed
+        return installed
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.levelno >= max(self.own, self.library):
