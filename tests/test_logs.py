@@ -14,6 +14,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -174,3 +175,21 @@ def test_libraries_are_told_apart_by_name_and_by_where_their_code_is_installed()
     assert not passes("somelib.client", logging.INFO, installed)  # an unknown, installed one
     assert passes("somelib.client", logging.WARNING, installed)
     assert not passes("mainspring.worker", logging.DEBUG)
+
+
+def test_the_worker_command_run_in_process_leaves_logging_as_it_found_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from typer.testing import CliRunner
+
+    from mainspring.cli import cli
+
+    url = f"sqlite:///{tmp_path / 'q.db'}"
+    (tmp_path / "quiet_app.py").write_text(f"import mainspring as ms\napp = ms.App({url!r})\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    root = logging.getLogger()
+    before = (list(root.handlers), root.level)
+    done = CliRunner().invoke(cli, ["worker", "quiet_app:app", "--until-idle"])
+    assert done.exit_code == 0, done.output
+    assert "worker" in done.output and "started on" in done.output  # it did log
+    assert (list(root.handlers), root.level) == before

@@ -23,7 +23,7 @@ import typer
 from rich.console import Console
 
 from .. import App, ConfigError, MainspringError
-from ..observability import configure_logging
+from ..observability import configure_logging, remove_logging
 from ..storage import SCHEMA_VERSION, SQLiteStore, Store, open_store
 from ._load import load_app
 
@@ -258,13 +258,14 @@ def _one_line(text: str) -> str:
     return " ".join(ln for ln in lines if ln and not ln.startswith("For further information"))
 
 
+@contextmanager
 def logging_to_stderr(
     level: str, library_level: str | None, app_spec: str
-) -> Callable[[App], None]:
-    """Install the log handler of ``worker`` and ``serve`` (redacting, libraries
-    quiet: :func:`~mainspring.observability.configure_logging`), the package of
-    ``app_spec`` counting as the application's; a bad level is a usage error.
-    Returns what to call once the App is loaded (its redactor applies to the log)."""
+) -> Iterator[Callable[[App], None]]:
+    """While the block runs, the log handler of ``worker`` and ``serve``
+    (redacting, libraries quiet: :func:`~mainspring.observability.configure_logging`),
+    the package of ``app_spec`` counting as the application's; a bad level is a usage
+    error. Gives what to call once the App is loaded (its redactor applies too)."""
     for value, option in ((level, "--log-level"), (library_level, "--library-log-level")):
         if value is not None and not isinstance(logging.getLevelName(value.upper()), int):
             raise typer.BadParameter(
@@ -277,4 +278,7 @@ def logging_to_stderr(
     def loaded(app: App) -> None:
         redacting.add(app.redactor)
 
-    return loaded
+    try:
+        yield loaded
+    finally:  # invoked in-process (a test, a script), the command leaves no handler
+        remove_logging()

@@ -81,41 +81,41 @@ def serve(
     except ImportError as exc:  # the CLI prints MissingExtra as one line with the fix
         raise MissingExtra("mainspring serve", "server", exc.name) from None
 
-    loaded = logging_to_stderr(log_level, library_log_level, app_spec)
-    app = load_app(app_spec)
-    loaded(app)  # the App's own redaction patterns apply to the log too
-    set_tracing(app, otel)
-    api = create_app(
-        app,
-        worker=worker,
-        webhooks=webhooks,
-        max_body_bytes=max_body_bytes,
-        worker_options={"concurrency": concurrency},
-        docs=docs,
-        secure_cookies=True if secure_cookies or ssl_certfile else None,
-        webhook_allow=webhook_allow or (),
-        body_timeout_s=body_timeout,
-    )
-    logging.getLogger("mainspring.server").info(
-        "serving %s on http://%s:%d (store %s, worker %s)",
-        app_spec,
-        host,
-        port,
-        redact_url(app.url),
-        "on" if worker else "off",
-    )
-    uvicorn.run(
-        api,
-        host=host,
-        port=port,
-        # uvicorn's records go to the handler above (redacted, one format), at the
-        # level of the other libraries; it installs no handler of its own.
-        log_config=None,
-        log_level=logging.getLogger().getEffectiveLevel(),
-        access_log=False,
-        ssl_certfile=ssl_certfile,
-        ssl_keyfile=ssl_keyfile,
-        timeout_keep_alive=5,  # idle connections are closed, not held
-        http=with_header_timeout(header_timeout),  # and so are ones whose headers dawdle
-        limit_concurrency=1000,  # past this, 503 rather than exhausting descriptors
-    )
+    with logging_to_stderr(log_level, library_log_level, app_spec) as loaded:
+        app = load_app(app_spec)
+        loaded(app)  # the App's own redaction patterns apply to the log too
+        set_tracing(app, otel)
+        api = create_app(
+            app,
+            worker=worker,
+            webhooks=webhooks,
+            max_body_bytes=max_body_bytes,
+            worker_options={"concurrency": concurrency},
+            docs=docs,
+            secure_cookies=True if secure_cookies or ssl_certfile else None,
+            webhook_allow=webhook_allow or (),
+            body_timeout_s=body_timeout,
+        )
+        logging.getLogger("mainspring.server").info(
+            "serving %s on http://%s:%d (store %s, worker %s)",
+            app_spec,
+            host,
+            port,
+            redact_url(app.url),
+            "on" if worker else "off",
+        )
+        uvicorn.run(
+            api,
+            host=host,
+            port=port,
+            # uvicorn installs no handler of its own: its records go to the one above
+            # (redacted, one format), which lets them through as a library's.
+            log_config=None,
+            log_level=logging.getLogger().getEffectiveLevel(),
+            access_log=False,
+            ssl_certfile=ssl_certfile,
+            ssl_keyfile=ssl_keyfile,
+            timeout_keep_alive=5,  # idle connections are closed, not held
+            http=with_header_timeout(header_timeout),  # and so are ones whose headers dawdle
+            limit_concurrency=1000,  # past this, 503 rather than exhausting descriptors
+        )

@@ -8,7 +8,14 @@ export, and ``doctor``'s diagnosis by the failure table.
 
 from ._doctor import Diagnosis, Finding, FindingKind, Progress, diagnose, progress
 from ._live import Telemetry, serve_metrics
-from ._logs import LIBRARIES, LibraryLevel, RedactingFilter, configure_logging, redact_log_text
+from ._logs import (
+    LIBRARIES,
+    LibraryLevel,
+    RedactingFilter,
+    configure_logging,
+    redact_log_text,
+    remove_logging,
+)
 from ._metrics import LATENCY_BUCKETS, MetricsCollector, metrics_text
 from ._names import StepRole, model_of, step_role
 from ._otel import export_trace
@@ -48,6 +55,7 @@ __all__ = [
     "parse_traceparent",
     "progress",
     "redact_log_text",
+    "remove_logging",
     "serve_metrics",
     "step_role",
     "trace_entries",

@@ -30,6 +30,7 @@ import sys
 import sysconfig
 import threading
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 from ._redact import Redactor
 
@@ -39,6 +40,7 @@ __all__ = [
     "RedactingFilter",
     "configure_logging",
     "redact_log_text",
+    "remove_logging",
 ]
 
 # Third-party loggers a worker or server process meets: HTTP clients and servers,
@@ -192,18 +194,45 @@ def configure_logging(
     else:
         libraries = wanted if wanted <= logging.DEBUG else max(wanted, logging.WARNING)
     root = logging.getLogger()
-    for old in [h for h in root.handlers if getattr(h, "_mainspring", False)]:
-        root.removeHandler(old)
-    handler = logging.StreamHandler(sys.stderr)
+    before = remove_logging()
+    handler = _Stderr(before)
     handler.setFormatter(logging.Formatter(FORMAT))
     levels = LibraryLevel(wanted, libraries, packages)
     redacting = RedactingFilter()
     handler.addFilter(levels)  # first: a record dropped is never redacted for nothing
     handler.addFilter(redacting)
-    handler._mainspring = True  # type: ignore[attr-defined]
     root.addHandler(handler)
     root.setLevel(min(wanted, libraries))
     return redacting, levels
+
+
+def remove_logging() -> int:
+    """Take out the handler :func:`configure_logging` installed, if any, and give the
+    root logger back its level from before; returns that level."""
+    root = logging.getLogger()
+    level = root.level
+    for old in [h for h in root.handlers if isinstance(h, _Stderr)]:
+        root.removeHandler(old)
+        level = old.root_level
+    root.setLevel(level)
+    return level
+
+
+class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]
+    """A handler writing to whatever ``sys.stderr`` is when a record comes (a test
+    runner or a daemon may swap it)."""
+
+    def __init__(self, root_level: int) -> None:
+        super().__init__()
+        self.root_level = root_level
+
+    @property
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: Any) -> None:
+        pass
 
 
 def _level(name: str) -> int:
