@@ -41,8 +41,10 @@ async def app(tmp_path: Path) -> AsyncIterator[ms.App]:
 
 def stdio(app: ms.App, folder: Path, ledger: Path, **options: Any) -> MCPToolset:
     """The example server over ``folder`` as the App's MCP server ``fs`` (prefix
-    ``fs_``), recording every call in the ledger at ``ledger``."""
+    ``fs_``), recording every call in the ledger at ``ledger``. Its annotations are
+    trusted (it is our own server) unless ``trust_annotations=False`` is given."""
     env = {"PYTHONPATH": str(ROOT), "FS_LEDGER": str(ledger), **options.pop("env", {})}
+    options.setdefault("trust_annotations", True)
     return app.mcp(
         "fs", command=[sys.executable, str(SERVER), str(folder)], env=env, prefix="fs_", **options
     )

@@ -148,7 +148,11 @@ async def test_a_tool_that_changed_on_the_server_is_a_clear_error(
 
 LISTING = [
     {"name": "look", "inputSchema": {"type": "object"}, "annotations": {"readOnlyHint": True}},
-    {"name": "put", "inputSchema": {"type": "object"}, "annotations": {"idempotentHint": True}},
+    {
+        "name": "put",
+        "inputSchema": {"type": "object"},
+        "annotations": {"idempotentHint": True, "destructiveHint": False},
+    },
     {"name": "add", "inputSchema": {"type": "object"}},
     {
         "name": "drop",
@@ -163,7 +167,9 @@ LISTING = [
 
 
 def test_effects_and_modes_come_from_the_annotations(app: ms.App) -> None:
-    fs = app.mcp("unit", command=["true"], prefix="u_", effects={"add": "read"})
+    fs = app.mcp(
+        "unit", command=["true"], prefix="u_", effects={"add": "read"}, trust_annotations=True
+    )
     listed = fs.tools_from(LISTING)
     by_name = {t.name: t for t in listed.tools}
     assert listed.allowed == ("u_look", "u_put", "u_add", "u_drop")
@@ -174,9 +180,17 @@ def test_effects_and_modes_come_from_the_annotations(app: ms.App) -> None:
         "u_add": ("read", "at_least_once", False),  # overridden by effects=
         "u_drop": ("irreversible", "at_most_once", True),
     }
-    plain = app.mcp("plain", command=["true"]).tools_from(LISTING)
-    add = next(t for t in plain.tools if t.name == "add")
-    assert (add.effect, add.mode) == ("write", "at_most_once")  # no hint: never re-sent
+    trusted = app.mcp("plain", command=["true"], trust_annotations=True).tools_from(LISTING)
+    add = next(t for t in trusted.tools if t.name == "add")
+    # No hint, from a trusted server: MCP's default (destructive) holds, so approval.
+    assert (add.effect, add.mode, add.requires_approval) == ("irreversible", "at_most_once", True)
+    untrusted = app.mcp("stranger", command=["true"], idempotent=["put"]).tools_from(LISTING)
+    assert {t.name: (t.effect, t.mode) for t in untrusted.tools} == {
+        "look": ("irreversible", "at_most_once"),  # its readOnlyHint is not believed
+        "put": ("irreversible", "at_most_once"),  # nor its idempotentHint
+        "add": ("irreversible", "at_most_once"),
+        "drop": ("irreversible", "at_most_once"),
+    }
     drop = by_name["u_drop"]
     assert drop.spec().parameters == {
         "type": "object",

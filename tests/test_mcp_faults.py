@@ -43,7 +43,7 @@ def http_url(folder: Path, ledger_path: Path) -> Iterator[str]:
 
 
 async def test_streamable_http_server(app: ms.App, http_url: str, ledger_path: Path) -> None:
-    web = app.mcp("web", url=http_url, headers={"X-Team": "ops"})
+    web = app.mcp("web", url=http_url, headers={"X-Team": "ops"}, trust_annotations=True)
     model = ScriptedModel(
         [
             call("write_file", {"path": "a.txt", "content": "alpha"}),

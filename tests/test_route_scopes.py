@@ -229,3 +229,74 @@ def test_route_scope_matrix(server: tuple[str, Fixture], operation: str) -> None
                     )
     wanted = {c: _expected(c, scope, ok) for c in CREDENTIALS}
     assert seen == wanted, operation
+
+
+# -- the session cookie × every unsafe operation × what a browser may add beside it ------
+
+UNSAFE = sorted(op for op in MATRIX if op.split()[0] in ("POST", "PUT", "PATCH", "DELETE"))
+# Headers that ride along with the cookie: some a browser adds by itself (a proxy's Basic
+# credentials, cached for the host), some a script might. None turns the origin check off.
+BESIDE_COOKIE: dict[str, Callable[[Fixture], dict[str, str]]] = {
+    "nothing": lambda f: {},
+    "a proxy's Basic": lambda f: {"Authorization": "Basic dXNlcjpwYXNzd29yZA=="},
+    "another scheme": lambda f: {"Authorization": "Digest username=ana"},
+    "an empty bearer": lambda f: {"Authorization": "Bearer"},
+    "an empty X-API-Key": lambda f: {"X-API-Key": ""},
+    "a wrong key": lambda f: {"Authorization": f"Bearer {f.keys['wrong']}"},
+    "a valid key": lambda f: {"Authorization": f"Bearer {f.keys['admin']}"},
+    "a valid X-API-Key": lambda f: {"X-API-Key": f.keys["admin"]},
+}
+# Requests that are not from the server's own origin, as a browser marks them.
+NOT_SAME_ORIGIN: dict[str, dict[str, str]] = {
+    "another port, Origin only": {"Origin": "http://127.0.0.1:1"},
+    "another port, fetch metadata": {"Sec-Fetch-Site": "same-site", "Origin": "http://127.0.0.1:1"},
+    "another site": {"Sec-Fetch-Site": "cross-site", "Origin": "https://evil.example"},
+    "a sandboxed frame": {"Origin": "null"},
+    "no origin at all": {},
+}
+
+
+def _session(client: httpx.Client, base: str, token: str) -> str:
+    r = client.post(
+        "/ui/login",
+        content=f"key={token}",
+        headers={"Origin": base, "Content-Type": "application/x-www-form-urlencoded"},
+    )
+    assert r.status_code == 303, r.text
+    session = r.cookies["mainspring_key"]
+    assert session.startswith("mss_")
+    return session
+
+
+@pytest.mark.parametrize("operation", [*UNSAFE, "POST /ui/logout", "POST /ui/login"])
+def test_the_session_cookie_is_always_origin_checked(
+    server: tuple[str, Fixture], operation: str
+) -> None:
+    """A request that carries the dashboard's cookie from anywhere but the server's own
+    origin is refused (403), whatever header rides beside the cookie; nothing happens;
+    then the same request from the own origin does what the route does."""
+    base, fixture = server
+    method = operation.split()[0]
+    with httpx.Client(base_url=base, timeout=20) as client:
+        cookie = {"Cookie": f"mainspring_key={_session(client, base, fixture.keys['admin'])}"}
+        if operation.startswith("POST /ui/"):
+            url, body, ok = operation.split()[1], None, 303
+        else:
+            _, ok, make = MATRIX[operation]
+            url, body = make(fixture)
+        before = (len(fixture.app.list_runs(limit=1000)), len(fixture.app.list_webhooks()))
+        if operation == "POST /ui/login":
+            body_kw: dict[str, Any] = {"content": f"key={fixture.keys['admin']}"}
+        else:
+            body_kw = {"json": body} if body is not None else {}
+        for beside, extra in BESIDE_COOKIE.items():
+            for where, origin in NOT_SAME_ORIGIN.items():
+                headers = {**cookie, **extra(fixture), **origin}
+                r = client.request(method, url, headers=headers, **body_kw)
+                assert r.status_code == 403, (beside, where, r.status_code, r.text)
+                assert "cross-site request refused" in r.json()["error"]["message"]
+        assert (len(fixture.app.list_runs(limit=1000)), len(fixture.app.list_webhooks())) == before
+        # From the own origin the session works: so nothing above had happened (a second
+        # cancel or answer would be a 409; logout would have ended the session).
+        r = client.request(method, url, headers={**cookie, "Origin": base}, **body_kw)
+        assert r.status_code == ok, (operation, r.text)

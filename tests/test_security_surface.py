@@ -392,3 +392,31 @@ def test_admin_operations_are_app_methods_on_the_apps_clock(tmp_path: Path) -> N
         with pytest.raises(ms.ConfigError):
             bad()
     app.close()
+
+
+def test_failed_logins_are_throttled_not_the_holder_of_a_valid_key(app: ms.App) -> None:
+    """Ten failures from one address (everyone behind one NAT) or with one key id (from
+    any address) throttle further failures with 429; a valid key still logs in, from
+    that address and with that key id."""
+    record, key = app.store.create_api_key("ana", ["read"], app.clock.now())
+    form = {"Origin": ORIGIN, "Content-Type": "application/x-www-form-urlencoded"}
+    api = create_app(app, webhooks=False)
+
+    def attempt(address: str, token: str) -> int:
+        with TestClient(api, client=(address, 40000)) as c:
+            r = c.post("/ui/login", content=f"key={token}", headers=form, follow_redirects=False)
+            return r.status_code
+
+    nat = "203.0.113.7"
+    codes = [attempt(nat, f"msk_0123456789ab_guess{i}") for i in range(10)]
+    assert codes == [200] * 10  # the form again, with the error
+    assert attempt(nat, "msk_ba9876543210_other") == 429  # this address is throttled
+    assert attempt(nat, key) == 303  # but ana, behind the same NAT, logs in
+    assert attempt(nat, "msk_ba9876543210_other") == 429  # (her login reset nothing)
+    assert attempt("198.51.100.1", "msk_ba9876543210_other") == 200  # other addresses: no
+    # One key id guessed from many addresses: that key id is throttled everywhere...
+    secret_guesses = [attempt(f"192.0.2.{i}", f"msk_{record.id}_guess{i}") for i in range(10)]
+    assert secret_guesses == [200] * 10
+    assert attempt("192.0.2.200", f"msk_{record.id}_guess") == 429
+    assert attempt("192.0.2.200", "msk_ba9876543210_fresh") == 200  # a fresh address, id
+    assert attempt("192.0.2.201", key) == 303  # ...and its holder still logs in

@@ -10,8 +10,10 @@ import threading
 from collections import Counter
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from _helpers import drain
 
@@ -39,6 +41,7 @@ class Receiver:
         self.accepted: Counter[str] = Counter()
         self.events: dict[str, dict[str, Any]] = {}
         self.bad_signatures = 0
+        self.hosts: list[str] = []
         self.lock = threading.Lock()
         receiver = self
 
@@ -59,6 +62,7 @@ class Receiver:
                 )
                 event_id = self.headers["Mainspring-Event-Id"]
                 with receiver.lock:
+                    receiver.hosts.append(self.headers["Host"])
                     if not ok:
                         receiver.bad_signatures += 1
                         status = 401
@@ -303,3 +307,171 @@ async def test_delivery_refuses_internal_targets_and_keeps_no_secrets(
     finally:
         server.shutdown()
         server.server_close()
+
+
+# Not globally routable, each in the forms that slipped through before: the shared
+# (carrier-grade NAT) space with a cloud's metadata address, IETF assignments, and the
+# IPv6 forms that carry a refused IPv4 address.
+NOT_GLOBAL = [
+    "100.64.0.1",
+    "100.100.100.200",  # Alibaba Cloud's metadata service
+    "192.0.0.1",
+    "192.0.0.9",  # "global" to ipaddress, an IETF assignment all the same
+    "192.88.99.1",
+    "198.18.0.1",
+    "224.0.0.251",  # multicast: "global" to ipaddress
+    "255.255.255.255",
+    "2002:a9fe:a9fe::1",  # 6to4 around 169.254.169.254
+    "2002:7f00:1::",  # 6to4 around 127.0.0.1
+    "64:ff9b::a9fe:a9fe",  # NAT64 (well-known prefix) of 169.254.169.254
+    "64:ff9b::a64:6464",  # NAT64 of 100.100.100.200
+    "64:ff9b:1::a9fe:a9fe",  # local-use NAT64
+    "::ffff:169.254.169.254",  # IPv4-mapped
+    "::ffff:100.100.100.200",
+    "::169.254.169.254",  # IPv4-compatible
+    "::ffff:0:169.254.169.254",  # IPv4-translated (SIIT)
+    "2001:0:4136:e378:8000:63bf:3fff:fdd2",  # Teredo
+    "2001:0:a9fe:a9fe::",  # Teredo with the metadata address as its server
+    "fec0::1",  # site-local: "global" to ipaddress
+    "ff0e::1",  # global-scope multicast: "global" to ipaddress
+    "3fff::1",  # documentation (RFC 9637)
+    "5f00::1",
+    "4000::1",  # outside 2000::/3: nothing is allocated there
+]
+GLOBAL = ["8.8.8.8", "1.1.1.1", "2606:4700:4700::1111", "2002:808:808::1", "64:ff9b::808:808"]
+
+
+@pytest.mark.parametrize("address", NOT_GLOBAL)
+def test_the_policy_refuses_what_is_not_globally_routable(address: str) -> None:
+    import ipaddress
+
+    parsed = ipaddress.ip_address(address)
+    problem = TargetPolicy().refusal(parsed)
+    assert problem is not None and problem.startswith(f"{parsed} "), problem
+    assert "--webhook-allow" in problem
+    assert TargetPolicy(["*"]).refusal(parsed) is None
+
+
+def test_the_policy_lets_global_addresses_through_and_says_what_an_address_carries() -> None:
+    import ipaddress
+
+    for address in GLOBAL:
+        assert TargetPolicy().refusal(ipaddress.ip_address(address)) is None, address
+    problem = TargetPolicy().refusal(ipaddress.ip_address("2002:a9fe:a9fe::1"))
+    assert problem is not None and problem.startswith(
+        "2002:a9fe:a9fe::1 leads through 6to4 to 169.254.169.254, a link-local address"
+    )
+    assert "--webhook-allow 169.254.169.254/32" in problem
+    # An allowed network admits the IPv4 address in its IPv6 forms too.
+    local = TargetPolicy(["127.0.0.0/8"])
+    assert local.refusal(ipaddress.ip_address("::ffff:127.0.0.1")) is None
+    assert local.refusal(ipaddress.ip_address("::ffff:10.0.0.1")) is not None
+
+
+def test_registration_refuses_what_is_not_globally_routable(tmp_path: Path) -> None:
+    from fastapi.testclient import TestClient
+
+    from mainspring.server import create_app
+
+    hosts = [
+        *(f"[{a}]" if ":" in a else a for a in NOT_GLOBAL),
+        "127.1",  # every numeric form the resolver reads as an address
+        "2130706433",
+        "0x7f.0.0.1",
+        "0251.0376.0251.0376",  # 169.254.169.254 in octal
+        "LOCALHOST.",
+    ]
+    app = ms.App(f"sqlite:///{tmp_path / 'hooks.db'}")
+    admin = {"Authorization": f"Bearer {app.create_key('ops', ['admin'])[1]}"}
+    with TestClient(create_app(app, webhooks=False)) as client:
+        for host in hosts:
+            r = client.post("/webhooks", json={"url": f"http://{host}/hook"}, headers=admin)
+            assert r.status_code == 422, (host, r.text)
+            assert r.json()["error"]["message"].startswith("webhook URL refused: "), host
+        assert app.list_webhooks() == []
+        ok = client.post("/webhooks", json={"url": "https://[2606:4700::1111]/h"}, headers=admin)
+        assert ok.status_code == 201, ok.text
+    app.close()
+
+
+class _Resolver:
+    """``socket.getaddrinfo`` (the OS boundary) answering for made-up names: each
+    name's answers in turn, the last one from then on; other hosts as the OS does."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, answers: dict[str, list[str]]) -> None:
+        import socket
+
+        self.answers = answers
+        self.asked: Counter[str] = Counter()
+        real = socket.getaddrinfo
+
+        def getaddrinfo(host: Any, port: Any, *args: Any, **kwargs: Any) -> Any:
+            name = host.decode() if isinstance(host, bytes) else host
+            numeric = kwargs.get("flags", args[3] if len(args) > 3 else 0)
+            if name not in self.answers or numeric & socket.AI_NUMERICHOST:
+                return real(host, port, *args, **kwargs)
+            self.asked[name] += 1
+            given = self.answers[name]
+            address = given[min(self.asked[name], len(given)) - 1]
+            family = socket.AF_INET6 if ":" in address else socket.AF_INET
+            where = (address, int(port or 0), 0, 0) if ":" in address else (address, port or 0)
+            return [(family, socket.SOCK_STREAM, 6, "", where)]
+
+        monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+
+
+async def test_delivery_checks_what_the_name_resolves_to_then(
+    app: ms.App, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A name that passed registration resolves, at delivery, to metadata addresses:
+    given up, and no request is made (the client's transport never sees one)."""
+
+    @app.workflow
+    async def quick(ctx: ms.RunContext) -> int:
+        return 1
+
+    answers = {"meta.test": ["100.100.100.200"], "tunnel.test": ["2002:a9fe:a9fe::1"]}
+    resolver = _Resolver(monkeypatch, answers)
+    for name in answers:
+        TargetPolicy().check_url(f"http://{name}/hook")  # a name passes registration
+        app.store.add_webhook(f"http://{name}/hook", app.clock.now())
+    await app.run(quick)
+    sent: list[httpx.Request] = []
+
+    def transport(request: httpx.Request) -> httpx.Response:
+        sent.append(request)
+        return httpx.Response(204)
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(transport)) as client:
+        assert await WebhookDispatcher(app.store).deliver_once(client) == 2
+    assert sent == []
+    rows = app.store.outbox()
+    assert len(rows) == 2 and all(r["next_at"] is None for r in rows)  # given up
+    errors = sorted(r["last_error"] for r in rows)
+    assert errors[0].startswith("target refused: 100.100.100.200 is a shared")
+    assert errors[1].startswith("target refused: 2002:a9fe:a9fe::1 leads through 6to4")
+    assert set(resolver.asked) == set(answers)
+
+
+async def test_delivery_connects_to_the_address_it_checked(
+    app: ms.App, receiver: Receiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """DNS rebinding: the name answers an allowed address to the check and another
+    one afterwards. The POST goes to the checked address (with the name in Host), so
+    the second answer is never used."""
+
+    @app.workflow
+    async def quick(ctx: ms.RunContext) -> int:
+        return 1
+
+    receiver.refuse = 0
+    port = receiver.server.server_address[1]
+    # Both loopback (tests reach nothing else): only the first is allowed and listened on.
+    resolver = _Resolver(monkeypatch, {"rebind.test": ["127.0.0.1", "127.0.0.2"]})
+    app.store.add_webhook(f"http://rebind.test:{port}/hooks", app.clock.now(), secret=SECRET)
+    await app.run(quick)
+    await WebhookDispatcher(app.store, allow_networks=["127.0.0.1/32"]).deliver_once()
+    [row] = app.store.outbox()
+    assert row["delivered_at"] is not None, row["last_error"]
+    assert sum(receiver.accepted.values()) == 1 and resolver.asked["rebind.test"] == 1
+    assert receiver.hosts == [f"rebind.test:{port}"]

@@ -22,6 +22,9 @@ def build(app: ms.App, folder: Path) -> ms.AgentWorkflow[Any]:
         # lets it find the repository's copy when it does.
         env={"PYTHONPATH": str(SERVER.parents[2])},
         prefix="fs_",
+        # Our own server: its annotations (read-only, idempotent, destructive) are
+        # believed. An untrusted server's every call would wait for a person.
+        trust_annotations=True,
     )
     model = ScriptedModel(
         [

@@ -67,7 +67,7 @@ class Admin:
         (``whsec_…``, generated unless given).
 
         Args:
-            url: ``http://`` or ``https://``. Deliveries go to public addresses only
+            url: ``http://`` or ``https://``. Deliveries go to globally routable addresses only
                 unless the dispatcher allows a network (see ``docs/http-api.md``).
             events: some of :data:`~mainspring.storage.WEBHOOK_EVENTS`; none: all.
 

@@ -33,6 +33,7 @@ class MCPServers:
         timeout_s: float | None = None,
         connect_timeout_s: float = 30.0,
         max_result_chars: int = 4000,
+        trust_annotations: bool = False,
     ) -> MCPToolset:
         """Declare an MCP server whose tools agents may use: ``tools=[app.mcp(...)]``.
 
@@ -49,10 +50,15 @@ class MCPServers:
             headers: HTTP headers for every request (an ``Authorization``, say).
             prefix: put before each tool's name (``"fs_"``: ``fs_read_file``).
             allow: the server's tool names the agents may call (default: all).
-            effects: effect class per tool name, over what its annotations say
-                (``{"delete_file": "irreversible"}``).
+            effects: effect class per tool name, over anything else
+                (``{"read_file": "read", "delete_file": "irreversible"}``).
             idempotent: tools to treat as ``idempotentHint`` (safe to send again
                 with the same idempotency key).
+            trust_annotations: believe the server's annotations (``readOnlyHint``,
+                ``destructiveHint``, ``idempotentHint``) when choosing effect classes.
+                Off by default: an untrusted server's tools are ``irreversible``, so
+                a person approves each call, unless ``effects=`` says otherwise.
+                Trust a server you wrote or vetted, never one that could lie.
             timeout_s: seconds per call (by effect 30, 60 or 120 by default).
             connect_timeout_s: seconds to start or reach the server and list its tools.
             max_result_chars: longest text of a result shown to the model.
@@ -76,6 +82,7 @@ class MCPServers:
             timeout_s=timeout_s,
             connect_timeout_s=connect_timeout_s,
             max_result_chars=max_result_chars,
+            trust_annotations=trust_annotations,
         )
         self._servers()[name] = made
         return made

@@ -10,6 +10,7 @@ the Typer app directly.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -22,6 +23,7 @@ import typer
 from rich.console import Console
 
 from .. import App, ConfigError, MainspringError
+from ..observability import configure_logging, remove_logging
 from ..storage import SCHEMA_VERSION, SQLiteStore, Store, open_store
 from ._load import load_app
 
@@ -31,6 +33,7 @@ __all__ = [
     "ErrorsOption",
     "JsonOption",
     "LastOption",
+    "LibraryLogLevelOption",
     "LogLevelOption",
     "OtelOption",
     "StepOption",
@@ -38,6 +41,7 @@ __all__ = [
     "console",
     "database_url",
     "iso_time",
+    "logging_to_stderr",
     "open_app",
     "open_existing_store",
     "pick_steps",
@@ -70,7 +74,21 @@ LastOption = Annotated[
 ErrorsOption = Annotated[
     bool, typer.Option("--errors", help="Only the steps that failed or were retried.")
 ]
-LogLevelOption = Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")]
+LogLevelOption = Annotated[
+    str,
+    typer.Option(
+        help="DEBUG, INFO, WARNING or ERROR (DEBUG also lets libraries' own logs through)."
+    ),
+]
+LibraryLogLevelOption = Annotated[
+    str | None,
+    typer.Option(
+        envvar="MAINSPRING_LIBRARY_LOG_LEVEL",
+        help="Level of third-party loggers (httpx, httpcore, openai, anthropic, mcp,"
+        " uvicorn...): WARNING unless --log-level is DEBUG.",
+        show_default=False,
+    ),
+]
 OtelOption = Annotated[
     bool | None,
     typer.Option(
@@ -238,3 +256,29 @@ def _one_line(text: str) -> str:
     lines = [line.strip() for line in text.splitlines()]
     # pydantic's validation errors end with a documentation link: noise on one line.
     return " ".join(ln for ln in lines if ln and not ln.startswith("For further information"))
+
+
+@contextmanager
+def logging_to_stderr(
+    level: str, library_level: str | None, app_spec: str
+) -> Iterator[Callable[[App], None]]:
+    """While the block runs, the log handler of ``worker`` and ``serve``
+    (redacting, libraries quiet: :func:`~mainspring.observability.configure_logging`),
+    the package of ``app_spec`` counting as the application's; a bad level is a usage
+    error. Gives what to call once the App is loaded (its redactor applies too)."""
+    for value, option in ((level, "--log-level"), (library_level, "--library-log-level")):
+        if value is not None and not isinstance(logging.getLevelName(value.upper()), int):
+            raise typer.BadParameter(
+                f"{value!r} is not a log level: give DEBUG, INFO, WARNING or ERROR",
+                param_hint=option,
+            )
+    package = app_spec.split(":", 1)[0].split(".", 1)[0]
+    redacting, _ = configure_logging(level, library_level=library_level, packages=[package])
+
+    def loaded(app: App) -> None:
+        redacting.add(app.redactor)
+
+    try:
+        yield loaded
+    finally:  # invoked in-process (a test, a script), the command leaves no handler
+        remove_logging()

@@ -9,7 +9,13 @@ import typer
 
 from .. import MissingExtra
 from ..storage import redact_url
-from ._common import LogLevelOption, OtelOption, set_tracing
+from ._common import (
+    LibraryLogLevelOption,
+    LogLevelOption,
+    OtelOption,
+    logging_to_stderr,
+    set_tracing,
+)
 from ._load import load_app
 
 __all__ = ["serve"]
@@ -28,6 +34,7 @@ def serve(
     ] = True,
     max_body_bytes: Annotated[int, typer.Option(help="Larger request bodies get 413.")] = 1 << 20,
     log_level: LogLevelOption = "INFO",
+    library_log_level: LibraryLogLevelOption = None,
     docs: Annotated[
         bool,
         typer.Option(
@@ -44,7 +51,7 @@ def serve(
         typer.Option(
             "--webhook-allow",
             metavar="CIDR",
-            help="A network webhooks may target beside public addresses (repeatable; "
+            help="A network webhooks may target beside globally routable addresses (repeatable; "
             "'*' allows any).",
         ),
     ] = None,
@@ -74,39 +81,41 @@ def serve(
     except ImportError as exc:  # the CLI prints MissingExtra as one line with the fix
         raise MissingExtra("mainspring serve", "server", exc.name) from None
 
-    logging.basicConfig(
-        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    app = load_app(app_spec)
-    set_tracing(app, otel)
-    api = create_app(
-        app,
-        worker=worker,
-        webhooks=webhooks,
-        max_body_bytes=max_body_bytes,
-        worker_options={"concurrency": concurrency},
-        docs=docs,
-        secure_cookies=True if secure_cookies or ssl_certfile else None,
-        webhook_allow=webhook_allow or (),
-        body_timeout_s=body_timeout,
-    )
-    logging.getLogger("mainspring.server").info(
-        "serving %s on http://%s:%d (store %s, worker %s)",
-        app_spec,
-        host,
-        port,
-        redact_url(app.url),
-        "on" if worker else "off",
-    )
-    uvicorn.run(
-        api,
-        host=host,
-        port=port,
-        log_level=log_level.lower(),
-        access_log=False,
-        ssl_certfile=ssl_certfile,
-        ssl_keyfile=ssl_keyfile,
-        timeout_keep_alive=5,  # idle connections are closed, not held
-        http=with_header_timeout(header_timeout),  # and so are ones whose headers dawdle
-        limit_concurrency=1000,  # past this, 503 rather than exhausting descriptors
-    )
+    with logging_to_stderr(log_level, library_log_level, app_spec) as loaded:
+        app = load_app(app_spec)
+        loaded(app)  # the App's own redaction patterns apply to the log too
+        set_tracing(app, otel)
+        api = create_app(
+            app,
+            worker=worker,
+            webhooks=webhooks,
+            max_body_bytes=max_body_bytes,
+            worker_options={"concurrency": concurrency},
+            docs=docs,
+            secure_cookies=True if secure_cookies or ssl_certfile else None,
+            webhook_allow=webhook_allow or (),
+            body_timeout_s=body_timeout,
+        )
+        logging.getLogger("mainspring.server").info(
+            "serving %s on http://%s:%d (store %s, worker %s)",
+            app_spec,
+            host,
+            port,
+            redact_url(app.url),
+            "on" if worker else "off",
+        )
+        uvicorn.run(
+            api,
+            host=host,
+            port=port,
+            # uvicorn installs no handler of its own: its records go to the one above
+            # (redacted, one format), which lets them through as a library's.
+            log_config=None,
+            log_level=logging.getLogger().getEffectiveLevel(),
+            access_log=False,
+            ssl_certfile=ssl_certfile,
+            ssl_keyfile=ssl_keyfile,
+            timeout_keep_alive=5,  # idle connections are closed, not held
+            http=with_header_timeout(header_timeout),  # and so are ones whose headers dawdle
+            limit_concurrency=1000,  # past this, 503 rather than exhausting descriptors
+        )

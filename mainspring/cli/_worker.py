@@ -12,7 +12,13 @@ import typer
 
 from ..observability import serve_metrics
 from ..storage import redact_url
-from ._common import LogLevelOption, OtelOption, set_tracing
+from ._common import (
+    LibraryLogLevelOption,
+    LogLevelOption,
+    OtelOption,
+    logging_to_stderr,
+    set_tracing,
+)
 from ._load import load_app
 
 __all__ = ["worker"]
@@ -32,6 +38,7 @@ def worker(
         bool, typer.Option(help="Exit when nothing is runnable or running.")
     ] = False,
     log_level: LogLevelOption = "INFO",
+    library_log_level: LibraryLogLevelOption = None,
     metrics_port: Annotated[
         int | None,
         typer.Option(help="Serve this worker's Prometheus counters on this port (/metrics)."),
@@ -63,48 +70,47 @@ def worker(
     ] = None,
 ) -> None:
     """Execute runs: claim, replay, step, heartbeat. Stops gracefully on SIGTERM/SIGINT."""
-    logging.basicConfig(
-        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    if lease_s is not None and lease_s <= 0:
-        raise typer.BadParameter(f"must be > 0, got {lease_s!r}", param_hint="--lease-s")
-    app = load_app(app_spec)
-    for path in schedules or []:
-        app.load_schedules(path)
-    set_tracing(app, otel)
-    if metrics_port is not None:
-        serve_metrics(app.telemetry, metrics_host, metrics_port)
-    if lease_s is not None:
-        app.lease_s = lease_s
-        app.heartbeat_s = lease_s / 3
-    w = app.worker(
-        concurrency=concurrency,
-        worker_id=worker_id,
-        shutdown_grace_s=shutdown_grace_s,
-        sticky=sticky,
-        versions=_versions(accept_version),
-    )
-
-    async def main() -> None:
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, w.request_stop)
-        logging.getLogger("mainspring.worker").info(
-            "worker %s started on %s (concurrency %d, workflows: %s, versions: %s)",
-            w.worker_id,
-            redact_url(app.url),
-            concurrency,
-            ", ".join(sorted(app.workflows)) or "none",
-            "any"
-            if w.versions is None
-            else ", ".join("none" if v is None else v for v in w.versions) or "none at all",
-        )
-        await w.run(until_idle=until_idle)
-        logging.getLogger("mainspring.worker").info(
-            "worker %s stopped: %s", w.worker_id, w.stats.outcomes
+    with logging_to_stderr(log_level, library_log_level, app_spec) as loaded:
+        if lease_s is not None and lease_s <= 0:
+            raise typer.BadParameter(f"must be > 0, got {lease_s!r}", param_hint="--lease-s")
+        app = load_app(app_spec)
+        loaded(app)  # the App's own redaction patterns apply to the log too
+        for path in schedules or []:
+            app.load_schedules(path)
+        set_tracing(app, otel)
+        if metrics_port is not None:
+            serve_metrics(app.telemetry, metrics_host, metrics_port)
+        if lease_s is not None:
+            app.lease_s = lease_s
+            app.heartbeat_s = lease_s / 3
+        w = app.worker(
+            concurrency=concurrency,
+            worker_id=worker_id,
+            shutdown_grace_s=shutdown_grace_s,
+            sticky=sticky,
+            versions=_versions(accept_version),
         )
 
-    asyncio.run(main())
+        async def main() -> None:
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, w.request_stop)
+            logging.getLogger("mainspring.worker").info(
+                "worker %s started on %s (concurrency %d, workflows: %s, versions: %s)",
+                w.worker_id,
+                redact_url(app.url),
+                concurrency,
+                ", ".join(sorted(app.workflows)) or "none",
+                "any"
+                if w.versions is None
+                else ", ".join("none" if v is None else v for v in w.versions) or "none at all",
+            )
+            await w.run(until_idle=until_idle)
+            logging.getLogger("mainspring.worker").info(
+                "worker %s stopped: %s", w.worker_id, w.stats.outcomes
+            )
+
+        asyncio.run(main())
 
 
 def _versions(values: list[str] | None) -> list[str | None] | Literal["any"] | None:

@@ -1,62 +1,39 @@
-"""The dashboard's sessions: an opaque token in the cookie, the key it stands for kept
-on the server.
+"""The dashboard's sessions: an opaque token in the cookie, the key it stands for
+kept in the store.
 
 The cookie never holds the API key itself, so a stolen cookie reveals no key and
 ends with logout, after ``ttl_s``, or when its key is revoked (checked on every
-request). Sessions live in the serving process: a restart logs everyone out.
+request). The store keeps only a hash of each token, so reading the database gives
+no working cookie. Sessions live in the database, not in the serving process: they
+survive a restart of ``serve`` and work on every ``serve`` over the same database.
 """
 
 from __future__ import annotations
 
-import secrets
-import threading
-from collections import OrderedDict
-from dataclasses import dataclass
+from .. import App
 
 __all__ = ["Sessions"]
 
-_PREFIX = "mss_"
-
-
-@dataclass(frozen=True, slots=True)
-class _Session:
-    key_id: str
-    expires_at: float
-
 
 class Sessions:
-    """Session tokens of one server process (thread-safe, at most ``capacity``: the
-    oldest session ends first)."""
+    """Session tokens kept in the store of ``app`` (opened on first use), at most
+    ``max_per_key`` live ones per key: the oldest ends first."""
 
-    def __init__(self, *, ttl_s: float = 7 * 86400, capacity: int = 10_000) -> None:
+    def __init__(self, app: App, *, ttl_s: float = 7 * 86400, max_per_key: int = 100) -> None:
+        self.app = app
         self.ttl_s = ttl_s
-        self.capacity = capacity
-        self._by_token: OrderedDict[str, _Session] = OrderedDict()
-        self._lock = threading.Lock()
+        self.max_per_key = max_per_key
 
     def start(self, key_id: str, now: float) -> str:
         """A new session for ``key_id``; returns its token (the cookie's value)."""
-        token = _PREFIX + secrets.token_urlsafe(32)
-        with self._lock:
-            self._by_token[token] = _Session(key_id, now + self.ttl_s)
-            while len(self._by_token) > self.capacity:
-                self._by_token.popitem(last=False)
-        return token
+        return self.app.store.start_session(
+            key_id, now, ttl_s=self.ttl_s, max_per_key=self.max_per_key
+        )
 
     def key_id(self, token: str, now: float) -> str | None:
         """The key a live session stands for; ``None`` for an unknown or expired one."""
-        if not token.startswith(_PREFIX):
-            return None
-        with self._lock:
-            session = self._by_token.get(token)
-            if session is None:
-                return None
-            if session.expires_at <= now:
-                del self._by_token[token]
-                return None
-            return session.key_id
+        return self.app.store.session_key_id(token, now)
 
     def end(self, token: str) -> None:
-        """Log out: the token no longer authenticates anything."""
-        with self._lock:
-            self._by_token.pop(token, None)
+        """Log out: the token no longer authenticates anything, on any server."""
+        self.app.store.end_session(token)

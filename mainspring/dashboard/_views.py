@@ -9,6 +9,7 @@ import logging
 import secrets
 import threading
 import time
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
@@ -38,7 +39,9 @@ _env = Environment(
 
 
 class _Failures:
-    """Failed logins per client address in a sliding window."""
+    """Failed logins in a sliding window, counted per client address and per
+    presented key id (so one address, or one key id from many addresses, is
+    throttled). Only failures count: a valid key is never looked up here."""
 
     def __init__(self, limit: int, window_s: float) -> None:
         self.limit = limit
@@ -46,22 +49,23 @@ class _Failures:
         self._seen: dict[str, list[float]] = {}
         self._lock = threading.Lock()
 
-    def _recent(self, client: str, now: float) -> list[float]:
-        kept = [t for t in self._seen.get(client, []) if t > now - self.window_s]
+    def _recent(self, who: str, now: float) -> list[float]:
+        kept = [t for t in self._seen.get(who, []) if t > now - self.window_s]
         if kept:
-            self._seen[client] = kept
+            self._seen[who] = kept
         else:
-            self._seen.pop(client, None)
+            self._seen.pop(who, None)
         return kept
 
-    def blocked(self, client: str, now: float) -> bool:
+    def blocked(self, who: Sequence[str], now: float) -> bool:
         with self._lock:
-            return len(self._recent(client, now)) >= self.limit
+            return any(len(self._recent(w, now)) >= self.limit for w in who)
 
-    def add(self, client: str, now: float) -> None:
+    def add(self, who: Sequence[str], now: float) -> None:
         with self._lock:
-            self._seen[client] = [*self._recent(client, now), now]
-            if len(self._seen) > 100_000:  # a flood of addresses: forget the oldest
+            for w in who:
+                self._seen[w] = [*self._recent(w, now), now]
+            while len(self._seen) > 100_000:  # a flood of addresses: forget the oldest
                 self._seen.pop(next(iter(self._seen)))
 
 
@@ -125,7 +129,8 @@ def dashboard_router(
 ) -> APIRouter:
     """The dashboard's pages. ``secure_cookies``: mark the session cookie ``Secure``
     (``None``: when the request came over HTTPS). ``login_attempts`` failed logins
-    per client address within ``login_window_s`` seconds, then 429 until it passes."""
+    per client address, or per presented key id, within ``login_window_s`` seconds,
+    then 429 for further failures until it passes (a valid key always logs in)."""
     router = APIRouter(prefix="/ui", include_in_schema=False)
     failures = _Failures(login_attempts, login_window_s)
 
@@ -155,34 +160,46 @@ def dashboard_router(
     @router.post("/login")
     async def login(request: Request) -> Response:
         client = request.client.host if request.client else "?"
+        form = parse_qs((await request.body()).decode(errors="replace"))
+        token = (form.get("key") or [""])[0].strip()
+        # The key is checked before any throttling, on every attempt: a valid key logs
+        # in whatever others failed from its address (everyone behind one NAT), and a
+        # throttled attempt takes the same path as any other (no timing tells them
+        # apart). Keys carry 256 random bits: the throttle bounds noise and load.
+        key = app.verify_key(token) if token else None
+        if key is not None and key.allows("read"):
+            audit.info("dashboard login of key %r (%s) from %s", key.id, key.name, client)
+            response = RedirectResponse("/ui/", status_code=303)
+            secure = request.url.scheme == "https" if secure_cookies is None else secure_cookies
+            response.set_cookie(
+                COOKIE,
+                sessions.start(key.id, app.clock.now()),
+                httponly=True,
+                samesite="strict",
+                secure=secure,
+                max_age=int(sessions.ttl_s),
+                path="/",
+            )
+            return response
+        key_id = _key_id(token)
+        who = [f"address {client}", *([f"key {key_id}"] if key_id else [])]
         now = time.monotonic()
-        if failures.blocked(client, now):
-            audit.warning("dashboard login refused: too many failures from %s", client)
+        throttled = failures.blocked(who, now)
+        failures.add(who, now)
+        if throttled:
+            audit.warning(
+                "dashboard login refused: too many failures from %s or for key id %r",
+                client,
+                key_id,
+            )
             return page(
                 "login.html",
                 status_code=429,
-                error="Too many failed logins from this address; wait a minute.",
+                error="Too many failed logins from this address or with this key; wait a "
+                "minute (a valid key still logs in).",
             )
-        form = parse_qs((await request.body()).decode(errors="replace"))
-        token = (form.get("key") or [""])[0].strip()
-        key = app.verify_key(token) if token else None
-        if key is None or not key.allows("read"):
-            failures.add(client, now)
-            audit.warning("dashboard login failed from %s (key id %r)", client, _key_id(token))
-            return page("login.html", error="That key is not valid (or lacks the read scope).")
-        audit.info("dashboard login of key %r (%s) from %s", key.id, key.name, client)
-        response = RedirectResponse("/ui/", status_code=303)
-        secure = request.url.scheme == "https" if secure_cookies is None else secure_cookies
-        response.set_cookie(
-            COOKIE,
-            sessions.start(key.id, app.clock.now()),
-            httponly=True,
-            samesite="strict",
-            secure=secure,
-            max_age=int(sessions.ttl_s),
-            path="/",
-        )
-        return response
+        audit.warning("dashboard login failed from %s (key id %r)", client, key_id)
+        return page("login.html", error="That key is not valid (or lacks the read scope).")
 
     @router.post("/logout")
     def logout(request: Request) -> Response:

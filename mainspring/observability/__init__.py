@@ -8,6 +8,14 @@ export, and ``doctor``'s diagnosis by the failure table.
 
 from ._doctor import Diagnosis, Finding, FindingKind, Progress, diagnose, progress
 from ._live import Telemetry, serve_metrics
+from ._logs import (
+    LIBRARIES,
+    LibraryLevel,
+    RedactingFilter,
+    configure_logging,
+    redact_log_text,
+    remove_logging,
+)
 from ._metrics import LATENCY_BUCKETS, MetricsCollector, metrics_text
 from ._names import StepRole, model_of, step_role
 from ._otel import export_trace
@@ -20,12 +28,15 @@ from ._traceparent import parse_traceparent
 __all__ = [
     "BUILTIN_PATTERNS",
     "LATENCY_BUCKETS",
+    "LIBRARIES",
     "SECRET_KEYS",
     "Diagnosis",
     "Finding",
     "FindingKind",
+    "LibraryLevel",
     "MetricsCollector",
     "Progress",
+    "RedactingFilter",
     "Redactor",
     "RunTrace",
     "StepRole",
@@ -34,6 +45,7 @@ __all__ = [
     "TraceKind",
     "build_trace",
     "child_traceparent",
+    "configure_logging",
     "diagnose",
     "export_trace",
     "exporter_from_environment",
@@ -42,6 +54,8 @@ __all__ = [
     "model_of",
     "parse_traceparent",
     "progress",
+    "redact_log_text",
+    "remove_logging",
     "serve_metrics",
     "step_role",
     "trace_entries",

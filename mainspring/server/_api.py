@@ -131,7 +131,7 @@ def create_app(
         secure_cookies: mark the dashboard's session cookie ``Secure`` (``None``: when
             the login request came over HTTPS; set ``True`` behind a TLS proxy).
         max_streams_per_key: open event streams one key may hold; more get 429.
-        webhook_allow: networks beside public addresses that webhooks may target
+        webhook_allow: networks beside globally routable addresses that webhooks may target
             (``"10.0.0.0/8"``; ``"*"``: any), checked when one is registered and at
             each delivery.
         body_timeout_s: a request body that pauses longer than this between chunks
@@ -177,7 +177,7 @@ def create_app(
     api.add_middleware(BrowserGuard, cookie=COOKIE)
     api.add_middleware(RequestCounter, record=app.telemetry.http_request)  # outermost
     _errors(api, app)
-    sessions = Sessions()
+    sessions = Sessions(app)
     api.include_router(dashboard_router(app, sessions, secure_cookies=secure_cookies))
 
     @api.get("/", include_in_schema=False)
@@ -557,8 +557,9 @@ def create_app(
     )
     def add_webhook(body: WebhookIn, _key: Admin) -> WebhookOut:
         """Register an endpoint; the response carries its signing secret, once.
-        Loopback, private and link-local targets are refused unless the server allows
-        their network (``--webhook-allow``)."""
+        Targets that are not globally routable (loopback, private, link-local, shared
+        and the IPv6 forms that carry such an IPv4 address) are refused unless the
+        server allows their network (``--webhook-allow``)."""
         targets.check_url(body.url)
         hook, secret = app.add_webhook(body.url, secret=body.secret, events=body.events)
         return WebhookOut(

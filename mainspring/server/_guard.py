@@ -3,10 +3,12 @@ way in, security headers on the way out.
 
 The dashboard authenticates with a cookie, which a browser attaches to requests that
 other sites make too. So an unsafe request (POST, PUT, PATCH, DELETE) that carries
-the cookie and no explicit key, and every unsafe request to the dashboard (login and
-logout included), must come from this origin: ``Sec-Fetch-Site: same-origin``, or an
-``Origin`` equal to the server's own. And the API's bodies must be
-``application/json``, which no plain HTML form can send.
+the cookie, and every unsafe request to the dashboard (login and logout included),
+must come from this origin: ``Sec-Fetch-Site: same-origin``, or an ``Origin`` equal
+to the server's own. No other header turns that check off: a browser adds some on
+its own (a proxy's ``Authorization: Basic``, cached for the host), and which
+credential the API then uses is not the guard's to guess. And the API's bodies must
+be ``application/json``, which no plain HTML form can send.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import json
 
 from starlette.datastructures import Headers
+from starlette.requests import cookie_parser
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 __all__ = ["SECURITY_HEADERS", "BrowserGuard", "send_json_error"]
@@ -34,8 +37,9 @@ _API_CSP = b"default-src 'none'; frame-ancestors 'none'; base-uri 'none'"
 
 
 class BrowserGuard:
-    """ASGI middleware: refuse cross-site unsafe requests that a cookie would
-    authenticate, refuse non-JSON API bodies (415), add security headers."""
+    """ASGI middleware: refuse cross-site unsafe requests that carry the session
+    cookie (whatever other credential they carry), refuse non-JSON API bodies (415),
+    add security headers."""
 
     def __init__(self, app: ASGIApp, *, cookie: str) -> None:
         self.app = app
@@ -72,12 +76,15 @@ class BrowserGuard:
         await self.app(scope, receive, with_headers)
 
     def _check(self, scope: Scope, headers: Headers, dashboard: bool) -> tuple[int, str] | None:
-        explicit = "authorization" in headers or "x-api-key" in headers
-        by_cookie = not explicit and f"{self.cookie}=" in headers.get("cookie", "")
+        # The cookie is parsed as the endpoints parse it (every Cookie header), so the
+        # guard sees it wherever they do.
+        by_cookie = any(self.cookie in cookie_parser(v) for v in headers.getlist("cookie"))
         if (dashboard or by_cookie) and not _same_origin(scope, headers):
             return 403, (
-                "cross-site request refused: a request authenticated by the dashboard's "
-                "cookie must come from this origin (Origin or Sec-Fetch-Site: same-origin)"
+                "cross-site request refused: a request that carries the dashboard's session "
+                "cookie must come from this origin (Origin or Sec-Fetch-Site: same-origin), "
+                "whatever other credential it has; scripts send 'Authorization: Bearer "
+                "msk_…' and no cookie"
             )
         content_type = headers.get("content-type")
         if not dashboard and content_type is not None:

@@ -31,12 +31,13 @@ import logging
 import random
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import httpx
 
-from .. import Clock, SystemClock
+from .. import Clock, ConfigError, SystemClock
 from ..storage import Delivery, Store
-from ._targets import TargetPolicy, safe_url
+from ._targets import Address, TargetPolicy, safe_url
 
 __all__ = [
     "WebhookDispatcher",
@@ -124,7 +125,8 @@ class WebhookDispatcher:
             in the outbox with its last error).
         backoff_s / max_backoff_s: the first retry delay and the cap; doubled each
             attempt, with full jitter.
-        allow_networks: networks beside public addresses that deliveries may reach
+        allow_networks: networks beside globally routable addresses that deliveries
+            may reach
             (``"10.0.0.0/8"``), or ``"*"`` for any (see ``TargetPolicy``).
     """
 
@@ -196,21 +198,37 @@ class WebhookDispatcher:
         }
         error: str | None = None
         give_up = False
-        refused = await self.targets.check_delivery(d.url)
-        if refused is not None:
-            error, give_up = f"target refused: {refused}", True
-        else:
+        addresses: list[Address | None] = [None]  # any target allowed: connect by name
+        if not self.targets.any:
+            try:
+                addresses = list(await self.targets.resolve(d.url))
+            except ConfigError as exc:
+                addresses, error, give_up = [], f"target refused: {exc.message}", True
+            except OSError as exc:  # DNS is down, or the name is gone: try again later
+                addresses, error = [], f"cannot resolve {safe_url(d.url)!r}: {exc}"
+        for address in addresses:
+            url, extra, extensions = _pinned(d.url, address)
             try:
                 # No redirects: a receiver cannot bounce the POST to an internal address.
                 response = await client.post(
-                    d.url, content=body, headers=headers, follow_redirects=False
+                    url,
+                    content=body,
+                    headers={**headers, **extra},
+                    extensions=extensions,
+                    follow_redirects=False,
                 )
-                if not 200 <= response.status_code < 300:
-                    # The status line only: a receiver's body is not ours to keep.
-                    error = f"HTTP {response.status_code} {response.reason_phrase}".rstrip()
+            except httpx.ConnectError:
+                error = "ConnectError"  # the next address the name has, if any
+                continue
             except httpx.HTTPError as exc:
                 # The exception's text can quote the URL (and its credentials): not kept.
                 error = type(exc).__name__
+                break
+            error = None
+            if not 200 <= response.status_code < 300:
+                # The status line only: a receiver's body is not ours to keep.
+                error = f"HTTP {response.status_code} {response.reason_phrase}".rstrip()
+            break
         now = self.clock.now()
         retry_at = None
         if error is not None:
@@ -228,3 +246,20 @@ class WebhookDispatcher:
         await asyncio.to_thread(
             self.store.finish_delivery, d.id, now, ok=error is None, retry_at=retry_at, error=error
         )
+
+
+def _pinned(url: str, address: Address | None) -> tuple[httpx.URL, dict[str, str], dict[str, Any]]:
+    """``url`` sent to ``address`` (one the policy checked), so that the connection
+    cannot go where a second DNS answer points: the address in the URL, the name in
+    ``Host`` and, over TLS, in SNI and the certificate check."""
+    parsed = httpx.URL(url)
+    if address is None or parsed.host == str(address):
+        return parsed, {}, {}
+    extensions: dict[str, Any] = {}
+    if parsed.scheme == "https":
+        extensions["sni_hostname"] = parsed.host
+    return (
+        parsed.copy_with(host=str(address)),
+        {"Host": parsed.netloc.decode("ascii")},
+        extensions,
+    )

@@ -1,5 +1,5 @@
-"""API keys, webhooks and their durable outbox: the store's tables for the
-outside world. A run's final transition queues its webhook events in its own
+"""API keys, dashboard sessions, webhooks and their durable outbox: the store's
+tables for the outside world. A run's final transition queues its webhook events in its own
 transaction (:func:`queue_event`), so an event exists if and only if the transition
 committed."""
 
@@ -43,6 +43,7 @@ WEBHOOK_EVENTS: tuple[WebhookEvent, ...] = (
     "run.cancelled",
 )
 _KEY_PREFIX = "msk"
+_SESSION_PREFIX = "mss_"
 # A key's last use is written at most this often: reads must not each cost a write.
 _LAST_USED_EVERY_S = 60.0
 
@@ -151,6 +152,9 @@ class ApiTables(Connection):
         parts = token.split("_", 2)
         if len(parts) != 3 or parts[0] != _KEY_PREFIX:
             return None
+        # Hashed and compared whether the id exists or not: the time taken does not
+        # tell a caller which key ids there are.
+        digest = hash_key(token)
         with self._read() as cur:
             cur.execute(
                 "SELECT id, name, hash, scopes, created_at, last_used_at, revoked_at"
@@ -158,7 +162,8 @@ class ApiTables(Connection):
                 (parts[1],),
             )
             row = cur.fetchone()
-        if row is None or not hmac.compare_digest(row[2], hash_key(token)):
+        genuine = hmac.compare_digest(row[2] if row is not None else "0" * len(digest), digest)
+        if row is None or not genuine:
             return None
         key = _api_key(row)
         if key.revoked_at is None and (key.last_used_at or 0) < now - _LAST_USED_EVERY_S:
@@ -198,6 +203,51 @@ class ApiTables(Connection):
                 "UPDATE ms_api_keys SET revoked_at = ? WHERE id = ? AND revoked_at IS NULL",
                 (now, key_id),
             )
+            revoked = bool(cur.rowcount)
+            cur.execute("DELETE FROM ms_sessions WHERE key_id = ?", (key_id,))
+            return revoked
+
+    # -- dashboard sessions ----------------------------------------------------------------
+
+    def start_session(
+        self, key_id: str, now: float, *, ttl_s: float, max_per_key: int = 100
+    ) -> str:
+        """A new session for ``key_id`` ending after ``ttl_s``; returns its token
+        (``mss_…``), which is stored as a hash only. Ended sessions are removed, and
+        the key's oldest beyond ``max_per_key``."""
+        token = _SESSION_PREFIX + secrets.token_urlsafe(32)
+        with self._write() as cur:
+            cur.execute("DELETE FROM ms_sessions WHERE expires_at <= ?", (now,))
+            cur.execute(
+                "INSERT INTO ms_sessions (hash, key_id, created_at, expires_at)"
+                " VALUES (?, ?, ?, ?)",
+                (hash_key(token), key_id, now, now + ttl_s),
+            )
+            cur.execute(
+                "DELETE FROM ms_sessions WHERE key_id = ? AND hash NOT IN (SELECT hash FROM"
+                " ms_sessions WHERE key_id = ? ORDER BY created_at DESC, hash LIMIT ?)",
+                (key_id, key_id, max_per_key),
+            )
+        return token
+
+    def session_key_id(self, token: str, now: float) -> str | None:
+        """The key a live session stands for; ``None`` for an unknown, ended or
+        expired one."""
+        if not token.startswith(_SESSION_PREFIX):
+            return None
+        with self._read() as cur:
+            cur.execute(
+                "SELECT key_id FROM ms_sessions WHERE hash = ? AND expires_at > ?",
+                (hash_key(token), now),
+            )
+            row = cur.fetchone()
+        return str(row[0]) if row is not None else None
+
+    def end_session(self, token: str) -> bool:
+        """Log out: the token no longer authenticates anything. ``False`` when it
+        was not a live session."""
+        with self._write() as cur:
+            cur.execute("DELETE FROM ms_sessions WHERE hash = ?", (hash_key(token),))
             return bool(cur.rowcount)
 
     # -- webhooks and their outbox -------------------------------------------------------

@@ -264,6 +264,20 @@ CREATE INDEX ms_stream_chunks_created ON ms_stream_chunks (created_at);
     14: """
 ALTER TABLE ms_runs ADD COLUMN parent_close TEXT;
 """,
+    # Dashboard sessions (storage/_api.py): a login's opaque token, stored as its
+    # SHA-256 only, with the key it stands for and when it ends. In the database, not
+    # in a serving process, so a session survives a restart of ``serve`` and works on
+    # every ``serve`` behind a load balancer; logout deletes the row.
+    15: """
+CREATE TABLE ms_sessions (
+    hash TEXT PRIMARY KEY,
+    key_id TEXT NOT NULL,
+    created_at {float} NOT NULL,
+    expires_at {float} NOT NULL
+);
+CREATE INDEX ms_sessions_key ON ms_sessions (key_id, created_at);
+CREATE INDEX ms_sessions_expires ON ms_sessions (expires_at);
+""",
 }
 
 LATEST = max(MIGRATIONS)

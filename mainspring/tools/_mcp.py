@@ -5,15 +5,19 @@ What the agent gets, and the choices behind it:
 * **Listing.** Each session of a run lists the server's tools once, as a journaled
   step (``mcp:<server>:tools``): a replay sees the same tools, schemas and effect
   classes whatever the server says now.
-* **Effects.** From the server's annotations: ``readOnlyHint`` → ``read``,
-  ``destructiveHint`` → ``irreversible`` (approval, ``at_most_once``), anything else
-  → ``write``. MCP's own default for an unannotated tool is "destructive"; following
-  it would put every call of most servers behind an approval, so an absent hint means
-  ``write`` here and ``effects=`` overrides any tool.
-* **Modes.** ``read`` tools and ``write`` tools marked ``idempotentHint`` (or listed
-  in ``idempotent=``) run ``at_least_once``: a call whose answer was lost (the server
-  died, a timeout) is sent again with the same idempotency key, in the call's
-  ``_meta`` as ``mainspring/idempotency_key``. Other ``write`` tools and
+* **Effects.** Annotations are the server's claims, and a server can claim anything
+  (a tool that moves money can say ``readOnlyHint``). So they count only for a server
+  the app trusts (``trust_annotations=True``); an untrusted server's tools (the
+  default) are all ``irreversible``: a person approves each call, unless ``effects=``
+  says otherwise per tool. A trusted server's hints are read as MCP defines them,
+  absent ones with MCP's defaults: ``readOnlyHint`` → ``read``; otherwise
+  ``destructiveHint`` (true unless the server says ``false``) → ``irreversible``,
+  ``false`` → ``write``. Contradictory hints (read-only *and* destructive) and values
+  that are not booleans take the most dangerous reading.
+* **Modes.** ``read`` tools and ``write`` tools marked ``idempotentHint`` by a trusted
+  server (or listed in ``idempotent=``) run ``at_least_once``: a call whose answer was
+  lost (the server died, a timeout) is sent again with the same idempotency key, in
+  the call's ``_meta`` as ``mainspring/idempotency_key``. Other ``write`` tools and
   ``irreversible`` ones run ``at_most_once``: a call whose answer was lost is an
   unknown outcome (:class:`StepInterrupted`, told to the model), never sent again.
   A call that was never sent (the server could not start) is retried in every mode.
@@ -68,14 +72,18 @@ class MCPToolError(MainspringError):
     model is told."""
 
 
-def effect_of(annotations: Mapping[str, Any] | None) -> Effect:
-    """The effect class of a tool with these MCP annotations (see the module)."""
-    hints = annotations or {}
-    if hints.get("readOnlyHint") is True:
-        return "read"
-    if hints.get("destructiveHint") is True:
+def effect_of(annotations: Mapping[str, Any] | None, *, trusted: bool = False) -> Effect:
+    """The effect class of a tool with these MCP annotations (see the module):
+    ``irreversible`` for a server that is not ``trusted``, whatever it claims."""
+    if not trusted:
         return "irreversible"
-    return "write"
+    hints = annotations or {}
+    # MCP's defaults: not read-only, and (when not read-only) destructive.
+    read_only = hints.get("readOnlyHint") is True
+    destructive = hints.get("destructiveHint", not read_only) is not False
+    if destructive:  # a read-only tool that says it destroys: believe the worse claim
+        return "irreversible"
+    return "read" if read_only else "write"
 
 
 class MCPToolset(Toolset):
@@ -100,6 +108,7 @@ class MCPToolset(Toolset):
         timeout_s: float | None = None,
         connect_timeout_s: float = 30.0,
         max_result_chars: int = 4000,
+        trust_annotations: bool = False,
     ) -> None:
         owner = f"MCP server {name!r}"
         if not isinstance(name, str) or not _SERVER_NAME.match(name):
@@ -135,6 +144,10 @@ class MCPToolset(Toolset):
             raise ConfigError(f"{owner}: timeout_s must be a finite number > 0, got {timeout_s!r}")
         if isinstance(allow, str) or isinstance(idempotent, str):
             raise ConfigError(f"{owner}: allow= and idempotent= take lists of tool names")
+        if not isinstance(trust_annotations, bool):
+            raise ConfigError(
+                f"{owner}: trust_annotations must be True or False, got {trust_annotations!r}"
+            )
         self.name = name
         self.command = tuple(command) if command is not None else None
         self.env = dict(env) if env is not None else None
@@ -148,6 +161,7 @@ class MCPToolset(Toolset):
         self.timeout_s = timeout_s
         self.connect_timeout_s = connect_timeout_s
         self.max_result_chars = max_result_chars
+        self.trust_annotations = trust_annotations
         self._connection: Connection | None = None
         self._locks: dict[asyncio.AbstractEventLoop, asyncio.Lock] = {}
 
@@ -340,7 +354,7 @@ class MCPTool(Tool[..., Any]):
         server_name: its name on the server (``name`` adds the toolset's prefix).
         input_schema: the input schema the server listed (checked before each call).
         annotations: the server's annotations (``readOnlyHint``, ...).
-        idempotent: ``idempotentHint``, or named in ``idempotent=``.
+        idempotent: ``idempotentHint`` of a trusted server, or named in ``idempotent=``.
     """
 
     toolset: MCPToolset = field(repr=False)
@@ -354,7 +368,8 @@ class MCPTool(Tool[..., Any]):
         """The tool ``entry`` (one of a listing) describes, called ``name``."""
         server_name = str(entry["name"])
         annotations = dict(entry.get("annotations") or {})
-        effect = toolset.effects.get(server_name) or effect_of(annotations)
+        trusted = toolset.trust_annotations
+        effect = toolset.effects.get(server_name) or effect_of(annotations, trusted=trusted)
         raw_schema = entry.get("inputSchema")
         input_schema = dict(raw_schema) if isinstance(raw_schema, dict) else {"type": "object"}
         description = str(entry.get("description") or f"The {server_name} tool of {toolset.name}.")
@@ -387,7 +402,7 @@ class MCPTool(Tool[..., Any]):
             server_name=server_name,
             input_schema=input_schema,
             annotations=annotations,
-            idempotent=annotations.get("idempotentHint") is True
+            idempotent=(trusted and annotations.get("idempotentHint") is True)
             or server_name in toolset.idempotent,
         )
 
