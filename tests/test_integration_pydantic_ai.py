@@ -36,6 +36,7 @@ from pydantic_ai.toolsets import FunctionToolset
 
 import mainspring as ms
 from mainspring.integrations.pydantic_ai import durable, forward_idempotency_key
+from mainspring.limits import RateLimits
 from mainspring.testing import EffectLedger, FakeClock, FakeOpenAIServer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -165,6 +166,25 @@ async def test_a_crash_sends_no_completed_request_again_and_no_effect_twice(
     report = ledger.report()
     assert report.keys == 2 and report.duplicate_effects == {}
     assert report.duplicate_calls  # the interrupted call ran again, under the same key
+
+
+async def test_requests_book_the_shared_limiter_which_learns_from_headers(
+    tmp_path: Path, fake: FakeOpenAIServer
+) -> None:
+    app = ms.App(f"sqlite:///{tmp_path / 'rate.db'}", rate_limits=RateLimits())
+    flow = durable(app, Agent(model_of(fake), name="limited"))
+    fake.script([fake.text("paced")])
+    assert (await app.run(flow, "hello")).output == "paced"
+    assert [(s[0], s[1]) for s in steps(app, app.list_runs()[0].id)] == [
+        ("rate:openai:gpt-4.1-mini:default", "rate"),
+        ("model:openai:gpt-4.1-mini", "model"),
+    ]
+    # the reply's x-ratelimit-* headers, read from the openai SDK's HTTP client
+    assert app.rate_limits is not None
+    limiter = app.rate_limits.bind(app.store, app.clock).limiter("openai", "gpt-4.1-mini")
+    learned = limiter.table.state(limiter.key).learned
+    assert (learned["rpm"], learned["tpm"]) == (10000, 2000000)
+    app.close()
 
 
 async def test_a_429_is_waited_out_never_a_failure(
