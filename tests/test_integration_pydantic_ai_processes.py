@@ -100,9 +100,8 @@ def _chaos(
             return done
 
         def answer_requests() -> None:
-            for handle in handles:
-                for request in app.requests(handle.run_id):
-                    app.answer(handle.run_id, request.id, decision="approve")
+            for request in app.requests():
+                app.answer(request.run_id, request.id, decision="approve")
 
         def spawn(i: int) -> subprocess.Popen[bytes]:
             with open(tmp / f"worker{i}.log", "wb") as log:
@@ -118,12 +117,12 @@ def _chaos(
         worker = spawn(0)
 
         def progress() -> int:
-            return sum(len(app.store.load_steps(r.id)) for r in app.list_runs(limit=1000))
+            return len(server.requests)
 
         for k in range(kills):
-            # Kill at a random point of the work: after a random number of journal rows
+            # Kill at a random point of the work: after a random number of model requests
             # more, plus a random few milliseconds (mid-request, mid-tool, mid-commit).
-            target = progress() + rng.randint(1, 8)
+            target = progress() + rng.randint(1, 4)
             deadline = time.monotonic() + 60
             while progress() < target and time.monotonic() < deadline:
                 answer_requests()
@@ -157,22 +156,24 @@ def _chaos(
         assert report.keys == runs * (refunds + 1), report
         assert report.duplicate_effects == {}, report
 
+        # A request whose sender died while writing it never arrived whole (no body).
+        requests = [r for r in server.requests if isinstance(r.body, dict)]
         # no model request whose step had completed when a worker died was sent again
         for at, done in killed:
-            for request in server.requests:
+            for request in requests:
                 if request.at <= at:
                     continue
                 prompt, turn = _prompt(request.body), _turn(request.body)
                 assert turn >= done.get(prompt, 0), (prompt, turn, done.get(prompt))
         # the model answered each turn of each run once, but the turns in flight at a kill
-        sent = Counter((_prompt(r.body), _turn(r.body)) for r in server.requests)
+        sent = Counter((_prompt(r.body), _turn(r.body)) for r in requests)
         resent = sum(c - 1 for c in sent.values())
         assert resent <= kills * (runs * 2), sent
         turns = runs * (refunds + 3) + runs  # support runs, and their billing children
         assert len(sent) == turns
         print(
             f"\n{db_url.split(':')[0]}: {runs} runs, {kills} SIGKILLs, 0 lost, "
-            f"{len(report.duplicate_effects)} duplicate effects, {len(server.requests)} "
+            f"{len(report.duplicate_effects)} duplicate effects, {len(requests)} "
             f"model requests for {turns} turns ({resent} re-sent: in flight at a kill), "
             f"{sum(report.duplicate_calls.values())} re-run tool calls deduplicated by key"
         )
@@ -186,6 +187,7 @@ def test_a_durable_pydantic_ai_agent_survives_sigkills(
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)
 def test_a_durable_pydantic_ai_agent_survives_many_sigkills(
     db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
