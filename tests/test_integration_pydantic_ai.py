@@ -241,6 +241,28 @@ async def test_tool_control_flow_is_journaled_with_the_step(
     assert "tickets are positive" in told
 
 
+async def test_a_fork_replays_the_turns_it_keeps_and_asks_the_model_anew_after(
+    app: ms.App, fake: FakeOpenAIServer
+) -> None:
+    agent = Agent(model_of(fake), name="forked")
+
+    @agent.tool_plain
+    def lookup(ticket: int) -> str:
+        return f"ticket {ticket}: open"
+
+    flow = durable(app, agent)
+    fake.script([fake.tool_call("lookup", {"ticket": 7}), fake.text("first answer")])
+    first = await app.run(flow, "ticket 7?")
+    assert first.output == "first answer"
+    run_id = app.list_runs()[0].id
+    tool_seq = next(s.seq for s in app.store.load_steps(run_id) if s.role == "tool")
+    fake.script([fake.text("second answer")])
+    fork = app.fork(run_id, from_step=tool_seq)
+    await drain(app)
+    assert (await fork.result()).output == "second answer"
+    assert len(fake.requests) == 3  # the fork's first request and tool came from the journal
+
+
 # -- typed outputs -------------------------------------------------------------------------
 
 

@@ -7,10 +7,12 @@ approval tools with ``requires_approval=True``), ``finish`` as the output tool
 (``ToolOutput``). The runner then adds the few lines the integration asks for:
 
 - ``durable(app, agent, limits=Limits(max_steps=--max-steps, on_exceeded="stop"))`` on
-  an App over a SQLite file in ``--state``, and ``app.run(flow, task, key=label)``:
-  each model request and tool call is a journaled step.
+  an App over a SQLite file in ``--state`` (a 5 s lease), and ``app.run(flow, task,
+  key=label)``: each model request and tool call is a journaled step. A run this
+  process lost (its event loop stalled past the lease on a busy machine) is run again
+  with the same key; only a run that failed (``RunFailed``) ends the runner with 1.
 - **Crashes**: the restarted runner calls ``app.run`` with the same key: the same run,
-  replayed from its journal once the dead process's lease (1 s) ran out; completed
+  replayed from its journal once the dead process's lease (5 s) ran out; completed
   model requests are not sent again, and a tool call the kill interrupted is made again
   under the same idempotency key (the step's key, what the tools pass to the world).
 - **Approvals**: ``app.run`` raises ``RunWaiting`` at a ``requires_approval`` call;
@@ -107,12 +109,13 @@ async def run(args: RunnerArgs) -> int:
         SQLiteStore(args.state_file(".mainspring.db")),
         after_call=lambda method, *_: tools.kill_point("commit") if method == "commit" else None,
     )
-    app = ms.App(store, lease_s=1.0, poll_interval_s=0.02)
+    app = ms.App(store, lease_s=5.0, poll_interval_s=0.02)
     flow = durable(
         app,
         build(args, tools),
         limits=ms.Limits(max_steps=args.max_steps, on_exceeded="stop"),
     )
+    stalls = 0
     while True:
         try:
             await app.run(flow, args.task_text, key=args.label)
@@ -127,6 +130,16 @@ async def run(args: RunnerArgs) -> int:
                     str(preview.get("arguments", "")),
                 )
                 app.answer(request.run_id, request.id, decision="approve" if approved else "reject")
+        except ms.RunFailed:
+            raise
+        except Exception as e:
+            # The run is durable: this process losing it (its loop stalled past the
+            # lease on a busy machine, the store busy) is not the run failing.
+            stalls += 1
+            if stalls > 20:
+                raise
+            print(f"{args.label}: {type(e).__name__}: {e}; running it again", file=sys.stderr)
+            await asyncio.sleep(1.0)
 
 
 def main() -> int:
