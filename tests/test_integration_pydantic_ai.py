@@ -33,6 +33,7 @@ from pydantic_ai.models.openai import OpenAIChatModel
 from pydantic_ai.providers.openai import OpenAIProvider
 from pydantic_ai.run import AgentRunResult
 from pydantic_ai.toolsets import FunctionToolset
+from pydantic_ai.usage import UsageLimits
 
 import mainspring as ms
 from mainspring.integrations.pydantic_ai import durable, forward_idempotency_key
@@ -578,6 +579,12 @@ async def test_limits_stop_or_ask_before_a_model_request(
     fake.script([fake.tool_call("work", {"n": 1})])
     with pytest.raises(ms.RunFailed, match="max_steps reached"):
         await app.run(stopping, "work")
+
+    # Pydantic AI's own limits are passed on (its default: 50 requests a run)
+    capped = durable(app, agent, name="pai_capped", usage_limits=UsageLimits(request_limit=1))
+    fake.script([fake.tool_call("work", {"n": 1})])
+    with pytest.raises(ms.RunFailed, match="request_limit of 1"):
+        await app.run(capped, "work")
 
 
 # -- configuration, MCP, the extra ---------------------------------------------------------

@@ -6,7 +6,9 @@ The agent is what Pydantic AI's docs show: ``OpenAIChatModel`` on an
 approval tools with ``requires_approval=True``), ``finish`` as the output tool
 (``ToolOutput``). The runner then adds the few lines the integration asks for:
 
-- ``durable(app, agent, limits=Limits(max_steps=--max-steps, on_exceeded="stop"))`` on
+- ``durable(app, agent, limits=Limits(max_steps=--max-steps, on_exceeded="stop"),
+  usage_limits=UsageLimits(request_limit=None))`` (Pydantic AI's default cap of 50
+  requests would end a 100-step run; ``--max-steps`` is the budget) on
   an App over a SQLite file in ``--state`` (a 5 s lease), and ``app.run(flow, task,
   key=label)``: each model request and tool call is a journaled step. A run this
   process lost (its event loop stalled past the lease on a busy machine) is run again
@@ -47,6 +49,7 @@ from pydantic_ai.models.openai import OpenAIChatModel
 from pydantic_ai.models.wrapper import WrapperModel
 from pydantic_ai.providers.openai import OpenAIProvider
 from pydantic_ai.settings import ModelSettings
+from pydantic_ai.usage import UsageLimits
 
 import mainspring as ms
 from mainspring.integrations.pydantic_ai import durable
@@ -114,6 +117,7 @@ async def run(args: RunnerArgs) -> int:
         app,
         build(args, tools),
         limits=ms.Limits(max_steps=args.max_steps, on_exceeded="stop"),
+        usage_limits=UsageLimits(request_limit=None),  # the budget is --max-steps
     )
     stalls = 0
     while True:

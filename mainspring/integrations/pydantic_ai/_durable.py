@@ -25,6 +25,7 @@ from pydantic_ai.models import Model as PaiModel
 from pydantic_ai.run import AgentRunResult
 from pydantic_ai.tools import RunContext as PaiContext
 from pydantic_ai.toolsets import AbstractToolset
+from pydantic_ai.usage import UsageLimits
 
 from mainspring import App, ConfigError, Limits, RetryPolicy, RunContext, Workflow
 from mainspring.limits import BoundRateLimits, Price
@@ -78,6 +79,7 @@ def durable(
     delegates: Collection[str] = (),
     model: PaiModel | str | None = None,
     toolsets: Sequence[AbstractToolset[Any]] = (),
+    usage_limits: UsageLimits | None = None,
     event_stream_handler: EventStreamHandler[Any] | None = None,
     stream: bool = False,
     limits: Limits | None = None,
@@ -114,6 +116,10 @@ def durable(
         model: the model to run with (default: the agent's).
         toolsets: more toolsets for every run, as ``agent.run(toolsets=...)`` takes them:
             their calls are journaled like the agent's own tools.
+        usage_limits: Pydantic AI's own limits of each run, as ``agent.run`` takes them
+            (default: Pydantic AI's, a ``request_limit`` of 50 model requests: pass
+            ``UsageLimits(request_limit=None)`` for a long run, with ``limits=`` as its
+            budget).
         event_stream_handler: a handler of the run's events, as ``agent.run`` takes it
             (default: the agent's own). It sees each event once per journaled step: a
             replay does not repeat what the steps the journal holds already delivered.
@@ -186,6 +192,7 @@ def durable(
                 message_history=message_history,
                 model=model,
                 toolsets=list(toolsets) or None,
+                usage_limits=usage_limits,
                 capabilities=[capability],
                 event_stream_handler=_fresh_events(own, ctx) if own is not None else None,
             )
