@@ -1,5 +1,5 @@
 # A minute's read: everything a newcomer runs.
-.PHONY: install test lint types ci demo bench chaos
+.PHONY: install test lint types ci demo bench chaos newest-pydantic-ai
 
 install:        ## the package, its tests' tools and linters
 	pip install -e '.[dev]'
@@ -9,6 +9,9 @@ test:           ## the default suite (fast; stress runs are behind -m slow)
 
 chaos:          ## the long SIGKILL chaos run
 	python -m pytest -m slow
+
+newest-pydantic-ai:  ## the Pydantic AI integration's tests on the newest release (a throwaway venv)
+	python -m pytest -m newest tests/test_integration_pydantic_ai_newest.py -n 0 -s
 
 lint:           ## ruff lint + format check
 	ruff check . && ruff format --check .

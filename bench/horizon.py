@@ -1,6 +1,7 @@
 """The horizon benchmark: the suite's long agent tasks under faults, mainspring beside
 the peers (a plain ``openai`` loop, LangGraph with ``SqliteSaver``, the OpenAI Agents
-SDK with ``SQLiteSession``), one table.
+SDK with ``SQLiteSession``) and the frameworks' agents made durable by mainspring's
+integrations (a Pydantic AI agent through ``durable()``), one table.
 
 Every contender goes through ``mainspring.lab.run_suite``: mainspring as its worker
 pool, each peer as ``RunnerContender(name, [venv python, runner])``, one runner process
@@ -51,8 +52,14 @@ PEERS = {
     "plain_loop": "plain_loop.py",
     "langgraph": "langgraph_agent.py",
     "agents_sdk": "agents_sdk.py",
+    "pydantic_ai": "pydantic_ai_bare.py",
 }
-CONTENDERS = ("mainspring", *PEERS)
+# Frameworks' agents made durable by mainspring's integrations: their runner scripts run
+# with this interpreter (where the extras are installed), not the peer venv's.
+ON_MAINSPRING = {
+    "pydantic_ai_mainspring": "pydantic_ai_mainspring.py",
+}
+CONTENDERS = ("mainspring", *ON_MAINSPRING, *PEERS)
 
 
 def profile(faults: bool, client_timeout_s: float | None = None) -> SuiteProfile:
@@ -101,6 +108,8 @@ def contender(name: str, python: Path | None) -> Contender:
     """``"mainspring"``, or a peer's runner script under the peer venv's python."""
     if name == "mainspring":
         return "mainspring"
+    if name in ON_MAINSPRING:
+        return RunnerContender(name, (sys.executable, str(HERE / "horizon" / ON_MAINSPRING[name])))
     assert python is not None
     return RunnerContender(name, (str(python), str(HERE / "horizon" / PEERS[name])))
 

@@ -21,7 +21,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 HORIZON = ROOT / "bench" / "horizon"
 VENV_PYTHON = ROOT / "bench" / ".venv-horizon" / "bin" / "python"
-RUNNERS = ("plain_loop.py", "langgraph_agent.py", "agents_sdk.py")
+RUNNERS = ("plain_loop.py", "langgraph_agent.py", "agents_sdk.py", "pydantic_ai_bare.py")
 
 
 @pytest.fixture
@@ -96,6 +96,11 @@ def test_peers_go_to_run_suite_as_runner_contenders(horizon: ModuleType) -> None
     peer = horizon.contender("langgraph", Path("/venv/bin/python"))
     assert isinstance(peer, RunnerContender)
     assert peer.argv_prefix == ("/venv/bin/python", str(HORIZON / "langgraph_agent.py"))
+    # An integration's contender runs with this interpreter (the extra), no peer venv.
+    on_mainspring = horizon.contender("pydantic_ai_mainspring", None)
+    assert on_mainspring == RunnerContender(
+        "pydantic_ai_mainspring", (sys.executable, str(HORIZON / "pydantic_ai_mainspring.py"))
+    )
     assert horizon.profile(False).kills == KillRates(0, 0, 0)
     assert horizon.profile(False).provider == ProviderFaults(0, 0, 0)
     assert horizon.profile(True).kills == KillRates()
@@ -103,6 +108,19 @@ def test_peers_go_to_run_suite_as_runner_contenders(horizon: ModuleType) -> None
     assert horizon.profile(False, 5.0).provider.timeout_s == 5.0
     with pytest.raises(SystemExit):
         horizon.main(["--contenders", "mainspring,crewai"])
+
+
+@pytest.mark.slow
+def test_pydantic_ai_on_mainspring_plays_a_cell_through_run_suite(horizon: ModuleType) -> None:
+    from mainspring.lab import run_suite
+
+    contender = horizon.contender("pydantic_ai_mainspring", None)
+    (cell,) = run_suite(
+        tasks=["support"], steps=[3], runs=1, workers=1, timeout_s=120.0,
+        contender=contender, profile=horizon.profile(False),
+    )  # fmt: skip
+    assert (cell.contender, cell.succeeded, cell.failures) == ("pydantic_ai_mainspring", 1, [])
+    assert cell.duplicate_effects == 0 and cell.model_calls >= 4
 
 
 def test_parallel_children_get_the_cell_arguments_only(horizon: ModuleType) -> None:

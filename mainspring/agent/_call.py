@@ -32,6 +32,7 @@ import functools
 import random
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from .._clock import Clock, SystemClock
 from .._errors import BudgetExceeded, ConfigError, Overloaded, RateLimited, StepFailed
@@ -103,6 +104,7 @@ async def call_model(
     clock: Clock | None = None,
     rng: random.Random | None = None,
     inline_wait_s: float = 1.0,
+    reply_type: type[ModelResponse] = ModelResponse,
 ) -> ModelResponse:
     """Call ``model`` as a journaled step, through the shared rate limiter.
 
@@ -137,6 +139,10 @@ async def call_model(
         rng: randomness for the jitter of back-offs.
         inline_wait_s: the App's ``inline_wait_s``: a booked slot is slept for in
             process when the run wakes this close to it.
+        reply_type: the class of the replies ``model`` returns, a subclass of
+            :class:`~mainspring.models.ModelResponse` with fields of its own (an
+            integration's native reply): the journaled reply is revived as it, so a
+            replay sees those fields too.
 
     Raises:
         StepFailed: the call failed for good (not for rate: that only waits).
@@ -177,6 +183,7 @@ async def call_model(
         ),
         prompt_tokens=prompt_tokens or 0,
         max_rate_wait_s=max_rate_wait_s,
+        reply_type=reply_type,
     )
     return await call.run()
 
@@ -198,6 +205,7 @@ class _Call:
     policy: RetryPolicy
     prompt_tokens: int
     max_rate_wait_s: float | None
+    reply_type: type[ModelResponse] = ModelResponse
     held_since: float | None = None  # journaled time of this call's first refusal
     refusals: int = 0
 
@@ -235,7 +243,7 @@ class _Call:
 
             try:
                 response: ModelResponse = await self.ctx.step(
-                    send,
+                    send if self.reply_type is ModelResponse else _returning(send, self.reply_type),
                     # an argument, so that interceptors (content capture) see them
                     self.messages,
                     name=model_step_name(m.provider, m.model_id),
@@ -329,6 +337,18 @@ class _Call:
         self.held_since, self.max_rate_wait_s = await _ask_to_wait(
             self.ctx, self.model, self.held_since, self.max_rate_wait_s, self.refusals
         )
+
+
+def _returning(
+    send: Callable[..., Awaitable[ModelResponse]], reply_type: type[ModelResponse]
+) -> Callable[..., Awaitable[ModelResponse]]:
+    """``send`` declaring ``reply_type`` as its return: what the journal revives."""
+
+    async def typed(*args: Any, **kwargs: Any) -> ModelResponse:
+        return await send(*args, **kwargs)
+
+    typed.__annotations__ = {"return": reply_type}
+    return typed
 
 
 def _backoff(refusals: int, rng: random.Random) -> float:

@@ -1,0 +1,6 @@
+"""Agents written with other frameworks, made durable on mainspring without a rewrite.
+
+One subpackage per framework, each behind its optional extra (importing this package
+imports none of them): ``mainspring.integrations.pydantic_ai`` (``pip install
+'mainspring[pydantic-ai]'``). See docs/bring-your-agent.md.
+"""
