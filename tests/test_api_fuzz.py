@@ -26,6 +26,7 @@ import pytest
 pytest.importorskip("fastapi")
 schemathesis = pytest.importorskip("schemathesis")
 
+import hypothesis  # noqa: E402
 import hypothesis.strategies as st  # noqa: E402
 from fastapi.testclient import TestClient  # noqa: E402
 
@@ -270,8 +271,7 @@ SEMANTIC = {
 SEEN: Counter[tuple[str, int]] = Counter()
 
 
-@schema.parametrize()
-def test_fuzz(case: Any, seeded: Seeded) -> None:
+def _check(case: Any) -> None:
     semantic = SEMANTIC.get(case.operation.label)
     excluded = [schemathesis.checks.positive_data_acceptance] if semantic else []
     response = case.call_and_validate(excluded_checks=excluded)
@@ -281,6 +281,36 @@ def test_fuzz(case: Any, seeded: Seeded) -> None:
         _assert_error_body(response)
     if semantic and response.status_code == 422 and case.meta.generation.mode.is_positive:
         assert response.json()["error"]["type"] in semantic, response.text
+
+
+# One test per operation, parametrized by pytest itself: the cases come from
+# schemathesis's documented strategies (``APIOperation.as_strategy``, valid and invalid
+# data), with the hooks and the key above, under Hypothesis. (schemathesis's own pytest
+# items all share one node id, so under pytest-xdist only the first of them ran.)
+OPERATIONS = sorted(op.ok().label for op in schema.get_all_operations())
+
+
+@pytest.mark.parametrize("label", OPERATIONS)
+def test_fuzz(label: str, seeded: Seeded) -> None:
+    operation = schema.find_operation_by_label(label)
+    assert operation is not None, label
+    modes = (schemathesis.GenerationMode.POSITIVE, schemathesis.GenerationMode.NEGATIVE)
+    cases = st.one_of(
+        operation.as_strategy(mode, hooks=schema.hooks, auth_storage=schema.auth) for mode in modes
+    )
+
+    @hypothesis.settings(
+        max_examples=MAX_EXAMPLES,
+        derandomize=True,
+        database=None,
+        deadline=None,
+        suppress_health_check=list(hypothesis.HealthCheck),
+    )
+    @hypothesis.given(case=cases)
+    def fuzz(case: Any) -> None:
+        _check(case)
+
+    fuzz()
 
 
 def test_fuzz_reached_real_ids() -> None:

@@ -394,6 +394,27 @@ def test_registration_refuses_what_is_not_globally_routable(tmp_path: Path) -> N
     app.close()
 
 
+def test_a_malformed_webhook_url_is_a_clear_422_not_a_server_error(tmp_path: Path) -> None:
+    """URLs that Python's parser refuses (found by the API fuzzer as 500s): each is a 422
+    that quotes the URL, over HTTP and from the App, and nothing is registered."""
+    from fastapi.testclient import TestClient
+
+    from mainspring.server import create_app
+
+    app = ms.App(f"sqlite:///{tmp_path / 'hooks.db'}")
+    admin = {"Authorization": f"Bearer {app.create_key('ops', ['admin'])[1]}"}
+    bad = ["http://[::1", "http://[zz]/x", "http://a]b/", "https://h:99999/", "http:///path"]
+    with TestClient(create_app(app, webhooks=False), raise_server_exceptions=False) as client:
+        for url in bad:
+            r = client.post("/webhooks", json={"url": url}, headers=admin)
+            assert r.status_code == 422, (url, r.text)
+            assert repr(url) in r.json()["error"]["message"], r.text
+            with pytest.raises(ms.ConfigError, match="webhook URL"):
+                app.add_webhook(url)
+    assert app.list_webhooks() == []
+    app.close()
+
+
 class _Resolver:
     """``socket.getaddrinfo`` (the OS boundary) answering for made-up names: each
     name's answers in turn, the last one from then on; other hosts as the OS does."""

@@ -170,7 +170,10 @@ class TargetPolicy:
         """
         if self.any:
             return
-        host = (urlsplit(url).hostname or "").lower().rstrip(".")
+        try:
+            host = (urlsplit(url).hostname or "").lower().rstrip(".")
+        except ValueError as exc:  # "http://[::1": the store names what is wrong
+            raise ConfigError(f"a webhook URL that cannot be read: {url!r} ({exc})") from None
         if host in ("localhost", "localhost.localdomain") or host.endswith(".localhost"):
             addresses: list[Address] = [ipaddress.ip_address("127.0.0.1")]
         else:

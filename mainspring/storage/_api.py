@@ -14,6 +14,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 from .._errors import ConfigError
 from .._public import public_error
@@ -262,6 +263,13 @@ class ApiTables(Connection):
         """
         if not url.startswith(("http://", "https://")):
             raise ConfigError(f"a webhook URL must start with http:// or https://, not {url!r}")
+        try:
+            parts = urlsplit(url)
+            host, _ = parts.hostname, parts.port  # each parse raises on a malformed URL
+        except ValueError as exc:
+            raise ConfigError(f"a webhook URL that cannot be read: {url!r} ({exc})") from None
+        if not host:
+            raise ConfigError(f"a webhook URL needs a host: {url!r}")
         bad = [e for e in events if e not in WEBHOOK_EVENTS]
         if bad:
             raise ConfigError(f"unknown webhook events {bad!r}; known: {list(WEBHOOK_EVENTS)!r}")
