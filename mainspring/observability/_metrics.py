@@ -403,7 +403,9 @@ class MetricsCollector(Collector):
 
 
 #: What ``mainspring_runs_waiting`` reports (always, 0 when none).
-WAIT_REASONS = ("sleep", "retry", "rate_limit", "signal", "approval", "question", "budget")
+WAIT_REASONS = (
+    "sleep", "retry", "rate_limit", "signal", "approval", "question", "budget", "replay",
+)  # fmt: skip
 _REQUESTS = ("approval", "question", "budget", "checkpoint", "resume")
 
 
