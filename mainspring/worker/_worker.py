@@ -38,6 +38,7 @@ from ..storage import DatabaseGone, Heartbeat, RunRecord
 from ._heartbeat import Beater
 from ._host import WorkerHost
 from ._refusals import Refusals
+from ._upkeep import WalWatch
 
 __all__ = ["Worker", "WorkerStats"]
 
@@ -143,6 +144,7 @@ class Worker:
         self._ticked_at: float | None = None  # the App's clock at the last schedule tick
         # Runs this worker's code could not replay: given back, and skipped a while.
         self.refusals = Refusals(refused_skip_s, self.worker_id)
+        self.wal = WalWatch(self.worker_id)
 
     def request_stop(self) -> None:
         """Stop claiming and drain (safe to call from a signal handler)."""
@@ -289,6 +291,8 @@ class Worker:
                 free -= len(claimed)
             if self._only is None:
                 await self._tick_schedules()
+            if self.wal.due():  # a read transaction left open lets SQLite's log grow
+                await asyncio.to_thread(self.wal.look, app.store)
             named: list[str] = []
             if free > 0 and isolated is None:
                 try:
