@@ -95,7 +95,14 @@ def _kinds(store: Store, run_id: str) -> list[str]:
     return [s.kind for s in store.load_steps(run_id)]
 
 
-@pytest.mark.parametrize("fleets", [False, True], ids=["unversioned", "versioned"], indirect=True)
+# Versions declared on both fleets (runs submitted with none: both claim them) take the
+# same path: under -m slow.
+@pytest.mark.parametrize(
+    "fleets",
+    [False, pytest.param(True, marks=pytest.mark.slow)],
+    ids=["unversioned", "versioned"],
+    indirect=True,
+)
 def test_a_rolling_deploy_that_adds_a_patch_fails_no_run(
     fleets: Fleets, submit: Callable[[int], str], db_url: str
 ) -> None:
