@@ -268,10 +268,15 @@ class WaitTimeout(MainspringError):
 
 
 class NondeterminismError(MainspringError):
-    """Replay met a step other than the one journaled at that position.
+    """Replay met a step other than the one journaled at that position (or a patch
+    version the code no longer supports).
 
     The workflow's code changed the order or names of its steps while runs were in
-    flight. Deploy the old code to finish them, or version the workflow.
+    flight. A worker that meets it never fails the run: it leaves the run for a worker
+    whose code can replay it (a rolling deploy runs old and new code side by side),
+    and a run that no worker can replay for long waits where an operator sees it
+    (``wait_reason`` ``replay``). Deploy code that matches the journal, patch the
+    change (``ctx.patched``), or version the workflow.
     """
 
 

@@ -249,6 +249,8 @@ def test_migrate_then_status(db_url: str) -> None:
             "state": "migration_pending",
             "runs": None,
             "total_runs": None,
+            "wal_bytes": None,  # no write-ahead log file of ours (SQLite only)
+            "wal_limit_bytes": None,
         }
         out = _ok("db", "status", "--db", db_url).stdout
         assert "no mainspring tables yet: run mainspring db migrate" in out

@@ -403,7 +403,7 @@ async def test_operator_gauges_queue_age_waits_by_reason_dead_letters(
         ("sleep",): 1.0,
         ("approval",): 1.0,
         ("signal",): 1.0,
-        **{(r,): 0.0 for r in ("retry", "rate_limit", "question", "budget")},
+        **{(r,): 0.0 for r in ("retry", "rate_limit", "question", "budget", "replay")},
     }
     ages = _samples(families, "mainspring_store_oldest_run_age_seconds")
     assert ages[("queued",)] == pytest.approx(12.0)  # the oldest queued run: submitted 12 s ago

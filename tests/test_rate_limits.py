@@ -558,6 +558,41 @@ def test_a_probe_whose_run_ended_or_lapsed_lets_the_next_one_go(db_url: str) -> 
         store.close()
 
 
+def test_the_run_holding_the_probe_gets_the_gate_again_and_others_only_look(
+    db_url: str,
+) -> None:
+    """The worker that takes a run over re-runs a booking whose end a crash kept out
+    of the journal: the run holding the probe books again and goes (its old probe
+    given back), where it was turned away and everyone waited out the 60 s hold.
+    The runs behind it look at the gate (``gate``) without booking or writing."""
+    app = ms.App(db_url)
+
+    @app.workflow
+    async def idle(ctx: ms.RunContext) -> None:
+        return None
+
+    a, b = app.submit(idle).run_id, app.submit(idle).run_id  # live runs (queued)
+    try:
+        limiter = RateLimits(period_s=60).limiter(app.store, FakeClock(NOW), "openai", "m")
+        first = limiter.acquire(Cost(input_tokens=10), run=a)
+        assert first.probe
+        assert limiter.acquire(Cost(input_tokens=10), run=b).retry
+        ahead = limiter.gate(run=b)
+        assert ahead is not None and 0 < ahead <= 0.25
+        assert limiter.gate(run=a) is None
+        again = limiter.acquire(Cost(input_tokens=10), run=a)
+        assert (again.probe, again.retry, again.seq) == (True, False, first.seq + 1)
+        assert limiter.acquire(Cost(input_tokens=10), run=b).retry  # held by the new one
+        state = limiter.table.state(limiter.key)
+        assert [h[0] for h in state.holds] == [again.seq]  # the old probe's hold is gone
+        limiter.gate(run=b)
+        assert limiter.table.state(limiter.key) == state  # looking wrote nothing
+        limiter.settle(again, Cost(input_tokens=10), {})  # no limits announced: warm
+        assert limiter.gate(run=b) is None
+    finally:
+        app.close()
+
+
 def test_rebook_refunds_and_books_anew_in_one_go(db_url: str) -> None:
     slack = _Slack()
     store = open_store(db_url)

@@ -116,6 +116,16 @@ def rows(app: ms.App, run_id: str) -> list[tuple[int, str, str]]:
     return [(s.seq, s.kind, s.name) for s in app.steps(run_id)]
 
 
+def left_for_others(app: ms.App, run_id: str) -> dict[str, Any]:
+    """The run a worker's code could not replay: given back, unfinished, for a worker
+    whose code can (never failed); the replay error it keeps."""
+    record = app.get_run(run_id)
+    assert (record.status, record.wait_reason) == ("sleeping", "replay"), record
+    error: dict[str, Any] = json.loads(record.error or "{}")
+    assert error["refused"]["count"] == 1
+    return error
+
+
 async def drain(app: ms.App, **options: Any) -> ms.Worker:
     worker = app.worker(**options)
     await asyncio.wait_for(worker.run(until_idle=True), 60)
@@ -156,13 +166,15 @@ async def test_a_change_without_a_patch_is_still_nondeterminism(
     v2 = apps(order_v2_unpatched)
     v2.signal(old.run_id, "go", 1)
     await drain(v2)
-    record = v2.get_run(old.run_id)
-    assert record.status == "failed"
-    error = json.loads(record.error or "{}")
+    # v2 cannot replay it: it is left (never failed) for a worker whose code can.
+    error = left_for_others(v2, old.run_id)
     assert error["type"] == "mainspring._errors.NondeterminismError"
     assert "step_b" in error["message"]
     [finding] = [f for f in v2.diagnose(old.run_id).findings if f.kind == "nondeterminism"]
     assert any("ctx.patched" in step for step in finding.next_steps)
+    assert any("not failed" in step for step in finding.next_steps)
+    await drain(v1)  # the old code is still deployed: it finishes the run
+    assert await v1.result(old.run_id) == ["a", "b", 1, "c"]
 
 
 async def test_deprecate_then_remove_the_patch(apps: Callable[..., ms.App]) -> None:
@@ -181,9 +193,7 @@ async def test_deprecate_then_remove_the_patch(apps: Callable[..., ms.App]) -> N
     assert rows(v3, deprecated.run_id)[1] == (1, "patch", "b2-instead-of-b")  # kept
     v3.signal(before.run_id, "go", 0)
     await drain(v3)
-    record = v3.get_run(before.run_id)
-    assert record.status == "failed"
-    assert "deprecate_patch" in json.loads(record.error or "{}")["message"]
+    assert "deprecate_patch" in left_for_others(v3, before.run_id)["message"]
 
     # v4 removed the call: the markers of v2's and v3's runs are passed over.
     v4 = apps(order_v4)
@@ -196,6 +206,9 @@ async def test_deprecate_then_remove_the_patch(apps: Callable[..., ms.App]) -> N
         assert await v4.result(handle.run_id) == ["a", "b2", handle.run_id[:4], "c"]
     assert await v4.result(fresh.run_id) == ["a", "b2", "f", "c"]
     assert "patch" not in [k for _, k, _ in rows(v4, fresh.run_id)]
+    # The run from before the change waited for code that still has its branch.
+    await drain(v2)
+    assert await v2.result(before.run_id) == ["a", "b", 0, "c"]
 
 
 async def test_version_counts_changes_and_refuses_dropped_ones(
@@ -239,9 +252,9 @@ async def test_version_counts_changes_and_refuses_dropped_ones(
     v3 = apps(versioned(1, 2))
     v3.signal(late.run_id, "go", 1)
     await drain(v3)
-    record = v3.get_run(late.run_id)
-    assert record.status == "failed"
-    assert "version 0" in json.loads(record.error or "{}")["message"]
+    assert "version 0" in left_for_others(v3, late.run_id)["message"]
+    await drain(v2)  # code that still supports version 0
+    assert await v2.result(late.run_id) == ["a", 0, 1]
 
 
 async def test_two_patches_in_a_row_and_a_patch_added_before_another(

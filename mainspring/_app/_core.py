@@ -15,6 +15,7 @@ from typing_extensions import TypeVar as TypingExtensionsTypeVar  # with a defau
 from .._clock import Clock, SystemClock
 from .._errors import (
     ConfigError,
+    NondeterminismError,
     ReservedSignal,
     RunConflict,
     RunFailed,
@@ -329,11 +330,13 @@ class App(Admin, Agents, Children, Lineage, MCPServers, Observe, Queues, Schedul
         )
         if on_wait == "raise":
             await worker.run()
+            _raise_if_refused(worker, handle.run_id)
             record = self.get_run(handle.run_id)
             if record.status == "waiting":
                 raise self._waiting(record)
         else:
             await self._run_telling_waits(worker, handle.run_id)
+            _raise_if_refused(worker, handle.run_id)
         value: R = await self.result(handle.run_id)
         return value
 
@@ -592,6 +595,20 @@ class App(Admin, Agents, Children, Lineage, MCPServers, Observe, Queues, Schedul
             status=record.status,
             error=error,
             run_id=run_id,
+        )
+
+
+def _raise_if_refused(worker: Worker, run_id: str) -> None:
+    """``app.run``'s code could not replay its run (a journal of another deployment's
+    code): the run was left, unfinished, for a worker whose code can; say so."""
+    error = worker.refusals.errors.get(run_id)
+    if error is not None:
+        raise NondeterminismError(
+            f"this code cannot replay run {run_id!r} ({error.message}); the run was left "
+            "unfinished for a worker whose code can (`mainspring show` says what it "
+            "waits for)",
+            run_id=run_id,
+            step=error.step,
         )
 
 

@@ -35,7 +35,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._clock import Clock, SystemClock
-from .._errors import BudgetExceeded, ConfigError, Overloaded, RateLimited, StepFailed
+from .._errors import (
+    BudgetExceeded,
+    ConfigError,
+    Overloaded,
+    RateLimited,
+    StepFailed,
+    StoreError,
+    StoreUnavailable,
+)
 from .._stepnames import model_step_name
 from ..context import counter_for
 from ..hitl import approval
@@ -287,7 +295,7 @@ class _Call:
             max_tokens = getattr(self.model, "max_tokens", None)  # Anthropic's default cap
         booking = await _book(ctx, limiter, self.prompt_tokens, max_tokens, trim)
         if booking.retry:  # a cold limiter: another request is learning the limits
-            await ctx.sleep_until(booking.wake_at, reason="rate_limit")
+            await self._at_gate(limiter, booking.wake_at)
             return None
         if self._past_bound(booking.wake_at):
             # Give the slot back while a human decides (that may take hours).
@@ -301,6 +309,24 @@ class _Call:
         lead = min(0.5 * self.inline_wait_s, _MAX_LEAD_S)
         await ctx.sleep_until(booking.wake_at - lead, reason="rate_limit")
         return booking
+
+    async def _at_gate(self, limiter: StoreRateLimiter, wake_at: float) -> None:
+        """Wait until the cold limiter's gate would let this run book: a booking
+        turned it away (journaled once), and it looks again every poll without
+        journaling each look (``StoreRateLimiter.gate``), so that a long hold is one
+        ``rate:`` row, not four a second."""
+        ctx = self.ctx
+        while True:
+            await ctx.sleep_until(wake_at, reason="rate_limit")
+            if ctx.is_replaying:
+                return  # the journal goes on past this wait: it ended, and was booked
+            try:
+                ahead = await asyncio.to_thread(limiter.gate, run=ctx.run_id)
+            except (StoreError, StoreUnavailable):
+                return  # book again: the booking, a step, rides out a store that is down
+            if ahead is None:
+                return
+            wake_at = self.clock.now() + ahead
 
     async def _refused(self, kind: str, cause: BaseException | None, fallback: float) -> None:
         """After a refusal (429) or an overload: wait before the call books again."""

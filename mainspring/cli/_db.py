@@ -100,6 +100,7 @@ def status(db: DbOption = None, app_spec: AppOption = None, as_json: JsonOption 
         path = sqlite_path(url)
         foreign = path is not None and _foreign_sqlite(path)
         version, counts, backend = 0, None, SQLiteStore.dialect
+        wal: tuple[int, int] | None = None
         if not foreign:  # another program's file is not even opened: that would set WAL
             store = _open_unmigrated(url)
             try:
@@ -107,6 +108,7 @@ def status(db: DbOption = None, app_spec: AppOption = None, as_json: JsonOption 
                 # Only a schema this mainspring knows is read further.
                 counts = store.count_runs() if 0 < version <= SCHEMA_VERSION else None
                 backend = store.dialect
+                wal = store.wal_size()
             finally:
                 store.close()
     state: SchemaState
@@ -130,6 +132,8 @@ def status(db: DbOption = None, app_spec: AppOption = None, as_json: JsonOption 
                 "state": state,
                 "runs": ordered,
                 "total_runs": None if ordered is None else sum(ordered.values()),
+                "wal_bytes": None if wal is None else wal[0],
+                "wal_limit_bytes": None if wal is None else wal[1],
             }
         )
         return
@@ -159,10 +163,61 @@ def status(db: DbOption = None, app_spec: AppOption = None, as_json: JsonOption 
         ),
         ("runs", runs_line),
     ]
+    if wal is not None:
+        facts.append(("wal", _wal_text(*wal)))
     out = console()
     width = max(len(label) for label, _ in facts)
     for label, value in facts:
         out.print(Text.assemble((label.ljust(width), "bold"), "  ", value))
+
+
+@db_commands.command("checkpoint")
+def checkpoint(
+    db: DbOption = None, app_spec: AppOption = None, as_json: JsonOption = False
+) -> None:
+    """Fold SQLite's write-ahead log into the database and truncate the -wal file.
+
+    A read transaction left open (a sqlite3 shell, a backup) keeps SQLite from doing
+    this by itself, and the -wal file grows with every commit; once it has ended, the
+    next checkpoint shrinks the file back to its limit, and this does it at once. It
+    waits for readers up to the busy timeout; workers can keep running.
+    """
+    with cli_errors():
+        url, source = database_url(db, app_spec)
+        require_file(url, source)
+        store = _open_unmigrated(url)
+        try:
+            before = store.wal_size()
+            after = store.checkpoint(wait=True)
+        finally:
+            store.close()
+    shown = redact_url(url)
+    if as_json:
+        print_json(
+            {
+                "url": shown,
+                "wal_bytes_before": None if before is None else before[0],
+                "wal_bytes": None if after is None else after[0],
+                "wal_limit_bytes": None if after is None else after[1],
+                "held": after is not None and after[0] > 0,
+            }
+        )
+    elif before is None or after is None:
+        console().print(f"{shown}: no write-ahead log file to truncate (not SQLite)")
+    elif after[0] > 0:
+        console().print(
+            f"{shown}: the write-ahead log is still {after[0] / 1e6:.1f} MB (was "
+            f"{before[0] / 1e6:.1f} MB): a read transaction still uses it (an open sqlite3 "
+            "shell, a backup); end it and run this again",
+            soft_wrap=True,
+        )
+    else:
+        console().print(
+            f"{shown}: write-ahead log folded in and truncated ({before[0] / 1e6:.1f} MB -> 0)",
+            soft_wrap=True,
+        )
+    if after is not None and after[0] > 0:
+        raise typer.Exit(1)
 
 
 def prune(
@@ -272,6 +327,17 @@ def _open_unmigrated(url: str) -> Store:
 
 def _iso(ts: float) -> str:
     return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _wal_text(size: int, limit: int) -> str | Text:
+    text = f"{size / 1e6:.1f} MB (truncated to {limit / 1e6:.1f} MB when it starts over)"
+    if size <= limit:
+        return text
+    return Text(
+        f"{text}: past its limit, a read transaction left open (a sqlite3 shell, a backup) "
+        "keeps SQLite from checkpointing; end it, or run mainspring db checkpoint",
+        style="yellow",
+    )
 
 
 def _n(count: int, noun: str) -> str:

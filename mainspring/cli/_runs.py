@@ -338,6 +338,9 @@ def show(
         facts.append(("cancel", "requested; its worker stops it at the next step"))
     if record.status in _SUSPENDED:
         facts.append(("waiting on", _wait_text(record, now)))
+    refused = _refusal_text(record, error, now)
+    if refused:
+        facts.append(("replay", Text(refused, style="yellow")))
     label_width = max(len(label) for label, _ in facts)
     for label, value in facts:
         # A value of several lines (the children) keeps every line in the value column.
@@ -642,6 +645,21 @@ def _wait_text(r: RunRecord, now: float) -> str:
     if r.wake_at == WAKE_NOW:  # a signal made it due: the next worker's poll claims it
         return f"{reason}, due now"
     return f"{reason}, wakes {_clock(r.wake_at, now)}"
+
+
+def _refusal_text(r: RunRecord, error: Any, now: float) -> str:
+    """Why a run waits for a worker whose code can replay it (``wait_reason``
+    ``replay``): the workers that refused it, how often, since when, and why."""
+    refused = error.get("refused") if isinstance(error, dict) else None
+    if r.wait_reason != "replay" or not isinstance(refused, dict):
+        return ""
+    since = float(refused.get("since") or now)
+    parked = "; parked: no worker could replay it" if refused.get("parked") else ""
+    return (
+        f"left for a worker whose code can replay it: refused {refused.get('count')} time(s)"
+        f" since {_clock(since, now)} UTC, last by {refused.get('worker') or '?'}{parked};"
+        f" {error.get('step') or '?'}: {error.get('message', '')}"
+    )
 
 
 def _error_line(error: Any, width: int | None) -> str:

@@ -121,14 +121,22 @@ class Cursor:
         once every run that predates it had finished, and the steps after the marker
         are the patched code's, which the code asks for now (and checks, by name).
         """
+        first = self.seq + 1
         seq = self.seq = self.next_seq()
         rec = self.journal.get(seq)
         if rec is not None and (rec.kind != kind or not same_step_name(rec.name, name)):
+            passed = [self.journal[s].name for s in range(first, seq)]
+            took = (
+                f"; the run took the change(s) {', '.join(map(repr, passed))} just before, "
+                "which this code does not check (ctx.patched): code that does can replay it"
+                if passed
+                else ""
+            )
             raise self.fail(
                 NondeterminismError(
                     f"replay expected {rec.kind} {rec.name!r} at position {seq} of session "
                     f"{self.session} but the workflow asked for {kind} {name!r}: the "
-                    "workflow's code changed while the run was in flight",
+                    f"workflow's code changed while the run was in flight{took}",
                     run_id=self.run_id,
                     step=self.where(seq, name),
                 )

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from .._clock import Clock
+from .._errors import MainspringError
 from ..storage import ParentClose, RunWrite, Store, WriteResult
 from ._intercept import StepInterceptor
 from ._retry import RetryPolicy
@@ -97,3 +98,8 @@ class RunControl:
     # that cleared its count of recoveries: a worker isolating a suspect run waits
     # for this before it takes other runs again.
     progressed: bool = False
+    # The worker's id, named on the run when its code cannot replay it.
+    worker: str = ""
+    # Set when this code could not replay the run and left it for another worker
+    # (outcome ``refused``): the replay error.
+    refused: MainspringError | None = None

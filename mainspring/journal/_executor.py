@@ -10,7 +10,7 @@ from dataclasses import replace
 from typing import Any, Literal
 
 from .._describe import safe_str, safe_traceback
-from .._errors import Cancelled, LeaseLost, StoreError, StoreUnavailable
+from .._errors import Cancelled, LeaseLost, NondeterminismError, StoreError, StoreUnavailable
 from .._serde import dumps
 from ..storage import RunRecord, RunTransition
 from ._context import RunContext
@@ -25,7 +25,9 @@ __all__ = ["Outcome", "execute"]
 
 log = logging.getLogger("mainspring.worker")
 
-Outcome = Literal["succeeded", "failed", "cancelled", "suspended", "released", "lost", "abandoned"]
+Outcome = Literal[
+    "succeeded", "failed", "cancelled", "suspended", "released", "lost", "abandoned", "refused"
+]
 
 
 async def execute(
@@ -125,6 +127,12 @@ async def _end(
         return "lost"
     if control.reason == "shutdown" or isinstance(stop, _Release):
         return await _release(engine, cur, run)
+    if (
+        control.reason is None
+        and isinstance(stop, _EngineFailure)
+        and isinstance(stop.error, NondeterminismError)
+    ):
+        return await _refuse(engine, cur, run, control, stop.error)
     decided = _decide(run, workflow, control, stop, raised, result)
     if isinstance(decided, str):
         return decided
@@ -345,6 +353,37 @@ def _returned(
 
 def _failed(error: BaseException) -> _Decision:
     return RunTransition(kind="finish", status="failed", error=error_json(error)), "failed"
+
+
+async def _refuse(
+    engine: Engine, cur: Cursor, run: RunRecord, control: RunControl, error: NondeterminismError
+) -> Outcome:
+    """This code cannot replay the run: its journal holds a step, a patch marker or a
+    version the code does not produce (a worker of an older or a newer deployment
+    wrote it). Never fail it for that: leave it, unfinished and with nothing this
+    execution buffered, for a worker whose code can (``Store.refuse``), as Temporal
+    fails only the workflow task and lets another worker take it."""
+    control.refused = error
+    note = dumps(
+        {
+            "type": f"{type(error).__module__}.{type(error).__qualname__}",
+            "message": safe_str(error.message),
+            **({"step": error.step} if error.step else {}),
+        }
+    )
+    try:
+        status = engine.store.refuse(
+            run.id,
+            run.epoch,
+            engine.clock.now(),
+            error=note,
+            at=f"{run.session}:{cur.last_journaled}",
+            worker=control.worker,
+        )
+    except (StoreUnavailable, StoreError) as exc:
+        log.warning("run %s: cannot give it back (%s); its lease will expire", run.id, exc)
+        return "abandoned"
+    return "lost" if status is None else "refused"
 
 
 async def _release(engine: Engine, cur: Cursor, run: RunRecord) -> Outcome:

@@ -52,6 +52,7 @@ __all__ = [
     "book",
     "charges_of",
     "fit_output",
+    "gate_wait",
     "give_back",
     "hold",
     "is_cold",
@@ -319,15 +320,34 @@ def is_cold(state: BucketState, rate: RateLimit) -> bool:
 def probe_gate(state: BucketState, rate: RateLimit, now: float, run: str | None) -> float | None:
     """On a cold limiter, admit one request at a time: ``None`` when this booking may
     go (it becomes the probe, held until ``now + PROBE_HOLD_S``), else when to ask
-    again. A warm limiter admits everyone (``None``)."""
+    again. A warm limiter admits everyone (``None``).
+
+    The run that holds the probe is admitted again (its old probe given back): a
+    booking it makes while holding the gate is its own probe booked anew, as when the
+    worker that takes a run over re-runs a booking whose end a crash kept out of the
+    journal. Turned away, it would wait for its own probe's hold to lapse (60 s),
+    and every run behind it with it."""
+    ahead = gate_wait(state, rate, now, run)
+    if ahead is not None:
+        return ahead
     if not is_cold(state, rate):
         return None
-    if state.probe_seq and state.probe_until > now:
-        return min(state.probe_until, now + COLD_POLL_S)
+    if state.probe_seq and run is not None and state.probe_run == run:
+        unhold(state, state.probe_seq)  # its own probe, booked anew: the old one is given back
     state.probe_seq = state.seq + 1  # the number book() gives this booking
     state.probe_until = now + PROBE_HOLD_S
     state.probe_run = run
     return None
+
+
+def gate_wait(state: BucketState, rate: RateLimit, now: float, run: str | None) -> float | None:
+    """When ``run`` should ask again because another run's probe holds a cold
+    limiter's gate; ``None``: the gate would let it book now (see :func:`probe_gate`)."""
+    if not is_cold(state, rate) or not (state.probe_seq and state.probe_until > now):
+        return None
+    if run is not None and state.probe_run == run:
+        return None
+    return min(state.probe_until, now + COLD_POLL_S)
 
 
 def release_probe(state: BucketState, seq: int) -> None:

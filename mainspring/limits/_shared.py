@@ -175,6 +175,16 @@ class StoreRateLimiter(RateLimiter):
         book nothing and get ``Booking.retry``: ask again at ``wake_at``."""
         return self._book(estimate, input_ratio, run, None)
 
+    def gate(self, *, run: str | None = None) -> float | None:
+        """How long ``run`` should wait before it books again, while another run's
+        request probes this cold limiter (see :meth:`acquire`); ``None``: a booking
+        would go through now. Books nothing and writes nothing: a run turned away
+        by a booking (``Booking.retry``) looks here until the gate opens, and only
+        then books again, so that its journal holds one refusal per wait, not one per
+        look."""
+        sqlite = self.table.store.dialect != "postgresql"
+        return self.table.gate(self.rate, self.clock.now if sqlite else None, run)
+
     def rebook(self, booking: Booking, *, run: str | None = None) -> Booking:
         """Refund ``booking`` and book its estimate anew, behind the others, in one
         transaction (a request that starts late, a retried one).

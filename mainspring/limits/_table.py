@@ -24,6 +24,7 @@ from ._rate import (
     book,
     effective_limits,
     fit_output,
+    gate_wait,
     give_back,
     hold,
     note_refusal,
@@ -115,6 +116,26 @@ class RateTable:
 
         self._ensure(rate.key)
         return self.store.update_rate_limit(rate.key, now, booking)
+
+    def gate(
+        self, rate: RateLimit, now: float | Callable[[], float] | None, run: str | None
+    ) -> float | None:
+        """Seconds until ``run`` should book again while another run's probe holds
+        the cold limiter's gate; ``None``: a booking would be let through now. Looks
+        only: writes nothing (a probe whose run ended is given back by the booking)."""
+
+        def looking(txn: RateTxn) -> float | None:
+            state, at = _locked(txn), txn.at
+            ahead = gate_wait(state, rate, at, run)
+            if ahead is None:
+                return None
+            held_by = state.probe_run
+            if held_by is not None and txn.ended({held_by}):
+                return None  # the prober's run ended: the next booking takes the gate
+            return max(0.0, ahead - at)
+
+        self._ensure(rate.key)
+        return self.store.update_rate_limit(rate.key, now, looking)
 
     def settle(
         self,

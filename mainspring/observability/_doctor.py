@@ -197,14 +197,38 @@ def _invalid_calls(trace: RunTrace) -> Finding | None:
 
 def _nondeterminism(trace: RunTrace) -> Finding | None:
     err = _loads(trace.run.error)
-    if trace.run.status != "failed" or not isinstance(err, dict):
+    refused = trace.run.wait_reason == "replay" and not trace.run.finished
+    if not (trace.run.status == "failed" or refused) or not isinstance(err, dict):
         return None
     if _short(err.get("type")) != "NondeterminismError":
         return None
     where = err.get("step") or "?"
+    evidence = [f"{where}: {err.get('message', '')}"]
+    note = err.get("refused")
+    if refused and isinstance(note, dict):
+        evidence.append(
+            f"no worker has replayed it: refused {note.get('count')} time(s), last by "
+            f"{note.get('worker') or '?'}"
+            + (", now parked (waiting)" if note.get("parked") else "")
+        )
+        return _finding(
+            "nondeterminism",
+            evidence,
+            [
+                "it is not failed: it waits for a worker whose code can replay it (a "
+                "rolling deploy runs old and new code side by side; a worker that cannot "
+                "replay a run leaves it to the others)",
+                "if the workers that can are gone: deploy code that matches its journal "
+                "(the code that started it, or the one that took its patch), or "
+                f"`mainspring cancel {trace.run.id}`, or `mainspring fork {trace.run.id} "
+                "--from-step N` to keep steps 0..N under the code you have",
+                'next time, ship the change under runs in flight: `if ctx.patched("change-id"):`'
+                " new steps, else the old ones",
+            ],
+        )
     return _finding(
         "nondeterminism",
-        [f"{where}: {err.get('message', '')}"],
+        evidence,
         [
             "the code (or a step name built from configuration) changed while the run was "
             "in flight; a step's name must be what the workflow decided, never a URL, key "

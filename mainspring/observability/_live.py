@@ -157,6 +157,12 @@ class Telemetry(StepInterceptor):
         with self._lock:
             self._inc("dead_letters", (workflow,))
 
+    def run_refused(self, workflow: str) -> None:
+        """A worker of this process could not replay a run of ``workflow`` with its
+        code (a newer or older deployment's journal) and left it for another."""
+        with self._lock:
+            self._inc("replays_refused", (workflow,))
+
     def run_released(self, run_id: str) -> None:
         with self._lock:
             self._runs.pop(run_id, None)
@@ -412,6 +418,12 @@ _COUNTERS: tuple[tuple[str, str, list[str]], ...] = (
     (
         "dead_letters",
         "Runs a claim of this process dead-lettered (recovery failed too often).",
+        ["workflow"],
+    ),
+    (
+        "replays_refused",
+        "Runs this process's code could not replay (a journal from another deployment's"
+        " code), left for a worker whose code can.",
         ["workflow"],
     ),
     ("http_requests", "HTTP API requests answered.", ["method", "route", "status"]),

@@ -209,6 +209,21 @@ class MetricsCollector(Collector):
         )
         dead.add_metric([], total.dead_lettered)
         yield dead
+        wal = self.store.wal_size()
+        if wal is not None:  # SQLite: a reader left open lets the log grow without bound
+            for name, doc, value in (
+                ("wal_bytes", "Bytes of the SQLite write-ahead log file now.", wal[0]),
+                (
+                    "wal_limit_bytes",
+                    "The size the SQLite write-ahead log is truncated to when it starts"
+                    " over (journal_size_limit); far past it, a read transaction left open"
+                    " holds checkpoints back.",
+                    wal[1],
+                ),
+            ):
+                family = core.GaugeMetricFamily(f"mainspring_store_{name}", doc)
+                family.add_metric([], value)
+                yield family
         pending, oldest_pending, given_up = self.store.outbox_backlog()
         backlog = core.GaugeMetricFamily(
             "mainspring_store_webhook_backlog",
@@ -403,7 +418,9 @@ class MetricsCollector(Collector):
 
 
 #: What ``mainspring_runs_waiting`` reports (always, 0 when none).
-WAIT_REASONS = ("sleep", "retry", "rate_limit", "signal", "approval", "question", "budget")
+WAIT_REASONS = (
+    "sleep", "retry", "rate_limit", "signal", "approval", "question", "budget", "replay",
+)  # fmt: skip
 _REQUESTS = ("approval", "question", "budget", "checkpoint", "resume")
 
 

@@ -53,3 +53,14 @@ class Store(
     where the database needs it, the SQL hooks of
     :class:`~mainspring.storage._connection.Connection`.
     """
+
+    def wal_size(self) -> tuple[int, int] | None:
+        """``(bytes, limit)`` of the database's write-ahead log file, where the store
+        keeps one next to the database (SQLite); ``None`` elsewhere."""
+        return None
+
+    def checkpoint(self, *, wait: bool = False) -> tuple[int, int] | None:
+        """Fold the write-ahead log into the database and truncate it, where the
+        store keeps one (SQLite; ``wait``: for readers to let go); :meth:`wal_size`
+        afterwards, ``None`` elsewhere."""
+        return None

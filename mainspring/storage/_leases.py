@@ -4,7 +4,7 @@ bumps the run's epoch, the fence every later write of its holder is checked agai
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -13,10 +13,15 @@ from ._api import queue_event
 from ._children import close_children, lock_parents, tell_parent
 from ._connection import Cursor
 from ._queues import QueueTables, ready_queues_sql
-from ._records import RunRecord
+from ._records import WAKE_NOW, RunRecord, RunStatus
 from ._rows import _RUN_COLUMNS, _run, _versions_sql
 
 __all__ = ["Heartbeat", "LeaseTables"]
+
+# A run that no worker's code could replay for this long waits (parked) instead of
+# being due at once, and is tried again this often from then on (see refuse).
+PARK_AFTER_S = 600.0
+PARK_RETRY_S = 600.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +57,7 @@ class LeaseTables(QueueTables):
         db_clock: bool = False,
         versions: Sequence[str | None] | None = None,
         dead_lettered: list[tuple[str, str]] | None = None,
+        skip: Collection[str] = (),
     ) -> list[RunRecord]:
         """Take up to ``limit`` runnable runs: bump each one's epoch and lease it.
 
@@ -76,6 +82,8 @@ class LeaseTables(QueueTables):
             dead_lettered: given, ``(run id, workflow)`` of each run this claim
                 dead-lettered is appended to it once the claim committed (a worker
                 counts them as they happen).
+            skip: runs not to claim, however runnable (those this worker's code
+                could not replay lately: see :meth:`refuse`).
         """
         self._check()
         if limit <= 0:
@@ -89,6 +97,12 @@ class LeaseTables(QueueTables):
             one_sql, one_params = f" AND {v_sql}", v_params
             wf_sql += one_sql
             wf_params += v_params
+        if skip:
+            avoided = sorted(skip)
+            s_sql = f" AND id NOT IN ({', '.join('?' * len(avoided))})"
+            one_sql, one_params = one_sql + s_sql, [*one_params, *avoided]
+            wf_sql += s_sql
+            wf_params += avoided
         lock = self._lock_clause
         at, at_params = self._clock(now, db_clock)
         queries: list[tuple[str, list[Any]]]
@@ -378,6 +392,83 @@ class LeaseTables(QueueTables):
             if released:
                 self._notify(cur, run_id)
             return released
+
+    def refuse(
+        self,
+        run_id: str,
+        epoch: int,
+        now: float,
+        *,
+        error: str,
+        at: str,
+        worker: str,
+        park_after_s: float = PARK_AFTER_S,
+        retry_s: float = PARK_RETRY_S,
+        again: bool = False,
+    ) -> RunStatus | None:
+        """A worker whose code cannot replay the run (its journal holds a step, a
+        patch marker or a version this code does not produce) gives it back for a
+        worker whose code can: ``sleeping`` and due at once, ``wait_reason``
+        ``replay``, no recovery counted (the run is not what kills workers).
+
+        ``error`` (the replay error, JSON) is kept on the run, with ``refused``: how
+        many refusals in a row at journal position ``at`` (``"session:seq"``; a move
+        starts the count again), since when, and by which worker. Once refusals have
+        gone on for ``park_after_s`` with no worker able to replay it, the run
+        ``waiting`` instead, tried again every ``retry_s``: parked where an operator
+        sees it (``mainspring runs --status waiting``, ``show``, ``doctor``), never
+        failed. A run asked to cancel is made due at once and keeps the cancel's
+        reason. ``again``: the refusing worker's claim took the run back before it
+        could skip it; give it back as it was (``error`` is its note), counting
+        nothing. Returns the status set, or ``None``: the run is no longer this
+        holder's (``epoch``) or no longer running.
+        """
+        with self._write() as cur:
+            cur.execute(
+                "SELECT error, cancel_requested FROM ms_runs WHERE id = ? AND epoch = ?"
+                f" AND status = 'running'{self._row_lock}",
+                (run_id, epoch),
+            )
+            row = cur.fetchone()
+            if row is None:
+                return None
+            old = loads(row[0]) if row[0] else None
+            prior = old.get("refused") if isinstance(old, dict) else None
+            if isinstance(prior, dict) and (again or prior.get("at") == at):
+                count = int(prior.get("count", 0)) + (0 if again else 1)
+                since, at = float(prior.get("since", now)), str(prior.get("at", at))
+                was_parked = bool(prior.get("parked"))
+            else:
+                count, since, was_parked = 1, now, False
+            parked = now - since >= park_after_s
+            status: RunStatus = "waiting" if parked else "sleeping"
+            wake_at = now + retry_s if parked else WAKE_NOW
+            note: str | None = dumps(
+                {
+                    **(loads(error) or {}),
+                    "refused": {
+                        "count": count,
+                        "since": since,
+                        "at": at,
+                        "worker": worker,
+                        "parked": parked,
+                    },
+                }
+            )
+            if row[1]:  # asked to cancel: a worker cancels it at once, with its reason
+                status, wake_at, note = "sleeping", WAKE_NOW, row[0]
+            cur.execute(
+                "UPDATE ms_runs SET status = ?, owner = NULL, lease_until = NULL, wake_at = ?,"
+                " wait_reason = 'replay', wait_signal = NULL, error = ?, updated_at = ?"
+                " WHERE id = ?",
+                (status, wake_at, note, now, run_id),
+            )
+            if status == "sleeping":
+                self._notify(cur, run_id)  # a worker whose code can replay it, at once
+            elif not was_parked:
+                waiting = {"status": "waiting", "wait_reason": "replay"}
+                queue_event(cur, run_id, "run.waiting", waiting, now)
+            return status
 
 
 def _dead_letter_error(max_recoveries: int) -> str:

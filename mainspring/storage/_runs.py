@@ -4,7 +4,7 @@ are in ``_leases.py`` and ``_journal.py``."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -242,10 +242,11 @@ class RunTables(Connection):
         self,
         workflows: Sequence[str] | None = None,
         versions: Sequence[str | None] | None = None,
+        skip: Collection[str] = (),
     ) -> float | None:
         """The earliest ``wake_at`` of a sleeping or waiting run (of these workflows,
-        and code versions as :meth:`claim` takes them): when a worker next has something
-        to claim that nobody needs to send."""
+        and code versions as :meth:`claim` takes them, but the runs in ``skip``):
+        when a worker next has something to claim that nobody needs to send."""
         names = list(workflows) if workflows is not None else None
         wf_sql = f" AND workflow IN ({', '.join('?' * len(names))})" if names else ""
         params: list[Any] = list(names or [])
@@ -253,6 +254,9 @@ class RunTables(Connection):
             v_sql, v_params = _versions_sql(versions)
             wf_sql += f" AND {v_sql}"
             params += v_params
+        if skip:
+            wf_sql += f" AND id NOT IN ({', '.join('?' * len(skip))})"
+            params += sorted(skip)
         with self._read() as cur:
             cur.execute(
                 "SELECT MIN(wake_at) FROM ms_runs WHERE status IN ('sleeping', 'waiting')"

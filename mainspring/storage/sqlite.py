@@ -6,7 +6,17 @@ commits on power loss), a busy timeout, and ``BEGIN IMMEDIATE`` for every write 
 that claims and fenced commits serialise across worker processes.
 
 URL forms: ``sqlite:///relative/path.db``, ``sqlite:////absolute/path.db``, with
-optional ``?synchronous=NORMAL&busy_timeout_ms=10000``.
+optional ``?synchronous=NORMAL&busy_timeout_ms=10000&wal_limit_mb=64``.
+
+The WAL and a reader that never ends: SQLite copies the write-ahead log back into the
+database (a *checkpoint*) only up to the oldest snapshot a reader still holds, and can
+start the log over only when no reader needs it. A read transaction held open (an
+operator's ``sqlite3`` shell, a backup, a stuck reader) therefore lets the ``-wal`` file
+grow with every commit (about 15 MB/s under a busy worker), and SQLite reuses the file
+afterwards rather than shrinking it. ``journal_size_limit`` (``wal_limit_bytes``) makes
+SQLite truncate the log back to that size when it starts it over, which the first
+checkpoint after the reader leaves allows; :meth:`SQLiteStore.checkpoint` truncates it
+at once, and workers call it (without waiting) when they find the file past its limit.
 """
 
 from __future__ import annotations
@@ -26,6 +36,11 @@ from ._base import Cursor, Store
 __all__ = ["DatabaseGone", "SQLiteStore"]
 
 Synchronous = Literal["FULL", "NORMAL", "EXTRA", "OFF"]
+
+
+#: ``journal_size_limit`` by default: a log starts over at most this large. In steady
+#: use it stays near SQLite's automatic checkpoint (1,000 pages, 8 MiB here).
+WAL_LIMIT_BYTES = 64 << 20
 
 
 class DatabaseGone(StoreError):
@@ -53,6 +68,7 @@ class SQLiteStore(Store):
         synchronous: Synchronous = "FULL",
         busy_timeout_ms: int = 5000,
         migrate: bool = True,
+        wal_limit_bytes: int = WAL_LIMIT_BYTES,
     ) -> None:
         path = os.fspath(path)
         if path in ("", ":memory:"):
@@ -68,6 +84,11 @@ class SQLiteStore(Store):
         self.path = path
         self.synchronous = sync
         self.busy_timeout_ms = int(busy_timeout_ms)
+        if isinstance(wal_limit_bytes, bool) or not isinstance(wal_limit_bytes, int):
+            raise ConfigError(f"wal_limit_bytes must be an integer, got {wal_limit_bytes!r}")
+        if wal_limit_bytes < 0:
+            raise ConfigError(f"wal_limit_bytes must be >= 0, got {wal_limit_bytes!r}")
+        self.wal_limit_bytes = wal_limit_bytes
         self.url = f"sqlite:///{path}"
         self._local = threading.local()
         self._all: list[sqlite3.Connection] = []
@@ -97,18 +118,28 @@ class SQLiteStore(Store):
                 "for a relative path (sqlite:///app.db) or four for an absolute one"
             )
         options = dict(parse_qsl(parts.query))
-        unknown = set(options) - {"synchronous", "busy_timeout_ms"}
+        unknown = set(options) - {"synchronous", "busy_timeout_ms", "wal_limit_mb"}
         if unknown:
             raise ConfigError(
                 f"SQLite URL {url!r}: unknown option(s) {sorted(unknown)!r}; "
-                "known: synchronous, busy_timeout_ms"
+                "known: synchronous, busy_timeout_ms, wal_limit_mb"
             )
         sync = options.get("synchronous", "FULL").upper()
         try:
             busy = int(options.get("busy_timeout_ms", "5000"))
         except ValueError:
             raise ConfigError(f"SQLite URL {url!r}: busy_timeout_ms must be an integer") from None
-        return cls(path, synchronous=sync, busy_timeout_ms=busy, migrate=migrate)  # type: ignore[arg-type]
+        try:
+            limit = int(options.get("wal_limit_mb", str(WAL_LIMIT_BYTES >> 20))) << 20
+        except ValueError:
+            raise ConfigError(f"SQLite URL {url!r}: wal_limit_mb must be an integer") from None
+        return cls(
+            path,
+            synchronous=sync,  # type: ignore[arg-type]
+            busy_timeout_ms=busy,
+            migrate=migrate,
+            wal_limit_bytes=limit,
+        )
 
     # -- connections ----------------------------------------------------------------
 
@@ -150,6 +181,9 @@ class SQLiteStore(Store):
                     conn.close()
                     raise StoreError(f"SQLite file {self.path!r} cannot use WAL (got {mode!r})")
                 conn.execute(f"PRAGMA synchronous = {self.synchronous}")
+                # Each connection that starts the log over truncates it to this size: a
+                # log a long reader let grow shrinks back once it has gone (see above).
+                conn.execute(f"PRAGMA journal_size_limit = {self.wal_limit_bytes}")
                 return conn
             except sqlite3.DatabaseError as exc:
                 if conn is not None:
@@ -184,6 +218,46 @@ class SQLiteStore(Store):
 
     def _check(self) -> None:
         self.check_file()
+
+    # -- the write-ahead log -------------------------------------------------------
+
+    def wal_size(self) -> tuple[int, int]:
+        """``(bytes of the -wal file now, the limit it is truncated to)``."""
+        try:
+            size = os.path.getsize(self.path + "-wal")
+        except OSError:  # none yet, or removed by the last connection's close
+            size = 0
+        return size, self.wal_limit_bytes
+
+    def checkpoint(self, *, wait: bool = False) -> tuple[int, int]:
+        """Copy the write-ahead log into the database and truncate it to nothing
+        (``PRAGMA wal_checkpoint(TRUNCATE)``), after a passive checkpoint that does
+        the copying without holding writers back. A read transaction that still uses
+        the log keeps it (nothing is lost; try again once it has ended).
+
+        Args:
+            wait: wait up to the busy timeout for readers and writers to let go;
+                ``False``: give up at once (what a worker does now and then).
+
+        Returns:
+            :meth:`wal_size` afterwards.
+        """
+        conn = self._conn()
+        try:
+            conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+            if not wait:
+                conn.execute("PRAGMA busy_timeout = 0")
+            try:
+                conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+            finally:
+                if not wait:
+                    conn.execute(f"PRAGMA busy_timeout = {self.busy_timeout_ms}")
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) and "busy" not in str(exc):
+                raise self._error(exc, "checkpointing") from exc
+        except sqlite3.DatabaseError as exc:
+            raise self._error(exc, "checkpointing") from exc
+        return self.wal_size()
 
     def release_thread(self) -> None:
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)

@@ -34,6 +34,10 @@ class WorkerTelemetry(Protocol):
     def run_dead_lettered(self, workflow: str) -> None:
         """A claim of the worker dead-lettered a run of ``workflow``."""
 
+    def run_refused(self, workflow: str) -> None:
+        """The worker's code could not replay a run of ``workflow``: it left the run
+        for a worker whose code can."""
+
     def run_released(self, run_id: str) -> None:
         """The worker let go of ``run_id`` (finished, suspended, given back or lost)."""
 

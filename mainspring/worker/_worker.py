@@ -37,6 +37,8 @@ from ..journal import BatchCommitter, Committer, Engine, Execution, Outcome, Run
 from ..storage import DatabaseGone, Heartbeat, RunRecord
 from ._heartbeat import Beater
 from ._host import WorkerHost
+from ._refusals import Refusals
+from ._upkeep import WalWatch
 
 __all__ = ["Worker", "WorkerStats"]
 
@@ -86,6 +88,9 @@ class Worker:
             the host's version and ``None`` when the host declares a version, else
             every run. So old and new code drain side by side: each fleet claims its
             own runs (docs/workflows.md, "Changing code under running runs").
+        refused_skip_s: a run this worker's code cannot replay (a journal written by
+            another deployment's code) is given back, never failed, and this worker
+            leaves it to the others for this long (seconds of the App's clock).
     """
 
     def __init__(
@@ -100,6 +105,7 @@ class Worker:
         sticky_runs: int = 256,
         sticky_bytes: int = 256 * 1024 * 1024,
         versions: Sequence[str | None] | Literal["any"] | None = None,
+        refused_skip_s: float = 300.0,
         _run_id: str | None = None,
         _return_on_wait: bool = False,
     ) -> None:
@@ -136,6 +142,9 @@ class Worker:
         self._sweep = True
         self._fatal: DatabaseGone | None = None
         self._ticked_at: float | None = None  # the App's clock at the last schedule tick
+        # Runs this worker's code could not replay: given back, and skipped a while.
+        self.refusals = Refusals(refused_skip_s, self.worker_id)
+        self.wal = WalWatch(self.worker_id)
 
     def request_stop(self) -> None:
         """Stop claiming and drain (safe to call from a signal handler)."""
@@ -282,12 +291,19 @@ class Worker:
                 free -= len(claimed)
             if self._only is None:
                 await self._tick_schedules()
+            if self.wal.due():  # a read transaction left open lets SQLite's log grow
+                await asyncio.to_thread(self.wal.look, app.store)
             named: list[str] = []
             if free > 0 and isolated is None:
                 try:
                     named = self._take_named(free)
                     claimed += await asyncio.to_thread(
-                        self._claim, names, free, named, not self._active and not claimed
+                        self._claim,
+                        names,
+                        free,
+                        named,
+                        not self._active and not claimed,
+                        self._skipping(),
                     )
                 except DatabaseGone as exc:
                     self._on_fatal(exc)
@@ -299,6 +315,10 @@ class Worker:
                 # rather than start them only to release them at their first boundary.
                 await self._give_back(claimed)
                 break
+            if claimed:
+                claimed = await self.refusals.hand_back(
+                    app.store, app.clock, claimed, self._skipping()
+                )
             for record in claimed:
                 entry = self._start(engine, record)
                 if record.recoveries >= self.isolate_after:
@@ -356,10 +376,18 @@ class Worker:
         self._named.difference_update(named)
         return named
 
-    def _claim(self, names: list[str], free: int, named: list[str], alone: bool) -> list[RunRecord]:
+    def _skipping(self) -> list[str]:
+        """The runs this worker's code could not replay lately, those it is giving
+        back now included (read in the loop's thread, before a claim)."""
+        skip = self.refusals.skipping(self.app.clock.now())
+        return skip + [r for r, a in self._active.items() if a.control.refused is not None]
+
+    def _claim(
+        self, names: list[str], free: int, named: list[str], alone: bool, skip: list[str]
+    ) -> list[RunRecord]:
         """Claim exactly the ``named`` runs (each by id), or, for a sweep, up to
         ``free`` of whatever is runnable, in claim order (``alone``: this worker
-        executes nothing now)."""
+        executes nothing now; ``skip``: runs not to claim)."""
         app = self.app
         claimed: list[RunRecord] = []
         targets: list[str | None] = list(named) or [self._only]
@@ -381,6 +409,7 @@ class Worker:
                     db_clock=self.db_clock,
                     versions=self.versions,
                     dead_lettered=dead,
+                    skip=skip,
                 )
         finally:
             self._dead_lettered(dead)
@@ -522,6 +551,8 @@ class Worker:
 
     def _finished_only(self) -> bool:
         assert self._only is not None
+        if self._only in self.refusals.errors:
+            return True  # its code cannot replay it: app.run says so instead of waiting
         record = self.app.store.get_run(self._only)
         if self._return_on_wait and record is not None and record.status == "waiting":
             # app.run says what the run waits for instead of hanging, unless it waits
@@ -557,7 +588,8 @@ class Worker:
             return False
         idle_at[:] = [now]
         try:
-            wake = self.app.store.next_wake(names, self.versions)
+            skip = self.refusals.skipping(now)
+            wake = self.app.store.next_wake(names, self.versions, skip=skip)
             if wake is not None and wake <= now + horizon_s:
                 return True
             # A run waiting in a queue starts once a slot frees or the rate admits it.
@@ -585,7 +617,7 @@ class Worker:
             # run afresh: the old execution is fenced off already; stop it now.
             self._interrupt(stale, "lost")
         workflow = self.app.workflows[record.workflow]
-        control = RunControl(draining=self._stopping)
+        control = RunControl(draining=self._stopping, worker=self.worker_id)
         resume = self._take_kept(record.id)
         if resume is not None and resume.fits(record):
             self.stats.resumed += 1
@@ -620,7 +652,10 @@ class Worker:
             else:
                 outcome = t.result()
             self.stats.outcomes[outcome] = self.stats.outcomes.get(outcome, 0) + 1
-            if log.isEnabledFor(logging.INFO):
+            if outcome == "refused" and control.refused is not None:
+                clock = self.app.clock
+                self.refusals.tell(record, control.refused, clock.now(), self.app.telemetry)
+            elif log.isEnabledFor(logging.INFO):
                 self._log_outcome(run_id, outcome)
             if self._wakeup is not None:
                 self._wakeup.set()
