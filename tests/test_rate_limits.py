@@ -22,6 +22,7 @@ from mainspring.limits import (
     StoreRateLimiter,
     load_rate_limits,
     observed_limits,
+    observed_resets,
 )
 from mainspring.limits._rate import BucketState, book, charges_of, quantile, settle, tighten
 from mainspring.limits._table import RateTable
@@ -681,3 +682,45 @@ async def test_a_run_cancelled_while_it_sleeps_for_its_slot_gives_it_back(db_url
         assert (await a.result()).answer == "ok"
     finally:
         app.close()
+
+
+def test_a_429_that_says_full_again_in_a_second_holds_the_bucket_a_second(
+    tmp_path: Path,
+) -> None:
+    """A refusal answering "0 of 500 requests left, full again in 1s" (OpenAI's
+    ``x-ratelimit-reset-requests``): the next request waits the second, not the minute
+    that 500 requests take at 500 a minute. (Read as 500 requests used by someone else,
+    it held every run of the account for 56 s; the horizon suite's injected 429s made
+    its cells four times as long.)"""
+    store = open_store(f"sqlite:///{tmp_path / 'rate.db'}")
+    clock = FakeClock(NOW)
+    limiter = StoreRateLimiter(RateLimit(provider="openai", model="m"), store, clock=clock)
+    replied = {
+        "x-ratelimit-limit-requests": "10000",
+        "x-ratelimit-remaining-requests": "9999",
+        "x-ratelimit-reset-requests": "6ms",
+    }
+    try:
+        for _ in range(3):
+            slot = limiter.reserve(prompt_tokens=500, max_tokens=100, run="r")
+            limiter.settle(slot, Cost(input_tokens=500, output_tokens=50), replied)
+        refused = limiter.reserve(prompt_tokens=500, max_tokens=100, run="r")
+        limiter.settle(
+            refused,
+            None,
+            {
+                "retry-after": "1",
+                "x-ratelimit-limit-requests": "500",
+                "x-ratelimit-remaining-requests": "0",
+                "x-ratelimit-reset-requests": "1s",
+            },
+            retry_after=1.0,
+        )
+        after = limiter.reserve(prompt_tokens=500, max_tokens=100, run="r")
+        assert after.waited_s == pytest.approx(1.0)
+        # Both providers' spellings of the horizon.
+        assert observed_resets({"x-ratelimit-reset-tokens": "6m0s"}, NOW) == {"tpm": 360.0}
+        anthropic = {"anthropic-ratelimit-input-tokens-reset": "2026-01-01T00:00:05Z"}
+        assert observed_resets(anthropic, NOW) == {"itpm": 5.0}
+    finally:
+        store.close()

@@ -8,6 +8,7 @@ from ._shared import (
     StoreRateLimiter,
     load_rate_limits,
     observed_limits,
+    observed_resets,
 )
 
 __all__ = [
@@ -24,5 +25,6 @@ __all__ = [
     "cost_usd",
     "load_rate_limits",
     "observed_limits",
+    "observed_resets",
     "price_of",
 ]

@@ -504,12 +504,17 @@ def tighten(
     remaining: Mapping[Dimension, float],
     retry_after: float | None,
     now: float,
+    resets: Mapping[Dimension, float] | None = None,
 ) -> None:
     """Apply what the provider said: its limits, what remains, when to come back.
 
     A remaining count below what the limiter believes moves the TAT so that the
     bucket holds no more than that; more remaining than believed changes nothing
-    (other bookings may be in flight that the provider has not seen yet).
+    (other bookings may be in flight that the provider has not seen yet). The used
+    capacity drains at the limiter's pace, but never for longer than the provider's
+    reset horizon (``resets``: when its bucket is full again) says: a 429 answering
+    "0 of 500 requests left, full again in 1s" holds the bucket for a second, not the
+    minute that 500 requests at 500 a minute would take.
     """
     before = effective_limits(rate.limits(), state.learned)
     for d, value in learned.items():
@@ -528,7 +533,10 @@ def tighten(
         provider_limit = learned.get(d, limit)
         used = max(0.0, provider_limit - left)
         interval = _interval(limit, rate, state.outside.get(d, 0.0))
-        told = now + used * interval
+        drain = used * interval
+        if resets is not None and d in resets:
+            drain = min(drain, resets[d])
+        told = now + drain
         # Capacity the provider saw used and this limiter did not book: other clients
         # of the account. Its rate, smoothed, is taken off this limiter's pace.
         # A leaky sum: what others used, forgotten over one period. (Not when the

@@ -14,6 +14,7 @@ from pathlib import Path
 from .._clock import Clock, SystemClock
 from .._config import config_entries
 from .._errors import ConfigError, StoreError, StoreUnavailable
+from ..models import reset_seconds
 from ..storage import Store
 from ._rate import (
     DIMENSIONS,
@@ -33,6 +34,7 @@ __all__ = [
     "StoreRateLimiter",
     "load_rate_limits",
     "observed_limits",
+    "observed_resets",
 ]
 
 log = logging.getLogger("mainspring.limits")
@@ -85,6 +87,19 @@ def observed_limits(
     for word, dim in _ANTHROPIC.items():
         put(dim, f"anthropic-ratelimit-{word}-limit", f"anthropic-ratelimit-{word}-remaining")
     return limits, remaining
+
+
+def observed_resets(headers: Mapping[str, str], now: float) -> dict[Dimension, float]:
+    """Per dimension, the seconds until the provider's bucket is full again, as a
+    response's reset headers say (``x-ratelimit-reset-tokens: 1.2s``,
+    ``anthropic-ratelimit-input-tokens-reset: <RFC 3339>``)."""
+    words = {**_OPENAI, **_ANTHROPIC}
+    out: dict[Dimension, float] = {}
+    for word, seconds in reset_seconds(headers, now=now).items():
+        dim = words.get(word)
+        if dim is not None:
+            out[dim] = seconds  # type: ignore[index]
+    return out
 
 
 class StoreRateLimiter(RateLimiter):
@@ -244,6 +259,8 @@ class StoreRateLimiter(RateLimiter):
         """Correct ``booking``; see :class:`RateLimiter`. ``actual=None`` (a 429)
         refunds the reservation and tightens from the refusal's headers."""
         learned, remaining = observed_limits(headers or {})
+        now = self._now()
+        resets = observed_resets(headers or {}, now)
         # A refused request charged nothing: refund its whole reservation (a retry
         # books anew, behind the others).
         delta: dict[Dimension, float] = {d: -booking.charges.get(d, 0.0) for d in DIMENSIONS}
@@ -266,9 +283,10 @@ class StoreRateLimiter(RateLimiter):
             learned=learned,
             remaining=remaining,
             retry_after=retry_after,
+            resets=resets,
             input_ratio=ratio,
             output_tokens=output,
-            now=self._now(),
+            now=now,
             seq=booking.seq,
             contacted=actual is not None or bool(learned),
             refused=actual is None and (bool(headers) or retry_after is not None),

@@ -146,6 +146,7 @@ class RateTable:
         remaining: Mapping[Dimension, float],
         retry_after: float | None,
         input_ratio: float | None,
+        resets: Mapping[Dimension, float] | None = None,
         output_tokens: int | None,
         now: float | None,
         seq: int = 0,
@@ -171,6 +172,7 @@ class RateTable:
                 learned=learned,
                 remaining=remaining,
                 retry_after=retry_after,
+                resets=resets or {},
                 now=at,
             )
             txn.save(_row(state))

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._errors import ConfigError
 from ._base import Model
-from ._common import estimate_input_tokens, estimate_tokens
+from ._common import estimate_input_tokens, estimate_tokens, reset_seconds
 from ._types import (
     AssistantMessage,
     FinishReason,
@@ -67,6 +67,7 @@ __all__ = [
     "estimate_input_tokens",
     "estimate_tokens",
     "parse_model_spec",
+    "reset_seconds",
     "resolve_model",
 ]
 

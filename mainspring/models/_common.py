@@ -97,6 +97,28 @@ def _seconds_until(text: str, now: float) -> float | None:
     return max(0.0, when - now)
 
 
+def reset_seconds(headers: Mapping[str, str], *, now: float) -> dict[str, float]:
+    """When each rate-limit bucket a response names is full again, in seconds from
+    ``now``, keyed by the header's word (``"requests"``, ``"tokens"``,
+    ``"input-tokens"``, ``"output-tokens"``): OpenAI's ``x-ratelimit-reset-*`` durations
+    (``"1s"``, ``"6m0s"``) and Anthropic's ``anthropic-ratelimit-*-reset`` timestamps.
+    Values that cannot be read are left out."""
+    out: dict[str, float] = {}
+    for name, value in headers.items():
+        low = name.lower()
+        if low.startswith("x-ratelimit-reset-"):
+            seconds = parse_duration(value)
+            word = low.removeprefix("x-ratelimit-reset-")
+        elif low.startswith("anthropic-ratelimit-") and low.endswith("-reset"):
+            seconds = _seconds_until(value, now)
+            word = low.removeprefix("anthropic-ratelimit-").removesuffix("-reset")
+        else:
+            continue
+        if seconds is not None:
+            out[word] = seconds
+    return out
+
+
 def retry_after_from_headers(
     headers: Mapping[str, str], *, now: float | None = None, resets: bool = True
 ) -> float | None:
