@@ -259,8 +259,8 @@ class StoreRateLimiter(RateLimiter):
         """Correct ``booking``; see :class:`RateLimiter`. ``actual=None`` (a 429)
         refunds the reservation and tightens from the refusal's headers."""
         learned, remaining = observed_limits(headers or {})
-        now = self._now()
-        resets = observed_resets(headers or {}, now)
+        # An Anthropic reset is a time of day: seconds from this machine's clock.
+        resets = observed_resets(headers or {}, self.clock.now())
         # A refused request charged nothing: refund its whole reservation (a retry
         # books anew, behind the others).
         delta: dict[Dimension, float] = {d: -booking.charges.get(d, 0.0) for d in DIMENSIONS}
@@ -286,7 +286,7 @@ class StoreRateLimiter(RateLimiter):
             resets=resets,
             input_ratio=ratio,
             output_tokens=output,
-            now=now,
+            now=self._now(),
             seq=booking.seq,
             contacted=actual is not None or bool(learned),
             refused=actual is None and (bool(headers) or retry_after is not None),
