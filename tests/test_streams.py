@@ -314,6 +314,9 @@ def test_the_run_page_of_a_running_run_has_a_live_answer_region(
             "answer.textContent += t.text" in html
             and "innerHTML" not in html.split('addEventListener("tokens"')[1]
         )
+        # Tool calls as they form, beside the text (text nodes only, too).
+        assert '<div id="answer-calls"></div>' in html
+        assert 'events.addEventListener("tool_call_delta"' in html
     finally:
         app.close()
 
