@@ -21,7 +21,7 @@ from _helpers import Crash, drain, uvicorn_serving
 import mainspring as ms
 from mainspring.models import ScriptedModel, ToolSpec, UserMessage
 from mainspring.storage import TokenPiece
-from mainspring.testing import FakeAnthropicServer, FakeOpenAIServer
+from mainspring.testing import FakeAnthropicServer, FakeOpenAIServer, assert_invariants
 
 TEXT = "The quick brown fox jumps over the lazy dog, and then it streams home."
 
@@ -246,6 +246,78 @@ async def test_an_sse_client_reconnects_mid_stream_and_reassembles_the_exact_tex
         assert after.index(next(e for e in after if e["data"].get("end") == "done")) < after.index(
             next(e for e in after if e["event"] == "step" and e["data"]["status"] == "completed")
         )
+    finally:
+        app.close()
+
+
+async def test_a_failed_attempt_ends_interrupted_for_the_reason_failed_over_sse(
+    served: tuple[str, str, str],
+) -> None:
+    """An attempt that failed (an HTTP 500) ends its stream ``interrupted`` with the
+    reason ``failed`` (its text is void); the retry streams anew and ends ``done``."""
+    pytest.importorskip("openai")
+    base, key, db_url = served
+    app = ms.App(db_url, poll_interval_s=0.01)
+    try:
+        with FakeOpenAIServer() as server:
+            server.script([server.server_error(500), server.text(TEXT)])
+            model = ms.models.OpenAIModel("m", base_url=server.base_url, api_key="k", stream=True)
+            retry = ms.RetryPolicy(max_attempts=3, initial_s=0.01, max_s=0.01)
+            agent = app.agent("w", model=model, instructions="Answer.", model_retry=retry)
+            result = await app.run(agent, "Go")
+            await model.aclose()
+        assert result.answer == TEXT
+        run_id = app.list_runs()[0].id
+        headers = {"Authorization": f"Bearer {key}"}
+        async with (
+            httpx.AsyncClient(base_url=base, headers=headers, timeout=30) as client,
+            client.stream("GET", f"/runs/{run_id}/events") as response,
+        ):
+            tokens = [e["data"] async for e in _sse(response) if e["event"] == "tokens"]
+        assert [(t["attempt"], t.get("end"), t.get("reason")) for t in tokens if "end" in t] == [
+            (1, "interrupted", "failed"),
+            (2, "done", None),
+        ]
+        assert "".join(t.get("text", "") for t in tokens if t["attempt"] == 2) == TEXT
+    finally:
+        app.close()
+
+
+async def test_two_model_calls_at_once_stream_side_by_side(db_url: str) -> None:
+    """Two model calls of one run at once (asyncio.gather): both streams arrive whole,
+    each in its own order, and each reader's text is its step's journaled reply."""
+    texts = [TEXT, "Another answer, streamed beside the first one, piece by piece."]
+
+    async def pace(index: int, piece: str) -> None:
+        await asyncio.sleep(0.02)
+
+    app = ms.App(db_url, poll_interval_s=0.01)
+    models = [ScriptedModel([t], chunk_size=3, on_chunk=pace) for t in texts]
+
+    @app.workflow(name="both")
+    async def both(ctx: ms.RunContext) -> list[str]:
+        replies = await asyncio.gather(
+            *(app.call_model(ctx, m, [UserMessage(content="go")]) for m in models)
+        )
+        return [r.text or "" for r in replies]
+
+    try:
+        handle = app.submit(both)
+        await drain(app)
+        assert await handle.result() == texts
+        rows = app.store.tokens_after(handle.run_id, limit=10_000)
+        seqs = [r.seq for r in rows]
+        assert seqs != sorted(seqs)  # the two streams' rows interleave
+        events = [e async for e in app.stream(handle.run_id, poll_s=0.01)]
+        steps = sorted(
+            (s.seq, json.loads(s.output or "{}")["text"])
+            for s in app.steps(handle.run_id)
+            if s.role == "model"
+        )
+        for seq, reply in steps:
+            assert "".join(e.text for e in events if e.seq == seq) == reply
+        assert sorted(reply for _, reply in steps) == sorted(texts)
+        assert_invariants(app.store, run_ids=[handle.run_id])
     finally:
         app.close()
 
