@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import sqlite3
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -148,6 +149,67 @@ async def test_a_crash_mid_stream_marks_it_interrupted_and_the_retry_streams_ane
         assert (first[-1].end, first[-1].reason) == ("interrupted", "abandoned")
         assert "".join(e.text for e in second) == TEXT and second[-1].end == "done"
         assert events.index(first[-1]) < events.index(second[0])  # the retry follows
+    finally:
+        app.close()
+
+
+def test_streams_written_before_schema_15_stay_readable_and_cursors_stay_valid(
+    db_url: str, tmp_path: Any
+) -> None:
+    """Migration 15 gives the rows of an older database their id as their place: a
+    reader's old cursor (``~t<id>``) resumes where it was, and new rows follow."""
+    from mainspring.storage._migrations import MIGRATIONS
+
+    sqlite = db_url.startswith("sqlite")
+    if sqlite:
+        ddl = {"float": "REAL", "autoid": "INTEGER PRIMARY KEY AUTOINCREMENT"}
+        rowid = " WITHOUT ROWID"
+    else:
+        ddl = {
+            "float": "DOUBLE PRECISION",
+            "autoid": "BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY",
+        }
+        rowid = ""
+    statements = [
+        statement
+        for version in range(1, 15)  # the schema as it was before fenced streams
+        for statement in MIGRATIONS[version].format(**ddl, without_rowid=rowid).split(";")
+        if statement.strip()
+    ]
+    statements += [
+        "CREATE TABLE ms_meta (key TEXT PRIMARY KEY, value TEXT)",
+        "INSERT INTO ms_meta VALUES ('schema_version', '14')",
+        "INSERT INTO ms_runs (id, workflow, status, input, epoch, created_at, updated_at)"
+        " VALUES ('old', 'wf', 'running', '[]', 1, 1, 1)",
+    ]
+    statements += [
+        "INSERT INTO ms_stream_chunks (run_id, session, seq, attempt, idx, text, end_reason,"
+        f" created_at) VALUES ('old', 0, 2, 1, {i}, '{text}', NULL, 1)"
+        for i, text in enumerate(["The quick ", "brown "])
+    ]
+    if sqlite:
+        conn = sqlite3.connect(db_url.removeprefix("sqlite:///"), isolation_level=None)
+        for statement in statements:
+            conn.execute(statement)
+        conn.close()
+    else:
+        psycopg = pytest.importorskip("psycopg")
+        with psycopg.connect(db_url, autocommit=True) as pg_conn:
+            for statement in statements:
+                pg_conn.execute(statement)
+    app = ms.App(db_url)  # migrates
+    try:
+        events = app.follow_tokens("old").poll()
+        assert [(e.epoch, e.text) for e in events] == [(0, "The quick "), (0, "brown ")]
+        put(app.store, "old", 1, 2, 2, 0, "The quick brown fox", end="done")  # its retry
+        resumed = app.follow_tokens("old", after=events[0].cursor).poll()  # an old cursor
+        assert [(e.attempt, e.text, e.end) for e in resumed] == [
+            (1, "brown ", None),
+            (1, "", "interrupted"),
+            (2, "The quick brown fox", None),
+            (2, "", "done"),
+        ]
+        assert int(resumed[-1].cursor) == int(events[-1].cursor) + 1  # places go on
     finally:
         app.close()
 

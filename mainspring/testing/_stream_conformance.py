@@ -137,7 +137,7 @@ class StreamConformance:
         """Two writers (two model calls of one run at once, as under asyncio.gather)
         append to one run while a reader pages by the cursor as fast as it can: it
         reads every row exactly once, in place order, each writer's rows in its own
-        order. (On PostgreSQL, paging by ``id`` loses rows here.)"""
+        order. (On PostgreSQL, paging by ``id`` can lose rows here.)"""
         per_writer = 60
         with self.store() as s:
             epoch = self._running(s, "r")
