@@ -346,7 +346,10 @@ class _Call:
 def _takes_tool_calls(stream: Callable[..., object]) -> bool:
     """Does a model's ``stream`` take ``on_tool_call``? (One written before it existed
     does not: its text alone is streamed.)"""
-    params = inspect.signature(stream).parameters
+    try:
+        params = inspect.signature(stream).parameters
+    except (TypeError, ValueError):  # no signature to read: assume the older one
+        return False
     return "on_tool_call" in params or any(
         p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()
     )
