@@ -5,7 +5,11 @@ A scripted model hands out a reply of ``--chars`` characters in ``--piece``-char
 deltas, ``--delta-ms`` apart (a provider's pace: ~4 characters every 10-20 ms), once
 streaming and once with the same pacing but its deltas dropped (no stream rows).
 Printed: the step's wall time each way, the stream rows written (batches), the time
-spent inside those writes, and the per-step overhead.
+spent inside those writes, and the per-step overhead. Then the cost of one append
+alone (a 64-character row, fenced by the run's epoch and placed in commit order),
+beside the physical limit: a plain INSERT of the same row, committed on its own, on the
+same store (``--appends`` of each, interleaved so that a loaded machine slows both
+alike).
 
     python bench/token_streams.py                       # SQLite in a temp dir
     python bench/token_streams.py --db postgresql://postgres@127.0.0.1/postgres
@@ -23,6 +27,7 @@ from typing import Any
 
 import mainspring as ms
 from mainspring.models import ScriptedModel, UserMessage
+from mainspring.storage import TokenPiece, open_store
 
 
 class _Unstreamed(ms.models.Model):
@@ -63,10 +68,10 @@ async def _measure(url: str, *, stream: bool, args: argparse.Namespace) -> dict[
     spent = [0.0]
     append = store.append_tokens
 
-    def timed(*a: Any, **kw: Any) -> None:
+    def timed(*a: Any, **kw: Any) -> bool:
         began = time.perf_counter()
         try:
-            append(*a, **kw)
+            return append(*a, **kw)  # False: refused at the fence
         finally:
             spent[0] += time.perf_counter() - began
 
@@ -88,6 +93,43 @@ async def _measure(url: str, *, stream: bool, args: argparse.Namespace) -> dict[
     }
 
 
+def _appends(url: str, n: int) -> tuple[float, float]:
+    """Median seconds of one fenced append, and of a plain INSERT+COMMIT of the row."""
+    store = open_store(url)
+    run_id = f"bench-{time.time_ns()}"
+    store.create_run(run_id=run_id, workflow="wf", input="{}", key=None, now=1.0)
+    [run] = store.claim(
+        worker="bench", now=1.0, lease_s=3600, limit=1, workflows=["wf"], max_recoveries=0
+    )
+    text = "x" * 64
+    with store._write() as cur:  # the physical limit's table: the same columns' worth
+        cur.execute("CREATE TABLE ms_bench_raw (run_id TEXT, idx INTEGER, text TEXT)")
+    fenced, raw = [], []
+    try:
+        for i in range(n):
+            began = time.perf_counter()
+            assert store.append_tokens(
+                run_id,
+                epoch=run.epoch,
+                session=0,
+                seq=0,
+                attempt=1,
+                idx=i,
+                pieces=[TokenPiece(text=text)],
+                now=1.0,
+            )
+            fenced.append(time.perf_counter() - began)
+            began = time.perf_counter()
+            with store._autocommit() as cur:
+                cur.execute("INSERT INTO ms_bench_raw VALUES (?, ?, ?)", (run_id, i, text))
+            raw.append(time.perf_counter() - began)
+    finally:
+        with store._write() as cur:
+            cur.execute("DROP TABLE ms_bench_raw")
+        store.close()
+    return statistics.median(fenced), statistics.median(raw)
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--db", default=None)
@@ -95,11 +137,13 @@ async def main() -> None:
     parser.add_argument("--piece", type=int, default=4)
     parser.add_argument("--delta-ms", type=float, default=2.0)
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--appends", type=int, default=400)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         url = args.db or f"sqlite:///{Path(tmp) / 'bench.db'}"
         plain = await _measure(url, stream=False, args=args)
         live = await _measure(url, stream=True, args=args)
+        fenced, raw = _appends(url, args.appends)
     print(f"store: {url.split(':', 1)[0]}; {args.chars} chars in {args.piece}-char deltas")
     print(f"  no stream: step {plain['wall_s'] * 1000:.1f} ms")
     print(
@@ -107,6 +151,10 @@ async def main() -> None:
         f"{live['write_ms_per_step']:.1f} ms in the writes (off the event loop)"
     )
     print(f"  overhead:  {(live['wall_s'] - plain['wall_s']) * 1000:+.1f} ms per step")
+    print(
+        f"  one append: {fenced * 1e6:.0f} us fenced and placed; a plain INSERT+COMMIT of the"
+        f" row: {raw * 1e6:.0f} us ({fenced / raw:.2f} x), medians of {args.appends}"
+    )
 
 
 if __name__ == "__main__":

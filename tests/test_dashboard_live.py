@@ -18,8 +18,10 @@ from mainspring.testing import ScriptedModel
 
 CHROMIUM = "/usr/bin/chromium"
 TEXT = "The quick brown fox jumps over the lazy dog, and then it streams home."
-FIRST = "Looking it up."  # three pieces: only the answer's stream pauses (at its 7th)
-SO_FAR = TEXT[:30]  # the six pieces of five characters handed out before the pause
+FIRST = "Looking it up."  # three pieces, then its tool call's arguments
+# The six pieces of five characters handed out before the pause, but for the word they
+# end in ("over"), which redaction holds back until it is whole.
+SO_FAR = "The quick brown fox jumps "
 
 pytestmark = [
     pytest.mark.skipif(
@@ -66,12 +68,17 @@ def test_the_run_page_shows_the_answer_forming(
 ) -> None:
     base, server_app = served
     key = server_app.create_key("ops", ["admin"])[1]
-    half, resume = threading.Event(), threading.Event()
+    # Two pauses: in the first model turn, mid-way through its tool call's arguments
+    # (the turn's 6th piece: its text is three, then `{"top`, `ic": `); in the second,
+    # mid-way through its text (its 7th piece).
+    pauses = {(1, 5): (threading.Event(), threading.Event())}
+    pauses[2, 6] = (threading.Event(), threading.Event())
 
     async def pause(index: int, piece: str) -> None:
-        if index == 6 and not resume.is_set():
-            half.set()
-            await asyncio.to_thread(resume.wait, 60)  # never blocks the worker's loop
+        held = pauses.get((len(model.requests), index))
+        if held is not None and not held[1].is_set():
+            held[0].set()
+            await asyncio.to_thread(held[1].wait, 60)  # never blocks the worker's loop
 
     app = ms.App(db_url, poll_interval_s=0.01)  # the worker's, apart from the server's
 
@@ -80,7 +87,7 @@ def test_the_run_page_shows_the_answer_forming(
         """Look a topic up."""
         return f"{topic}: quick, brown"
 
-    # Two model steps: the first one's text is replaced when the second one streams.
+    # Two model steps: the first one's output is replaced when the second one streams.
     model = ScriptedModel(
         [
             ScriptedModel.call("lookup", {"topic": "fox"}, text=FIRST),
@@ -103,22 +110,38 @@ def test_the_run_page_shows_the_answer_forming(
         run_id = app.submit(writer, "Tell me about the fox").run_id
         page = _login(browser, base, key)
         worker.start()
-        assert half.wait(30), f"the model never streamed: {failed}"
+        first, second = pauses[1, 5], pauses[2, 6]
+        assert first[0].wait(30), f"the model never streamed: {failed}"
         page.goto(f"{base}/ui/runs/{run_id}")
-        # Mid-call: the card appears with the text so far of the second model step (the
-        # page connects late and gets the first step's text too: replaced), none of the rest.
+        # Mid-way through the first turn's tool call: the card shows the call forming,
+        # its name and its arguments so far (the text's last word is held back by
+        # redaction until it is whole).
         page.locator("#answer-card").wait_for(state="visible")
+        page.wait_for_function(
+            "want => document.getElementById('answer-calls').textContent === want",
+            arg='lookup {"topic": ',
+        )
+        assert page.text_content("#answer") == "Looking it "
+        first[1].set()
+        assert second[0].wait(30), f"the second turn never streamed: {failed}"
+        # Mid-call of the second model step: its text so far replaces the first step's
+        # output, none of the rest.
         page.wait_for_function(
             "want => document.getElementById('answer').textContent === want", arg=SO_FAR
         )
+        assert page.text_content("#answer-calls") == ""
         note = page.text_content("#answer-note")
         assert note.startswith("step 0:") and note.endswith(", attempt 1"), note
         streaming = note.split(",")[0]
         assert app.get_run(run_id).status == "running"
-        resume.set()
+        second[1].set()
         # The rest arrives on the same page; the end of the stream is noted, the text stays.
         page.wait_for_function(
             "want => document.getElementById('answer').textContent === want", arg=TEXT
+        )
+        page.wait_for_function(
+            "want => document.getElementById('answer-calls').textContent === want",
+            arg='finish {"answer": "a fox"}',
         )
         page.wait_for_function(
             "want => document.getElementById('answer-note').textContent === want",
@@ -133,7 +156,8 @@ def test_the_run_page_shows_the_answer_forming(
         assert not failed, failed
         assert app.get_run(run_id).status == "succeeded"
     finally:
-        resume.set()
+        for _, resume in pauses.values():
+            resume.set()
         if worker.is_alive():
             worker.join(30)
         app.close()

@@ -116,9 +116,11 @@ async def test_an_agent_runs_as_a_workflow_with_journaled_turns(
     assert isinstance(result, AgentRunResult)
     assert result.output == Refund(order=7, status="refunded")
     assert [m.kind for m in result.all_messages()].count("response") == 2
-    assert steps(app, handle.run_id) == [
+    assert steps(app, handle.run_id) == [  # rate limits are on by default: a slot a call
+        ("rate:openai:gpt-4.1-mini:default", "rate", "completed"),
         ("model:openai:gpt-4.1-mini", "model", "completed"),
         ("tool:refund", "tool", "completed"),
+        ("rate:openai:gpt-4.1-mini:default", "rate", "completed"),
         ("model:openai:gpt-4.1-mini", "model", "completed"),
     ]
     assert ledger.report().keys == 1
@@ -189,8 +191,11 @@ async def test_requests_book_the_shared_limiter_which_learns_from_headers(
 
 
 async def test_a_429_is_waited_out_never_a_failure(
-    fapp: ms.App, clock: FakeClock, fake: FakeOpenAIServer
+    db_url: str, clock: FakeClock, fake: FakeOpenAIServer
 ) -> None:
+    # Without a limiter (the path where a 429 is the only news of a limit; with one, a
+    # test's FakeClock and PostgreSQL's own clock would disagree on when to come back).
+    fapp = ms.App(db_url, clock=clock, poll_interval_s=0.01, inline_wait_s=0.0, rate_limits=False)
     agent = Agent(model_of(fake), name="patient")
     flow = durable(fapp, agent)
     fake.script([fake.rate_limited(retry_after=30), fake.text("after the wait")])
@@ -203,6 +208,7 @@ async def test_a_429_is_waited_out_never_a_failure(
     model_rows = [s for s in fapp.store.load_steps(handle.run_id) if s.role == "model"]
     assert [s.status for s in model_rows] == ["failed", "completed"]
     assert all(s.attempt == 1 for s in model_rows)  # the 429 spent no attempt
+    fapp.close()
 
 
 async def test_tool_control_flow_is_journaled_with_the_step(

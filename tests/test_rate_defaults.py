@@ -41,7 +41,7 @@ async def test_a_scripted_model_books_no_slot_by_default(tmp_path: Path) -> None
 
 
 async def test_the_default_app_paces_a_provider_that_only_announces_its_limits(
-    tmp_path: Path,
+    db_url: str,
 ) -> None:
     """Six runs at once against a provider that allows 3 requests a minute and says so only
     in its headers: the default App sends one probe, learns the limit, and the rest wait for
@@ -50,7 +50,9 @@ async def test_the_default_app_paces_a_provider_that_only_announces_its_limits(
     with FakeOpenAIServer(rpm=3, tpm=1_000_000, period_s=60, clock=clock.now) as server:
         server.script([server.tool_call("finish", {"answer": "ok"})] * 6)
         model = OpenAIModel("gpt-4.1-mini", base_url=server.base_url, api_key="sk-test")
-        app = ms.App(f"sqlite:///{tmp_path / 'app.db'}", clock=clock, inline_wait_s=0.0)
+        # On PostgreSQL too: a test's FakeClock books the slots (as it holds the leases),
+        # not the database's own clock, or the runs would sleep by the wrong calendar.
+        app = ms.App(db_url, clock=clock, inline_wait_s=0.0)
         try:
             agent = app.agent("a", model=model, instructions="x")
             ids = [app.submit(agent, f"q{i}").run_id for i in range(6)]

@@ -1,8 +1,9 @@
 """Secrets put into a run every way a caller can (its input, a step's result, a
-signal, a reviewer's edited arguments, a failing step's message, a cancel reason)
-appear in no sink: not in any byte of the SQLite file (journal, run rows, signals,
-outbox), the API (run, list, steps, SSE), the dashboard's HTML, the webhook bodies,
-the trace, or the CLI's output. The exceptions are documented in docs/security.md:
+signal, a reviewer's edited arguments, a failing step's message, a cancel reason, a
+model's streamed reply and tool call) appear in no sink: not in any byte of the SQLite
+file (journal, run rows, signals, outbox, live token streams), the API (run, list,
+steps, SSE with its tokens and tool_call_delta events), the dashboard's HTML, the
+webhook bodies, the trace, or the CLI's output. The exceptions are documented in docs/security.md:
 idempotency keys and step names are identifiers and stored as given."""
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typer.testing import CliRunner
 
 import mainspring as ms
 from mainspring.cli import cli
+from mainspring.models import ScriptedModel, UserMessage
 from mainspring.server import create_app
 
 JWT = "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9P"
@@ -48,8 +50,22 @@ def test_no_secret_reaches_any_sink(tmp_path: Path) -> None:
     app = ms.App(f"sqlite:///{db}", poll_interval_s=0.01, inline_wait_s=0.0)
     every = " ".join(text for text, _ in SECRETS.values())
 
+    async def pace(index: int, piece: str) -> None:
+        await asyncio.sleep(0.01)  # secrets span several batches of the live stream
+
+    model = ScriptedModel(
+        [
+            ScriptedModel.call(
+                "connect", {"dsn": every, NAMED[0]: NAMED[1]}, text=f"answering with {every}"
+            )
+        ],
+        chunk_size=7,
+        on_chunk=pace,
+    )
+
     @app.workflow
     async def leaky(ctx: ms.RunContext, task: str, creds: dict[str, str]) -> str:
+        await app.call_model(ctx, model, [UserMessage(content="go")])  # streamed live
         fetched = await ctx.step(lambda: f"fetched with {every}", name="fetch")
         note = await ctx.wait_for("go")
         decision = await ctx.approval("use", preview={"creds": creds})
@@ -110,8 +126,10 @@ def test_no_secret_reaches_any_sink(tmp_path: Path) -> None:
 
     leaks = {sink: _leaks(text) for sink, text in sinks.items() if _leaks(text)}
     assert leaks == {}
-    # Not vacuous: the redacted values are there, marked.
+    # Not vacuous: the redacted values are there, marked, the live streams' among them.
     assert "[REDACTED]" in sinks["sqlite file"] and "[REDACTED]" in sinks["webhook bodies"]
+    assert sinks["sqlite file"].count('INSERT INTO "ms_stream_chunks"') > 5
+    assert "event: tool_call_delta" in sinks[f"SSE {run}"]
 
 
 def _plain(value: Any) -> Any:

@@ -1,13 +1,17 @@
 """Live token streams: a model step's text reaches SSE clients and ``app.stream``
 while the call is in flight, batched in the store, never journaled token by token;
 a reconnect resumes the text exactly; a crash mid-stream ends that stream with an
-``interrupted`` marker and the retried call's stream follows."""
+``interrupted`` marker and the retried call's stream follows; attempts are ordered by
+(epoch, attempt), never by arrival. (Fencing with real processes and the PostgreSQL
+race: test_streams_fencing.py; tool calls: test_streams_tools.py; redaction:
+test_streams_redaction.py.)"""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
 import json
+import sqlite3
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -17,7 +21,8 @@ from _helpers import Crash, drain, uvicorn_serving
 
 import mainspring as ms
 from mainspring.models import ScriptedModel, ToolSpec, UserMessage
-from mainspring.testing import FakeAnthropicServer, FakeOpenAIServer
+from mainspring.storage import TokenPiece
+from mainspring.testing import FakeAnthropicServer, FakeOpenAIServer, assert_invariants
 
 TEXT = "The quick brown fox jumps over the lazy dog, and then it streams home."
 
@@ -31,25 +36,43 @@ def _answer_workflow(app: ms.App, model: ms.models.Model) -> Any:
     return answer
 
 
-# -- the store -------------------------------------------------------------------------------
+def running(store: ms.storage.Store, run_id: str, now: float = 1.0) -> int:
+    """A run of its own, claimed: the epoch its stream rows are fenced by."""
+    store.create_run(run_id=run_id, workflow="wf", input="{}", key=None, now=now)
+    [run] = store.claim(
+        worker="w", now=now, lease_s=15, limit=1, workflows=["wf"], max_recoveries=3
+    )
+    return int(run.epoch)
 
 
-def test_the_store_keeps_batches_in_order_and_prunes_them(db_url: str) -> None:
-    app = ms.App(db_url)
-    try:
-        store = app.store
-        store.append_tokens("r1", 0, 2, 1, 0, "Hel", 10.0)
-        store.append_tokens("r2", 0, 0, 1, 0, "other", 10.0)
-        store.append_tokens("r1", 0, 2, 1, 1, "lo", 20.0, end="done")
-        rows = store.tokens_after("r1")
-        assert [(r.idx, r.text, r.end) for r in rows] == [(0, "Hel", None), (1, "lo", "done")]
-        assert [r.text for r in store.tokens_after("r1", rows[0].id)] == ["lo"]
-        with pytest.raises(ValueError, match="'done' or 'failed'"):
-            store.append_tokens("r1", 0, 2, 1, 2, "", 20.0, end="finished")
-        assert store.prune_tokens(15.0) == 2
-        assert [r.text for r in store.tokens_after("r1")] == ["lo"]
-    finally:
-        app.close()
+def put(
+    store: ms.storage.Store,
+    run_id: str,
+    epoch: int,
+    seq: int,
+    attempt: int,
+    idx: int,
+    *pieces: Any,
+    **kw: Any,
+) -> None:
+    """Append rows of one attempt: strings are text, (index, id, name, args) tool calls."""
+    made = [
+        TokenPiece(text=p)
+        if isinstance(p, str)
+        else TokenPiece(text=p[3], kind="tool_call", call_index=p[0], call_id=p[1], name=p[2])
+        for p in pieces
+    ]
+    assert store.append_tokens(
+        run_id,
+        epoch=epoch,
+        session=0,
+        seq=seq,
+        attempt=attempt,
+        idx=idx,
+        pieces=made,
+        now=1.0,
+        **kw,
+    )
 
 
 # -- the Python API, live ---------------------------------------------------------------------
@@ -77,8 +100,9 @@ async def test_async_for_sees_the_text_while_the_call_is_in_flight(db_url: str) 
 
         follower = asyncio.create_task(follow())
         await asyncio.wait_for(half.wait(), 30)
-        # Mid-call: the first six pieces reach the reader before the reply exists.
-        await _until(lambda: "".join(e.text for e in seen) == TEXT[:30])
+        # Mid-call: the first six pieces reach the reader before the reply exists (but
+        # for the word they end in, which redaction holds back until it is whole).
+        await _until(lambda: "".join(e.text for e in seen) == "The quick brown fox jumps ")
         assert app.get_run(handle.run_id).status == "running"
         resume.set()
         await asyncio.wait_for(worker, 30)
@@ -122,9 +146,70 @@ async def test_a_crash_mid_stream_marks_it_interrupted_and_the_retry_streams_ane
         first = [e for e in events if e.attempt == 1]
         second = [e for e in events if e.attempt == 2]
         assert "".join(e.text for e in first) == TEXT[:10]
-        assert first[-1].end == "interrupted"
+        assert (first[-1].end, first[-1].reason) == ("interrupted", "abandoned")
         assert "".join(e.text for e in second) == TEXT and second[-1].end == "done"
         assert events.index(first[-1]) < events.index(second[0])  # the retry follows
+    finally:
+        app.close()
+
+
+def test_streams_written_before_schema_16_stay_readable_and_cursors_stay_valid(
+    db_url: str, tmp_path: Any
+) -> None:
+    """Migration 16 gives the rows of an older database their id as their place: a
+    reader's old cursor (``~t<id>``) resumes where it was, and new rows follow."""
+    from mainspring.storage._migrations import MIGRATIONS
+
+    sqlite = db_url.startswith("sqlite")
+    if sqlite:
+        ddl = {"float": "REAL", "autoid": "INTEGER PRIMARY KEY AUTOINCREMENT"}
+        rowid = " WITHOUT ROWID"
+    else:
+        ddl = {
+            "float": "DOUBLE PRECISION",
+            "autoid": "BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY",
+        }
+        rowid = ""
+    statements = [
+        statement
+        for version in range(1, 15)  # the schema as it was before fenced streams
+        for statement in MIGRATIONS[version].format(**ddl, without_rowid=rowid).split(";")
+        if statement.strip()
+    ]
+    statements += [
+        "CREATE TABLE ms_meta (key TEXT PRIMARY KEY, value TEXT)",
+        "INSERT INTO ms_meta VALUES ('schema_version', '14')",
+        "INSERT INTO ms_runs (id, workflow, status, input, epoch, created_at, updated_at)"
+        " VALUES ('old', 'wf', 'running', '[]', 1, 1, 1)",
+    ]
+    statements += [
+        "INSERT INTO ms_stream_chunks (run_id, session, seq, attempt, idx, text, end_reason,"
+        f" created_at) VALUES ('old', 0, 2, 1, {i}, '{text}', NULL, 1)"
+        for i, text in enumerate(["The quick ", "brown "])
+    ]
+    if sqlite:
+        conn = sqlite3.connect(db_url.removeprefix("sqlite:///"), isolation_level=None)
+        for statement in statements:
+            conn.execute(statement)
+        conn.close()
+    else:
+        psycopg = pytest.importorskip("psycopg")
+        with psycopg.connect(db_url, autocommit=True) as pg_conn:
+            for statement in statements:
+                pg_conn.execute(statement)
+    app = ms.App(db_url)  # migrates
+    try:
+        events = app.follow_tokens("old").poll()
+        assert [(e.epoch, e.text) for e in events] == [(0, "The quick "), (0, "brown ")]
+        put(app.store, "old", 1, 2, 2, 0, "The quick brown fox", end="done")  # its retry
+        resumed = app.follow_tokens("old", after=events[0].cursor).poll()  # an old cursor
+        assert [(e.attempt, e.text, e.end) for e in resumed] == [
+            (1, "brown ", None),
+            (1, "", "interrupted"),
+            (2, "The quick brown fox", None),
+            (2, "", "done"),
+        ]
+        assert int(resumed[-1].cursor) == int(events[-1].cursor) + 1  # places go on
     finally:
         app.close()
 
@@ -190,7 +275,8 @@ async def test_an_sse_client_reconnects_mid_stream_and_reassembles_the_exact_tex
                 async for event in _sse(response):
                     if event["event"] == "tokens":
                         before.append(event)
-                        if "".join(e["data"].get("text", "") for e in before) == TEXT[:25]:
+                        so_far = "".join(e["data"].get("text", "") for e in before)
+                        if so_far == "The quick brown fox ":
                             break  # the client drops mid-stream
             last_id = before[-1]["id"]
             resume.set()
@@ -211,6 +297,7 @@ async def test_an_sse_client_reconnects_mid_stream_and_reassembles_the_exact_tex
             "type": "tokens",
             "session": 0,
             "seq": 0,
+            "epoch": 1,
             "attempt": 1,
             "end": "done",
         }
@@ -221,6 +308,78 @@ async def test_an_sse_client_reconnects_mid_stream_and_reassembles_the_exact_tex
         assert after.index(next(e for e in after if e["data"].get("end") == "done")) < after.index(
             next(e for e in after if e["event"] == "step" and e["data"]["status"] == "completed")
         )
+    finally:
+        app.close()
+
+
+async def test_a_failed_attempt_ends_interrupted_for_the_reason_failed_over_sse(
+    served: tuple[str, str, str],
+) -> None:
+    """An attempt that failed (an HTTP 500) ends its stream ``interrupted`` with the
+    reason ``failed`` (its text is void); the retry streams anew and ends ``done``."""
+    pytest.importorskip("openai")
+    base, key, db_url = served
+    app = ms.App(db_url, poll_interval_s=0.01)
+    try:
+        with FakeOpenAIServer() as server:
+            server.script([server.server_error(500), server.text(TEXT)])
+            model = ms.models.OpenAIModel("m", base_url=server.base_url, api_key="k", stream=True)
+            retry = ms.RetryPolicy(max_attempts=3, initial_s=0.01, max_s=0.01)
+            agent = app.agent("w", model=model, instructions="Answer.", model_retry=retry)
+            result = await app.run(agent, "Go")
+            await model.aclose()
+        assert result.answer == TEXT
+        run_id = app.list_runs()[0].id
+        headers = {"Authorization": f"Bearer {key}"}
+        async with (
+            httpx.AsyncClient(base_url=base, headers=headers, timeout=30) as client,
+            client.stream("GET", f"/runs/{run_id}/events") as response,
+        ):
+            tokens = [e["data"] async for e in _sse(response) if e["event"] == "tokens"]
+        assert [(t["attempt"], t.get("end"), t.get("reason")) for t in tokens if "end" in t] == [
+            (1, "interrupted", "failed"),
+            (2, "done", None),
+        ]
+        assert "".join(t.get("text", "") for t in tokens if t["attempt"] == 2) == TEXT
+    finally:
+        app.close()
+
+
+async def test_two_model_calls_at_once_stream_side_by_side(db_url: str) -> None:
+    """Two model calls of one run at once (asyncio.gather): both streams arrive whole,
+    each in its own order, and each reader's text is its step's journaled reply."""
+    texts = [TEXT, "Another answer, streamed beside the first one, piece by piece."]
+
+    async def pace(index: int, piece: str) -> None:
+        await asyncio.sleep(0.02)
+
+    app = ms.App(db_url, poll_interval_s=0.01)
+    models = [ScriptedModel([t], chunk_size=3, on_chunk=pace) for t in texts]
+
+    @app.workflow(name="both")
+    async def both(ctx: ms.RunContext) -> list[str]:
+        replies = await asyncio.gather(
+            *(app.call_model(ctx, m, [UserMessage(content="go")]) for m in models)
+        )
+        return [r.text or "" for r in replies]
+
+    try:
+        handle = app.submit(both)
+        await drain(app)
+        assert await handle.result() == texts
+        rows = app.store.tokens_after(handle.run_id, limit=10_000)
+        seqs = [r.seq for r in rows]
+        assert seqs != sorted(seqs)  # the two streams' rows interleave
+        events = [e async for e in app.stream(handle.run_id, poll_s=0.01)]
+        steps = sorted(
+            (s.seq, json.loads(s.output or "{}")["text"])
+            for s in app.steps(handle.run_id)
+            if s.role == "model"
+        )
+        for seq, reply in steps:
+            assert "".join(e.text for e in events if e.seq == seq) == reply
+        assert sorted(reply for _, reply in steps) == sorted(texts)
+        assert_invariants(app.store, run_ids=[handle.run_id])
     finally:
         app.close()
 
@@ -289,6 +448,9 @@ def test_the_run_page_of_a_running_run_has_a_live_answer_region(
             "answer.textContent += t.text" in html
             and "innerHTML" not in html.split('addEventListener("tokens"')[1]
         )
+        # Tool calls as they form, beside the text (text nodes only, too).
+        assert '<div id="answer-calls"></div>' in html
+        assert 'events.addEventListener("tool_call_delta"' in html
     finally:
         app.close()
 
@@ -343,37 +505,132 @@ def test_a_reader_resuming_between_two_attempts_still_marks_the_first_interrupte
     app = ms.App(db_url)
     try:
         store = app.store
-        store.append_tokens("r", 0, 4, 1, 0, "The qu", 1.0)  # attempt 1, then its worker died
+        epoch = running(store, "r")
+        put(store, "r", epoch, 4, 1, 0, "The qu")  # attempt 1, then its worker died
         [seen] = app.follow_tokens("r").poll()
         assert (seen.text, seen.end) == ("The qu", None)
-        store.append_tokens("r", 0, 4, 2, 0, "The quick", 2.0)  # the retry streams anew
-        store.append_tokens("r", 0, 4, 2, 1, "", 3.0, end="done")
+        put(store, "r", epoch, 4, 2, 0, "The quick")  # the retry streams anew
+        put(store, "r", epoch, 4, 2, 1, end="done")
         # A reader that reconnects after the first batch knows attempt 1 was still open.
         resumed = app.follow_tokens("r", after=seen.cursor).poll()
-        assert [(e.attempt, e.text, e.end) for e in resumed] == [
-            (1, "", "interrupted"),
-            (2, "The quick", None),
-            (2, "", "done"),
+        assert [(e.attempt, e.text, e.end, e.reason) for e in resumed] == [
+            (1, "", "interrupted", "abandoned"),
+            (2, "The quick", None, None),
+            (2, "", "done", None),
         ]
         assert resumed[0].to_json() == {
             "type": "tokens",
             "session": 0,
             "seq": 4,
+            "epoch": epoch,
             "attempt": 1,
             "end": "interrupted",
+            "reason": "abandoned",
         }
         # A stream a failed attempt ended says so itself; one left open when the run
         # ended is closed by the reader.
-        store.append_tokens("r", 0, 5, 1, 0, "Hal", 4.0, end="failed")
-        store.append_tokens("r", 0, 6, 1, 0, "Open", 5.0)
+        put(store, "r", epoch, 5, 1, 0, "Hal", end="failed")
+        put(store, "r", epoch, 6, 1, 0, "Open")
         follower = app.follow_tokens("r", after=resumed[-1].cursor)
         tail = follower.poll() + follower.close_open()
-        assert [(e.seq, e.text, e.end) for e in tail] == [
-            (5, "Hal", None),
-            (5, "", "interrupted"),
-            (6, "Open", None),
-            (6, "", "interrupted"),
+        assert [(e.seq, e.text, e.end, e.reason) for e in tail] == [
+            (5, "Hal", None, None),
+            (5, "", "interrupted", "failed"),
+            (6, "Open", None, None),
+            (6, "", "interrupted", "abandoned"),
         ]
+    finally:
+        app.close()
+
+
+def unfenced(
+    store: ms.storage.Store, run_id: str, epoch: int, seq: int, attempt: int, idx: int, text: str
+) -> None:
+    """A row as an unfenced writer (mainspring before schema 16) could leave it: at an
+    epoch that has moved on."""
+    with store._write() as cur:
+        cur.execute("UPDATE ms_stream_heads SET pos = pos + 1 WHERE run_id = ?", (run_id,))
+        cur.execute("SELECT pos FROM ms_stream_heads WHERE run_id = ?", (run_id,))
+        [pos] = cur.fetchone()
+        cur.execute(
+            "INSERT INTO ms_stream_chunks (run_id, session, seq, epoch, attempt, idx, kind,"
+            " text, created_at, pos) VALUES (?, 0, ?, ?, ?, ?, 'text', ?, 1.0, ?)",
+            (run_id, seq, epoch, attempt, idx, text, pos),
+        )
+
+
+def test_a_stale_attempt_never_overrides_a_newer_one(db_url: str) -> None:
+    """Rows of an older (epoch, attempt) that reach the table after a newer attempt
+    began (a worker frozen past its lease, before streams were fenced) are never
+    shown: the follower orders attempts by (epoch, attempt), not by arrival."""
+    app = ms.App(db_url)
+    try:
+        store = app.store
+        first = running(store, "r")
+        put(store, "r", first, 3, 1, 0, "The qu")
+        [taken] = store.claim(
+            worker="w2", now=20.0, lease_s=15, limit=1, workflows=["wf"], max_recoveries=3
+        )
+        second = taken.epoch
+        put(store, "r", second, 3, 2, 0, "The quick")
+        unfenced(store, "r", first, 3, 1, 1, "ick brown fox")  # the frozen worker, back
+        put(store, "r", second, 3, 2, 1, " brown fox", end="done")
+        events = app.follow_tokens("r").poll()
+        assert [(e.epoch, e.attempt, e.text, e.end, e.reason) for e in events] == [
+            (first, 1, "The qu", None, None),
+            (first, 1, "", "interrupted", "abandoned"),
+            (second, 2, "The quick", None, None),
+            (second, 2, " brown fox", None, None),
+            (second, 2, "", "done", None),
+        ]
+        # A step that ran again after its stream was done: the done one is void too.
+        put(store, "r", second, 3, 3, 0, "Again", end="done")
+        events = app.follow_tokens("r", after=events[-1].cursor).poll()
+        assert [(e.attempt, e.text, e.end, e.reason) for e in events] == [
+            (2, "", "interrupted", "superseded"),
+            (3, "Again", None, None),
+            (3, "", "done", None),
+        ]
+    finally:
+        app.close()
+
+
+def test_every_cursor_resumes_exactly(db_url: str) -> None:
+    """A reader that resumes after any event's cursor gets exactly the events that
+    followed it: nothing repeated, nothing lost, the ends it synthesises included
+    (an abandoned attempt seen only when the next begins, streams the run's end
+    left open)."""
+    app = ms.App(db_url)
+    try:
+        store = app.store
+        epoch = running(store, "r")
+        put(store, "r", epoch, 0, 1, 0, "Hel", (0, "c1", "look", '{"q":'))
+        put(store, "r", epoch, 1, 1, 0, "Open")  # left open: its worker died
+        put(store, "r", epoch, 0, 1, 2, "lo", (0, "c1", "look", '"x"}'), end="done")
+        put(store, "r", epoch, 1, 2, 0, "Retried", end="done")  # abandoned, then done
+        put(store, "r", epoch, 0, 2, 0, "Again", end="done")  # superseded
+        put(store, "r", epoch, 2, 1, 0, "Boom", end="failed")
+        put(store, "r", epoch, 3, 1, 0, "Never")  # open when the run ends
+        put(store, "r", epoch, 4, 1, 0, "Nor")
+        follower = app.follow_tokens("r")
+        full = follower.poll() + follower.close_open()
+        ends = [(e.seq, e.attempt, e.end, e.reason) for e in full if e.end]
+        assert ends == [
+            (0, 1, "done", None),
+            (1, 1, "interrupted", "abandoned"),
+            (1, 2, "done", None),
+            (0, 1, "interrupted", "superseded"),
+            (0, 2, "done", None),
+            (2, 1, "interrupted", "failed"),
+            (3, 1, "interrupted", "abandoned"),
+            (4, 1, "interrupted", "abandoned"),
+        ]
+        assert len({e.cursor for e in full}) == len(full)  # every event its own place
+        for i, event in enumerate(full):
+            again = app.follow_tokens("r", after=event.cursor)
+            assert again.poll() + again.close_open() == full[i + 1 :], f"after {event.cursor}"
+        with pytest.raises(ValueError, match="not a token stream cursor"):
+            app.follow_tokens("r", after="7~x")
     finally:
         app.close()
 
@@ -397,7 +654,7 @@ async def test_a_provider_stream_that_breaks_off_is_retried_and_streams_anew(
     run_id = app.list_runs()[0].id
     events = [e async for e in app.stream(run_id, poll_s=0.01)]
     first = [e for e in events if e.attempt == 1]
-    assert first and first[-1].end == "interrupted"
+    assert first and (first[-1].end, first[-1].reason) == ("interrupted", "failed")
     assert TEXT.startswith("".join(e.text for e in first)) and len(first) > 1
     second = [e for e in events if e.attempt == 2]
     assert "".join(e.text for e in second) == TEXT and second[-1].end == "done"

@@ -410,6 +410,7 @@ class App(Admin, Agents, Children, Lineage, MCPServers, Observe, Queues, Schedul
             default_retry=self.default_retry,
             inline_wait_s=self.inline_wait_s,
             redact=self.redactor.redact_json if self.redactor is not None else None,
+            live_redaction=self.redactor.live if self.redactor is not None else None,
             # telemetry outermost: it times the attempt as the step's policy sees it
             interceptors=(self.telemetry, *self.interceptors),
             children=self,

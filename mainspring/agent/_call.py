@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
+import inspect
 import random
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -58,7 +59,15 @@ from ..limits import (
     cost_usd,
     price_of,
 )
-from ..models import Message, Model, ModelResponse, ModelSettings, ToolSpec, resolve_model
+from ..models import (
+    Message,
+    Model,
+    ModelResponse,
+    ModelSettings,
+    ToolCallDelta,
+    ToolSpec,
+    resolve_model,
+)
 
 __all__ = ["DEFAULT_MODEL_RETRY", "SlotLapsed", "call_model"]
 
@@ -268,11 +277,20 @@ class _Call:
 
     async def _request(self, messages: Sequence[Message]) -> ModelResponse:
         m, prices = self.model, self.prices
-        if m.streams:  # its text goes out live as it forms; the journal keeps the reply
+        if m.streams:  # its output goes out live as it forms; the journal keeps the reply
             writer = self.ctx.token_writer()
+            extra: dict[str, Callable[[ToolCallDelta], None]] = {}
+            if _takes_tool_calls(type(m).stream):
+                extra["on_tool_call"] = lambda d: writer.tool_call(
+                    d.index, d.id, d.name, d.arguments
+                )
             try:
                 reply = await m.stream(
-                    messages, tools=self.tools, settings=self.settings, on_text=writer.write
+                    messages,
+                    tools=self.tools,
+                    settings=self.settings,
+                    on_text=writer.write,
+                    **extra,
                 )
             except SimulatedCrash:
                 raise  # the process "died": it writes nothing more, as a real crash
@@ -375,6 +393,19 @@ def _returning(
 
     typed.__annotations__ = {"return": reply_type}
     return typed
+
+
+@functools.lru_cache(maxsize=256)
+def _takes_tool_calls(stream: Callable[..., object]) -> bool:
+    """Does a model's ``stream`` take ``on_tool_call``? (One written before it existed
+    does not: its text alone is streamed.)"""
+    try:
+        params = inspect.signature(stream).parameters
+    except (TypeError, ValueError):  # no signature to read: assume the older one
+        return False
+    return "on_tool_call" in params or any(
+        p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()
+    )
 
 
 def _backoff(refusals: int, rng: random.Random) -> float:

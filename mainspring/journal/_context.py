@@ -441,7 +441,14 @@ class RunContext:
     def token_writer(self) -> TokenWriter:
         """A live token stream for the step running now (its text, shown while it
         runs, never journaled: see docs/streaming.md). Call it from a step function."""
-        return TokenWriter(self._engine.store, self._engine.clock, current_step())
+        engine = self._engine
+        return TokenWriter(
+            engine.store,
+            engine.clock,
+            current_step(),
+            self._cursor.epoch,
+            redaction=engine.live_redaction,
+        )
 
     def random(self) -> float:
         """A random float in [0, 1), journaled."""

@@ -12,6 +12,7 @@ from .._clock import Clock
 from .._errors import MainspringError
 from ..storage import ParentClose, RunWrite, Store, WriteResult
 from ._intercept import StepInterceptor
+from ._live import LiveRedaction
 from ._retry import RetryPolicy
 from ._workflow import Workflow
 
@@ -81,6 +82,9 @@ class Engine:
     # JSON text -> JSON text with secrets replaced, applied before anything is journaled
     # (returns its argument itself when there is nothing to hide).
     redact: Callable[[str], str] | None = None
+    # makes the redaction of one live token stream's text (the App's redactor's
+    # ``live``): secrets never reach the stream table either
+    live_redaction: Callable[[], LiveRedaction] | None = None
     # wrap every executed step attempt (the App's ``interceptors``), outermost first
     interceptors: tuple[StepInterceptor, ...] = ()
     # starts child runs (``ctx.child``); None: this engine cannot (no App behind it)

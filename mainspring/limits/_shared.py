@@ -135,9 +135,19 @@ class StoreRateLimiter(RateLimiter):
             self._table = RateTable(store)
         return self._table
 
+    def _clock(self) -> Callable[[], float] | None:
+        """What bookings read the time from; ``None``: the database's clock.
+
+        PostgreSQL: the database's clock, one timeline for every machine, when the
+        limiter runs on the real clock. A fake clock (tests) keeps bookings on its own
+        time, as leases do, or the runs it wakes would sleep by the wrong calendar."""
+        if self.table.store.dialect == "postgresql" and isinstance(self.clock, SystemClock):
+            return None
+        return self.clock.now
+
     def _now(self) -> float | None:
-        # PostgreSQL: the database's clock, one timeline for every machine.
-        return None if self.table.store.dialect == "postgresql" else self.clock.now()
+        clock = self._clock()
+        return None if clock is None else clock()
 
     def estimate(self, *, prompt_tokens: int, max_tokens: int | None = None) -> Cost:
         """The cost to book for a request of ``prompt_tokens`` (the tokenizer's count,
@@ -197,8 +207,7 @@ class StoreRateLimiter(RateLimiter):
         by a booking (``Booking.retry``) looks here until the gate opens, and only
         then books again, so that its journal holds one refusal per wait, not one per
         look."""
-        sqlite = self.table.store.dialect != "postgresql"
-        return self.table.gate(self.rate, self.clock.now if sqlite else None, run)
+        return self.table.gate(self.rate, self._clock(), run)
 
     def rebook(self, booking: Booking, *, run: str | None = None) -> Booking:
         """Refund ``booking`` and book its estimate anew, behind the others, in one
@@ -220,11 +229,10 @@ class StoreRateLimiter(RateLimiter):
         trimmable: int = 0,
     ) -> Booking:
         charges = charges_of(estimate, self.rate.provider)
-        sqlite = self.table.store.dialect != "postgresql"
         start, now, seq, kind, trimmed = self.table.book(
             self.rate,
             charges,
-            self.clock.now if sqlite else None,
+            self._clock(),
             run=run,
             replacing=replacing,
             trimmable=trimmable,

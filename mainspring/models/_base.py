@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Self
 
-from ._types import Message, ModelResponse, ModelSettings, ToolSpec
+from ._types import Message, ModelResponse, ModelSettings, ToolCallDelta, ToolSpec
 
 __all__ = ["Model"]
 
@@ -75,17 +75,28 @@ class Model(ABC):
         tools: Sequence[ToolSpec] = (),
         settings: ModelSettings | None = None,
         on_text: Callable[[str], None],
+        on_tool_call: Callable[[ToolCallDelta], None] | None = None,
     ) -> ModelResponse:
-        """Send one request, calling ``on_text`` with each piece of the reply's text as
-        it arrives, and return the same reply :meth:`request` would (tool calls
-        included). Errors are those of :meth:`request`; one raised after some text was
-        handed out means that text is void (the runtime starts a new stream on retry).
+        """Send one request, calling ``on_text`` with each piece of the reply's text and
+        ``on_tool_call`` with each piece of its tool calls' arguments as they arrive,
+        and return the same reply :meth:`request` would (tool calls included). Errors
+        are those of :meth:`request`; one raised after some output was handed out
+        means that output is void (the runtime starts a new stream on retry).
+
+        A model of your own that streams overrides this; one that predates
+        ``on_tool_call`` (its ``stream`` takes no such argument) still works: the
+        runtime then streams its text only.
 
         The default has nothing to stream: it calls :meth:`request` and hands out the
-        whole text at once."""
+        whole text and each whole tool call at once."""
         reply = await self.request(messages, tools=tools, settings=settings)
         if reply.text:
             on_text(reply.text)
+        if on_tool_call is not None:
+            for index, call in enumerate(reply.tool_calls):
+                on_tool_call(
+                    ToolCallDelta(index=index, id=call.id, name=call.name, arguments=call.arguments)
+                )
         return reply
 
     async def warm(self) -> None:  # noqa: B027 - an optional hook, not abstract

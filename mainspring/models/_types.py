@@ -17,6 +17,7 @@ __all__ = [
     "ModelSettings",
     "SystemMessage",
     "ToolCall",
+    "ToolCallDelta",
     "ToolResultMessage",
     "ToolSpec",
     "Usage",
@@ -31,6 +32,26 @@ class ToolCall:
     """A tool call the model asked for. ``arguments`` is the raw JSON text the model
     produced (it may be malformed: parsing and validation are the agent's job)."""
 
+    id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ToolCallDelta:
+    """A piece of a tool call as a streaming model forms it (``Model.stream``'s
+    ``on_tool_call``).
+
+    Attributes:
+        index: the call's place among the reply's tool calls (0, 1, ...): what tells
+            the pieces of two calls apart.
+        id / name: the call's id and tool name, ``""`` until the provider sent them
+            (it sends them first: every adapter here passes them on every piece).
+        arguments: the next piece of the raw JSON arguments text (``""`` when the
+            call only begins).
+    """
+
+    index: int
     id: str
     name: str
     arguments: str

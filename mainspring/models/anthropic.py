@@ -48,6 +48,7 @@ from ._types import (
     ModelSettings,
     SystemMessage,
     ToolCall,
+    ToolCallDelta,
     ToolResultMessage,
     ToolSpec,
     Usage,
@@ -191,10 +192,12 @@ class AnthropicModel(Model):
         tools: Sequence[ToolSpec] = (),
         settings: ModelSettings | None = None,
         on_text: Callable[[str], None],
+        on_tool_call: Callable[[ToolCallDelta], None] | None = None,
     ) -> ModelResponse:
-        """Send one streamed Messages API request, handing out its text deltas; see
-        :meth:`Model.stream`. The events are assembled into the message a
-        non-streamed request gets (text and ``tool_use`` blocks, stop reason, usage)."""
+        """Send one streamed Messages API request, handing out its text deltas and its
+        tool calls' argument deltas (``input_json_delta``); see :meth:`Model.stream`.
+        The events are assembled into the message a non-streamed request gets (text
+        and ``tool_use`` blocks, stop reason, usage)."""
         kwargs = self._request_kwargs(messages, tools, settings)
         kwargs["stream"] = True
         client = self._client()
@@ -204,7 +207,7 @@ class AnthropicModel(Model):
             events: Any = raw.parse()
             if inspect.isawaitable(events):
                 events = await events
-            body = await assemble_events(events, on_text)
+            body = await assemble_events(events, on_text, on_tool_call)
         return response_from_wire(
             body,
             headers=raw.headers,
@@ -392,13 +395,31 @@ def response_from_wire(
 
 
 async def assemble_events(
-    events: AsyncIterable[Any], on_text: Callable[[str], None]
+    events: AsyncIterable[Any],
+    on_text: Callable[[str], None],
+    on_tool_call: Callable[[ToolCallDelta], None] | None = None,
 ) -> dict[str, Any]:
     """Streamed Messages API events as the message a non-streamed request gets,
-    handing each text delta to ``on_text`` as it arrives."""
+    handing each text delta to ``on_text`` and, for a ``tool_use`` block, its start
+    (id and tool name, from ``content_block_start``) and each ``input_json_delta`` to
+    ``on_tool_call`` as they arrive (numbered among the reply's tool calls)."""
     message: dict[str, Any] = {"content": [], "usage": {}}
     blocks: dict[int, dict[str, Any]] = {}
     partial: dict[int, list[str]] = {}
+    calls: dict[int, int] = {}  # a tool_use block's index -> its place among the calls
+
+    def tool_piece(index: int, piece: str) -> None:
+        if on_tool_call is not None and index in calls:
+            block = blocks[index]
+            on_tool_call(
+                ToolCallDelta(
+                    index=calls[index],
+                    id=str(block.get("id") or ""),
+                    name=str(block.get("name") or ""),
+                    arguments=piece,
+                )
+            )
+
     async for event in events:
         data = event if isinstance(event, Mapping) else event.model_dump(mode="json")
         kind = data.get("type")
@@ -408,6 +429,9 @@ async def assemble_events(
             message["usage"] = dict(message.get("usage") or {})
         elif kind == "content_block_start":
             blocks[index] = dict(data.get("content_block") or {})
+            if blocks[index].get("type") == "tool_use":
+                calls[index] = len(calls)
+                tool_piece(index, "")
         elif kind == "content_block_delta":
             delta = data.get("delta") or {}
             block = blocks.setdefault(index, {"type": "text", "text": ""})
@@ -416,7 +440,10 @@ async def assemble_events(
                 if delta.get("text"):
                     on_text(delta["text"])
             elif delta.get("type") == "input_json_delta":
-                partial.setdefault(index, []).append(delta.get("partial_json") or "")
+                piece = delta.get("partial_json") or ""
+                partial.setdefault(index, []).append(piece)
+                if piece:
+                    tool_piece(index, piece)
         elif kind == "content_block_stop" and index in partial:
             text = "".join(partial.pop(index))
             blocks[index]["input"] = json.loads(text) if text.strip() else {}

@@ -47,6 +47,7 @@ from ._types import (
     ModelSettings,
     SystemMessage,
     ToolCall,
+    ToolCallDelta,
     ToolResultMessage,
     ToolSpec,
     Usage,
@@ -195,11 +196,13 @@ class OpenAIModel(Model):
         tools: Sequence[ToolSpec] = (),
         settings: ModelSettings | None = None,
         on_text: Callable[[str], None],
+        on_tool_call: Callable[[ToolCallDelta], None] | None = None,
     ) -> ModelResponse:
-        """Send one streamed Chat Completions request, handing out its text deltas;
-        see :meth:`Model.stream`. The chunks are assembled into the body a
-        non-streamed request gets (text, refusal, tool calls by index, finish
-        reason, the usage chunk), read as :meth:`request` reads it."""
+        """Send one streamed Chat Completions request, handing out its text deltas
+        and its tool calls' argument deltas; see :meth:`Model.stream`. The chunks are
+        assembled into the body a non-streamed request gets (text, refusal, tool
+        calls by index, finish reason, the usage chunk), read as :meth:`request`
+        reads it."""
         kwargs = self._request_kwargs(messages, tools, settings)
         kwargs["stream"] = True
         kwargs["stream_options"] = {"include_usage": True}
@@ -210,7 +213,7 @@ class OpenAIModel(Model):
             chunks: Any = raw.parse()
             if inspect.isawaitable(chunks):
                 chunks = await chunks
-            body = await assemble_chunks(chunks, on_text)
+            body = await assemble_chunks(chunks, on_text, on_tool_call)
         return response_from_wire(
             body,
             headers=raw.headers,
@@ -384,10 +387,14 @@ def response_from_wire(
 
 
 async def assemble_chunks(
-    chunks: AsyncIterable[Any], on_text: Callable[[str], None]
+    chunks: AsyncIterable[Any],
+    on_text: Callable[[str], None],
+    on_tool_call: Callable[[ToolCallDelta], None] | None = None,
 ) -> dict[str, Any]:
     """``chat.completion.chunk`` events (the first choice's) as a Chat Completions
-    body, handing each text delta to ``on_text`` as it arrives."""
+    body, handing each text delta to ``on_text`` and each piece of a tool call's
+    arguments to ``on_tool_call`` (with the call's index, and its id and name as far
+    as they came: in its first delta) as they arrive."""
     texts: list[str] = []
     refusals: list[str] = []
     calls: dict[int, dict[str, Any]] = {}
@@ -412,10 +419,21 @@ async def assemble_chunks(
                     int(part.get("index") or 0),
                     {"id": None, "type": "function", "function": {"name": "", "arguments": ""}},
                 )
+                fresh = slot["id"] is None and not slot["function"]["name"]
                 slot["id"] = part.get("id") or slot["id"]
                 function = part.get("function") or {}
                 slot["function"]["name"] += function.get("name") or ""
-                slot["function"]["arguments"] += function.get("arguments") or ""
+                piece = function.get("arguments") or ""
+                slot["function"]["arguments"] += piece
+                if on_tool_call is not None and (piece or fresh):
+                    on_tool_call(
+                        ToolCallDelta(
+                            index=int(part.get("index") or 0),
+                            id=slot["id"] or "",
+                            name=slot["function"]["name"],
+                            arguments=piece,
+                        )
+                    )
             finish = choice.get("finish_reason") or finish
     message = {
         "role": "assistant",

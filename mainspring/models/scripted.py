@@ -34,6 +34,7 @@ from ._types import (
     ModelResponse,
     ModelSettings,
     ToolCall,
+    ToolCallDelta,
     ToolSpec,
     Usage,
 )
@@ -78,11 +79,13 @@ class ScriptedModel(Model):
             request, so a retried request gets the same turn again and a fresh process
             recovering a run picks up where the conversation is (compaction that drops
             assistant messages moves it back, though).
-        chunk_size: stream each reply's text in pieces of this many characters
-            (:meth:`stream`; ``streams`` is then ``True``); ``None``: no streaming.
+        chunk_size: stream each reply's text, then its tool calls' arguments, in pieces
+            of this many characters (:meth:`stream`; ``streams`` is then ``True``);
+            ``None``: no streaming.
         on_chunk: called (and awaited, if async) with ``(index, piece)`` before each
-            piece is handed out: a test pauses a stream mid-way here (awaiting an
-            event) or ends it (raising).
+            piece is handed out (text and arguments alike, numbered across the turn):
+            a test pauses a stream mid-way here (awaiting an event) or ends it
+            (raising).
         remote: stand in for a provider's API (:attr:`Model.remote`): the limits an App
             learns from headers then apply to it, as to a real provider (a test of the
             limiter). By default a scripted model is local: only limits declared for
@@ -184,20 +187,40 @@ class ScriptedModel(Model):
         tools: Sequence[ToolSpec] = (),
         settings: ModelSettings | None = None,
         on_text: Callable[[str], None],
+        on_tool_call: Callable[[ToolCallDelta], None] | None = None,
     ) -> ModelResponse:
-        """Play the next turn, handing its text out in ``chunk_size`` pieces; see
-        :meth:`Model.stream`."""
+        """Play the next turn, handing its text out in ``chunk_size`` pieces, then each
+        tool call (its id and name first, then its arguments in ``chunk_size``
+        pieces); see :meth:`Model.stream`. ``on_chunk`` sees every piece, numbered
+        across the turn."""
         reply = await self.request(messages, tools=tools, settings=settings)
         text = reply.text or ""
         size = self.chunk_size or max(1, len(text))
-        for index, start in enumerate(range(0, len(text), size)):
-            piece = text[start : start + size]
+        index = 0
+
+        async def hand_out(piece: str, out: Callable[[str], None]) -> None:
+            nonlocal index
             if self._on_chunk is not None:
                 paused = self._on_chunk(index, piece)
                 if inspect.isawaitable(paused):
                     await paused
-            on_text(piece)
+            index += 1
+            out(piece)
             await asyncio.sleep(0)  # let readers and writers of the stream run
+
+        for start in range(0, len(text), size):
+            await hand_out(text[start : start + size], on_text)
+        if on_tool_call is None:
+            return reply
+        for i, call in enumerate(reply.tool_calls):
+
+            def delta(piece: str, i: int = i, call: ToolCall = call) -> None:
+                on_tool_call(ToolCallDelta(index=i, id=call.id, name=call.name, arguments=piece))
+
+            delta("")  # the call begins: its id and name
+            step = self.chunk_size or max(1, len(call.arguments))
+            for start in range(0, len(call.arguments), step):
+                await hand_out(call.arguments[start : start + step], delta)
         return reply
 
     async def request(

@@ -19,7 +19,14 @@ from typing import Any
 
 from .._errors import ConfigError
 
-__all__ = ["BUILTIN_PATTERNS", "SECRET_KEYS", "SECRET_KEY_WORDS", "Redactor", "is_secret_key"]
+__all__ = [
+    "BUILTIN_PATTERNS",
+    "SECRET_KEYS",
+    "SECRET_KEY_WORDS",
+    "LiveRedaction",
+    "Redactor",
+    "is_secret_key",
+]
 
 # Common credential shapes. Each group 1 (when present) is kept: "Bearer [REDACTED]".
 BUILTIN_PATTERNS: tuple[str, ...] = (
@@ -181,6 +188,11 @@ class Redactor:
 
     __call__ = redact_json
 
+    def live(self) -> LiveRedaction:
+        """A redaction of text that arrives in pieces (a model's streamed reply): what
+        it releases, joined, is :meth:`redact_text` of the whole text."""
+        return LiveRedaction(self)
+
     def _suspect(self, text: str) -> bool:
         if self._custom is not None and self._custom.search(text):
             return True
@@ -210,6 +222,91 @@ class Redactor:
         if self.builtin and isinstance(value, str) and is_secret_key(key):
             return self.replacement
         return self._value(value)
+
+
+# Appended to the text held back, one of these completes any builtin pattern left open
+# at its end but a PEM key (waited for apart): a token's characters after "Bearer " or
+# "password=", the "=" after "password ", the colon and quotes of a JSON key's string
+# value ("password" : "…"). A match of the probed text that crosses a cut means a
+# secret may cross it.
+_TAIL = "A" * 40 + '@"'
+_PROBES = (_TAIL, "=" + _TAIL, ':"' + _TAIL, '"' + _TAIL)
+# A PEM block's header, from which text is held until its footer has come.
+_PEM_FOOTER = re.compile(r"-----END [^\n]*?-----")
+# Held back at most: past it the text goes out (redacted as far as it is known).
+_MAX_HOLD = 8192
+# Characters held back besides the last word when the Redactor has patterns of its own,
+# whose matches can span whitespace and whose prefixes the probe cannot complete.
+_CUSTOM_HOLD = 256
+
+
+class LiveRedaction:
+    """Redacts text that arrives in pieces, holding back what a secret may still span.
+
+    :meth:`feed` returns the redacted text that is safe to show now and keeps the
+    rest; :meth:`end` releases it. A cut only ever falls right after whitespace (so a
+    key, a token or a JWT, which have none, is never split) and never inside a match
+    of the patterns over the held text plus a probe that completes any builtin
+    pattern left open (``Bearer `` waiting for its token, a PEM key for its footer,
+    ``"password": "`` for its closing quote). So the pieces released, joined, are
+    exactly :meth:`Redactor.redact_text` of the whole text, for every builtin pattern
+    and for custom patterns whose matches are at most 256 characters long; at most
+    8 KiB is held back.
+    """
+
+    def __init__(self, redactor: Redactor) -> None:
+        self._r = redactor
+        self._held = ""
+        self._hold = _CUSTOM_HOLD if redactor._custom is not None else 0
+
+    def feed(self, text: str) -> str:
+        """Take the next piece; return the redacted text that can be shown now."""
+        buf = self._held + text
+        cut = self._cut(buf)
+        if cut == 0 and len(buf) > _MAX_HOLD:
+            cut = len(buf)
+        self._held = buf[cut:]
+        return self._r.redact_text(buf[:cut]) if cut else ""
+
+    def end(self) -> str:
+        """The text still held back, redacted: the stream is over."""
+        buf, self._held = self._held, ""
+        return self._r.redact_text(buf) if buf else ""
+
+    def _cut(self, buf: str) -> int:
+        cut = _after_space(buf, len(buf) - self._hold)
+        r = self._r
+        # A builtin pattern matches only where one of its hints occurs, and a match
+        # that crosses a cut after whitespace has its hint before the cut, but for a
+        # PEM key, whose header has spaces before "PRIVATE KEY".
+        if cut == 0:
+            return 0
+        begin = buf.rfind("-----BEGIN")
+        if r._custom is None and begin < 0 and not r._hints.search(buf.lower()):
+            return cut
+        if begin >= 0 and not _PEM_FOOTER.search(buf, begin):
+            cut = min(cut, _after_space(buf, begin))  # a key (or certificate) is coming
+        patterns = (r._text, r._key_value) if r._key_value is not None else (r._text,)
+        while cut > 0:
+            starts = [
+                m.start()
+                for probe in _PROBES
+                for pattern in patterns
+                for m in pattern.finditer(buf + probe)
+                if m.start() < cut < m.end()
+            ]
+            if not starts:
+                return cut
+            cut = _after_space(buf, min(starts))
+        return 0
+
+
+def _after_space(text: str, limit: int) -> int:
+    """The last place at or before ``limit`` that follows whitespace (0: none)."""
+    for i in range(min(limit, len(text)), 0, -1):
+        if text[i - 1].isspace():
+            return i
+    return 0
 
 
 def _scoped(source: str) -> str:

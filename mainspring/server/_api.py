@@ -364,8 +364,9 @@ def create_app(
     ) -> StreamingResponse:
         """Follow a run as Server-Sent Events: ``status`` when it changes, ``step``
         for each journal row started or finished, ``tokens`` for a model's text as
-        it forms, ``end`` when it is over. Reconnect with ``Last-Event-ID`` to
-        resume where the stream broke off."""
+        it forms (and the end of each attempt's stream), ``tool_call_delta`` for the
+        arguments of the tool calls it writes, ``end`` when it is over. Reconnect
+        with ``Last-Event-ID`` to resume where the stream broke off."""
         app.get_run(run_id)
         return StreamingResponse(
             streams.hold(

@@ -7,10 +7,11 @@ rows past the watermark may arrive twice (dedupe on ``session``, ``seq``,
 ``status``). For a run without parallel steps the watermark is its last finished
 step, so a reconnect repeats nothing.
 
-Live model output comes as ``tokens`` events (docs/streaming.md), sent before the
-step events of the same poll. Once a run has any, every event id ends in
-``~t<cursor>``: the last stream row sent, so a reconnect resumes the text exactly
-where it broke off (nothing repeated, nothing lost).
+Live model output comes as ``tokens`` events (text, and the ends of streams) and
+``tool_call_delta`` events (tool calls' arguments as they form; docs/streaming.md),
+sent before the step events of the same poll. Once a run has any, every event id ends
+in ``~t<cursor>``: the last stream event sent, so a reconnect resumes the output
+exactly where it broke off (nothing repeated, nothing lost).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from ..storage import StepRecord
 
 __all__ = ["event_stream", "parse_event_id", "parse_token_cursor", "runs_stream"]
 
-_TOKEN_CURSOR = re.compile(r"~t(\d{1,15})$")
+_TOKEN_CURSOR = re.compile(r"~t(\d{1,15}(?:\.\d{1,6})?)$")
 
 _KEEPALIVE_S = 15.0
 _MAX_POSITION = 1 << 53
@@ -51,10 +52,10 @@ def parse_event_id(value: str | None) -> tuple[int, int]:
     return -1, -1
 
 
-def parse_token_cursor(value: str | None) -> int:
-    """The token stream cursor in a ``Last-Event-ID`` (0: from the start)."""
+def parse_token_cursor(value: str | None) -> str:
+    """The token stream cursor in a ``Last-Event-ID`` ("0": from the start)."""
     found = _TOKEN_CURSOR.search(value or "")
-    return int(found.group(1)) if found else 0
+    return found.group(1) if found else "0"
 
 
 def _frame(event: str, event_id: str, data: dict[str, Any]) -> bytes:
@@ -110,7 +111,7 @@ async def event_stream(
     )
 
     def tail() -> str:
-        return f"~t{tokens.cursor}" if tokens.cursor else ""
+        return f"~t{tokens.cursor}" if tokens.cursor != "0" else ""
 
     sent: dict[tuple[int, int], str] = {}  # rows past the watermark, as last sent
     status: str | None = None
@@ -134,7 +135,7 @@ async def event_stream(
         emitted = bool(live)
         for t in live:
             yield _frame(
-                "tokens",
+                t.sse_event,
                 f"{mark[0]}.{mark[1]}~tok.{t.session}.{t.seq}.{t.attempt}~t{t.cursor}",
                 t.to_json(),
             )

@@ -32,7 +32,7 @@ from ._records import (
     split_wait_signals,
 )
 from ._schedules import CatchUp, ScheduleRecord
-from ._streams import TokenChunk
+from ._streams import StreamEnd, TokenChunk, TokenKind, TokenPiece, TokenStream
 from ._url import redact_url
 from .sqlite import DatabaseGone, SQLiteStore
 
@@ -70,7 +70,11 @@ __all__ = [
     "StepRecord",
     "StepStatus",
     "Store",
+    "StreamEnd",
     "TokenChunk",
+    "TokenKind",
+    "TokenPiece",
+    "TokenStream",
     "Webhook",
     "WebhookEvent",
     "WriteResult",

@@ -278,6 +278,31 @@ CREATE TABLE ms_sessions (
 CREATE INDEX ms_sessions_key ON ms_sessions (key_id, created_at);
 CREATE INDEX ms_sessions_expires ON ms_sessions (expires_at);
 """,
+    # Token streams held to the journal's bar (docs/streaming.md, storage/_streams.py):
+    # every row carries the epoch of the execution that wrote it (an append is fenced
+    # by it), and ``pos``, the row's place in its run's streams in commit order,
+    # handed out under the lock of the run's ``ms_stream_heads`` row, so that a
+    # reader paging by ``pos`` can never step over a row that commits late (on
+    # PostgreSQL an ``id`` is taken at INSERT and seen at COMMIT). Older rows keep
+    # their id as their place, so a reader's cursor from before stays valid. Rows may
+    # also carry a tool call's arguments as they form (``kind = 'tool_call'``).
+    16: """
+CREATE TABLE ms_stream_heads (
+    run_id TEXT PRIMARY KEY,
+    pos BIGINT NOT NULL
+){without_rowid};
+INSERT INTO ms_stream_heads (run_id, pos)
+    SELECT run_id, MAX(id) FROM ms_stream_chunks GROUP BY run_id;
+ALTER TABLE ms_stream_chunks ADD COLUMN pos BIGINT;
+UPDATE ms_stream_chunks SET pos = id;
+ALTER TABLE ms_stream_chunks ADD COLUMN epoch INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE ms_stream_chunks ADD COLUMN kind TEXT NOT NULL DEFAULT 'text';
+ALTER TABLE ms_stream_chunks ADD COLUMN call_index INTEGER;
+ALTER TABLE ms_stream_chunks ADD COLUMN call_id TEXT;
+ALTER TABLE ms_stream_chunks ADD COLUMN name TEXT;
+DROP INDEX ms_stream_chunks_run;
+CREATE UNIQUE INDEX ms_stream_chunks_pos ON ms_stream_chunks (run_id, pos);
+""",
 }
 
 LATEST = max(MIGRATIONS)

@@ -575,6 +575,7 @@ class RunTables(Connection):
                     cur.execute(f"DELETE FROM ms_signals WHERE run_id IN ({marks})", chunk)
                     signals += cur.rowcount
                     cur.execute(f"DELETE FROM ms_stream_chunks WHERE run_id IN ({marks})", chunk)
+                    cur.execute(f"DELETE FROM ms_stream_heads WHERE run_id IN ({marks})", chunk)
                     # Delivered or given-up webhook events of those runs go with them.
                     cur.execute(
                         f"DELETE FROM ms_outbox WHERE run_id IN ({marks})"

@@ -24,6 +24,7 @@ from ._base import Cursor, Heartbeat, Store
 from ._children import told_rows_sql
 from ._records import RunWrite
 from ._rows import _STEP_COLUMNS, _UPSERT_STEP, _step_params
+from ._streams import APPEND_COLUMNS, APPEND_HEAD
 from ._url import redact_url
 
 try:
@@ -117,6 +118,19 @@ _COMMIT_ONE = (
     " SELECT CASE WHEN max(cancel_requested) <> 0 THEN jsonb_build_array(CAST(%s AS TEXT)) END,"
     " 1 / count(*) FROM fence"
 )
+
+
+# A batch of token stream rows, fenced and placed, as one statement (autocommit: the
+# head row's lock is held only while the server runs it, never while a frozen client
+# sits in an open transaction). The rows are one JSON parameter, read with the table's
+# own row type; their "pos" is their place within the batch, from 1.
+_APPEND_STREAM = (
+    f"WITH head AS ({APPEND_HEAD}) INSERT INTO ms_stream_chunks ({APPEND_COLUMNS})"
+    " SELECT r.run_id, r.session, r.seq, r.epoch, r.attempt, r.idx, r.kind, r.call_index,"
+    " r.call_id, r.name, r.text, r.end_reason, r.created_at, head.pos - ? + r.pos"
+    " FROM head, jsonb_populate_recordset(NULL::ms_stream_chunks, CAST(? AS JSONB)) r"
+)
+_APPEND_NAMES = [c.strip() for c in APPEND_COLUMNS.split(",")]
 
 
 class _Default(float):
@@ -375,6 +389,12 @@ class PostgresStore(Store):
         assert row is not None  # an aggregate: always one row
         cancelled = set(row[0] or ())
         return {rid: rid in cancelled for rid in ids}
+
+    def _append_stream(self, run_id: str, epoch: int, rows: list[tuple[Any, ...]]) -> bool:
+        doc = [dict(zip(_APPEND_NAMES, r, strict=True)) for r in rows]
+        with self._autocommit() as cur:
+            cur.execute(_APPEND_STREAM, (len(rows), run_id, epoch, len(rows), Jsonb(doc)))
+            return cur.rowcount > 0
 
     def _error(self, exc: psycopg.Error, doing: str) -> Exception:
         where = f"PostgreSQL at {redact_url(self._dsn)!r}"

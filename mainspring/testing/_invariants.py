@@ -27,6 +27,10 @@ The invariants:
   ``started`` or ``retrying``.
 * **no orphans**: a child run started with ``on_parent_close="cancel"`` whose parent
   has ended has ended too, or has been asked to cancel.
+* **streams tell the journal's reply**: for every model step the journal completed,
+  the output a reader of the run's live token stream assembles (docs/streaming.md:
+  the attempt shown last, dropped when it ends ``interrupted``) is the journaled
+  reply's text and tool calls, when that stream ended ``done``.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from typing import Any, Literal
 from ..storage import FINISHED, Store
 from ._faults import FaultyStore
 from ._ledger import EffectLedger
+from ._stream_invariant import stream_mismatches
 
 __all__ = ["StoreHistory", "Violation", "ViolationKind", "assert_invariants", "check_invariants"]
 
@@ -60,6 +65,7 @@ ViolationKind = Literal[
     "unended_row",
     "duplicate_event",
     "orphan",
+    "stream_mismatch",
 ]
 
 
@@ -110,6 +116,7 @@ class _Row:
     attempt: int
     epoch: int
     output: str | None
+    role: str = "step"
 
     @property
     def pos(self) -> str:
@@ -148,7 +155,18 @@ def _read_state(
     }
     steps = {
         rid: [
-            _Row(s.run_id, s.session, s.seq, s.kind, s.name, s.status, s.attempt, s.epoch, s.output)
+            _Row(
+                s.run_id,
+                s.session,
+                s.seq,
+                s.kind,
+                s.name,
+                s.status,
+                s.attempt,
+                s.epoch,
+                s.output,
+                s.role,
+            )
             for s in rows
         ]
         for rid, rows in snap.steps.items()
@@ -341,6 +359,15 @@ def check_invariants(
                         )
                     )
         found += _orphan(run, runs)
+        replies = [
+            (r.session, r.seq, r.output)
+            for r in steps.get(run.id, [])
+            if r.role == "model" and r.status == "completed"
+        ]
+        for detail in stream_mismatches(
+            _inner(store), run.id, replies, finished=run.status in FINISHED
+        ):
+            found.append(Violation(kind="stream_mismatch", run_id=run.id, detail=detail))
     found += _signals(store, steps, run_ids)
     found += _events(store, run_ids, set() if history is None else history.reopened)
     if ledger is not None:

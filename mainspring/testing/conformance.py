@@ -32,6 +32,7 @@ from ..storage import (
     Store,
 )
 from ._queue_conformance import QueueConformance
+from ._stream_conformance import StreamConformance
 
 __all__ = ["StoreConformance"]
 
@@ -57,7 +58,7 @@ def _step(run_id: str, seq: int, epoch: int, status: str = "completed", **kw: An
     return StepRecord(**fields)
 
 
-class StoreConformance(QueueConformance):
+class StoreConformance(QueueConformance, StreamConformance):
     """Behaviour every :class:`Store` must have. Override :meth:`make_store`."""
 
     @abstractmethod
@@ -727,34 +728,3 @@ class StoreConformance(QueueConformance):
             )
             moved = s.get_schedule("daily")
             assert moved is not None and moved.next_at == T0 + 2 * 86_400 and moved.last_run is None
-
-    def test_token_streams_append_read_in_order_and_go_with_their_run(self) -> None:
-        with self.store() as s:
-            for rid in ("a", "b"):
-                self._new(s, rid)
-            s.append_tokens("a", 0, 1, 1, 0, "Hel", T0)
-            s.append_tokens("b", 0, 0, 1, 0, "other", T0)
-            s.append_tokens("a", 0, 1, 1, 1, "lo", T0 + 5, end="done")
-            rows = s.tokens_after("a")
-            assert [(r.session, r.seq, r.attempt, r.idx, r.text, r.end) for r in rows] == [
-                (0, 1, 1, 0, "Hel", None),
-                (0, 1, 1, 1, "lo", "done"),
-            ]
-            assert rows[0].id < rows[1].id
-            # A second process sees the rows at once, and pages after an id.
-            other = self.reopen()
-            try:
-                assert [r.text for r in other.tokens_after("a", rows[0].id)] == ["lo"]
-            finally:
-                other.close()
-            try:
-                s.append_tokens("a", 0, 1, 1, 2, "", T0, end="finished")
-            except ValueError as exc:
-                assert "finished" in str(exc)
-            else:
-                raise AssertionError("an unknown end was accepted")
-            assert s.prune_tokens(T0 + 1) == 2  # by age
-            assert [r.text for r in s.tokens_after("a")] == ["lo"]
-            self._finish(s, "a", T0)
-            s.prune(0, T0 + 10)  # with their run
-            assert s.tokens_after("a") == [] and s.get_run("a") is None

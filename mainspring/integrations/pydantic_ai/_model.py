@@ -22,6 +22,7 @@ gateway of another kind) still books and waits; only that learning is missing.
 from __future__ import annotations
 
 import contextvars
+import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -41,6 +42,7 @@ from pydantic_ai.messages import (
     TextPart,
     TextPartDelta,
     ToolCallPart,
+    ToolCallPartDelta,
     ToolReturnPart,
     UserPromptPart,
 )
@@ -73,6 +75,7 @@ from mainspring.models import (
     ModelSettings,
     SystemMessage,
     ToolCall,
+    ToolCallDelta,
     ToolResultMessage,
     ToolSpec,
     Usage,
@@ -250,7 +253,15 @@ class Sender(Model):
         tools: Sequence[ToolSpec] = (),
         settings: ModelSettings | None = None,
         on_text: Callable[[str], None],
+        on_tool_call: Callable[[ToolCallDelta], None] | None = None,
     ) -> PydanticAIReply:
+        calls: dict[int, tuple[str, str]] = {}  # part index -> (call id, tool name)
+
+        def tool_call(index: int, piece: str) -> None:
+            if on_tool_call is not None:
+                call_id, name = calls.get(index, ("", ""))
+                on_tool_call(ToolCallDelta(index=index, id=call_id, name=name, arguments=piece))
+
         async def streamed() -> PaiResponse:
             self.events = []
             async with self.wrapped.request_stream(
@@ -260,10 +271,26 @@ class Sender(Model):
                     self.events.append(event)
                     if isinstance(event, PartStartEvent) and isinstance(event.part, TextPart):
                         on_text(event.part.content)
+                    elif isinstance(event, PartStartEvent) and isinstance(event.part, ToolCallPart):
+                        part = event.part
+                        calls[event.index] = (part.tool_call_id, part.tool_name)
+                        tool_call(event.index, part.args_as_json_str() if part.args else "")
                     elif isinstance(event, PartDeltaEvent) and isinstance(
                         event.delta, TextPartDelta
                     ):
                         on_text(event.delta.content_delta)
+                    elif isinstance(event, PartDeltaEvent) and isinstance(
+                        event.delta, ToolCallPartDelta
+                    ):
+                        delta = event.delta
+                        call_id, name = calls.get(event.index, ("", ""))
+                        calls[event.index] = (
+                            delta.tool_call_id or call_id,
+                            name + (delta.tool_name_delta or ""),
+                        )
+                        args = delta.args_delta
+                        piece = args if isinstance(args, str) else json.dumps(args or {})
+                        tool_call(event.index, piece)
                 return live.get()
 
         return await self._send(streamed)
