@@ -30,6 +30,7 @@ from croniter import croniter
 from .._clock import Clock
 from .._config import config_entries
 from .._errors import ConfigError, ScheduleNotFound
+from .._keys import SCHEDULE_KEY_PREFIX
 from ..journal import Workflow
 from ..storage import CatchUp, ScheduleRecord, Store
 from ._lineage import new_id
@@ -124,7 +125,7 @@ def _iso(ts: float) -> str:
 def schedule_key(name: str, due_at: float) -> str:
     """The idempotency key of the run schedule ``name`` starts for ``due_at``:
     ``schedule:<name>:<due time, UTC, ISO 8601>``."""
-    return f"schedule:{name}:{_iso(due_at)}"
+    return f"{SCHEDULE_KEY_PREFIX}{name}:{_iso(due_at)}"
 
 
 class Schedules:

@@ -118,6 +118,18 @@ class RunTables(Connection):
                 held = cur.fetchone()
                 if held is None:
                     raise RunNotFound(f"cannot start a child of {parent!r}: no such run")
+                if parent_step is not None:
+                    # The child this position started already, whatever key it was
+                    # started under (an earlier version derived other keys): under the
+                    # parent's lock, so that two starts of one position make one child.
+                    cur.execute(
+                        f"SELECT {_RUN_COLUMNS} FROM ms_runs WHERE parent = ?"
+                        " AND parent_step = ? AND parent_kind = 'child' ORDER BY created_at, id",
+                        (parent, parent_step),
+                    )
+                    row = cur.fetchone()
+                    if row is not None:
+                        return _checked_workflow(_run(row), key, workflow), False
             if key is None:
                 cur.execute(insert, values)
                 created = True
@@ -129,14 +141,7 @@ class RunTables(Connection):
                 created = cur.rowcount == 1
             if not created:
                 cur.execute(f"SELECT {_RUN_COLUMNS} FROM ms_runs WHERE idem_key = ?", (key,))
-                existing = _run(cur.fetchone())
-                if existing.workflow != workflow:
-                    raise RunConflict(
-                        f"key {key!r} already names a run of workflow "
-                        f"{existing.workflow!r}, not {workflow!r}",
-                        run_id=existing.id,
-                    )
-                return existing, False
+                return _checked_workflow(_run(cur.fetchone()), key, workflow), False
             if parent is not None and (held[0] or held[1] in FINISHED):
                 # Started by a parent being cancelled (or gone): born cancelled.
                 cur.execute(
@@ -582,6 +587,17 @@ class RunTables(Connection):
             if len(ids) < batch:
                 break
         return PruneResult(runs=runs, steps=steps, signals=signals)
+
+
+def _checked_workflow(existing: RunRecord, key: str | None, workflow: str) -> RunRecord:
+    """``existing``, the run a create found in its place, if it is of ``workflow``."""
+    if existing.workflow != workflow:
+        named = f"key {key!r}" if existing.key == key else f"step {existing.parent_step!r}"
+        raise RunConflict(
+            f"{named} already names a run of workflow {existing.workflow!r}, not {workflow!r}",
+            run_id=existing.id,
+        )
+    return existing
 
 
 def _cancel_error(reason: str | None) -> str:
