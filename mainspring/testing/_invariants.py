@@ -27,6 +27,10 @@ The invariants:
   ``started`` or ``retrying``.
 * **no orphans**: a child run started with ``on_parent_close="cancel"`` whose parent
   has ended has ended too, or has been asked to cancel.
+* **child ends delivered**: a run that waits for a child's end (``child:<id>``, a
+  parent or a fork holding the child's start) while that child has ended (or is gone)
+  has that end stored for it, unconsumed: otherwise it would wait for ever, and the
+  liveness check, which sees a wait with a reason, would not notice.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ..storage import FINISHED, Store
+from ..storage import CHILD_SIGNAL_PREFIX, FINISHED, Store, split_wait_signals
 from ._faults import FaultyStore
 from ._ledger import EffectLedger
 
@@ -60,6 +64,7 @@ ViolationKind = Literal[
     "unended_row",
     "duplicate_event",
     "orphan",
+    "child_end_undelivered",
 ]
 
 
@@ -341,6 +346,7 @@ def check_invariants(
                         )
                     )
         found += _orphan(run, runs)
+        found += _child_end_delivered(store, run, runs, pending.get(run.id, set()))
     found += _signals(store, steps, run_ids)
     found += _events(store, run_ids, set() if history is None else history.reopened)
     if ledger is not None:
@@ -416,6 +422,36 @@ def _orphan(run: _Run, runs: dict[str, _Run]) -> list[Violation]:
         return []
     detail = f"still {run.status}, not asked to cancel, while its parent {parent.id} is "
     return [Violation(kind="orphan", run_id=run.id, detail=detail + parent.status)]
+
+
+def _child_end_delivered(
+    store: Store, run: _Run, runs: dict[str, _Run], pending: set[str]
+) -> list[Violation]:
+    """A run waiting for the end of a child that has ended (or is gone) has that end
+    stored for it, unconsumed (a run asked to cancel is the ``uncancelled`` check's)."""
+    if run.status != "waiting" or run.cancel_requested:
+        return []
+    found: list[Violation] = []
+    for name in split_wait_signals(run.wait_signal):
+        if not name.startswith(CHILD_SIGNAL_PREFIX) or name in pending:
+            continue
+        child_id = name[len(CHILD_SIGNAL_PREFIX) :]
+        known = runs.get(child_id)
+        status = known.status if known is not None else None
+        if known is None:
+            record = _inner(store).get_run(child_id)
+            status = None if record is None else record.status
+        if status is None or status in FINISHED:
+            ended = "no longer exists" if status is None else f"ended {status}"
+            found.append(
+                Violation(
+                    kind="child_end_undelivered",
+                    run_id=run.id,
+                    detail=f"waits for child {child_id}, which {ended}, and no end of it is "
+                    "stored for this run: it would wait for ever",
+                )
+            )
+    return found
 
 
 def _pending_signals(store: Store, run_ids: Collection[str] | None) -> dict[str, set[str]]:
