@@ -18,6 +18,8 @@ by (``app.submit``, ``app.run``, ``POST /runs``, ``mainspring submit``).
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 from ._errors import ConfigError
 
 __all__ = [
@@ -26,11 +28,34 @@ __all__ = [
     "SCHEDULE_KEY_PREFIX",
     "check_client_key",
     "child_key",
+    "schedule_key",
+    "schedule_key_due",
 ]
 
 SCHEDULE_KEY_PREFIX = "schedule:"
 CHILD_KEY_PREFIX = "child:"
 RESERVED_KEY_PREFIXES: tuple[str, ...] = (SCHEDULE_KEY_PREFIX, CHILD_KEY_PREFIX)
+
+
+_ISO = "%Y-%m-%dT%H:%M:%SZ"
+
+
+def schedule_key(name: str, due_at: float) -> str:
+    """The key of the run schedule ``name`` starts for ``due_at``:
+    ``schedule:<name>:<due time, UTC, ISO 8601>``."""
+    return f"{SCHEDULE_KEY_PREFIX}{name}:{datetime.fromtimestamp(due_at, UTC).strftime(_ISO)}"
+
+
+def schedule_key_due(key: str, name: str) -> float | None:
+    """The due time :func:`schedule_key` wrote into ``key`` for schedule ``name``
+    (``None``: not such a key)."""
+    head = f"{SCHEDULE_KEY_PREFIX}{name}:"
+    if not key.startswith(head):
+        return None
+    try:
+        return datetime.strptime(key[len(head) :], _ISO).replace(tzinfo=UTC).timestamp()
+    except ValueError:
+        return None
 
 
 def child_key(parent: str, session: int, seq: int, key: str | None = None) -> str:

@@ -5,13 +5,9 @@ A schedule is declared in code (``app.schedule``) or in a file
 (``app.load_schedules``); a worker writes the declarations to the store's
 ``ms_schedules`` table at its first tick and then, at every tick, fires the due
 schedules through :meth:`~mainspring.storage.Store.fire_schedule` (one worker wins
-each due time; the run's key is ``schedule:<name>:<due time in UTC>``).
-
-Cron times are wall times in the schedule's zone, computed by ``croniter`` on naive
-local times and placed in the zone by ``zoneinfo`` with ``fold=0``: a wall time that
-a spring-forward skips happens at the same instant as the time one hour later (02:30
-runs at 03:30 the day clocks go from 02:00 to 03:00); a wall time that a fall-back
-repeats happens once, at its first occurrence.
+each due time; the run's key is ``schedule:<name>:<due time in UTC>``). Cron times
+are computed in ``_cron.py``; due times are compared with the database's clock
+(:meth:`Schedules.schedule_now`).
 """
 
 from __future__ import annotations
@@ -20,17 +16,14 @@ import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, overload
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from croniter import croniter
-
-from .._clock import Clock
+from .._clock import Clock, SystemClock
 from .._config import config_entries
+from .._cron import check_cron, check_zone, iso, next_due, previous_due
 from .._errors import ConfigError, ScheduleNotFound
-from .._keys import SCHEDULE_KEY_PREFIX
+from .._keys import schedule_key
 from ..journal import Workflow
 from ..storage import CatchUp, ScheduleRecord, Store
 from ._lineage import new_id
@@ -52,7 +45,6 @@ SKIP_GRACE_S = 60.0
 W = TypeVar("W", bound=Workflow[Any, Any])
 
 _CATCH_UPS: tuple[CatchUp, ...] = ("skip", "once")
-_SEARCH = 100_000  # cron times tried before giving up (a schedule that never fires)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -68,64 +60,6 @@ class Schedule:
     kwargs: dict[str, Any] = field(default_factory=dict)
     tz: str = "UTC"
     catch_up: CatchUp = "skip"
-
-
-def _zone(tz: str, where: str) -> ZoneInfo:
-    try:
-        return ZoneInfo(tz)
-    except (ZoneInfoNotFoundError, ValueError):
-        raise ConfigError(
-            f"{where}: unknown time zone {tz!r}; use an IANA name such as 'UTC' or 'Europe/Paris'"
-        ) from None
-
-
-def check_cron(cron: str, where: str) -> None:
-    """Raise ConfigError unless ``cron`` is a five-field cron expression."""
-    if not isinstance(cron, str) or len(cron.split()) != 5 or not croniter.is_valid(cron):
-        raise ConfigError(
-            f"{where}: {cron!r} is not a cron expression of five fields (minute hour "
-            "day-of-month month day-of-week), e.g. '0 9 * * 1-5'"
-        )
-
-
-def _local(ts: float, zone: ZoneInfo) -> datetime:
-    return datetime.fromtimestamp(ts, zone).replace(tzinfo=None)
-
-
-def _instant(wall: datetime, zone: ZoneInfo) -> float:
-    return wall.replace(tzinfo=zone, fold=0).timestamp()
-
-
-def next_due(cron: str, tz: str, after: float) -> float:
-    """The first time ``cron`` names in zone ``tz`` strictly after ``after``."""
-    zone = _zone(tz, f"cron {cron!r}")
-    times = croniter(cron, _local(after, zone))
-    for _ in range(_SEARCH):
-        due = _instant(times.get_next(datetime), zone)
-        if due > after:
-            return due
-    raise ConfigError(f"cron {cron!r} in {tz}: no time after {_iso(after)}")
-
-
-def previous_due(cron: str, tz: str, at: float) -> float:
-    """The last time ``cron`` names in zone ``tz`` at or before ``at``."""
-    zone = _zone(tz, f"cron {cron!r}")
-    times = croniter(cron, _local(at, zone) + timedelta(seconds=1))
-    for _ in range(_SEARCH):
-        due = _instant(times.get_prev(datetime), zone)
-        if due <= at:
-            return due
-    raise ConfigError(f"cron {cron!r} in {tz}: no time before {_iso(at)}")
-
-
-def _iso(ts: float) -> str:
-    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def schedule_key(name: str, due_at: float) -> str:
-    """The idempotency key of the run schedule ``name`` starts for ``due_at``:
-    ``schedule:<name>:<due time, UTC, ISO 8601>``."""
-    return f"{SCHEDULE_KEY_PREFIX}{name}:{_iso(due_at)}"
 
 
 class Schedules:
@@ -248,7 +182,7 @@ class Schedules:
         if not isinstance(name, str) or not name.strip() or len(name) > 200:
             raise ConfigError(f"{where}: a schedule's name is a non-empty string")
         check_cron(cron, where)
-        _zone(tz, where)
+        check_zone(tz, where)
         if catch_up not in _CATCH_UPS:
             raise ConfigError(f"{where}: catch_up must be 'skip' or 'once', not {catch_up!r}")
         found = self.get_workflow(workflow)
@@ -319,6 +253,16 @@ class Schedules:
                 raise ConfigError(f"{where}: {exc}") from None
         return out
 
+    def schedule_now(self) -> float:
+        """The time schedules are due by: the database's clock
+        (:meth:`~mainspring.storage.Store.database_now`) when this App runs on the
+        real clock, so that workers whose clocks disagree still fire each due time
+        once, never early and never skipping one; the App's own clock when it is a
+        fake one (tests move it by hand)."""
+        if isinstance(self.clock, SystemClock):
+            return self.store.database_now()
+        return self.clock.now()
+
     @property
     def schedules(self) -> dict[str, Schedule]:
         """The schedules declared in this App, by name."""
@@ -328,7 +272,7 @@ class Schedules:
         """Write this App's declared schedules to the store (a worker does at its
         first tick). A new schedule, or one whose definition changed, is next due at
         its first time after now; an unchanged one keeps its state."""
-        now = self.clock.now()
+        now = self.schedule_now()
         for declared in self._schedule_table().values():
             found = self.get_workflow(declared.workflow)
             encoded = self._redact(found.encode_input(declared.args, declared.kwargs))
@@ -354,7 +298,7 @@ class Schedules:
         self._schedule_table()
         if not self._schedules_synced:
             self.sync_schedules()
-        now = self.clock.now()
+        now = self.schedule_now()
         started: list[str] = []
         for row in self.store.due_schedules(now):
             try:
@@ -375,7 +319,7 @@ class Schedules:
                 continue
             if run is not None:
                 started.append(run)
-                log.info("schedule %s: started run %s for %s", row.name, run, _iso(latest))
+                log.info("schedule %s: started run %s for %s", row.name, run, iso(latest))
         return started
 
     def list_schedules(self) -> list[ScheduleRecord]:
@@ -399,7 +343,7 @@ class Schedules:
         Raises:
             ScheduleNotFound: no schedule has that name in the store.
         """
-        if not self.store.set_schedule_paused(name, True, now=self.clock.now()):
+        if not self.store.set_schedule_paused(name, True, now=self.schedule_now()):
             raise ScheduleNotFound(f"no schedule named {name!r}")
         return self.get_schedule(name)
 
@@ -411,7 +355,7 @@ class Schedules:
             ScheduleNotFound: no schedule has that name in the store.
         """
         row = self.get_schedule(name)
-        now = self.clock.now()
+        now = self.schedule_now()
         if row.paused:
             self.store.set_schedule_paused(
                 name, False, now=now, next_at=next_due(row.cron, row.tz, now)

@@ -8,6 +8,14 @@ only if that UPDATE changed the row, inserts the run. Two workers ticking at onc
 both read the same ``next_at``; the first UPDATE to commit changes it, so the
 other's matches no row and inserts nothing. The run's idempotency key
 (``schedule:<name>:<due time>``) is a second guard: a due time never names two runs.
+
+Whose clock. Due times are compared with the database's clock
+(:meth:`ScheduleTables.database_now`), not with each worker's: a worker whose clock
+runs ahead would otherwise fire runs early and move ``next_at`` past due times that
+then start nothing. PostgreSQL reads its server's clock (as leases do); SQLite reads
+the clock of the machine that holds the file (every worker of a SQLite store runs
+there), through SQLite itself, so a process that keeps a clock of its own (an App's
+injected clock) cannot skew it either.
 """
 
 from __future__ import annotations
@@ -90,8 +98,21 @@ def _record(row: Any) -> ScheduleRecord:
     )
 
 
+# SQLite's reading of its machine's clock, in seconds since the epoch (millisecond
+# resolution): the Julian day of 1970-01-01T00:00:00Z is 2440587.5.
+_MACHINE_NOW = "(julianday('now') - 2440587.5) * 86400.0"
+
+
 class ScheduleTables(Connection):
     """Schedules: methods of every :class:`~mainspring.storage.Store`."""
+
+    def database_now(self) -> float:
+        """The database's clock, in seconds since the epoch: the server's on
+        PostgreSQL; on SQLite the clock of the machine that holds the file, as SQLite
+        reads it. What schedules are due by, whatever the caller's clock says."""
+        with self._read() as cur:
+            cur.execute(f"SELECT {self._db_now or _MACHINE_NOW}")
+            return float(cur.fetchone()[0])
 
     def put_schedule(
         self,

@@ -31,6 +31,11 @@ The invariants:
   parent or a fork holding the child's start) while that child has ended (or is gone)
   has that end stored for it, unconsumed: otherwise it would wait for ever, and the
   liveness check, which sees a wait with a reason, would not notice.
+* **one run per due time, none early, none skipped**: no run of a schedule for a
+  due time after ``now`` (or created before its due time), and no schedule (not
+  paused) whose next due time is past the first time its cron names after ``now``:
+  the times it jumped over would start nothing. (One run per due time is the run
+  key's uniqueness: ``schedule:<name>:<due time>``.)
 """
 
 from __future__ import annotations
@@ -42,6 +47,8 @@ from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from .._cron import next_due
+from .._keys import schedule_key_due
 from ..storage import CHILD_SIGNAL_PREFIX, FINISHED, Store, split_wait_signals
 from ._faults import FaultyStore
 from ._ledger import EffectLedger
@@ -65,6 +72,8 @@ ViolationKind = Literal[
     "duplicate_event",
     "orphan",
     "child_end_undelivered",
+    "schedule_early",
+    "schedule_skipped",
 ]
 
 
@@ -102,6 +111,9 @@ class _Run:
     lease_until: float | None
     parent: str | None = None
     parent_close: str | None = None
+    schedule: str | None = None
+    key: str | None = None
+    created_at: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,6 +160,9 @@ def _read_state(
             r.lease_until,
             r.parent if r.parent_kind == "child" else None,
             r.parent_close,
+            r.schedule,
+            r.key,
+            r.created_at,
         )
         for rid, r in snap.runs.items()
     }
@@ -347,6 +362,7 @@ def check_invariants(
                     )
         found += _orphan(run, runs)
         found += _child_end_delivered(store, run, runs, pending.get(run.id, set()))
+    found += _schedules(store, runs, now)
     found += _signals(store, steps, run_ids)
     found += _events(store, run_ids, set() if history is None else history.reopened)
     if ledger is not None:
@@ -449,6 +465,42 @@ def _child_end_delivered(
                     run_id=run.id,
                     detail=f"waits for child {child_id}, which {ended}, and no end of it is "
                     "stored for this run: it would wait for ever",
+                )
+            )
+    return found
+
+
+def _schedules(store: Store, runs: dict[str, _Run], now: float) -> list[Violation]:
+    """One run per due time, none early, none skipped (see the module)."""
+    found: list[Violation] = []
+    for run in runs.values():
+        if run.schedule is None or run.key is None:
+            continue
+        due = schedule_key_due(run.key, run.schedule)
+        if due is None:
+            continue
+        if due > now or run.created_at < due:
+            when = f"at {run.created_at!r}" if run.created_at < due else f"by {now!r}"
+            found.append(
+                Violation(
+                    kind="schedule_early",
+                    run_id=run.id,
+                    detail=f"schedule {run.schedule!r} started it for {due!r}, {when}: "
+                    "before its due time",
+                )
+            )
+    for sched in _inner(store).list_schedules():
+        if sched.paused:
+            continue
+        first = next_due(sched.cron, sched.tz, now)
+        if sched.next_at > first:
+            found.append(
+                Violation(
+                    kind="schedule_skipped",
+                    run_id=sched.last_run,
+                    detail=f"schedule {sched.name!r} is next due at {sched.next_at!r}, past "
+                    f"{first!r}, the first time {sched.cron!r} names after {now!r}: that "
+                    "time would start nothing",
                 )
             )
     return found
