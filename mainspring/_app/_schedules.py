@@ -27,6 +27,7 @@ from .._keys import schedule_key
 from ..journal import Workflow
 from ..storage import CatchUp, ScheduleRecord, Store
 from ._lineage import new_id
+from ._queues import Queue
 
 __all__ = [
     "SKIP_GRACE_S",
@@ -51,7 +52,7 @@ _CATCH_UPS: tuple[CatchUp, ...] = ("skip", "once")
 class Schedule:
     """A schedule as declared: ``workflow`` started with ``args``/``kwargs`` at every
     time ``cron`` (five fields: minute hour day-of-month month day-of-week) names in
-    zone ``tz``."""
+    zone ``tz``, in ``queue`` (within its limits) if one is named."""
 
     name: str
     cron: str
@@ -60,6 +61,7 @@ class Schedule:
     kwargs: dict[str, Any] = field(default_factory=dict)
     tz: str = "UTC"
     catch_up: CatchUp = "skip"
+    queue: str | None = None
 
 
 class Schedules:
@@ -75,6 +77,12 @@ class Schedules:
         def get_workflow(self, workflow: Workflow[Any, Any] | str) -> Workflow[Any, Any]: ...
 
         def _redact(self, text: str) -> str: ...
+
+        def _declared(self) -> dict[str, Queue]: ...
+
+        def _queue_fields(
+            self, queue: str | None, queue_key: str | None, priority: int
+        ) -> dict[str, Any]: ...
 
     _declared_schedules: dict[str, Schedule]
     _schedules_synced: bool
@@ -96,6 +104,7 @@ class Schedules:
         name: str | None = None,
         tz: str = "UTC",
         catch_up: CatchUp = "skip",
+        queue: Queue | str | None = None,
     ) -> Callable[[W], W]: ...
 
     @overload
@@ -108,6 +117,7 @@ class Schedules:
         *args: Any,
         tz: str = "UTC",
         catch_up: CatchUp = "skip",
+        queue: Queue | str | None = None,
         **kwargs: Any,
     ) -> Schedule: ...
 
@@ -121,6 +131,7 @@ class Schedules:
         name: str | None = None,
         tz: str = "UTC",
         catch_up: CatchUp = "skip",
+        queue: Queue | str | None = None,
         **kwargs: Any,
     ) -> Any:
         """Start ``workflow(*args, **kwargs)`` at every time a cron expression names.
@@ -139,16 +150,19 @@ class Schedules:
                 ``"skip"`` starts none of them (only a time at most 60 seconds
                 late runs); ``"once"`` starts one run, for the
                 most recent. Either way the schedule then resumes at its next time.
+            queue: a queue declared with ``app.queue`` (or its name): the runs the
+                schedule starts wait their turn there, within its limits.
 
         Raises:
-            ConfigError: a bad cron expression, zone, catch-up or name.
+            ConfigError: a bad cron expression, zone, catch-up or name, or a queue
+                this App did not declare.
             UnknownWorkflow: the workflow is not registered in this App.
         """
         if cron is None:
             if workflow is not None or args or kwargs:
                 raise ConfigError(
                     "app.schedule(cron) as a decorator takes only the cron expression and "
-                    "name=, tz=, catch_up=; to pass arguments, call "
+                    "name=, tz=, catch_up=, queue=; to pass arguments, call "
                     "app.schedule(name, cron, workflow, *args)"
                 )
             cron_expr = name_or_cron
@@ -158,7 +172,7 @@ class Schedules:
                     raise ConfigError(
                         "@app.schedule(...) decorates a workflow: put it above @app.workflow"
                     )
-                self._declare(name or target.name, cron_expr, target, (), {}, tz, catch_up)
+                self._declare(name or target.name, cron_expr, target, (), {}, tz, catch_up, queue)
                 return target
 
             return decorate
@@ -166,7 +180,7 @@ class Schedules:
             raise ConfigError(f"schedule {name_or_cron!r}: name the workflow it starts")
         if name is not None:
             raise ConfigError("app.schedule(name, cron, workflow): name= is for the decorator")
-        return self._declare(name_or_cron, cron, workflow, args, kwargs, tz, catch_up)
+        return self._declare(name_or_cron, cron, workflow, args, kwargs, tz, catch_up, queue)
 
     def _declare(
         self,
@@ -177,6 +191,7 @@ class Schedules:
         kwargs: dict[str, Any],
         tz: str,
         catch_up: str,
+        queue: Queue | str | None = None,
     ) -> Schedule:
         where = f"schedule {name!r}"
         if not isinstance(name, str) or not name.strip() or len(name) > 200:
@@ -185,6 +200,12 @@ class Schedules:
         check_zone(tz, where)
         if catch_up not in _CATCH_UPS:
             raise ConfigError(f"{where}: catch_up must be 'skip' or 'once', not {catch_up!r}")
+        queue_name = queue.name if isinstance(queue, Queue) else queue
+        if queue_name is not None and queue_name not in self._declared():
+            raise ConfigError(
+                f"{where}: queue {queue_name!r} is not declared in this App; declare it first "
+                f"with app.queue({queue_name!r}, concurrency=...)"
+            )
         found = self.get_workflow(workflow)
         found.encode_input(tuple(args), dict(kwargs))  # arguments it cannot take fail now
         declared = Schedule(
@@ -195,6 +216,7 @@ class Schedules:
             kwargs=dict(kwargs),
             tz=tz,
             catch_up=catch_up,  # checked above
+            queue=queue_name,
         )
         table = self._schedule_table()
         table[name] = declared
@@ -214,6 +236,7 @@ class Schedules:
             kwargs = {}                  # optional
             tz = "Europe/Paris"          # optional, default UTC
             catch_up = "once"            # optional, default skip
+            queue = "reports"            # optional: a queue the App declares
 
         JSON: ``{"schedule": [{"name": ..., "cron": ..., "workflow": ...}]}``.
 
@@ -224,7 +247,7 @@ class Schedules:
         file = Path(path)
         entries = config_entries(file, what="schedules", key="schedule")
         out: list[Schedule] = []
-        fields = {"name", "cron", "workflow", "args", "kwargs", "tz", "catch_up"}
+        fields = {"name", "cron", "workflow", "args", "kwargs", "tz", "catch_up", "queue"}
         for i, entry in enumerate(entries, 1):
             where = f"schedules file {str(file)!r}, entry {i}"
             if not isinstance(entry, dict):
@@ -234,6 +257,8 @@ class Schedules:
             for needed in ("name", "cron", "workflow"):
                 if not isinstance(entry.get(needed), str):
                     raise ConfigError(f"{where}: {needed!r} is required (a string)")
+            if not isinstance(entry.get("queue", ""), str):
+                raise ConfigError(f"{where}: 'queue' is a queue's name (a string)")
             args, kwargs = entry.get("args", []), entry.get("kwargs", {})
             if not isinstance(args, list) or not isinstance(kwargs, dict):
                 raise ConfigError(f"{where}: 'args' is a list and 'kwargs' a table")
@@ -247,6 +272,7 @@ class Schedules:
                         kwargs,
                         str(entry.get("tz", "UTC")),
                         str(entry.get("catch_up", "skip")),
+                        entry.get("queue"),
                     )
                 )
             except ConfigError as exc:
@@ -276,6 +302,9 @@ class Schedules:
         for declared in self._schedule_table().values():
             found = self.get_workflow(declared.workflow)
             encoded = self._redact(found.encode_input(declared.args, declared.kwargs))
+            if declared.queue is not None:
+                # The queue's declared limits, in the store before its first run.
+                self._queue_fields(declared.queue, None, 0)
             _, changed = self.store.put_schedule(
                 name=declared.name,
                 cron=declared.cron,
@@ -285,6 +314,7 @@ class Schedules:
                 catch_up=declared.catch_up,
                 next_at=next_due(declared.cron, declared.tz, now),
                 now=now,
+                queue=declared.queue,
             )
             if changed:
                 log.info("schedule %s: %s in %s", declared.name, declared.cron, declared.tz)

@@ -264,6 +264,11 @@ CREATE INDEX ms_stream_chunks_created ON ms_stream_chunks (created_at);
     14: """
 ALTER TABLE ms_runs ADD COLUMN parent_close TEXT;
 """,
+    # A schedule's queue (docs/schedules-and-queues.md): the queue its runs start in,
+    # within that queue's limits; NULL: none, as every schedule stored before.
+    15: """
+ALTER TABLE ms_schedules ADD COLUMN queue TEXT;
+""",
 }
 
 LATEST = max(MIGRATIONS)

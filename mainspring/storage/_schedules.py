@@ -31,7 +31,7 @@ CatchUp = Literal["skip", "once"]
 
 _COLUMNS = (
     "name, cron, tz, workflow, input, catch_up, next_at, paused, last_at, last_run,"
-    " created_at, updated_at"
+    " created_at, updated_at, queue"
 )
 
 
@@ -50,6 +50,7 @@ class ScheduleRecord:
         paused: a paused schedule starts nothing until resumed.
         last_at: the due time of the last run it started, or None.
         last_run: that run's id, or None.
+        queue: the queue its runs start in (within its limits), or None.
     """
 
     name: str
@@ -64,6 +65,7 @@ class ScheduleRecord:
     last_run: str | None
     created_at: float
     updated_at: float
+    queue: str | None = None
 
     def summary(self) -> dict[str, Any]:
         """The schedule as JSON-ready data (what the CLI's ``--json`` and the HTTP
@@ -74,6 +76,7 @@ class ScheduleRecord:
             "tz": self.tz,
             "workflow": self.workflow,
             "catch_up": self.catch_up,
+            "queue": self.queue,
             "paused": self.paused,
             "next_at": self.next_at,
             "last_at": self.last_at,
@@ -95,6 +98,7 @@ def _record(row: Any) -> ScheduleRecord:
         last_run=row[9],
         created_at=float(row[10]),
         updated_at=float(row[11]),
+        queue=row[12],
     )
 
 
@@ -125,20 +129,21 @@ class ScheduleTables(Connection):
         catch_up: CatchUp,
         next_at: float,
         now: float,
+        queue: str | None = None,
     ) -> tuple[ScheduleRecord, bool]:
         """Store a schedule's definition: insert it with ``next_at``, or, if a
         schedule of that name exists with another definition (cron, zone, workflow,
-        input or catch-up), rewrite it and start it afresh from ``next_at``. An
+        input, catch-up or queue), rewrite it and start it afresh from ``next_at``. An
         unchanged definition is left as it is (its ``next_at`` and pause kept).
 
         Returns ``(record, changed)``: changed is True if a row was inserted or
         rewritten.
         """
-        definition = (cron, tz, workflow, input, catch_up)
+        definition = (cron, tz, workflow, input, catch_up, queue)
         with self._write() as cur:
             cur.execute(
-                "INSERT INTO ms_schedules (name, cron, tz, workflow, input, catch_up, next_at,"
-                " paused, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, 0, ?, ?)"
+                "INSERT INTO ms_schedules (name, cron, tz, workflow, input, catch_up, queue,"
+                " next_at, paused, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 0, ?, ?)"
                 " ON CONFLICT (name) DO NOTHING",
                 (name, *definition, next_at, now, now),
             )
@@ -146,8 +151,9 @@ class ScheduleTables(Connection):
             if not changed:
                 cur.execute(
                     "UPDATE ms_schedules SET cron = ?, tz = ?, workflow = ?, input = ?,"
-                    " catch_up = ?, next_at = ?, updated_at = ? WHERE name = ? AND NOT"
-                    " (cron = ? AND tz = ? AND workflow = ? AND input = ? AND catch_up = ?)",
+                    " catch_up = ?, queue = ?, next_at = ?, updated_at = ? WHERE name = ? AND NOT"
+                    " (cron = ? AND tz = ? AND workflow = ? AND input = ? AND catch_up = ?"
+                    " AND COALESCE(queue, '') = COALESCE(?, ''))",
                     (*definition, next_at, now, name, *definition),
                 )
                 changed = cur.rowcount == 1
@@ -212,6 +218,8 @@ class ScheduleTables(Connection):
         ``next_at`` and, if ``due_at`` is given, queue a run of the schedule's
         workflow for that due time under idempotency ``key``, in one transaction.
 
+        The run starts in the schedule's queue, if it has one (within its limits).
+
         Returns the run's id if this call started it; None if another caller moved
         the schedule first (or paused it), or ``due_at`` is None (nothing to start:
         a skipped time), or the key names a run already.
@@ -224,13 +232,20 @@ class ScheduleTables(Connection):
             )
             if cur.rowcount != 1 or due_at is None:
                 return None
-            cur.execute("SELECT workflow, input FROM ms_schedules WHERE name = ?", (name,))
-            workflow, encoded = cur.fetchone()
+            cur.execute("SELECT workflow, input, queue FROM ms_schedules WHERE name = ?", (name,))
+            workflow, encoded, queue = cur.fetchone()
+            if queue is not None:
+                # Every queue a run names has a row: the claim finds queues by them.
+                cur.execute(
+                    "INSERT INTO ms_queues (name, updated_at) VALUES (?, ?)"
+                    " ON CONFLICT (name) DO NOTHING",
+                    (queue, now),
+                )
             cur.execute(
                 "INSERT INTO ms_runs (id, workflow, idem_key, status, input, created_at,"
-                " updated_at, version, schedule) VALUES (?, ?, ?, 'queued', ?, ?, ?, ?, ?)"
-                " ON CONFLICT (idem_key) DO NOTHING",
-                (run_id, workflow, key, encoded, now, now, version, name),
+                " updated_at, version, schedule, queue) VALUES (?, ?, ?, 'queued', ?, ?, ?, ?,"
+                " ?, ?) ON CONFLICT (idem_key) DO NOTHING",
+                (run_id, workflow, key, encoded, now, now, version, name, queue),
             )
             if cur.rowcount != 1:
                 return None
