@@ -348,8 +348,16 @@ class JournalTables(Connection):
                 self._notify(cur, w.run_id)
             cur.execute(
                 "UPDATE ms_runs SET status = ?, wake_at = ?, wait_reason = ?, wait_signal = ?,"
-                " owner = NULL, lease_until = NULL, updated_at = ? WHERE id = ?",
-                (t.status, wake_at, t.wait_reason, t.wait_signal, now, w.run_id),
+                " keeps_slot = ?, owner = NULL, lease_until = NULL, updated_at = ? WHERE id = ?",
+                (
+                    t.status,
+                    wake_at,
+                    t.wait_reason,
+                    t.wait_signal,
+                    int(t.keeps_slot and t.status == "sleeping"),
+                    now,
+                    w.run_id,
+                ),
             )
             if t.status == "waiting" and wake_at != WAKE_NOW:
                 waiting = {"status": "waiting", "wait_reason": t.wait_reason}

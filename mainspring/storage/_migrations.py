@@ -269,6 +269,14 @@ ALTER TABLE ms_runs ADD COLUMN parent_close TEXT;
     15: """
 ALTER TABLE ms_schedules ADD COLUMN queue TEXT;
 """,
+    # A run sleeping on a retry back-off keeps its queue slot (storage/_queues.py):
+    # its suspend sets keeps_slot; the claim counts such runs as holding a slot and
+    # starts them again, once due, without needing room.
+    16: """
+ALTER TABLE ms_runs ADD COLUMN keeps_slot INTEGER NOT NULL DEFAULT 0;
+CREATE INDEX ms_runs_queue_held ON ms_runs (queue, queue_key)
+    WHERE status = 'sleeping' AND keeps_slot = 1 AND queue IS NOT NULL;
+""",
 }
 
 LATEST = max(MIGRATIONS)
