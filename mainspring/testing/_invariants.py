@@ -215,6 +215,12 @@ class StoreHistory:
         with self._lock:
             self.reopened.add(run_id)
 
+    def seen_finished(self, run_id: str) -> bool:
+        """Whether a capture saw this run finished (so that a test can tell a run
+        ``prune`` deleted legitimately from one that vanished while it ran)."""
+        with self._lock:
+            return run_id in self._finished
+
     def after_commit(self, store: Store) -> Any:
         """A ``FaultyStore(after_call=...)`` hook that captures the runs each
         successful ``commit`` (and every run-changing call) touched, reading
@@ -224,7 +230,7 @@ class StoreHistory:
             if method == "commit":
                 batch = kwargs.get("batch", args[0] if args else [])
                 self.capture(store, {w.run_id for w in batch})
-            elif method in ("cancel", "send_signal", "retry_run", "claim", "release"):
+            elif method in ("cancel", "send_signal", "retry_run", "claim", "release", "prune"):
                 self.capture(store)
 
         return hook
