@@ -19,6 +19,9 @@ child's end tells the forks of its parent that hold its start: the rounds below 
 those too (a parent's end against its child's, each in a batch that ends the other
 pair's; two batches each ending a child whose parent's fork the other holds).
 
+A prune races a child's end too: it must keep a finished fork through which the
+child's end reaches a fork of it, and neither may wait for the other in a cycle.
+
 ``test_a_cancel_holding_the_parent_never_waits_for_an_ending_child`` sets the first
 interleaving up step by step (other transactions hold rows to order it); the race
 loops leave it to the scheduler. The default suite runs short loops, ``-m slow``
@@ -249,6 +252,7 @@ def test_the_race_ends_the_same_on_sqlite(tmp_path: Path) -> None:
             assert _close_round(s, batched=False) is None
             assert _close_round(s, batched=True) is None
             assert _fork_round(s) is None
+            assert _prune_round(s) is None
     finally:
         s.close()
 
@@ -495,6 +499,50 @@ def test_batches_ending_children_of_each_others_forks_never_deadlock(store: Stor
 @pytest.mark.slow
 def test_batches_ending_children_of_each_others_forks_never_deadlock_many(store: Store) -> None:
     _no_deadlocks(lambda: _fork_round(store), 400)
+
+
+# -- prune against a child's end that reaches a fork through a finished fork ----------
+
+
+def _prune_round(store: Store) -> str | None:
+    """P holds child C's start; F1, a fork of P, has ended; F2, a fork of F1, runs.
+    A prune (of everything finished) and C's end race: the prune must keep F1 (C's
+    end reaches F2 through it) and neither may wait for the other in a cycle."""
+    end = RunTransition(kind="finish", status="succeeded", output='"ok"')
+    parent, child, f1, child_epoch, f1_epoch = _forked(store)
+    _finish(store, f1, f1_epoch)
+    source = store.get_run(f1)
+    assert source is not None
+    f2 = uuid.uuid4().hex
+    store.fork_run(source, run_id=f2, session=0, upto_seq=0, output=None, now=time.time())
+    assert _claim(store, f2) is not None
+    start = threading.Barrier(2)
+
+    def prune() -> None:
+        start.wait()
+        time.sleep(random.random() * 0.002)
+        store.prune(0, time.time() + 1)
+
+    def child_ends() -> None:
+        start.wait()
+        _commit_until_done(store, [RunWrite(run_id=child, epoch=child_epoch, transition=end)])
+
+    met = _deadlock([_Thread(prune), _Thread(child_ends)])
+    if met is not None:
+        return met
+    assert store.get_run(f1) is not None, "prune deleted the fork on the child's path"
+    assert f"child:{child}" in {s.name for s in store.list_signals(f2)}
+    assert f"child:{child}" in {s.name for s in store.list_signals(parent)}
+    return None
+
+
+def test_a_prune_racing_a_child_end_keeps_the_fork_on_its_path(store: Store) -> None:
+    _no_deadlocks(lambda: _prune_round(store), 15)
+
+
+@pytest.mark.slow
+def test_a_prune_racing_a_child_end_keeps_the_fork_on_its_path_many(store: Store) -> None:
+    _no_deadlocks(lambda: _prune_round(store), 300)
 
 
 # -- a parent's end and its cancel lock its children in one order ----------------------

@@ -45,8 +45,8 @@ async def test_child_result_is_returned(fapp: ms.App):
         ("double", "succeeded", "child")
     ]
     assert kids[0].parent == handle.run_id and kids[0].parent_step == "0:0"
-    # the child's key is derived from the parent's position
-    assert fapp.get_run(kids[0].id).key == f"{handle.run_id}:0:0"
+    # the child's key is derived from the parent's position, under a reserved prefix
+    assert fapp.get_run(kids[0].id).key == f"child:{handle.run_id}:0:0"
 
 
 async def test_fan_out_with_gather(fapp: ms.App):
@@ -68,7 +68,7 @@ async def test_fan_out_with_gather(fapp: ms.App):
     assert _count(fapp, "square") == 4
     assert_invariants(fapp.store, now=fapp.clock.now(), settled=True)
     assert fapp.get_run([k for k in fapp.children(handle.run_id)][-1].id).key == (
-        f"{handle.run_id}:child:four"
+        f"child:{handle.run_id}:0:key:four"
     )
 
 

@@ -282,3 +282,44 @@ def test_a_parent_and_its_child_ending_at_once_never_deadlock(db_url: str):
             assert store.get_run(f"c{i}").status == "succeeded"  # type: ignore[union-attr]
     finally:
         store.close()
+
+
+def test_a_child_suspending_in_the_batch_that_ends_its_parent_is_cancelled(db_url: str):
+    """One worker's group commit holds the parent's finish and, after it, its running
+    child's suspend: the parent's end asks the child to cancel, and the suspend must
+    see that request (it used to read the fence taken before the batch applied, and
+    left the child waiting for ever, asked to cancel and never woken)."""
+    store = open_store(db_url)
+    now = time.time()
+    try:
+        store.create_run(run_id="p", workflow="wf", input="null", key=None, now=now)
+        [p] = store.claim(
+            worker="w", now=now, lease_s=60, limit=1, workflows=None, max_recoveries=3
+        )
+        store.create_run(
+            run_id="c", workflow="wf", input="null", key=None, now=now, parent="p",
+            parent_step="0:0",
+        )  # fmt: skip
+        [c] = store.claim(
+            worker="w", now=now, lease_s=60, limit=1, workflows=None, max_recoveries=3
+        )
+        end = RunTransition(kind="finish", status="succeeded", output='"ok"')
+        wait = RunTransition(kind="suspend", status="waiting", wait_signal="never")
+        results = store.commit(
+            [
+                RunWrite(run_id="p", epoch=p.epoch, transition=end),
+                RunWrite(run_id="c", epoch=c.epoch, transition=wait),
+            ],
+            now,
+        )
+        assert [r.ok for r in results] == [True, True]
+        child = store.get_run("c")
+        assert child is not None and child.cancel_requested
+        assert child.status == "waiting" and child.wake_at == ms.storage.WAKE_NOW  # to cancel
+        assert_invariants(store, now=now)
+        [again] = store.claim(
+            worker="w", now=now, lease_s=60, limit=1, workflows=None, max_recoveries=3
+        )
+        assert again.id == "c" and again.cancel_requested  # its worker cancels it now
+    finally:
+        store.close()

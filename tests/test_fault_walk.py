@@ -7,6 +7,11 @@ leases, sleeps and timeouts, outside actions retried as a client would), and the
 invariants of :mod:`mainspring.testing` are checked: at every commit (a
 ``StoreHistory`` hook) and at the end.
 
+The workflow set includes a schedule fired by the workers' ticks, a family of runs
+(a parent holding a child's start, a fork of it that ends, a fork of that fork that
+waits for the child, children that the parents' ends cancel) and a ``prune`` while the
+middle fork is finished and the last still waits: it must keep the middle fork.
+
 The default suite walks a deterministic sample (spread evenly over the calls) on
 SQLite and a smaller one on PostgreSQL; ``-m slow`` walks every call.
 """
@@ -57,6 +62,8 @@ EXPECTED = {
     "cancel_me": "cancelled",
     "retried": "succeeded",
     "poison": "failed",
+    "tree": "succeeded",
+    "kid": "succeeded",
 }
 
 
@@ -65,6 +72,7 @@ RESULTS: dict[str, tuple[int, Any]] = {
     "waiter": (0, [1, 2]),
     "sessions": (2, 2),
     "retried": (0, "xy"),
+    "tree": (0, "got go"),
 }
 
 
@@ -80,6 +88,8 @@ class Scenario:
     state: dict[str, Any] = field(default_factory=dict)
     ids: dict[str, str] = field(default_factory=dict)
     violations: list[Violation] = field(default_factory=list)
+    # Runs as they ended, read before the prune deleted them.
+    pruned: dict[str, ms.RunRecord] = field(default_factory=dict)
 
 
 def build(inner: Store, ledger_path: Path, faults: list[Fault]) -> Scenario:
@@ -176,6 +186,27 @@ def build(inner: Store, ledger_path: Path, faults: list[Fault]) -> Scenario:
         await ctx.step(crash)
         return "never"
 
+    @app.workflow
+    async def kid(ctx: ms.RunContext) -> str:
+        return str(await ctx.wait_for("go"))
+
+    @app.workflow
+    async def idle(ctx: ms.RunContext) -> str:
+        return str(await ctx.wait_for("never"))  # cancelled by its parent's end
+
+    @app.workflow
+    async def tree(ctx: ms.RunContext) -> str:
+        child = await ctx.start_child(kid, key="kid", on_parent_close="abandon")  # step 0
+        if await ctx.wait_for("decide") == "skip":
+            return "skipped"
+        await ctx.start_child(idle)
+        return f"got {await child}"
+
+    @app.workflow
+    async def tick(ctx: ms.RunContext) -> int:
+        return await ctx.step(pay, 1, name="scheduled_pay")
+
+    app.schedule("two-minutes", "*/2 * * * *", tick)
     return scenario
 
 
@@ -201,6 +232,7 @@ async def drive(s: Scenario) -> None:
         ("cancel_me", ()),
         ("retried", ()),
         ("poison", ()),
+        ("tree", ()),
     ]
     for name, args in submits:
         handle = await _outside(lambda n=name, a=args: app.submit(n, *a, key=n))
@@ -234,12 +266,67 @@ async def drive(s: Scenario) -> None:
             fork = await _outside(lambda: app.fork(s.ids["modes"], from_step=1))
             s.ids["fork"] = fork.run_id
             done.add("fork")
-        if {"a", "cancel", "retry", "fork"} <= done and not inner.list_runs(
+        await _grow_tree(s, done)
+        if {"a", "cancel", "retry", "fork", "pruned"} <= done and not inner.list_runs(
             statuses=["queued", "running", "sleeping", "waiting"], limit=1
         ):
             return
         s.clock.advance(TICK_S)
     raise AssertionError(f"the scenario did not settle in {MAX_ROUNDS} rounds: {s.ids!r}")
+
+
+def _forks(s: Scenario, of: list[str]) -> list[str]:
+    """The forks of these runs (an ambiguous fork may have made two)."""
+    inner = s.store.inner
+    return [r.id for p in of for r in inner.list_runs(parent=p) if r.parent_kind == "fork"]
+
+
+async def _grow_tree(s: Scenario, done: set[str]) -> None:
+    """The family of runs, a step per round: fork the parent past the child's start
+    (f1, which ends without waiting for the child), fork f1 (f2, which waits for
+    it), prune while f1 has ended and f2 waits (f1 must stay: the child's end
+    reaches f2 through it), then end the child and the parent."""
+    app, inner = s.app, s.store.inner
+    tree = inner.get_run(s.ids["tree"])
+    if tree is None or tree.status != "waiting":
+        return
+    if "f1" not in done:
+        await _outside(lambda: app.fork(s.ids["tree"], from_step=0))
+        done.add("f1")
+        return
+    f1s = _forks(s, [s.ids["tree"]])
+    runs = {rid: inner.get_run(rid) for rid in f1s}
+    for rid, run in runs.items():
+        if run is not None and run.status == "waiting" and f"f1:{rid}" not in done:
+            await _outside(lambda r=rid: app.signal(r, "decide", "skip"))
+            done.add(f"f1:{rid}")
+    ended = [rid for rid, run in runs.items() if run is not None and run.status == "succeeded"]
+    if not ended or len(ended) < len(f1s):
+        return
+    if "f2" not in done:
+        await _outside(lambda: app.fork(ended[0], from_step=0))
+        done.add("f2")
+        return
+    f2s = _forks(s, f1s)
+    kid_id = inner.load_steps(s.ids["tree"])[0].output or ""
+    for rid in f2s:
+        run = inner.get_run(rid)
+        if run is not None and run.wait_reason == "signal:decide" and f"f2:{rid}" not in done:
+            await _outside(lambda r=rid: app.signal(r, "decide", "wait"))
+            done.add(f"f2:{rid}")
+    waiting = [inner.get_run(rid) for rid in f2s]
+    if not all(r is not None and (r.wait_reason or "").startswith("child:") for r in waiting):
+        return
+    if "pruned" not in done:
+        s.ids["kid"] = json.loads(kid_id)["run_id"]
+        s.ids |= {f"f1-{i}": rid for i, rid in enumerate(f1s)}
+        s.ids |= {f"f2-{i}": rid for i, rid in enumerate(f2s)}
+        ended_now = {n: r for n, rid in s.ids.items() if (r := inner.get_run(rid)) and r.finished}
+        await _outside(lambda: s.store.prune(0, s.clock.now() + 1))
+        s.pruned |= {n: r for n, r in ended_now.items() if inner.get_run(r.id) is None}
+        done.add("pruned")
+        await _outside(lambda: app.signal(s.ids["kid"], "go", "go"))
+        await _outside(lambda: app.signal(s.ids["tree"], "decide", "wait"))
 
 
 def outcome(s: Scenario) -> list[str]:
@@ -255,13 +342,17 @@ def outcome(s: Scenario) -> list[str]:
             settled=True,
         )
     ]
-    for name, want in {**EXPECTED, "fork": "succeeded"}.items():
-        record = s.store.inner.get_run(s.ids[name])
+    family = {n: "succeeded" for n in s.ids if n.startswith(("f1-", "f2-"))}
+    for name, want in {**EXPECTED, "fork": "succeeded", **family}.items():
+        record = s.store.inner.get_run(s.ids[name]) or s.pruned.get(name)
         status = None if record is None else record.status
         if status != want:
             found.append(f"[outcome] {name} ended {status!r}, expected {want!r}")
+    for name, f1 in ((n, rid) for n, rid in s.ids.items() if n.startswith("f1-")):
+        if s.store.inner.get_run(f1) is None:  # ended, but the fork below it waited
+            found.append(f"[prune] deleted {name} {f1}, which a waiting fork needed")
     for name, (session, output) in RESULTS.items():
-        record = s.store.inner.get_run(s.ids[name])
+        record = s.store.inner.get_run(s.ids[name]) or s.pruned.get(name)
         got = None if record is None else (record.session, json.loads(record.output or "null"))
         if got != (session, output):
             found.append(
@@ -397,12 +488,13 @@ async def test_clean_run_keeps_every_invariant(stores: Stores) -> None:
     methods = Counter(s.store.methods())
     # The walk below is only as good as the calls it reaches.
     assert methods["commit"] >= 20 and methods["claim"] >= 5, methods
-    for name in ("send_signal", "cancel", "retry_run", "fork_run", "create_run"):
+    for name in ("send_signal", "cancel", "retry_run", "fork_run", "create_run", "prune"):
         assert methods[name] >= 1, (name, methods)
+    assert methods["fire_schedule"] >= 2, methods  # the schedule fired twice at least
 
 
 # Spread evenly over the calls; the full walk is under -m slow.
-SAMPLE = {"sqlite": 36, "postgres": 8}
+SAMPLE = {"sqlite": 28, "postgres": 8}
 KINDS: tuple[FaultKind, ...] = ("busy", "locked", "ambiguous", "delay")
 
 

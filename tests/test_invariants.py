@@ -110,6 +110,35 @@ def test_parked_runs_must_have_a_reason_that_fires(store: Store) -> None:
     assert _kinds(store) == ["uncancelled"]
 
 
+def test_a_wait_for_a_child_whose_end_never_came_is_caught(store: Store) -> None:
+    rid = _run(store)
+    store.create_run(
+        run_id="kid", workflow="wf", input="[[],{}]", key=None, now=NOW, parent=rid,
+        parent_step="0:0",
+    )  # fmt: skip
+    _sql(
+        store,
+        "UPDATE ms_runs SET status = 'waiting', wait_signal = 'child:kid', wake_at = NULL"
+        " WHERE id = ?",
+        (rid,),
+    )
+    assert _kinds(store) == []  # the child runs: a wait with a reason that will fire
+    _sql(store, "UPDATE ms_runs SET status = 'succeeded', finished_at = ? WHERE id = 'kid'", (NOW,))
+    assert _kinds(store) == ["child_end_undelivered"]  # ended, and nobody told this run
+    _sql(
+        store,
+        "INSERT INTO ms_signals (run_id, name, payload, created_at)"
+        " VALUES (?, 'child:kid', '{}', ?)",
+        (rid, NOW),
+    )
+    _sql(store, "UPDATE ms_runs SET wake_at = 0 WHERE id = ?", (rid,))
+    assert _kinds(store) == []  # told, and woken
+    _sql(store, "DELETE FROM ms_signals WHERE run_id = ?", (rid,))
+    _sql(store, "DELETE FROM ms_runs WHERE id = 'kid'")
+    [gone] = check_invariants(store, now=NOW)
+    assert gone.kind == "child_end_undelivered" and "no longer exists" in gone.detail
+
+
 def test_completed_rows_and_finished_runs_never_change(store: Store) -> None:
     rid = _run(store)
     history = StoreHistory()

@@ -260,6 +260,7 @@ def test_queues_over_http(app: ms.App) -> None:
                 "running": 0,
                 "queued": 1,
                 "waiting": 0,
+                "retrying": 0,
             }
         ]
 
@@ -315,6 +316,7 @@ def test_queues_from_the_command_line(tmp_path: Path, monkeypatch: pytest.Monkey
             "running": 0,
             "queued": 1,
             "waiting": 0,
+            "retrying": 0,
         }
     ]
     text = invoke("queues", "--db", db)

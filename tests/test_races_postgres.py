@@ -3,11 +3,15 @@
 A worker executes runs on a real server while, at the moment a run commits one of
 its transitions (a step's completion, a suspend on a wait, its finish, a
 continue-as-new), a thread acts on that run from outside: sends a signal, cancels
-it, answers its request, submits with its key, retries it or forks it. The commit
+it, answers its request, submits with its key, retries it, forks it or prunes every
+finished run (which must take only finished runs and keep the rest). The commit
 and the action race for real (the action is started from inside the commit call,
 a moment before its transaction). Each round runs several such runs at once;
 after it, every run must have ended and the invariants of :mod:`mainspring.testing`
 must hold (checked at every commit, too).
+
+Schedules race too: workers whose clocks are 150 s apart tick around a due time at
+once, and it must start one run, never early (``test_skewed_ticks``).
 
 The default suite runs a round or two per pair; ``-m slow`` runs many.
 """
@@ -17,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import random
 import threading
 import time
@@ -29,10 +34,11 @@ import pg
 import pytest
 
 import mainspring as ms
+from mainspring._cron import next_due
 from mainspring.storage import RunWrite, Store
 from mainspring.testing import EffectLedger, Fault, FaultyStore, StoreHistory, check_invariants
 
-ACTIONS = ["signal", "cancel", "answer", "submit", "retry", "fork"]
+ACTIONS = ["signal", "cancel", "answer", "submit", "retry", "fork", "prune"]
 TRANSITIONS = ["step", "suspend", "finish", "continue_as_new"]
 RUNS_PER_ROUND = 6
 ROUNDS = 1
@@ -144,6 +150,8 @@ class Race:
                         break
                     except ms.RunConflict:
                         time.sleep(0.001)  # not failed yet
+            elif self.action == "prune":
+                app.store.prune(0, time.time() + 1)  # every finished run that nothing needs
             elif self.action == "fork":
                 deadline = time.monotonic() + 10
                 while time.monotonic() < deadline and not self.inner.load_steps(rid, 0):
@@ -270,12 +278,14 @@ class Race:
             deadline = time.monotonic() + 8  # settled runs take well under a second
             helped: set[str] = set()
             while time.monotonic() < deadline:
-                pending = [r for r in ids if not self.inner.get_run(r).finished]  # type: ignore[union-attr]
+                # A run that is gone was pruned, which only a finished run can be.
+                pending = [r for r in ids if not getattr(self.inner.get_run(r), "finished", True)]
                 if not pending:
                     return
                 for rid in pending:
                     record = self.inner.get_run(rid)
-                    assert record is not None
+                    if record is None:
+                        continue
                     idle = all(not t.is_alive() for t in self.threads)
                     if record.status == "waiting" and idle and rid not in helped:
                         helped.add(rid)
@@ -309,7 +319,10 @@ class Race:
         ]
         for rid in everything:
             record = self.inner.get_run(rid)
-            assert record is not None
+            if record is None:
+                if self.action != "prune" or not self.history.seen_finished(rid):
+                    problems.append(f"run {rid} is gone, and it was never seen finished")
+                continue
             if not record.finished:
                 problems.append(
                     f"run {rid} ({record.workflow}) never ended: {record.status} "
@@ -360,3 +373,91 @@ async def test_race(pg_dsn: str, tmp_path: Path, action: str, transition: str) -
 @pytest.mark.parametrize(("action", "transition"), [_param(*p) for p in PAIRS])
 async def test_race_many_rounds(pg_dsn: str, tmp_path: Path, action: str, transition: str) -> None:
     await _race(pg_dsn, tmp_path, action, transition, SLOW_ROUNDS)
+
+
+# -- schedules: workers whose clocks disagree tick around one due time at once ----------
+
+SKEW_S = 150.0
+TICK_ROUNDS = 3
+SLOW_TICK_ROUNDS = 30
+
+
+class _SkewedClock(ms.SystemClock):
+    """The real clock of a machine whose time is ``offset`` seconds off."""
+
+    def __init__(self, offset: float) -> None:
+        self.offset = offset
+
+    def now(self) -> float:
+        return time.time() + self.offset
+
+
+def _ticking(dsn: str, offset: float) -> ms.App:
+    app = ms.App(dsn, clock=_SkewedClock(offset))
+
+    @app.workflow
+    async def report(ctx: ms.RunContext) -> str:
+        return "report"
+
+    app.schedule("minutely", "* * * * *", report)
+    return app
+
+
+def _tick_rounds(dsn: str, rounds: int) -> None:
+    """Each round makes the schedule due a moment from now; three workers (150 s
+    ahead, on time, 150 s behind) tick from threads, at random moments, until a
+    moment after it: one run for the due time, none before it."""
+    pg.reset_migrated(dsn)
+    apps = [_ticking(dsn, offset) for offset in (SKEW_S, 0.0, -SKEW_S)]
+    try:
+        for app in apps:
+            app.sync_schedules()
+        for _ in range(rounds):
+            _tick_round(apps)
+    finally:
+        for app in apps:
+            app.close()
+
+
+def _tick_round(apps: list[ms.App]) -> None:
+    store = apps[0].store
+    now = store.database_now()
+    boundary = next_due("* * * * *", "UTC", now)
+    # A whole second, as cron times are: the run's key names its due time to the second.
+    due = min(float(math.ceil(now + 0.2)), boundary)
+    assert store.set_schedule_paused("minutely", False, now=now, next_at=due)
+    started: list[str] = []
+    errors: list[BaseException] = []
+
+    def tick(app: ms.App) -> None:
+        try:
+            while time.time() < due + 0.3:
+                started.extend(app.tick_schedules())
+                time.sleep(random.uniform(0, 0.01))
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=tick, args=(app,)) for app in apps]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert errors == [], errors
+    assert len(started) == 1, (started, due, store.get_schedule("minutely"))
+    run = store.get_run(started[0])
+    assert run is not None and run.created_at >= due
+    found = check_invariants(store)
+    assert found == [], found
+    stored = store.get_schedule("minutely")
+    assert stored is not None and stored.next_at == next_due("* * * * *", "UTC", due)
+    if due == boundary:  # the next round's due time must be within a minute again
+        time.sleep(max(0.0, boundary - time.time()) + 0.01)
+
+
+def test_skewed_ticks(pg_dsn: str) -> None:
+    _tick_rounds(pg_dsn, TICK_ROUNDS)
+
+
+@pytest.mark.slow
+def test_skewed_ticks_many_rounds(pg_dsn: str) -> None:
+    _tick_rounds(pg_dsn, SLOW_TICK_ROUNDS)

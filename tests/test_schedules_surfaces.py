@@ -52,6 +52,7 @@ def test_http_api_lists_pauses_and_resumes(app: ms.App) -> None:
             "tz": "Europe/Paris",
             "workflow": "report",
             "catch_up": "skip",
+            "queue": None,
             "paused": False,
             # Monday 08:50 UTC is 09:50 in Paris: next is Tuesday 09:00 Paris, 08:00 UTC.
             "next_at": 1_767_686_400.0,  # 2026-01-06T08:00:00Z

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .._clock import Clock
-from .._errors import RunConflict
+from .._errors import ConfigError, RunConflict
 from .._serde import loads
 from ..journal import Workflow
 from ..observability import child_traceparent
@@ -76,10 +76,24 @@ class Children:
             version=self.version,
             parent_close=on_parent_close,
         )
-        if not created and (child.parent != parent or loads(child.input) != loads(encoded)):
+        if created:
+            return child.id
+        if child.parent != parent or loads(child.input) != loads(encoded):
             raise RunConflict(
                 f"the child key {key!r} already names a run of {workflow.name!r} with other "
                 "input (or of another parent): give each child of a run its own key",
+                run_id=parent,
+            )
+        if child.parent_step != parent_step:
+            # The key started another child of this session already (at another
+            # step): that child's end went to the wait of its own start, so this one
+            # would wait for ever. Said at once, never a silent hang.
+            raise ConfigError(
+                f"the child key {key!r} already started run {child.id} at step "
+                f"{child.parent_step} of this session of run {parent!r}, and step "
+                f"{parent_step} starts a child under it again: a key names one child per "
+                "session (continue_as_new starts afresh); give each child of a session its "
+                "own key, or await the first handle again",
                 run_id=parent,
             )
         return child.id

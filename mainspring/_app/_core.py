@@ -23,6 +23,7 @@ from .._errors import (
     RunWaiting,
     UnknownWorkflow,
 )
+from .._keys import check_client_key
 from .._serde import dumps, loads
 from .._signals import is_request_signal
 from ..agent import (
@@ -263,9 +264,12 @@ class App(Admin, Agents, Children, Lineage, MCPServers, Observe, Queues, Schedul
 
         Raises:
             UnknownWorkflow: no workflow of that name.
-            ConfigError: the arguments do not fit the workflow's signature or types.
+            ConfigError: the arguments do not fit the workflow's signature or types, or
+                ``key`` starts with a prefix reserved for the keys mainspring derives
+                (``schedule:``, ``child:``).
             RunConflict: ``key`` names a run of other input.
         """
+        check_client_key(key)
         wf = self.get_workflow(workflow)
         encoded = self._redact(wf.encode_input(tuple(args), dict(kwargs or {})))
         queued = self._queue_fields(queue, queue_key, priority)

@@ -5,13 +5,9 @@ A schedule is declared in code (``app.schedule``) or in a file
 (``app.load_schedules``); a worker writes the declarations to the store's
 ``ms_schedules`` table at its first tick and then, at every tick, fires the due
 schedules through :meth:`~mainspring.storage.Store.fire_schedule` (one worker wins
-each due time; the run's key is ``schedule:<name>:<due time in UTC>``).
-
-Cron times are wall times in the schedule's zone, computed by ``croniter`` on naive
-local times and placed in the zone by ``zoneinfo`` with ``fold=0``: a wall time that
-a spring-forward skips happens at the same instant as the time one hour later (02:30
-runs at 03:30 the day clocks go from 02:00 to 03:00); a wall time that a fall-back
-repeats happens once, at its first occurrence.
+each due time; the run's key is ``schedule:<name>:<due time in UTC>``). Cron times
+are computed in ``_cron.py``; due times are compared with the database's clock
+(:meth:`Schedules.schedule_now`).
 """
 
 from __future__ import annotations
@@ -20,19 +16,18 @@ import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, overload
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from croniter import croniter
-
-from .._clock import Clock
+from .._clock import Clock, SystemClock
 from .._config import config_entries
+from .._cron import check_cron, check_zone, iso, next_due, previous_due
 from .._errors import ConfigError, ScheduleNotFound
+from .._keys import schedule_key
 from ..journal import Workflow
 from ..storage import CatchUp, ScheduleRecord, Store
 from ._lineage import new_id
+from ._queues import Queue
 
 __all__ = [
     "SKIP_GRACE_S",
@@ -51,14 +46,13 @@ SKIP_GRACE_S = 60.0
 W = TypeVar("W", bound=Workflow[Any, Any])
 
 _CATCH_UPS: tuple[CatchUp, ...] = ("skip", "once")
-_SEARCH = 100_000  # cron times tried before giving up (a schedule that never fires)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Schedule:
     """A schedule as declared: ``workflow`` started with ``args``/``kwargs`` at every
     time ``cron`` (five fields: minute hour day-of-month month day-of-week) names in
-    zone ``tz``."""
+    zone ``tz``, in ``queue`` (within its limits) if one is named."""
 
     name: str
     cron: str
@@ -67,64 +61,7 @@ class Schedule:
     kwargs: dict[str, Any] = field(default_factory=dict)
     tz: str = "UTC"
     catch_up: CatchUp = "skip"
-
-
-def _zone(tz: str, where: str) -> ZoneInfo:
-    try:
-        return ZoneInfo(tz)
-    except (ZoneInfoNotFoundError, ValueError):
-        raise ConfigError(
-            f"{where}: unknown time zone {tz!r}; use an IANA name such as 'UTC' or 'Europe/Paris'"
-        ) from None
-
-
-def check_cron(cron: str, where: str) -> None:
-    """Raise ConfigError unless ``cron`` is a five-field cron expression."""
-    if not isinstance(cron, str) or len(cron.split()) != 5 or not croniter.is_valid(cron):
-        raise ConfigError(
-            f"{where}: {cron!r} is not a cron expression of five fields (minute hour "
-            "day-of-month month day-of-week), e.g. '0 9 * * 1-5'"
-        )
-
-
-def _local(ts: float, zone: ZoneInfo) -> datetime:
-    return datetime.fromtimestamp(ts, zone).replace(tzinfo=None)
-
-
-def _instant(wall: datetime, zone: ZoneInfo) -> float:
-    return wall.replace(tzinfo=zone, fold=0).timestamp()
-
-
-def next_due(cron: str, tz: str, after: float) -> float:
-    """The first time ``cron`` names in zone ``tz`` strictly after ``after``."""
-    zone = _zone(tz, f"cron {cron!r}")
-    times = croniter(cron, _local(after, zone))
-    for _ in range(_SEARCH):
-        due = _instant(times.get_next(datetime), zone)
-        if due > after:
-            return due
-    raise ConfigError(f"cron {cron!r} in {tz}: no time after {_iso(after)}")
-
-
-def previous_due(cron: str, tz: str, at: float) -> float:
-    """The last time ``cron`` names in zone ``tz`` at or before ``at``."""
-    zone = _zone(tz, f"cron {cron!r}")
-    times = croniter(cron, _local(at, zone) + timedelta(seconds=1))
-    for _ in range(_SEARCH):
-        due = _instant(times.get_prev(datetime), zone)
-        if due <= at:
-            return due
-    raise ConfigError(f"cron {cron!r} in {tz}: no time before {_iso(at)}")
-
-
-def _iso(ts: float) -> str:
-    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def schedule_key(name: str, due_at: float) -> str:
-    """The idempotency key of the run schedule ``name`` starts for ``due_at``:
-    ``schedule:<name>:<due time, UTC, ISO 8601>``."""
-    return f"schedule:{name}:{_iso(due_at)}"
+    queue: str | None = None
 
 
 class Schedules:
@@ -140,6 +77,12 @@ class Schedules:
         def get_workflow(self, workflow: Workflow[Any, Any] | str) -> Workflow[Any, Any]: ...
 
         def _redact(self, text: str) -> str: ...
+
+        def _declared(self) -> dict[str, Queue]: ...
+
+        def _queue_fields(
+            self, queue: str | None, queue_key: str | None, priority: int
+        ) -> dict[str, Any]: ...
 
     _declared_schedules: dict[str, Schedule]
     _schedules_synced: bool
@@ -161,6 +104,7 @@ class Schedules:
         name: str | None = None,
         tz: str = "UTC",
         catch_up: CatchUp = "skip",
+        queue: Queue | str | None = None,
     ) -> Callable[[W], W]: ...
 
     @overload
@@ -173,6 +117,7 @@ class Schedules:
         *args: Any,
         tz: str = "UTC",
         catch_up: CatchUp = "skip",
+        queue: Queue | str | None = None,
         **kwargs: Any,
     ) -> Schedule: ...
 
@@ -186,6 +131,7 @@ class Schedules:
         name: str | None = None,
         tz: str = "UTC",
         catch_up: CatchUp = "skip",
+        queue: Queue | str | None = None,
         **kwargs: Any,
     ) -> Any:
         """Start ``workflow(*args, **kwargs)`` at every time a cron expression names.
@@ -204,16 +150,19 @@ class Schedules:
                 ``"skip"`` starts none of them (only a time at most 60 seconds
                 late runs); ``"once"`` starts one run, for the
                 most recent. Either way the schedule then resumes at its next time.
+            queue: a queue declared with ``app.queue`` (or its name): the runs the
+                schedule starts wait their turn there, within its limits.
 
         Raises:
-            ConfigError: a bad cron expression, zone, catch-up or name.
+            ConfigError: a bad cron expression, zone, catch-up or name, or a queue
+                this App did not declare.
             UnknownWorkflow: the workflow is not registered in this App.
         """
         if cron is None:
             if workflow is not None or args or kwargs:
                 raise ConfigError(
                     "app.schedule(cron) as a decorator takes only the cron expression and "
-                    "name=, tz=, catch_up=; to pass arguments, call "
+                    "name=, tz=, catch_up=, queue=; to pass arguments, call "
                     "app.schedule(name, cron, workflow, *args)"
                 )
             cron_expr = name_or_cron
@@ -223,7 +172,7 @@ class Schedules:
                     raise ConfigError(
                         "@app.schedule(...) decorates a workflow: put it above @app.workflow"
                     )
-                self._declare(name or target.name, cron_expr, target, (), {}, tz, catch_up)
+                self._declare(name or target.name, cron_expr, target, (), {}, tz, catch_up, queue)
                 return target
 
             return decorate
@@ -231,7 +180,7 @@ class Schedules:
             raise ConfigError(f"schedule {name_or_cron!r}: name the workflow it starts")
         if name is not None:
             raise ConfigError("app.schedule(name, cron, workflow): name= is for the decorator")
-        return self._declare(name_or_cron, cron, workflow, args, kwargs, tz, catch_up)
+        return self._declare(name_or_cron, cron, workflow, args, kwargs, tz, catch_up, queue)
 
     def _declare(
         self,
@@ -242,14 +191,21 @@ class Schedules:
         kwargs: dict[str, Any],
         tz: str,
         catch_up: str,
+        queue: Queue | str | None = None,
     ) -> Schedule:
         where = f"schedule {name!r}"
         if not isinstance(name, str) or not name.strip() or len(name) > 200:
             raise ConfigError(f"{where}: a schedule's name is a non-empty string")
         check_cron(cron, where)
-        _zone(tz, where)
+        check_zone(tz, where)
         if catch_up not in _CATCH_UPS:
             raise ConfigError(f"{where}: catch_up must be 'skip' or 'once', not {catch_up!r}")
+        queue_name = queue.name if isinstance(queue, Queue) else queue
+        if queue_name is not None and queue_name not in self._declared():
+            raise ConfigError(
+                f"{where}: queue {queue_name!r} is not declared in this App; declare it first "
+                f"with app.queue({queue_name!r}, concurrency=...)"
+            )
         found = self.get_workflow(workflow)
         found.encode_input(tuple(args), dict(kwargs))  # arguments it cannot take fail now
         declared = Schedule(
@@ -260,6 +216,7 @@ class Schedules:
             kwargs=dict(kwargs),
             tz=tz,
             catch_up=catch_up,  # checked above
+            queue=queue_name,
         )
         table = self._schedule_table()
         table[name] = declared
@@ -279,6 +236,7 @@ class Schedules:
             kwargs = {}                  # optional
             tz = "Europe/Paris"          # optional, default UTC
             catch_up = "once"            # optional, default skip
+            queue = "reports"            # optional: a queue the App declares
 
         JSON: ``{"schedule": [{"name": ..., "cron": ..., "workflow": ...}]}``.
 
@@ -289,7 +247,7 @@ class Schedules:
         file = Path(path)
         entries = config_entries(file, what="schedules", key="schedule")
         out: list[Schedule] = []
-        fields = {"name", "cron", "workflow", "args", "kwargs", "tz", "catch_up"}
+        fields = {"name", "cron", "workflow", "args", "kwargs", "tz", "catch_up", "queue"}
         for i, entry in enumerate(entries, 1):
             where = f"schedules file {str(file)!r}, entry {i}"
             if not isinstance(entry, dict):
@@ -299,6 +257,8 @@ class Schedules:
             for needed in ("name", "cron", "workflow"):
                 if not isinstance(entry.get(needed), str):
                     raise ConfigError(f"{where}: {needed!r} is required (a string)")
+            if not isinstance(entry.get("queue", ""), str):
+                raise ConfigError(f"{where}: 'queue' is a queue's name (a string)")
             args, kwargs = entry.get("args", []), entry.get("kwargs", {})
             if not isinstance(args, list) or not isinstance(kwargs, dict):
                 raise ConfigError(f"{where}: 'args' is a list and 'kwargs' a table")
@@ -312,11 +272,22 @@ class Schedules:
                         kwargs,
                         str(entry.get("tz", "UTC")),
                         str(entry.get("catch_up", "skip")),
+                        entry.get("queue"),
                     )
                 )
             except ConfigError as exc:
                 raise ConfigError(f"{where}: {exc}") from None
         return out
+
+    def schedule_now(self) -> float:
+        """The time schedules are due by: the database's clock
+        (:meth:`~mainspring.storage.Store.database_now`) when this App runs on the
+        real clock, so that workers whose clocks disagree still fire each due time
+        once, never early and never skipping one; the App's own clock when it is a
+        fake one (tests move it by hand)."""
+        if isinstance(self.clock, SystemClock):
+            return self.store.database_now()
+        return self.clock.now()
 
     @property
     def schedules(self) -> dict[str, Schedule]:
@@ -327,10 +298,13 @@ class Schedules:
         """Write this App's declared schedules to the store (a worker does at its
         first tick). A new schedule, or one whose definition changed, is next due at
         its first time after now; an unchanged one keeps its state."""
-        now = self.clock.now()
+        now = self.schedule_now()
         for declared in self._schedule_table().values():
             found = self.get_workflow(declared.workflow)
             encoded = self._redact(found.encode_input(declared.args, declared.kwargs))
+            if declared.queue is not None:
+                # The queue's declared limits, in the store before its first run.
+                self._queue_fields(declared.queue, None, 0)
             _, changed = self.store.put_schedule(
                 name=declared.name,
                 cron=declared.cron,
@@ -340,6 +314,7 @@ class Schedules:
                 catch_up=declared.catch_up,
                 next_at=next_due(declared.cron, declared.tz, now),
                 now=now,
+                queue=declared.queue,
             )
             if changed:
                 log.info("schedule %s: %s in %s", declared.name, declared.cron, declared.tz)
@@ -353,7 +328,7 @@ class Schedules:
         self._schedule_table()
         if not self._schedules_synced:
             self.sync_schedules()
-        now = self.clock.now()
+        now = self.schedule_now()
         started: list[str] = []
         for row in self.store.due_schedules(now):
             try:
@@ -374,7 +349,7 @@ class Schedules:
                 continue
             if run is not None:
                 started.append(run)
-                log.info("schedule %s: started run %s for %s", row.name, run, _iso(latest))
+                log.info("schedule %s: started run %s for %s", row.name, run, iso(latest))
         return started
 
     def list_schedules(self) -> list[ScheduleRecord]:
@@ -398,7 +373,7 @@ class Schedules:
         Raises:
             ScheduleNotFound: no schedule has that name in the store.
         """
-        if not self.store.set_schedule_paused(name, True, now=self.clock.now()):
+        if not self.store.set_schedule_paused(name, True, now=self.schedule_now()):
             raise ScheduleNotFound(f"no schedule named {name!r}")
         return self.get_schedule(name)
 
@@ -410,7 +385,7 @@ class Schedules:
             ScheduleNotFound: no schedule has that name in the store.
         """
         row = self.get_schedule(name)
-        now = self.clock.now()
+        now = self.schedule_now()
         if row.paused:
             self.store.set_schedule_paused(
                 name, False, now=now, next_at=next_due(row.cron, row.tz, now)

@@ -220,6 +220,9 @@ def checkpoint(
         raise typer.Exit(1)
 
 
+_KEPT_SHOWN = 20  # kept runs listed in text (--json lists them all)
+
+
 def prune(
     older_than: Annotated[
         str,
@@ -240,8 +243,10 @@ def prune(
     """Delete finished runs older than a retention period, with their journals and signals.
 
     Only succeeded, failed and cancelled runs are deleted; queued, running, sleeping
-    and waiting runs are never touched, however old. Deletes in short batches, so
-    workers can keep running.
+    and waiting runs are never touched, however old, and neither is a finished run an
+    unfinished one still needs (its parent or fork source, its children, a fork on
+    the way of a running child's end): those are kept, and listed with why. Deletes
+    in short batches, so workers can keep running.
     """
     with cli_errors():
         seconds = parse_duration(older_than)
@@ -260,6 +265,7 @@ def prune(
                 "runs": result.runs,
                 "steps": result.steps,
                 "signals": result.signals,
+                "kept": [k.summary() for k in result.kept],
             }
         )
         return
@@ -270,12 +276,24 @@ def prune(
         f" and {_n(result.signals, 'signal')}"
     )
     if result.runs == 0:
-        message = f"{redact_url(url)}: no runs {age}; nothing to delete"
+        unneeded = " that no unfinished run needs" if result.kept else ""
+        message = f"{redact_url(url)}: no runs {age}{unneeded}; nothing to delete"
     elif dry_run:
         message = f"{redact_url(url)}: would delete {what}; dry run, nothing was deleted"
     else:
         message = f"{redact_url(url)}: deleted {what}"
-    console().print(message, soft_wrap=True)
+    out = console()
+    out.print(message, soft_wrap=True)
+    if result.kept:
+        out.print(
+            f"kept {_n(len(result.kept), 'finished run')} past the cut-off that unfinished"
+            " runs still need:",
+            soft_wrap=True,
+        )
+        for k in result.kept[:_KEPT_SHOWN]:
+            out.print(f"  {k.run_id}: {k.describe()}", soft_wrap=True, highlight=False)
+        if len(result.kept) > _KEPT_SHOWN:
+            out.print(f"  ... and {len(result.kept) - _KEPT_SHOWN} more (--json lists them all)")
 
 
 # -- helpers ------------------------------------------------------------------------------

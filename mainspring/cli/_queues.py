@@ -11,8 +11,8 @@ __all__ = ["queues"]
 
 
 def queues(db: DbOption = None, app_spec: AppOption = None, as_json: JsonOption = False) -> None:
-    """List queues: their limits, and their runs running, queued and waiting (a
-    sleeping or waiting run holds no slot)."""
+    """List queues: their limits, and their runs running, retrying (sleeping on a
+    retry back-off: each keeps its slot), queued and waiting (sleeping or waiting)."""
     with cli_errors(), open_app(db, app_spec) as app:
         found = app.queues()
     if as_json:
@@ -28,6 +28,7 @@ def queues(db: DbOption = None, app_spec: AppOption = None, as_json: JsonOption 
                         "running": q.running,
                         "queued": q.queued,
                         "waiting": q.waiting,
+                        "retrying": q.retrying,
                     }
                     for q in found
                 ]
@@ -39,12 +40,14 @@ def queues(db: DbOption = None, app_spec: AppOption = None, as_json: JsonOption 
         out.print("no queues yet (declare one with app.queue(...) and submit to it)")
         return
     table = Table(box=None, pad_edge=False, header_style="bold")
-    for column in ("queue", "running", "queued", "waiting", "concurrency", "per key", "rate/s"):
+    columns = ("queue", "running", "retrying", "queued", "waiting", "concurrency", "per key")
+    for column in (*columns, "rate/s"):
         table.add_column(column, no_wrap=True, justify="left" if column == "queue" else "right")
     for q in found:
         table.add_row(
             q.name,
             str(q.running),
+            str(q.retrying),
             str(q.queued),
             str(q.waiting),
             "-" if q.concurrency is None else str(q.concurrency),

@@ -38,11 +38,16 @@ def schedules_list(
     if as_json:
         print_json([s.summary() for s in found])
         return
-    table = Table("name", "cron", "zone", "workflow", "catch-up", "state", "next", "last run")
+    table = Table(
+        "name", "cron", "zone", "workflow", "queue", "catch-up", "state", "next", "last run"
+    )
     for s in found:
         last = "-" if s.last_run is None else f"{s.last_run} ({_when(s.last_at)})"
         state = "paused" if s.paused else "active"
-        table.add_row(s.name, s.cron, s.tz, s.workflow, s.catch_up, state, _when(s.next_at), last)
+        queue = s.queue or "-"
+        table.add_row(
+            s.name, s.cron, s.tz, s.workflow, queue, s.catch_up, state, _when(s.next_at), last
+        )
     console().print(table)
 
 

@@ -3,9 +3,12 @@ its own, and waits for its result.
 
 A child is started by one journal row, ``step`` ``child:<workflow>``, whose output is
 the child's run id. The child's idempotency key is derived from that row's place
-(``"{parent}:{session}:{seq}"``, or ``"{parent}:child:{key}"`` for a caller's
-``key``), so however often the parent replays or crashes before that row is committed,
-the store creates the child once and hands back the same run. Starting is synchronous
+(``"child:{parent}:{session}:{seq}"``, or ``"child:{parent}:{session}:key:{key}"`` for
+a caller's ``key``: a key names one child per session, so a ``continue_as_new`` loop
+starts a new child in each session), and the store finds a child by its parent and
+start position before it creates one, so however often the parent replays or crashes
+before that row is committed, the store creates the child once and hands back the
+same run (a child started under an earlier version's key, too). Starting is synchronous
 (no step function, no thread): each ``start_child`` and the wait of its ``result``
 take their positions in the order the workflow calls them, so that ``gather`` of
 children replays in the order it first ran.
@@ -23,6 +26,7 @@ from collections.abc import Generator
 from typing import Any, Generic, TypeVar, get_args
 
 from .._errors import ChildCancelled, ChildFailed, ConfigError, StoreError, StoreUnavailable
+from .._keys import child_key
 from .._serde import dumps, loads
 from ..storage import ParentClose, child_signal
 from ._cursor import Cursor
@@ -150,7 +154,7 @@ def start_child(
     rec = cur.journal.get(seq) or cur.pending.get(seq)
     if rec is not None and rec.status == "completed":
         return ChildHandle(waits, workflow, str(loads(rec.output)["run_id"]))
-    ident = f"{cur.run_id}:{cur.session}:{seq}" if key is None else f"{cur.run_id}:child:{key}"
+    ident = child_key(cur.run_id, cur.session, seq, key)
     try:
         child_id = starter.start_child(
             workflow,

@@ -133,7 +133,7 @@ class Steps:
         if rec.status == "started":
             await self._interrupted(step, rec)
         if rec.status == "retrying" and rec.wake_at is not None:
-            await self.waits.until(rec.wake_at, reason=f"retry:{step.name}")
+            await self.waits.until(rec.wake_at, reason=f"retry:{step.name}", keeps_slot=True)
         step.attempt = rec.attempt + 1
 
     async def _interrupted(self, step: _Step, rec: StepRecord) -> None:
@@ -377,7 +377,7 @@ class Steps:
             _journaled_error(retrying.error, error),  # redacted, as journaled
             delay,
         )
-        await self.waits.until(wake_at, reason=f"retry:{step.name}")
+        await self.waits.until(wake_at, reason=f"retry:{step.name}", keeps_slot=True)
 
     def _failed_from_journal(self, rec: StepRecord) -> MainspringError:
         err = loads(rec.error) or {}

@@ -38,6 +38,7 @@ class Waits:
     def __init__(self, cur: Cursor) -> None:
         self.cur = cur
         self._sleeps = 0
+        self._slot_keys: set[int] = set()  # parked back-offs, which keep a queue slot
         self._quiet_seen = -1
         self._quiet_rounds = 0
         self._quiet_polling = False
@@ -70,9 +71,10 @@ class Waits:
         await self.until(wake_at, reason="sleep")
         cur.put(rec, status="completed", finished_at=cur.now())
 
-    async def until(self, wake_at: float, *, reason: str) -> None:
+    async def until(self, wake_at: float, *, reason: str, keeps_slot: bool = False) -> None:
         """Wait until ``wake_at`` (journaling nothing): inline when it is near, else
-        parked, so that the run suspends and wakes on time."""
+        parked, so that the run suspends and wakes on time. ``keeps_slot``: a retry
+        back-off; a run whose every parked wait is one keeps its queue slot."""
         cur = self.cur
         while True:  # a sticky execution's parked sleep checks again when it wakes
             delay = wake_at - cur.now()
@@ -89,7 +91,13 @@ class Waits:
                 cur.boundary()
                 return
             self._sleeps += 1  # parked sleeps take negative keys: seqs are for waits
-            await self._park(-self._sleeps, None, wake_at, reason)
+            key = -self._sleeps
+            if keeps_slot:
+                self._slot_keys.add(key)
+            try:
+                await self._park(key, None, wake_at, reason)
+            finally:
+                self._slot_keys.discard(key)
 
     # -- signals ----------------------------------------------------------------------
 
@@ -334,6 +342,9 @@ class Waits:
             wake_at=min(deadlines) if deadlines else None,
             wait_reason=" | ".join(dict.fromkeys(r for _, _, r in waits)),
             wait_signal=join_wait_signals(signals) if signals else None,
+            # Only when every wait is a back-off: a run that also waits for a person
+            # or a signal gives its slot up.
+            keeps_slot=bool(parked) and all(key in self._slot_keys for key in parked),
         )
 
 

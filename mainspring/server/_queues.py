@@ -39,6 +39,7 @@ def queue_routes(
                 running=q.running,
                 queued=q.queued,
                 waiting=q.waiting,
+                retrying=q.retrying,
             )
             for q in app.queues()
         ]

@@ -21,6 +21,9 @@ class ScheduleOut(BaseModel):
     tz: str = Field(description="The IANA time zone the cron's times are wall times of.")
     workflow: str
     catch_up: str = Field(description="'skip' or 'once': what happens to missed times.")
+    queue: str | None = Field(
+        default=None, description="The queue its runs start in (within its limits), or null."
+    )
     paused: bool
     next_at: float = Field(description="When it is next due (seconds since the epoch).")
     last_at: float | None = Field(description="The due time of the last run it started.")

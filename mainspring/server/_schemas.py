@@ -190,13 +190,24 @@ class RunOut(BaseModel):
 
 class QueueOut(BaseModel):
     name: str
-    concurrency: int | None = Field(description="Runs of the queue running at once (null: any).")
-    per_key: int | None = Field(description="Runs of one queue key running at once (null: any).")
+    concurrency: int | None = Field(
+        description="Runs of the queue in progress at once (null: any): running, or "
+        "sleeping on a retry back-off."
+    )
+    per_key: int | None = Field(
+        description="Runs of one queue key in progress at once (null: any)."
+    )
     rate: float | None = Field(description="Starts per second (null: no limit).")
     burst: int = Field(description="Starts the rate lets through back to back.")
     running: int = Field(description="Runs of the queue running (each holds a slot).")
     queued: int = Field(description="Runs waiting for their first start.")
-    waiting: int = Field(description="Runs sleeping or waiting: they hold no slot.")
+    waiting: int = Field(
+        description="Runs sleeping or waiting: only those of `retrying` hold a slot."
+    )
+    retrying: int = Field(
+        default=0,
+        description="Of the waiting runs, those sleeping on a retry back-off: each keeps its slot.",
+    )
 
 
 class RunList(BaseModel):

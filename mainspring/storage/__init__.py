@@ -7,7 +7,7 @@ from urllib.parse import urlsplit
 
 from .._errors import ConfigError
 from ._api import SCOPES, WEBHOOK_EVENTS, ApiKey, Delivery, Scope, Webhook, WebhookEvent
-from ._base import Cursor, Heartbeat, PruneResult, Snapshot, Store
+from ._base import Cursor, Heartbeat, KeptRun, PruneResult, Snapshot, Store
 from ._children import CHILD_SIGNAL_PREFIX, child_signal
 from ._migrations import LATEST as SCHEMA_VERSION
 from ._queues import QueueRecord, check_queue_limits
@@ -52,6 +52,7 @@ __all__ = [
     "Delivery",
     "Heartbeat",
     "JournalRole",
+    "KeptRun",
     "ParentClose",
     "PruneResult",
     "QueueRecord",

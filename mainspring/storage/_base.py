@@ -2,8 +2,8 @@
 
 Each part holds its own SQL, shared by every dialect:
 
-* runs (``_runs.py``), claims and leases (``_leases.py``) and the journal
-  (``_journal.py``);
+* runs (``_runs.py``) and their retention (``_retention.py``), claims and leases
+  (``_leases.py``) and the journal (``_journal.py``);
 * signals and requests to humans (``_signals.py``);
 * API keys, webhooks and their outbox (``_api.py``);
 * the rate limiters' tables (``_rates.py``);
@@ -26,16 +26,18 @@ from ._journal import JournalTables, Snapshot
 from ._leases import Heartbeat, LeaseTables
 from ._rates import RateTables
 from ._records import WAKE_NOW
-from ._runs import PruneResult, RunTables
+from ._retention import KeptRun, PruneResult, RetentionTables
+from ._runs import RunTables
 from ._schedules import ScheduleTables
 from ._signals import SignalTables
 from ._streams import StreamTables
 
-__all__ = ["WAKE_NOW", "Cursor", "Heartbeat", "PruneResult", "Snapshot", "Store"]
+__all__ = ["WAKE_NOW", "Cursor", "Heartbeat", "KeptRun", "PruneResult", "Snapshot", "Store"]
 
 
 class Store(
     RunTables,
+    RetentionTables,
     LeaseTables,
     JournalTables,
     SignalTables,

@@ -40,11 +40,13 @@ __all__ = [
     "child_signal",
     "child_starts",
     "close_children",
+    "forks_holding",
     "lock_children",
     "lock_closed_children",
     "lock_parents",
     "retell_parent",
     "share_child_ends",
+    "started_child",
     "tell_parent",
     "told_rows_sql",
 ]
@@ -87,7 +89,7 @@ def tell_parent(
     payload = _end_payload(run_id, (status, output, error))
     if not forks_only:
         _tell(conn, cur, parent, run_id, payload, now)
-    for fork in _forks_holding(cur, parent, step, run_id):
+    for fork, _ in forks_holding(cur, parent, step, run_id):
         _tell(conn, cur, fork, run_id, payload, now)
 
 
@@ -95,7 +97,7 @@ def child_starts(rows: Iterable[StepRecord]) -> dict[str, StepRecord]:
     """The child runs whose starts are among these journal rows, by id."""
     found: dict[str, StepRecord] = {}
     for r in rows:
-        child = _started(r.role, r.output) if r.status == "completed" else None
+        child = started_child(r.role, r.output) if r.status == "completed" else None
         if child is not None:
             found[child] = r
     return found
@@ -174,35 +176,38 @@ def _tell(conn: Connection, cur: Cursor, holder: str, child: str, payload: str, 
         conn._notify(cur, holder)
 
 
-def _forks_holding(cur: Cursor, parent: str, step: str | None, child: str) -> list[str]:
-    """The forks of ``parent``, and forks of those, whose journals hold the start of
-    ``child`` at ``step`` (``"session:seq"``), parents before their forks. A fork
-    that does not hold it has no fork that does (a fork copies its source's rows)."""
+def forks_holding(cur: Cursor, parent: str, step: str | None, child: str) -> list[tuple[str, str]]:
+    """``(id, status)`` of the forks of ``parent``, and forks of those, whose journals
+    hold the start of ``child`` at ``step`` (``"session:seq"``), parents before their
+    forks. A fork that does not hold it has no fork that does (a fork copies its
+    source's rows); one that does is reached only through its source's row, which is
+    why :meth:`~mainspring.storage.Store.prune` keeps such a fork while the child has
+    not ended."""
     try:
         session, seq = (int(x) for x in (step or "").split(":"))
     except ValueError:
         return []
-    found: list[str] = []
+    found: list[tuple[str, str]] = []
     todo = [parent]
     while todo:
         cur.execute(
-            "SELECT id FROM ms_runs WHERE parent = ? AND parent_kind = 'fork' ORDER BY id",
+            "SELECT id, status FROM ms_runs WHERE parent = ? AND parent_kind = 'fork' ORDER BY id",
             (todo.pop(0),),
         )
-        for (fork,) in cur.fetchall():
+        for fork, status in cur.fetchall():
             cur.execute(
                 "SELECT role, output FROM ms_steps WHERE run_id = ? AND session = ? AND seq = ?"
                 " AND status = 'completed'",
                 (fork, session, seq),
             )
             row = cur.fetchone()
-            if row is not None and _started(row[0], row[1]) == child:
-                found.append(fork)
+            if row is not None and started_child(row[0], row[1]) == child:
+                found.append((fork, status))
                 todo.append(fork)
     return found
 
 
-def _started(role: str | None, output: str | None) -> str | None:
+def started_child(role: str | None, output: str | None) -> str | None:
     """The child run a journal row started (a ``child`` row's output), if any."""
     if role != "child" or output is None:
         return None
@@ -217,7 +222,9 @@ def _started(role: str | None, output: str | None) -> str | None:
 def retell_parent(cur: Cursor, run_id: str, now: float) -> None:
     """``run_id`` is open again (a retry, in this transaction): store the end of each
     child that ended while it was finished (its end, cancelled by the parent's failure
-    or on its own, found no parent to tell), so that a wait for it wakes."""
+    or on its own, found no parent to tell), so that a wait for it wakes: its own
+    children, and, for a fork, the children whose starts its journal holds (their
+    ends tell only unfinished forks)."""
     cur.execute(
         "SELECT id, status, output, error FROM ms_runs c WHERE parent = ?"
         " AND parent_kind = 'child' AND status IN ('succeeded', 'failed', 'cancelled')"
@@ -225,10 +232,32 @@ def retell_parent(cur: Cursor, run_id: str, now: float) -> None:
         " ORDER BY id",
         (run_id, run_id, CHILD_SIGNAL_PREFIX),
     )
-    for child, status, output, error in cur.fetchall():
+    ends: dict[str, ChildEnd] = {r[0]: (r[1], r[2], r[3]) for r in cur.fetchall()}
+    cur.execute(
+        "SELECT s.kind, s.role, s.name, s.output FROM ms_steps s JOIN ms_runs r ON r.id = s.run_id"
+        " WHERE s.run_id = ? AND s.session = r.session AND s.status = 'completed'"
+        " AND (s.role = 'child' OR s.kind = 'signal') ORDER BY s.seq",
+        (run_id,),
+    )
+    rows = cur.fetchall()
+    taken = {name for kind, _, name, _ in rows if kind == "signal"}
+    held = {c for kind, role, _, out in rows if kind == "step" and (c := started_child(role, out))}
+    for child in sorted(held - ends.keys()):
+        if child_signal(child) in taken:
+            continue  # the journal holds the wait that took its end (a fork's copy)
+        cur.execute(
+            "SELECT status, output, error FROM ms_runs WHERE id = ? AND status IN"
+            " ('succeeded', 'failed', 'cancelled') AND NOT EXISTS (SELECT 1 FROM ms_signals"
+            " WHERE run_id = ? AND name = ?)",
+            (child, run_id, child_signal(child)),
+        )
+        row = cur.fetchone()
+        if row is not None:
+            ends[child] = (row[0], row[1], row[2])
+    for child, end in sorted(ends.items()):
         cur.execute(
             "INSERT INTO ms_signals (run_id, name, payload, created_at) VALUES (?, ?, ?, ?)",
-            (run_id, child_signal(child), _end_payload(child, (status, output, error)), now),
+            (run_id, child_signal(child), _end_payload(child, end), now),
         )
 
 

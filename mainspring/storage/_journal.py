@@ -223,7 +223,15 @@ class JournalTables(Connection):
         step_rows = [_step_params(s) for w, _ in writes for s in w.steps]
         if step_rows:
             cur.executemany(_UPSERT_STEP, step_rows)
+        ended = False  # a run of this batch ended: its cascade may have reached others
         for w, cancel_requested in writes:
+            t = w.transition
+            if ended and not cancel_requested and t is not None and t.kind == "suspend":
+                # The fence was read before the batch applied; an end earlier in it
+                # (this run's parent) may have asked this run to cancel since.
+                cur.execute("SELECT cancel_requested FROM ms_runs WHERE id = ?", (w.run_id,))
+                cancel_requested = bool(cur.fetchone()[0])
+            ended = ended or _ends(w)
             for signal_id, by in w.consume:
                 cur.execute(
                     "UPDATE ms_signals SET consumed_at = ?, consumed_by = ? WHERE id = ?"
@@ -348,8 +356,16 @@ class JournalTables(Connection):
                 self._notify(cur, w.run_id)
             cur.execute(
                 "UPDATE ms_runs SET status = ?, wake_at = ?, wait_reason = ?, wait_signal = ?,"
-                " owner = NULL, lease_until = NULL, updated_at = ? WHERE id = ?",
-                (t.status, wake_at, t.wait_reason, t.wait_signal, now, w.run_id),
+                " keeps_slot = ?, owner = NULL, lease_until = NULL, updated_at = ? WHERE id = ?",
+                (
+                    t.status,
+                    wake_at,
+                    t.wait_reason,
+                    t.wait_signal,
+                    int(t.keeps_slot and t.status == "sleeping"),
+                    now,
+                    w.run_id,
+                ),
             )
             if t.status == "waiting" and wake_at != WAKE_NOW:
                 waiting = {"status": "waiting", "wait_reason": t.wait_reason}

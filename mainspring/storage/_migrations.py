@@ -303,6 +303,19 @@ ALTER TABLE ms_stream_chunks ADD COLUMN name TEXT;
 DROP INDEX ms_stream_chunks_run;
 CREATE UNIQUE INDEX ms_stream_chunks_pos ON ms_stream_chunks (run_id, pos);
 """,
+    # A schedule's queue (docs/schedules-and-queues.md): the queue its runs start in,
+    # within that queue's limits; NULL: none, as every schedule stored before.
+    17: """
+ALTER TABLE ms_schedules ADD COLUMN queue TEXT;
+""",
+    # A run sleeping on a retry back-off keeps its queue slot (storage/_queues.py):
+    # its suspend sets keeps_slot; the claim counts such runs as holding a slot and
+    # starts them again, once due, without needing room.
+    18: """
+ALTER TABLE ms_runs ADD COLUMN keeps_slot INTEGER NOT NULL DEFAULT 0;
+CREATE INDEX ms_runs_queue_held ON ms_runs (queue, queue_key)
+    WHERE status = 'sleeping' AND keeps_slot = 1 AND queue IS NOT NULL;
+""",
 }
 
 LATEST = max(MIGRATIONS)

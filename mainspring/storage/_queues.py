@@ -1,19 +1,22 @@
 """Queues: named limits on when runs start, kept in the store so that every worker
 enforces them together (docs/schedules-and-queues.md).
 
-A queue has any of: a concurrency limit (runs of the queue ``running`` at once), a
+A queue has any of: a concurrency limit (runs of the queue in progress at once), a
 per-key limit (runs of one ``queue_key`` running at once: one at a time per
 customer) and a rate of starts (GCRA: a start is admitted when the queue's
 theoretical arrival time ``tat`` is at most ``(burst - 1) / rate`` ahead of now,
 and moves it on by ``1 / rate``). Runs start by priority, higher first, then in
 submission order.
 
-What holds a slot: a run that is ``running`` (executing, or its lease not yet run
-out). A sleeping or waiting run holds none: a run waiting a day for an approval does
-not block its queue, and a parent waiting for its child in the same queue cannot
-deadlock it. A run that wakes takes a slot again (before the queue's fresh runs);
-only a first start (from ``queued``) counts against the rate. A takeover of a run
-whose lease ran out keeps its slot: it never stopped being ``running``.
+What holds a slot: a run in progress, that is ``running`` (executing, or its lease
+not yet run out) or sleeping on a retry back-off (between two attempts of a step:
+it keeps its slot, and starts again once due without needing room). Any other
+sleeping or waiting run holds none: a run waiting a day for an approval does not
+block its queue, and a parent waiting for its child in the same queue cannot
+deadlock it. A run that wakes from such a wait takes a slot again (before the
+queue's fresh runs); only a first start (from ``queued``) counts against the rate.
+A takeover of a run whose lease ran out keeps its slot: it never stopped being
+``running``.
 
 Every start of a run in a queue happens in :meth:`QueueTables._claim_queued`, in a
 transaction that holds the queue's row (``FOR UPDATE SKIP LOCKED`` on PostgreSQL; a
@@ -37,6 +40,11 @@ __all__ = ["QueueRecord", "QueueTables", "check_queue_limits", "ready_queues_sql
 # time has come).
 _FRESH = "status = 'queued'"
 _WOKEN = "status IN ('sleeping', 'waiting') AND wake_at <= {at}"
+# Runs sleeping on a retry back-off keep their slot (``keeps_slot``, set by their
+# suspend): counted as held, and, once due, started without needing room.
+_HOLDING = "status = 'sleeping' AND keeps_slot = 1"
+_HELD_WOKEN = _HOLDING + " AND wake_at <= {at}"
+_WOKEN_UNHELD = "status IN ('sleeping', 'waiting') AND wake_at <= {at} AND keeps_slot = 0"
 
 
 def ready_queues_sql(wf_sql: str, woken: str) -> str:
@@ -62,6 +70,8 @@ class QueueRecord:
             back to back.
         running / queued / waiting: runs of the queue running, queued (never
             started, or given back), and sleeping or waiting.
+        retrying: of the sleeping runs, those on a retry back-off: each keeps its
+            slot (``concurrency`` counts ``running + retrying``).
     """
 
     name: str
@@ -72,6 +82,7 @@ class QueueRecord:
     running: int = 0
     queued: int = 0
     waiting: int = 0
+    retrying: int = 0
 
 
 def check_queue_limits(
@@ -147,6 +158,11 @@ class QueueTables(Connection):
                 " GROUP BY queue, status"
             )
             counts: dict[tuple[str, str], int] = {(q, s): int(n) for q, s, n in cur.fetchall()}
+            cur.execute(
+                f"SELECT queue, COUNT(*) FROM ms_runs WHERE queue IS NOT NULL AND {_HOLDING}"
+                " GROUP BY queue"
+            )
+            held: dict[str, int] = {q: int(n) for q, n in cur.fetchall()}
         return [
             QueueRecord(
                 name=r[0],
@@ -157,6 +173,7 @@ class QueueTables(Connection):
                 running=counts.get((r[0], "running"), 0),
                 queued=counts.get((r[0], "queued"), 0),
                 waiting=counts.get((r[0], "sleeping"), 0) + counts.get((r[0], "waiting"), 0),
+                retrying=held.get(r[0], 0),
             )
             for r in rows
         ]
@@ -294,14 +311,16 @@ class QueueTables(Connection):
         clock = float(db_now)
         wf_sql, wf_params = wf
         at_sql, at_params = at
+        # Slots held: runs running, and runs sleeping on a retry back-off (they keep
+        # theirs), by queue key.
         cur.execute(
-            "SELECT queue_key, COUNT(*) FROM ms_runs WHERE queue = ? AND status = 'running'"
-            " GROUP BY queue_key",
-            (name,),
+            "SELECT queue_key, COUNT(*) FROM (SELECT queue_key FROM ms_runs WHERE queue = ?"
+            " AND status = 'running' UNION ALL SELECT queue_key FROM ms_runs WHERE queue = ?"
+            f" AND {_HOLDING}) held GROUP BY queue_key",
+            (name, name),
         )
         by_key: dict[str | None, int] = {k: int(n) for k, n in cur.fetchall()}
-        running = sum(by_key.values())
-        room = left if concurrency is None else min(left, concurrency - running)
+        free = None if concurrency is None else concurrency - sum(by_key.values())
         claimed: list[str] = []
         full: set[str] = {
             k for k, n in by_key.items() if k is not None and per_key and n >= per_key
@@ -309,15 +328,23 @@ class QueueTables(Connection):
         passed: list[str] = []  # suspects left for a caller that holds nothing
         suspect = False  # taken: then it is the claim's only run
         tat = float(tat)
-        for fresh, where, order in (
-            (False, _WOKEN.format(at=at_sql), "wake_at"),
-            (True, _FRESH, "created_at"),
-        ):
-            while len(claimed) < room and not suspect:
+        # Back-off sleepers that are due first: they hold their slot already, so they
+        # need no room. Then woken runs, then fresh ones, each within the room left.
+        phases = (
+            (_HELD_WOKEN.format(at=at_sql), "wake_at", False, False),
+            (_WOKEN_UNHELD.format(at=at_sql), "wake_at", False, True),
+            (_FRESH, "created_at", True, True),
+        )
+        for where, order, fresh, needs_room in phases:
+            while len(claimed) < left and not suspect:
+                if needs_room and free is not None and free <= 0:
+                    break
                 if fresh and rate is not None and max(tat, clock) - clock > (burst - 1) / rate:
                     break  # the rate admits no start before the next claim
-                want = room - len(claimed)
-                keys = sorted(full)
+                want = left - len(claimed)
+                if needs_room and free is not None:
+                    want = min(want, free)
+                keys = sorted(full) if needs_room else []
                 skip_keys = (
                     f" AND (queue_key IS NULL OR queue_key NOT IN ({', '.join('?' * len(keys))}))"
                     if keys
@@ -333,9 +360,9 @@ class QueueTables(Connection):
                 )
                 found = cur.fetchall()
                 for rid, recoveries, key in found:
-                    if len(claimed) >= room:
+                    if len(claimed) >= left or (needs_room and free is not None and free <= 0):
                         break
-                    if key is not None and per_key and by_key.get(key, 0) >= per_key:
+                    if needs_room and key is not None and per_key and by_key.get(key, 0) >= per_key:
                         full.add(key)
                         continue
                     if only is not None and rid != only:
@@ -353,8 +380,11 @@ class QueueTables(Connection):
                         tat = base + 1 / rate
                     self._start_queued(cur, rid, worker, now, lease_s, at)
                     claimed.append(rid)
-                    if key is not None:
-                        by_key[key] = by_key.get(key, 0) + 1
+                    if needs_room:  # a back-off sleeper's slot was counted already
+                        if free is not None:
+                            free -= 1
+                        if key is not None:
+                            by_key[key] = by_key.get(key, 0) + 1
                     if is_suspect:
                         suspect = True
                         break

@@ -163,7 +163,8 @@ class RunTransition:
     ``waiting`` for ``wait_signal`` and/or ``wake_at``; ``wait_signal`` may name several
     signals, see :func:`join_wait_signals`: any of them wakes the run). ``finish``: a
     final status with output or error. ``next_session``: continue-as-new with
-    ``handoff``; the worker keeps the lease.
+    ``handoff``; the worker keeps the lease. ``keeps_slot``: a suspend whose every
+    wait is a retry back-off; the run keeps its queue slot while it sleeps.
     """
 
     kind: Literal["suspend", "finish", "next_session"]
@@ -177,6 +178,7 @@ class RunTransition:
     # ``next_session``: the session this write ends. The store sets ``session + 1``
     # only where the run is still in it, so a re-sent commit cannot skip a session.
     session: int | None = None
+    keeps_slot: bool = False
 
 
 @dataclass(slots=True, kw_only=True)

@@ -1,11 +1,10 @@
-"""Runs: submitting, reading and listing them, forking, retrying, cancelling and
-pruning. The state machine's moves that a worker makes (claims, leases, commits)
-are in ``_leases.py`` and ``_journal.py``."""
+"""Runs: submitting, reading and listing them, forking, retrying and cancelling
+(pruning is ``_retention.py``). The state machine's moves that a worker makes
+(claims, leases, commits) are in ``_leases.py`` and ``_journal.py``."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from .._errors import RunConflict, RunNotFound
@@ -33,25 +32,13 @@ from ._rows import (
     _versions_sql,
 )
 
-__all__ = ["PruneResult", "RunTables"]
-
-# Finished runs past retention: what ``prune`` deletes.
-_PRUNABLE = "status IN ('succeeded', 'failed', 'cancelled') AND finished_at < ?"
+__all__ = ["RunTables"]
 
 _T = TypeVar("_T")
 
 # Attempts of a cancel (or a fork) that meets a just-started child held by another
 # transaction (see ``RunTables._cancel``); the last one waits for it.
 _LOCK_ATTEMPTS = 8
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class PruneResult:
-    """What :meth:`Store.prune` deleted (or, on a dry run, would delete)."""
-
-    runs: int
-    steps: int
-    signals: int
 
 
 class RunTables(Connection):
@@ -80,7 +67,9 @@ class RunTables(Connection):
         """Insert a queued run, or return the existing run with that ``key``.
         ``traceparent``: the caller's W3C trace context, kept with the run.
         ``parent`` / ``parent_step``: the run that starts this one as its child, and
-        its step (``"session:seq"``). ``version``: the submitting code's version.
+        its step (``"session:seq"``); with a ``key`` too, a child that run started at
+        that step already is returned, whatever its key (``created`` False).
+        ``version``: the submitting code's version.
         ``queue`` / ``queue_key`` / ``priority``: the queue that starts it within its
         limits (created with no limits if it was never declared), its key there and
         its priority (higher first). ``parent_close``: what the parent's end does to
@@ -118,6 +107,18 @@ class RunTables(Connection):
                 held = cur.fetchone()
                 if held is None:
                     raise RunNotFound(f"cannot start a child of {parent!r}: no such run")
+                if key is not None and parent_step is not None:
+                    # The child this position started already, whatever key it was
+                    # started under (an earlier version derived other keys): under the
+                    # parent's lock, so that two starts of one position make one child.
+                    cur.execute(
+                        f"SELECT {_RUN_COLUMNS} FROM ms_runs WHERE parent = ?"
+                        " AND parent_step = ? AND parent_kind = 'child' ORDER BY created_at, id",
+                        (parent, parent_step),
+                    )
+                    row = cur.fetchone()
+                    if row is not None:
+                        return _checked_workflow(_run(row), key, workflow), False
             if key is None:
                 cur.execute(insert, values)
                 created = True
@@ -129,14 +130,7 @@ class RunTables(Connection):
                 created = cur.rowcount == 1
             if not created:
                 cur.execute(f"SELECT {_RUN_COLUMNS} FROM ms_runs WHERE idem_key = ?", (key,))
-                existing = _run(cur.fetchone())
-                if existing.workflow != workflow:
-                    raise RunConflict(
-                        f"key {key!r} already names a run of workflow "
-                        f"{existing.workflow!r}, not {workflow!r}",
-                        run_id=existing.id,
-                    )
-                return existing, False
+                return _checked_workflow(_run(cur.fetchone()), key, workflow), False
             if parent is not None and (held[0] or held[1] in FINISHED):
                 # Started by a parent being cancelled (or gone): born cancelled.
                 cur.execute(
@@ -527,66 +521,16 @@ class RunTables(Connection):
         tell_parent(self, cur, run_id, now)
         return "cancelled"
 
-    # -- retention ----------------------------------------------------------------------
 
-    def prune(
-        self, older_than_s: float, now: float, *, batch: int = 500, dry_run: bool = False
-    ) -> PruneResult:
-        """Delete finished runs whose ``finished_at`` is before ``now - older_than_s``,
-        with their journals and signals. Unfinished runs are never touched.
-
-        Deletes ``batch`` runs per transaction, so that no lock is held for long while
-        workers keep committing. ``dry_run`` only counts what would be deleted.
-        """
-        if batch <= 0:
-            raise ValueError(f"batch must be > 0, got {batch!r}")
-        cutoff = now - older_than_s
-        if dry_run:
-            with self._read() as cur:
-                counts = []
-                for sql in (
-                    f"SELECT COUNT(*) FROM ms_runs WHERE {_PRUNABLE}",
-                    f"SELECT COUNT(*) FROM ms_steps WHERE run_id IN"
-                    f" (SELECT id FROM ms_runs WHERE {_PRUNABLE})",
-                    f"SELECT COUNT(*) FROM ms_signals WHERE run_id IN"
-                    f" (SELECT id FROM ms_runs WHERE {_PRUNABLE})",
-                ):
-                    cur.execute(sql, (cutoff,))
-                    counts.append(int(cur.fetchone()[0]))
-            return PruneResult(runs=counts[0], steps=counts[1], signals=counts[2])
-        runs = steps = signals = 0
-        while True:
-            with self._write() as cur:
-                # Rows another transaction holds are skipped on PostgreSQL: a later
-                # prune takes them.
-                cur.execute(
-                    f"SELECT id FROM ms_runs WHERE {_PRUNABLE} ORDER BY finished_at, id"
-                    f" LIMIT ?{self._lock_clause}",
-                    (cutoff, batch),
-                )
-                ids = [row[0] for row in cur.fetchall()]
-                if not ids:
-                    break
-                for i in range(0, len(ids), 500):  # within every driver's parameter limit
-                    chunk = ids[i : i + 500]
-                    marks = ", ".join("?" * len(chunk))
-                    cur.execute(f"DELETE FROM ms_steps WHERE run_id IN ({marks})", chunk)
-                    steps += cur.rowcount
-                    cur.execute(f"DELETE FROM ms_signals WHERE run_id IN ({marks})", chunk)
-                    signals += cur.rowcount
-                    cur.execute(f"DELETE FROM ms_stream_chunks WHERE run_id IN ({marks})", chunk)
-                    cur.execute(f"DELETE FROM ms_stream_heads WHERE run_id IN ({marks})", chunk)
-                    # Delivered or given-up webhook events of those runs go with them.
-                    cur.execute(
-                        f"DELETE FROM ms_outbox WHERE run_id IN ({marks})"
-                        " AND (delivered_at IS NOT NULL OR next_at IS NULL)",
-                        chunk,
-                    )
-                    cur.execute(f"DELETE FROM ms_runs WHERE id IN ({marks})", chunk)
-                    runs += cur.rowcount
-            if len(ids) < batch:
-                break
-        return PruneResult(runs=runs, steps=steps, signals=signals)
+def _checked_workflow(existing: RunRecord, key: str | None, workflow: str) -> RunRecord:
+    """``existing``, the run a create found in its place, if it is of ``workflow``."""
+    if existing.workflow != workflow:
+        named = f"key {key!r}" if existing.key == key else f"step {existing.parent_step!r}"
+        raise RunConflict(
+            f"{named} already names a run of workflow {existing.workflow!r}, not {workflow!r}",
+            run_id=existing.id,
+        )
+    return existing
 
 
 def _cancel_error(reason: str | None) -> str:

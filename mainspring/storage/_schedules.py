@@ -8,6 +8,14 @@ only if that UPDATE changed the row, inserts the run. Two workers ticking at onc
 both read the same ``next_at``; the first UPDATE to commit changes it, so the
 other's matches no row and inserts nothing. The run's idempotency key
 (``schedule:<name>:<due time>``) is a second guard: a due time never names two runs.
+
+Whose clock. Due times are compared with the database's clock
+(:meth:`ScheduleTables.database_now`), not with each worker's: a worker whose clock
+runs ahead would otherwise fire runs early and move ``next_at`` past due times that
+then start nothing. PostgreSQL reads its server's clock (as leases do); SQLite reads
+the clock of the machine that holds the file (every worker of a SQLite store runs
+there), through SQLite itself, so a process that keeps a clock of its own (an App's
+injected clock) cannot skew it either.
 """
 
 from __future__ import annotations
@@ -23,7 +31,7 @@ CatchUp = Literal["skip", "once"]
 
 _COLUMNS = (
     "name, cron, tz, workflow, input, catch_up, next_at, paused, last_at, last_run,"
-    " created_at, updated_at"
+    " created_at, updated_at, queue"
 )
 
 
@@ -42,6 +50,7 @@ class ScheduleRecord:
         paused: a paused schedule starts nothing until resumed.
         last_at: the due time of the last run it started, or None.
         last_run: that run's id, or None.
+        queue: the queue its runs start in (within its limits), or None.
     """
 
     name: str
@@ -56,6 +65,7 @@ class ScheduleRecord:
     last_run: str | None
     created_at: float
     updated_at: float
+    queue: str | None = None
 
     def summary(self) -> dict[str, Any]:
         """The schedule as JSON-ready data (what the CLI's ``--json`` and the HTTP
@@ -66,6 +76,7 @@ class ScheduleRecord:
             "tz": self.tz,
             "workflow": self.workflow,
             "catch_up": self.catch_up,
+            "queue": self.queue,
             "paused": self.paused,
             "next_at": self.next_at,
             "last_at": self.last_at,
@@ -87,11 +98,25 @@ def _record(row: Any) -> ScheduleRecord:
         last_run=row[9],
         created_at=float(row[10]),
         updated_at=float(row[11]),
+        queue=row[12],
     )
+
+
+# SQLite's reading of its machine's clock, in seconds since the epoch (millisecond
+# resolution): the Julian day of 1970-01-01T00:00:00Z is 2440587.5.
+_MACHINE_NOW = "(julianday('now') - 2440587.5) * 86400.0"
 
 
 class ScheduleTables(Connection):
     """Schedules: methods of every :class:`~mainspring.storage.Store`."""
+
+    def database_now(self) -> float:
+        """The database's clock, in seconds since the epoch: the server's on
+        PostgreSQL; on SQLite the clock of the machine that holds the file, as SQLite
+        reads it. What schedules are due by, whatever the caller's clock says."""
+        with self._read() as cur:
+            cur.execute(f"SELECT {self._db_now or _MACHINE_NOW}")
+            return float(cur.fetchone()[0])
 
     def put_schedule(
         self,
@@ -104,20 +129,21 @@ class ScheduleTables(Connection):
         catch_up: CatchUp,
         next_at: float,
         now: float,
+        queue: str | None = None,
     ) -> tuple[ScheduleRecord, bool]:
         """Store a schedule's definition: insert it with ``next_at``, or, if a
         schedule of that name exists with another definition (cron, zone, workflow,
-        input or catch-up), rewrite it and start it afresh from ``next_at``. An
+        input, catch-up or queue), rewrite it and start it afresh from ``next_at``. An
         unchanged definition is left as it is (its ``next_at`` and pause kept).
 
         Returns ``(record, changed)``: changed is True if a row was inserted or
         rewritten.
         """
-        definition = (cron, tz, workflow, input, catch_up)
+        definition = (cron, tz, workflow, input, catch_up, queue)
         with self._write() as cur:
             cur.execute(
-                "INSERT INTO ms_schedules (name, cron, tz, workflow, input, catch_up, next_at,"
-                " paused, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, 0, ?, ?)"
+                "INSERT INTO ms_schedules (name, cron, tz, workflow, input, catch_up, queue,"
+                " next_at, paused, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 0, ?, ?)"
                 " ON CONFLICT (name) DO NOTHING",
                 (name, *definition, next_at, now, now),
             )
@@ -125,8 +151,9 @@ class ScheduleTables(Connection):
             if not changed:
                 cur.execute(
                     "UPDATE ms_schedules SET cron = ?, tz = ?, workflow = ?, input = ?,"
-                    " catch_up = ?, next_at = ?, updated_at = ? WHERE name = ? AND NOT"
-                    " (cron = ? AND tz = ? AND workflow = ? AND input = ? AND catch_up = ?)",
+                    " catch_up = ?, queue = ?, next_at = ?, updated_at = ? WHERE name = ? AND NOT"
+                    " (cron = ? AND tz = ? AND workflow = ? AND input = ? AND catch_up = ?"
+                    " AND COALESCE(queue, '') = COALESCE(?, ''))",
                     (*definition, next_at, now, name, *definition),
                 )
                 changed = cur.rowcount == 1
@@ -191,6 +218,8 @@ class ScheduleTables(Connection):
         ``next_at`` and, if ``due_at`` is given, queue a run of the schedule's
         workflow for that due time under idempotency ``key``, in one transaction.
 
+        The run starts in the schedule's queue, if it has one (within its limits).
+
         Returns the run's id if this call started it; None if another caller moved
         the schedule first (or paused it), or ``due_at`` is None (nothing to start:
         a skipped time), or the key names a run already.
@@ -203,13 +232,20 @@ class ScheduleTables(Connection):
             )
             if cur.rowcount != 1 or due_at is None:
                 return None
-            cur.execute("SELECT workflow, input FROM ms_schedules WHERE name = ?", (name,))
-            workflow, encoded = cur.fetchone()
+            cur.execute("SELECT workflow, input, queue FROM ms_schedules WHERE name = ?", (name,))
+            workflow, encoded, queue = cur.fetchone()
+            if queue is not None:
+                # Every queue a run names has a row: the claim finds queues by them.
+                cur.execute(
+                    "INSERT INTO ms_queues (name, updated_at) VALUES (?, ?)"
+                    " ON CONFLICT (name) DO NOTHING",
+                    (queue, now),
+                )
             cur.execute(
                 "INSERT INTO ms_runs (id, workflow, idem_key, status, input, created_at,"
-                " updated_at, version, schedule) VALUES (?, ?, ?, 'queued', ?, ?, ?, ?, ?)"
-                " ON CONFLICT (idem_key) DO NOTHING",
-                (run_id, workflow, key, encoded, now, now, version, name),
+                " updated_at, version, schedule, queue) VALUES (?, ?, ?, 'queued', ?, ?, ?, ?,"
+                " ?, ?) ON CONFLICT (idem_key) DO NOTHING",
+                (run_id, workflow, key, encoded, now, now, version, name, queue),
             )
             if cur.rowcount != 1:
                 return None

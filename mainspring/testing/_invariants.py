@@ -31,6 +31,15 @@ The invariants:
   the output a reader of the run's live token stream assembles (docs/streaming.md:
   the attempt shown last, dropped when it ends ``interrupted``) is the journaled
   reply's text and tool calls, when that stream ended ``done``.
+* **child ends delivered**: a run that waits for a child's end (``child:<id>``, a
+  parent or a fork holding the child's start) while that child has ended (or is gone)
+  has that end stored for it, unconsumed: otherwise it would wait for ever, and the
+  liveness check, which sees a wait with a reason, would not notice.
+* **one run per due time, none early, none skipped**: no run of a schedule for a
+  due time after ``now`` (or created before its due time), and no schedule (not
+  paused) whose next due time is past the first time its cron names after ``now``:
+  the times it jumped over would start nothing. (One run per due time is the run
+  key's uniqueness: ``schedule:<name>:<due time>``.)
 """
 
 from __future__ import annotations
@@ -42,7 +51,9 @@ from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ..storage import FINISHED, Store
+from .._cron import next_due
+from .._keys import schedule_key_due
+from ..storage import CHILD_SIGNAL_PREFIX, FINISHED, Store, split_wait_signals
 from ._faults import FaultyStore
 from ._ledger import EffectLedger
 from ._stream_invariant import stream_mismatches
@@ -66,6 +77,9 @@ ViolationKind = Literal[
     "duplicate_event",
     "orphan",
     "stream_mismatch",
+    "child_end_undelivered",
+    "schedule_early",
+    "schedule_skipped",
 ]
 
 
@@ -103,6 +117,9 @@ class _Run:
     lease_until: float | None
     parent: str | None = None
     parent_close: str | None = None
+    schedule: str | None = None
+    key: str | None = None
+    created_at: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +167,9 @@ def _read_state(
             r.lease_until,
             r.parent if r.parent_kind == "child" else None,
             r.parent_close,
+            r.schedule,
+            r.key,
+            r.created_at,
         )
         for rid, r in snap.runs.items()
     }
@@ -213,6 +233,12 @@ class StoreHistory:
         with self._lock:
             self.reopened.add(run_id)
 
+    def seen_finished(self, run_id: str) -> bool:
+        """Whether a capture saw this run finished (so that a test can tell a run
+        ``prune`` deleted legitimately from one that vanished while it ran)."""
+        with self._lock:
+            return run_id in self._finished
+
     def after_commit(self, store: Store) -> Any:
         """A ``FaultyStore(after_call=...)`` hook that captures the runs each
         successful ``commit`` (and every run-changing call) touched, reading
@@ -222,7 +248,7 @@ class StoreHistory:
             if method == "commit":
                 batch = kwargs.get("batch", args[0] if args else [])
                 self.capture(store, {w.run_id for w in batch})
-            elif method in ("cancel", "send_signal", "retry_run", "claim", "release"):
+            elif method in ("cancel", "send_signal", "retry_run", "claim", "release", "prune"):
                 self.capture(store)
 
         return hook
@@ -368,6 +394,8 @@ def check_invariants(
             _inner(store), run.id, replies, finished=run.status in FINISHED
         ):
             found.append(Violation(kind="stream_mismatch", run_id=run.id, detail=detail))
+        found += _child_end_delivered(store, run, runs, pending.get(run.id, set()))
+    found += _schedules(store, runs, now)
     found += _signals(store, steps, run_ids)
     found += _events(store, run_ids, set() if history is None else history.reopened)
     if ledger is not None:
@@ -443,6 +471,72 @@ def _orphan(run: _Run, runs: dict[str, _Run]) -> list[Violation]:
         return []
     detail = f"still {run.status}, not asked to cancel, while its parent {parent.id} is "
     return [Violation(kind="orphan", run_id=run.id, detail=detail + parent.status)]
+
+
+def _child_end_delivered(
+    store: Store, run: _Run, runs: dict[str, _Run], pending: set[str]
+) -> list[Violation]:
+    """A run waiting for the end of a child that has ended (or is gone) has that end
+    stored for it, unconsumed (a run asked to cancel is the ``uncancelled`` check's)."""
+    if run.status != "waiting" or run.cancel_requested:
+        return []
+    found: list[Violation] = []
+    for name in split_wait_signals(run.wait_signal):
+        if not name.startswith(CHILD_SIGNAL_PREFIX) or name in pending:
+            continue
+        child_id = name[len(CHILD_SIGNAL_PREFIX) :]
+        known = runs.get(child_id)
+        status = known.status if known is not None else None
+        if known is None:
+            record = _inner(store).get_run(child_id)
+            status = None if record is None else record.status
+        if status is None or status in FINISHED:
+            ended = "no longer exists" if status is None else f"ended {status}"
+            found.append(
+                Violation(
+                    kind="child_end_undelivered",
+                    run_id=run.id,
+                    detail=f"waits for child {child_id}, which {ended}, and no end of it is "
+                    "stored for this run: it would wait for ever",
+                )
+            )
+    return found
+
+
+def _schedules(store: Store, runs: dict[str, _Run], now: float) -> list[Violation]:
+    """One run per due time, none early, none skipped (see the module)."""
+    found: list[Violation] = []
+    for run in runs.values():
+        if run.schedule is None or run.key is None:
+            continue
+        due = schedule_key_due(run.key, run.schedule)
+        if due is None:
+            continue
+        if due > now or run.created_at < due:
+            when = f"at {run.created_at!r}" if run.created_at < due else f"by {now!r}"
+            found.append(
+                Violation(
+                    kind="schedule_early",
+                    run_id=run.id,
+                    detail=f"schedule {run.schedule!r} started it for {due!r}, {when}: "
+                    "before its due time",
+                )
+            )
+    for sched in _inner(store).list_schedules():
+        if sched.paused:
+            continue
+        first = next_due(sched.cron, sched.tz, now)
+        if sched.next_at > first:
+            found.append(
+                Violation(
+                    kind="schedule_skipped",
+                    run_id=sched.last_run,
+                    detail=f"schedule {sched.name!r} is next due at {sched.next_at!r}, past "
+                    f"{first!r}, the first time {sched.cron!r} names after {now!r}: that "
+                    "time would start nothing",
+                )
+            )
+    return found
 
 
 def _pending_signals(store: Store, run_ids: Collection[str] | None) -> dict[str, set[str]]:

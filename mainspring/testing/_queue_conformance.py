@@ -130,6 +130,34 @@ class QueueConformance:
             # A woken run goes before the queue's fresh runs.
             assert self._ids(self._claim(s, now=T0 + 15)) == ["r0"]
 
+    def test_a_run_sleeping_on_a_retry_back_off_keeps_its_slot(self) -> None:
+        """In progress is running or backing off between attempts: the back-off keeps
+        its slot (and its key's), and starts again once due without needing room;
+        a wait for a signal (a person, a child) gives it up."""
+        with self.store() as s:
+            s.declare_queue("q", concurrency=2, per_key=1, now=T0)
+            self._queued(s, "r0", key="a", now=T0)
+            self._queued(s, "r1", key="b", now=T0 + 1)
+            self._queued(s, "r2", key="c", now=T0 + 2)
+            self._queued(s, "r3", key="a", now=T0 + 3)
+            r0, r1 = self._claim(s, now=T0 + 10)
+            back_off = RunTransition(
+                kind="suspend", status="sleeping", wake_at=T0 + 60, keeps_slot=True
+            )
+            assert s.commit([RunWrite(run_id="r0", epoch=r0.epoch, transition=back_off)], T0)[0].ok
+            assert self._claim(s, now=T0 + 11) == []  # r0 and r1 are in progress
+            [q] = s.queues()
+            assert (q.running, q.retrying, q.waiting, q.queued) == (1, 1, 1, 2)
+            # A wait for a signal gives the slot up: r2 starts, and the queue is full.
+            wait = RunTransition(kind="suspend", status="waiting", wait_signal="go")
+            assert s.commit([RunWrite(run_id="r1", epoch=r1.epoch, transition=wait)], T0)[0].ok
+            assert self._ids(self._claim(s, now=T0 + 12)) == ["r2"]
+            # Due, r0 starts again though no slot is free (it kept its own), by sweep
+            # or by id; r3 (key a, which r0 holds) still waits.
+            assert self._claim(s, now=T0 + 61, run_id="r3") == []
+            assert self._ids(self._claim(s, now=T0 + 61, run_id="r0")) == ["r0"]
+            assert s.get_run("r3").status == "queued"  # type: ignore[union-attr]
+
     def test_a_takeover_keeps_its_slot(self) -> None:
         with self.store() as s:
             s.declare_queue("q", concurrency=1, now=T0)
