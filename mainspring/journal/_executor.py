@@ -136,6 +136,12 @@ async def _end(
     except (StoreUnavailable, StoreError) as exc:
         log.warning("run %s: cannot commit its %s (%s)", run.id, transition.kind, safe_str(exc))
         return "abandoned"
+    if transition.kind == "finish" and cur.cancel and outcome != "cancelled":
+        # Asked to cancel before its end committed: the store ended it cancelled.
+        log.info(
+            "run %s: cancelled before it could end %s; its result is discarded", run.id, outcome
+        )
+        return "cancelled"
     if outcome is not None:
         return outcome
     return replace(run, session=run.session + 1, handoff=transition.handoff, recoveries=0)

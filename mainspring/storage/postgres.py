@@ -44,13 +44,15 @@ _MIGRATION_LOCK = 0x6D736D6967726174
 
 # The fence of a one-round-trip commit (see ``PostgresStore._fenced``): ordered, so
 # that concurrent commits lock rows in one order; ``id = ANY`` makes it look the runs
-# up by key rather than scan every running one.
+# up by key rather than scan every running one. The runs of the last parameter must
+# not have been asked to cancel (they end otherwise, see ``not_cancelled``).
 _FENCE = (
     "SELECT coalesce(array_agg(f.id), '{}'), coalesce(array_agg(f.cancel_requested), '{}'),"
     " 1 / CAST(count(*) = %s AS INT) FROM (SELECT r.id, r.cancel_requested FROM ms_runs r"
     " JOIN unnest(CAST(%s AS TEXT[]), CAST(%s AS BIGINT[])) AS h(id, epoch)"
     " ON r.id = h.id AND r.epoch = h.epoch"
     " WHERE r.id = ANY(CAST(%s AS TEXT[])) AND r.status = 'running'"
+    " AND (r.cancel_requested = 0 OR NOT r.id = ANY(CAST(%s AS TEXT[])))"
     " ORDER BY r.id FOR UPDATE OF r SKIP LOCKED) f"
 )
 # The same, for a batch of several runs that ends runs: it locks the rows those ends
@@ -295,12 +297,14 @@ class PostgresStore(Store):
         *,
         lock: Callable[[Cursor], None] | None = None,
         parents_of: Sequence[str] = (),
+        not_cancelled: Sequence[str] = (),
     ) -> dict[str, bool] | None:
         """BEGIN, the fence, ``write``'s statements and COMMIT in one pipeline: one
         round trip. The fence locks the runs that are ``running`` at their epochs
-        (``SKIP LOCKED``: a row another transaction holds counts as failed) and
-        divides by zero unless it locked them all, which aborts the transaction
-        before anything after it runs."""
+        (``SKIP LOCKED``: a row another transaction holds counts as failed; so does
+        a run of ``not_cancelled`` asked to cancel) and divides by zero unless it
+        locked them all, which aborts the transaction before anything after it
+        runs."""
         try:
             with self._pool.connection() as conn:
                 fence, cur = conn.cursor(), conn.cursor()
@@ -316,7 +320,13 @@ class PostgresStore(Store):
                             cur.execute("BEGIN")
                             if lock is not None:
                                 lock(_Cursor(cur))
-                            params = (len(runs), ids, [e for _, e in runs], ids)
+                            params = (
+                                len(runs),
+                                ids,
+                                [e for _, e in runs],
+                                ids,
+                                list(not_cancelled),
+                            )
                             if parents_of:
                                 fence.execute(_FENCE_PARENTS, (list(parents_of), *params))
                             else:

@@ -27,6 +27,10 @@ The invariants:
   ``started`` or ``retrying``.
 * **no orphans**: a child run started with ``on_parent_close="cancel"`` whose parent
   has ended has ended too, or has been asked to cancel.
+* **an acknowledged cancel is honoured**: a run asked to cancel (``cancel_requested``,
+  which a cancel sets only on a run that has not ended, answering it was asked) ends
+  ``cancelled``, never ``succeeded`` or ``failed``: a finish that committed first
+  leaves the flag unset, and the cancel answered with that end.
 """
 
 from __future__ import annotations
@@ -60,6 +64,7 @@ ViolationKind = Literal[
     "unended_row",
     "duplicate_event",
     "orphan",
+    "cancel_ignored",
 ]
 
 
@@ -341,6 +346,15 @@ def check_invariants(
                         )
                     )
         found += _orphan(run, runs)
+        if run.cancel_requested and run.status in FINISHED and run.status != "cancelled":
+            found.append(
+                Violation(
+                    kind="cancel_ignored",
+                    run_id=run.id,
+                    detail=f"asked to cancel (the cancel answered that it was asked), yet "
+                    f"it ended {run.status} (error {run.error!r})",
+                )
+            )
     found += _signals(store, steps, run_ids)
     found += _events(store, run_ids, set() if history is None else history.reopened)
     if ledger is not None:
