@@ -13,14 +13,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import time
 from collections.abc import Iterator
 
+import pg
 import pytest
 
 import mainspring as ms
 from mainspring.storage import RunTransition, RunWrite, StepRecord, Store, open_store
-from mainspring.testing import check_invariants
+from mainspring.testing import Fault, FaultyStore, check_invariants
 
 
 @pytest.fixture
@@ -153,3 +155,166 @@ def test_a_dead_letter_of_a_run_asked_to_cancel_ends_it_cancelled(store: Store) 
     assert (run.status, run.epoch) == ("cancelled", epoch + 1)
     assert json.loads(run.error or "null")["message"] == "asked"
     assert check_invariants(store, run_ids=["p"]) == []
+
+
+# -- a cancel that reaches the worker while a run commits how it leaves ------------------
+
+
+@pytest.mark.parametrize("sticky", [True, False])
+async def test_a_cancel_reaching_the_worker_during_a_suspend_commit_loses_nothing(
+    db_url: str, sticky: bool
+) -> None:
+    """The parent suspends to wait for its child while its row is held elsewhere (the
+    cancel's cascade, a child's end): its commit is answered busy and retried. The
+    cancel, asked meanwhile, reaches its worker through a heartbeat during the retry.
+    Before, the worker stopped the execution there: nothing was written, the run
+    stayed running with nobody holding it until its lease expired, and the takeover
+    charged a recovery to a run whose worker never died. Now the suspension commits,
+    reads the request and wakes the run at once, which is then cancelled."""
+    inner = open_store(db_url)
+    parent: list[str] = []
+    box: list[ms.Worker] = []
+
+    def seen() -> bool:  # the worker has the cancel in hand (a heartbeat brought it)
+        active = box[0]._active.get(parent[0]) if box and parent else None
+        return active is not None and active.control.reason == "cancel"
+
+    def held(args: tuple[object, ...], kwargs: dict[str, object]) -> bool:
+        batch = kwargs.get("batch", args[0] if args else [])
+        return (
+            isinstance(batch, list)
+            and not seen()
+            and any(
+                isinstance(w, RunWrite)
+                and w.run_id in parent
+                and w.transition is not None
+                and w.transition.kind == "suspend"
+                for w in batch
+            )
+        )
+
+    answers: list[str] = []
+
+    def cancel() -> None:
+        if not answers:
+            answers.append(inner.cancel(parent[0], time.time(), "stop"))
+
+    fault = Fault(kind="locked", when=held, times=10**6, during=cancel)
+    app = ms.App(FaultyStore(inner, [fault]), lease_s=5.0, heartbeat_s=0.02, poll_interval_s=0.02)
+
+    @app.workflow
+    async def kid(ctx: ms.RunContext) -> str:
+        return str(await ctx.wait_for("never"))
+
+    @app.workflow
+    async def waits_for_kid(ctx: ms.RunContext) -> str:
+        return await ctx.child(kid)
+
+    try:
+        parent.append(app.submit(waits_for_kid).run_id)
+        worker = app.worker(sticky=sticky)
+        box.append(worker)
+        await asyncio.wait_for(worker.run(until_idle=True), 30)
+        assert answers == ["running"] and fault.hits >= 1
+        run = app.get_run(parent[0])
+        assert (run.status, run.recoveries) == ("cancelled", 0), run
+        assert "lost" not in worker.stats.outcomes, worker.stats.outcomes
+        assert [c.status for c in app.children(parent[0])] == ["cancelled"]
+    finally:
+        app.close()
+
+
+@pytest.fixture
+def pg_url(db_url: str) -> str:
+    if not db_url.startswith("postgresql"):
+        pytest.skip("a race on PostgreSQL's row locks")
+    return db_url
+
+
+async def _parents_cancelled_as_children_end(dsn: str, rounds: int, parents: int) -> dict[str, int]:
+    """Parents each wait for two short children (a sticky suspension while the
+    children's ends lock the parent's row) while another thread cancels each at a
+    random moment once its children exist; heartbeats come often, so that cancels
+    reach the worker while a suspension is being committed."""
+    seen = {"parents": 0, "asked": 0, "lost": 0, "takeovers": 0}
+    for _ in range(rounds):
+        pg.reset(dsn)
+        await _cancel_round(dsn, parents, seen)
+    # No run of a live worker was dropped as lost, nor charged a recovery.
+    assert (seen["lost"], seen["takeovers"]) == (0, 0), seen
+    return seen
+
+
+async def _cancel_round(dsn: str, parents: int, seen: dict[str, int]) -> None:
+    def count_takeovers(method: str, args: object, kwargs: object, result: object) -> None:
+        if method == "claim":  # a claim of a running run whose lease expired
+            seen["takeovers"] += sum(1 for r in result if r.recoveries)  # type: ignore[attr-defined]
+
+    outside = open_store(dsn)
+    store = FaultyStore(open_store(dsn), after_call=count_takeovers)
+    app = ms.App(store, lease_s=3.0, heartbeat_s=0.05, poll_interval_s=0.02)
+
+    async def work(n: int) -> int:
+        await asyncio.sleep(random.uniform(0, 0.01))
+        return n
+
+    @app.workflow
+    async def kid(ctx: ms.RunContext, n: int) -> int:
+        return await ctx.step(work, n)
+
+    @app.workflow
+    async def parent(ctx: ms.RunContext, n: int) -> int:
+        a, b = await asyncio.gather(ctx.child(kid, n), ctx.child(kid, n + 1))
+        return a + b
+
+    ids = [app.submit(parent, i).run_id for i in range(parents)]
+    answers: dict[str, str] = {}
+
+    def cancel() -> None:
+        left, deadline = list(ids), time.monotonic() + 60
+        while left and time.monotonic() < deadline:
+            for rid in list(left):
+                started = len(outside.list_runs(parent=rid, summary=True)) == 2
+                if started and random.random() < 0.3:
+                    time.sleep(random.uniform(0, 0.01))
+                    answers[rid] = outside.cancel(rid, time.time(), "race")
+                    left.remove(rid)
+            time.sleep(0.001)
+        ends = time.monotonic() + 30
+        while time.monotonic() < ends and not all(
+            outside.get_run(r).finished  # type: ignore[union-attr]
+            for r in ids
+        ):
+            time.sleep(0.05)
+
+    try:
+        worker = app.worker(concurrency=256)
+        task = asyncio.create_task(worker.run())
+        try:
+            await asyncio.to_thread(cancel)
+        finally:
+            worker.request_stop()
+            await asyncio.wait_for(task, 30)
+        seen["parents"] += len(ids)
+        seen["asked"] += sum(1 for a in answers.values() if a == "running")
+        seen["lost"] += worker.stats.outcomes.get("lost", 0)
+        assert check_invariants(outside) == []
+        for rid in ids:
+            run = outside.get_run(rid)
+            assert run is not None and run.finished, run
+            if answers.get(rid) == "running":
+                assert run.status == "cancelled", run
+    finally:
+        outside.close()
+        app.close()
+
+
+async def test_parents_cancelled_as_their_children_end_are_never_lost(pg_url: str) -> None:
+    seen = await _parents_cancelled_as_children_end(pg_url, rounds=2, parents=20)
+    print(f"\nparents cancelled as their children end: {seen}")
+
+
+@pytest.mark.slow
+async def test_parents_cancelled_as_their_children_end_are_never_lost_many(pg_url: str) -> None:
+    seen = await _parents_cancelled_as_children_end(pg_url, rounds=25, parents=40)
+    print(f"\nparents cancelled as their children end: {seen}")
