@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from .._errors import (
@@ -88,6 +88,9 @@ class Cursor:
         self.parked: dict[int, Parked] = {}
         # Called on activity while some wait is parked (the waits watch for quiet).
         self.on_parked_activity: Callable[[], None] = _nothing
+        # Step attempts the engine stopped while their sync function still ran on a
+        # thread: each journals how its thread ended before the run's outcome commits.
+        self.leftovers: list[Callable[[], Awaitable[None]]] = []
 
     # -- position ---------------------------------------------------------------------
 
@@ -373,6 +376,14 @@ class Cursor:
             self.cancel = True
 
     # -- the end ----------------------------------------------------------------------
+
+    async def leftovers_ended(self) -> None:
+        """Wait for the threads of step attempts the engine stopped (each until its
+        step's timeout) and buffer how each ended, before the run's outcome commits:
+        no step of a finished run is still running (but past its timeout)."""
+        leftovers, self.leftovers = self.leftovers, []
+        if leftovers:
+            await asyncio.gather(*(ended() for ended in leftovers))
 
     async def settle(self) -> None:
         """Before the run's outcome is committed: no task may act for it any more.

@@ -131,6 +131,7 @@ async def _end(
     transition, outcome = decided
     control.committing = True  # a cancel asked now is the store's to honour
     try:
+        await cur.leftovers_ended()  # steps the end stopped, still on their threads
         await cur.flush(transition)
     except LeaseLost as exc:
         _refused(run, transition, exc)
