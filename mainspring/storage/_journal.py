@@ -212,7 +212,8 @@ class JournalTables(Connection):
             ending = _ending(batch)
             cancel = self._fenced(
                 [(w.run_id, w.epoch) for w in batch],
-                lambda cur: self._apply(cur, [(w, False) for w in batch], now),
+                # Never ends touching each other (the fence refuses those): no order.
+                lambda cur: self._apply(cur, [(w, False) for w in batch], now, ordered=False),
                 lock=(lambda cur: lock_closed_children(self, cur, ending)) if ending else None,
                 parents_of=ending if len(batch) > 1 else (),
                 not_cancelled=[w.run_id for w in batch if _ends(w, but="cancelled")],
@@ -221,13 +222,16 @@ class JournalTables(Connection):
             return None
         return [WriteResult(ok=True, cancel_requested=cancel[w.run_id]) for w in batch]
 
-    def _apply(self, cur: Cursor, writes: list[tuple[RunWrite, bool]], now: float) -> None:
+    def _apply(
+        self, cur: Cursor, writes: list[tuple[RunWrite, bool]], now: float, *, ordered: bool = True
+    ) -> None:
         """The writes of runs whose fence held, with whether each was asked to
-        cancel: journal rows, consumed signals, the recovery reset, the transition."""
+        cancel: journal rows, consumed signals, the recovery reset, the transition
+        (``ordered``: the ends of children before their parents')."""
         step_rows = [_step_params(s) for w, _ in writes for s in w.steps]
         if step_rows:
             cur.executemany(_UPSERT_STEP, step_rows)
-        for w, cancel_requested in writes:
+        for w, cancel_requested in _deepest_first(cur, writes) if ordered else writes:
             for signal_id, by in w.consume:
                 cur.execute(
                     "UPDATE ms_signals SET consumed_at = ?, consumed_by = ? WHERE id = ?"
@@ -408,6 +412,32 @@ def _event_run(status: str, t: RunTransition) -> dict[str, Any]:
     if t.error is not None:
         run["error"] = loads(t.error)
     return run
+
+
+def _deepest_first(cur: Cursor, writes: list[tuple[RunWrite, bool]]) -> list[tuple[RunWrite, bool]]:
+    """``writes`` with the ends of runs deeper in a tree of child runs first.
+
+    A run's end cancels its unfinished children (``close_children``): a child whose own
+    end is in the same batch must end first, as it would have in a commit of its own,
+    or the cascade would ask it to cancel under the end it is about to commit (which
+    was decided without that request, under the fence read before). Only a batch that
+    ends several runs reads anything (the one-round-trip commit refuses a batch whose
+    ends touch each other's rows, so it never needs this)."""
+    ending = [w.run_id for w, _ in writes if _ends(w)]
+    if len(ending) < 2:
+        return writes
+    cur.execute(
+        "WITH RECURSIVE up (id, node, depth) AS ("
+        f" SELECT id, id, 0 FROM ms_runs WHERE id IN ({', '.join('?' * len(ending))})"
+        " UNION ALL SELECT up.id, r.parent, up.depth + 1 FROM up JOIN ms_runs r"
+        " ON r.id = up.node WHERE r.parent_kind = 'child' AND r.parent IS NOT NULL"
+        " AND up.depth < 1000)"
+        " SELECT id, max(depth) FROM up GROUP BY id",
+        ending,
+    )
+    depth = {rid: d for rid, d in cur.fetchall()}
+    # Stable: writes that end nothing, or at one depth, keep the batch's order.
+    return sorted(writes, key=lambda x: -depth.get(x[0].run_id, 0) if _ends(x[0]) else 0)
 
 
 def _ending(batch: Sequence[RunWrite]) -> list[str]:

@@ -59,7 +59,9 @@ _FENCE = (
 # write besides their own too (parents and their forks told, children cancelled:
 # ``told_rows_sql``; ``SKIP LOCKED``, see ``lock_parents``), and divides by zero
 # unless it locked every one, so that those writes never wait while the batch holds
-# its runs.
+# its runs. It also refuses a batch one of whose ends writes another's row (a parent
+# ending with its child): their ends must apply child first (see ``_deepest_first``),
+# which the statement by statement commit does.
 _FENCE_PARENTS = (
     told_rows_sql("id = ANY(CAST(%s AS TEXT[]))")
     + ", want AS (SELECT DISTINCT h.id FROM told h JOIN ms_runs x ON x.id = h.id),"
@@ -68,6 +70,7 @@ _FENCE_PARENTS = (
     + _FENCE.replace(
         "1 / CAST(count(*) = %s AS INT)",
         "1 / CAST(count(*) = %s AND (SELECT count(*) FROM got) = (SELECT count(*) FROM want)"
+        " AND NOT EXISTS (SELECT 1 FROM want w JOIN tree t ON t.id = w.id AND t.root = t.id)"
         " AS INT)",
     )
 )
@@ -458,16 +461,33 @@ class PostgresStore(Store):
         self, runs: list[tuple[str, int]], at: str, at_params: list[Any], lease_s: float
     ) -> set[str]:
         """Extend leases whose rows were locked a moment ago, waiting a little for them.
-        Returns those asked to cancel."""
+        Returns those asked to cancel.
+
+        Waiting, it locks them in the order a cascade does (``lock_closed_children``),
+        a child before its parent (their paths from the root of their tree of child
+        runs, descending): the order a child's end takes too (its row, then its
+        parent's), so a beat never holds a parent while it waits for a child whose end
+        waits for that parent. In no set order, the lock timeout broke that cycle:
+        the child's end stalled and the beat extended none of the leases it waited for."""
         try:
             with self._write() as cur:
                 cur.execute("SET LOCAL lock_timeout = '500ms'")
                 cur.execute(
-                    f"UPDATE ms_runs r SET lease_until = {at} + ?"
-                    " FROM unnest(CAST(? AS TEXT[]), CAST(? AS BIGINT[])) AS h(id, epoch)"
-                    " WHERE r.id = h.id AND r.epoch = h.epoch AND r.status = 'running'"
-                    " RETURNING r.id, r.cancel_requested",
-                    (*at_params, lease_s, [r for r, _ in runs], [e for _, e in runs]),
+                    "WITH RECURSIVE held AS (SELECT * FROM unnest(CAST(? AS TEXT[]),"
+                    " CAST(? AS BIGINT[])) AS h(id, epoch)),"
+                    " up (id, node, depth) AS (SELECT id, id, 0 FROM held UNION ALL"
+                    " SELECT up.id, r.parent, up.depth + 1 FROM up JOIN ms_runs r"
+                    " ON r.id = up.node WHERE r.parent_kind = 'child' AND r.parent IS NOT NULL"
+                    " AND up.depth < 1000),"
+                    " paths AS (SELECT id, array_agg(node ORDER BY depth DESC) AS path"
+                    " FROM up GROUP BY id),"
+                    " locked AS MATERIALIZED (SELECT r.id FROM ms_runs r"
+                    " JOIN held ON held.id = r.id AND held.epoch = r.epoch"
+                    " JOIN paths ON paths.id = r.id WHERE r.status = 'running'"
+                    " ORDER BY paths.path DESC FOR UPDATE OF r)"
+                    f" UPDATE ms_runs r SET lease_until = {at} + ? FROM locked"
+                    " WHERE r.id = locked.id RETURNING r.id, r.cancel_requested",
+                    ([r for r, _ in runs], [e for _, e in runs], *at_params, lease_s),
                 )
                 return {rid for rid, cancel in cur.fetchall() if cancel}
         except StoreUnavailable as exc:
