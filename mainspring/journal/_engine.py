@@ -84,6 +84,12 @@ class Engine:
     interceptors: tuple[StepInterceptor, ...] = ()
     # starts child runs (``ctx.child``); None: this engine cannot (no App behind it)
     children: ChildStarter | None = None
+    # The lease a worker holds its runs by (None: no worker, no lease). A step function
+    # about to start more than half a lease after its run was last proven this
+    # execution's (a commit the fence let through) proves it again first: a worker
+    # frozen between a step's intent and its function, and thawed after another took
+    # the run over, starts nothing of a run it no longer holds.
+    lease_s: float | None = None
 
 
 @dataclass(slots=True)

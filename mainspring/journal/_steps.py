@@ -211,6 +211,7 @@ class Steps:
         cur.no_steps.clear()
         step.thread = None
         try:
+            await cur.prove(started)  # frozen since its intent? still ours?
             interceptors = cur.engine.interceptors
             if interceptors:
                 call = StepCall(info=info, fn=step.fn, args=step.args, kwargs=step.kwargs)

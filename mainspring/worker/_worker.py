@@ -195,6 +195,7 @@ class Worker:
         )
         threads = ThreadPoolExecutor(max_workers=64, thread_name_prefix="mainspring-step")
         engine = app.engine(committer, threads)
+        engine.lease_s = app.lease_s
         app.telemetry.worker_load(self.worker_id, 0, self.concurrency)
         loop = asyncio.get_running_loop()
         beater = self._beater = Beater(
