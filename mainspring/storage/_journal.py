@@ -251,8 +251,10 @@ class JournalTables(Connection):
         if t is None:
             return WriteResult(ok=False)
         if t.kind == "finish" and epoch == w.epoch + 1 and status == "cancelled":
-            # Only this writer's finish ends its run at epoch + 1 as cancelled: as it
-            # asked, or because a cancel was asked before it (it keeps that reason).
+            # Only this writer's finish ends its run at epoch + 1 as cancelled (as it
+            # asked, or honouring a cancel asked before it: the run keeps that reason),
+            # or a claim that found the run asked to cancel and out of recoveries:
+            # either way the run ended as this finish would have left it.
             return WriteResult(ok=True, already=True, cancel_requested=True)
         if status != t.status:
             return WriteResult(ok=False)
