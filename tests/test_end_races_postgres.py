@@ -233,3 +233,40 @@ def test_the_depth_race_ends_the_same_on_sqlite(tmp_path: Path) -> None:
         _no_deadlocks(lambda: _depth_round(s), 10)
     finally:
         s.close()
+
+
+# -- a cancel that comes too late changes nothing ------------------------------------------
+
+
+def test_a_cancel_that_finds_its_run_ended_changes_nothing(store: Store, pg_url: str) -> None:
+    """The parent's end and a cancel of it both lock its running child first. The end
+    gets there first (the cancel queues behind it), ends the parent and asks the child
+    to cancel because its parent succeeded. The cancel then took the child too, wrote
+    its own reason over that, and only then found the parent ended: it answered that it
+    came too late, yet had changed the child. Now it rolls back and changes nothing."""
+    parent = uuid.uuid4().hex
+    epoch = _running(store, parent)
+    child = uuid.uuid4().hex
+    _running(store, child, parent)
+    end = RunWrite(
+        run_id=parent, epoch=epoch,
+        transition=RunTransition(kind="finish", status="succeeded", output='"ok"'),
+    )  # fmt: skip
+    with psycopg.connect(pg_url, autocommit=True) as monitor, psycopg.connect(pg_url) as hold:
+        hold.execute("SELECT 1 FROM ms_runs WHERE id = %s FOR UPDATE", (child,))
+        ending = _Thread(lambda: store.commit([end], time.time()))
+        ending.start()
+        _until_waiting(monitor, 1)  # the end waits for the child's row first ...
+        cancel = _Thread(lambda: store.cancel(parent, time.time(), "too late"))
+        cancel.start()
+        _until_waiting(monitor, 2)  # ... and the cancel behind it
+        hold.commit()
+        ending.join(GIVE_UP_S)
+        cancel.join(GIVE_UP_S)
+    assert (ending.error, cancel.error) == (None, None)
+    assert cancel.result == "succeeded"  # too late, and it says so
+    run = store.get_run(parent)
+    assert run is not None and (run.status, run.cancel_requested) == ("succeeded", False)
+    kid = store.get_run(child)
+    assert kid is not None and kid.cancel_requested  # asked by its parent's end ...
+    assert f"its parent run {parent!r} succeeded" in (kid.error or "")  # ... and only by it
