@@ -279,7 +279,11 @@ def test_a_parent_and_its_child_ending_at_once_never_deadlock(db_url: str):
 
             with ThreadPoolExecutor(2) as pool:
                 assert list(pool.map(end, held)) == [True, True]
-            assert store.get_run(f"c{i}").status == "succeeded"  # type: ignore[union-attr]
+            child = store.get_run(f"c{i}")
+            assert child is not None
+            # Ended first, or asked to cancel by its parent's end (then its own end,
+            # already sent, ends it cancelled).
+            assert child.status == ("cancelled" if child.cancel_requested else "succeeded")
     finally:
         store.close()
 

@@ -60,6 +60,7 @@ EXPECTED = {
     "waiter": "succeeded",
     "sessions": "succeeded",
     "cancel_me": "cancelled",
+    "cancel_last": "cancelled",
     "retried": "succeeded",
     "poison": "failed",
     "tree": "succeeded",
@@ -140,6 +141,12 @@ def build(inner: Store, ledger_path: Path, faults: list[Fault]) -> Scenario:
     def crash() -> None:
         raise Crash
 
+    def cancel_self() -> str:
+        # Asked while the run's last step runs: answered "running" (or "cancelled"
+        # when a fault made the run leave its worker meanwhile), and the run's end
+        # must honour it.
+        return app.cancel(ms.current_step().run_id, "during the last step")
+
     @app.workflow
     async def modes(ctx: ms.RunContext, n: int) -> dict[str, Any]:
         a = await ctx.step(pay, n)
@@ -173,6 +180,11 @@ def build(inner: Store, ledger_path: Path, faults: list[Fault]) -> Scenario:
         await ctx.step(pay, 7, name="before_cancel")
         await ctx.wait_for("never")
         return "not cancelled"
+
+    @app.workflow
+    async def cancel_last(ctx: ms.RunContext) -> str:
+        await ctx.step(pay, 3, name="before_last")
+        return await ctx.step(cancel_self, name="last")
 
     @app.workflow
     async def retried(ctx: ms.RunContext) -> str:
@@ -230,6 +242,7 @@ async def drive(s: Scenario) -> None:
         ("waiter", ()),
         ("sessions", ()),
         ("cancel_me", ()),
+        ("cancel_last", ()),
         ("retried", ()),
         ("poison", ()),
         ("tree", ()),

@@ -607,3 +607,57 @@ def test_fork_copies_the_session_it_was_asked_for(store: Store) -> None:
     # hand-off is still session 1's.
     again = store.fork_run(stale, run_id="f2", session=1, upto_seq=0, output=None, now=T0 + 2)
     assert (again.session, again.handoff) == (1, '{"n":1}')
+
+
+@pytest.mark.parametrize("stall", [False, True])
+async def test_a_worker_stalled_after_a_steps_intent_starts_nothing_of_a_run_taken_over(
+    db_url: str, stall: bool
+) -> None:
+    """The process freezes (SIGSTOP, a long pause) right after a step's intent row
+    committed and before its function starts; meanwhile its lease runs out and another
+    worker takes the run over. Thawed, it used to start the function anyway, beside the
+    new holder. Its run last proven its own more than half a lease before, it now sends
+    the intent through the fence again first, finds the run taken and stops."""
+    from mainspring.testing import FaultyStore
+
+    inner = open_store(db_url)
+    clock = ms.FakeClock()
+    calls: list[str] = []
+
+    def takeover(method: str, args: Any, kwargs: Any, result: Any) -> None:
+        batch = kwargs.get("batch", args[0] if args else [])
+        intent = method == "commit" and any(
+            s.name.endswith("charge") and s.status == "started" for w in batch for s in w.steps
+        )
+        if intent and stall and not calls:
+            calls.append("stalled")
+            clock.advance(10.0 + 1)  # past the lease, between the commit and the function
+            inner.claim(
+                worker="other", now=clock.now(), lease_s=10.0, limit=1, workflows=None,
+                max_recoveries=5,
+            )  # fmt: skip
+
+    app = ms.App(
+        FaultyStore(inner, after_call=takeover), clock=clock, lease_s=10.0, poll_interval_s=0.01
+    )
+
+    def charge() -> str:
+        calls.append("charged")
+        return "ok"
+
+    @app.workflow
+    async def pay(ctx: ms.RunContext) -> str:
+        return await ctx.step(charge)
+
+    try:
+        run_id = app.submit(pay).run_id
+        await asyncio.wait_for(app.worker().run(until_idle=True), 30)
+        run = inner.get_run(run_id)
+        assert run is not None
+        if stall:
+            assert calls == ["stalled"]  # the stale worker never charged
+            assert (run.status, run.owner, run.epoch) == ("running", "other", 2)
+        else:  # no stall: no extra commit, nothing in the way
+            assert calls == ["charged"] and run.status == "succeeded"
+    finally:
+        app.close()

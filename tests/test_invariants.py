@@ -226,6 +226,22 @@ def test_nothing_in_flight_after_success_and_one_final_event(store: Store) -> No
     assert _kinds(store) == ["duplicate_event"]
 
 
+def test_an_acknowledged_cancel_is_honoured(store: Store) -> None:
+    rid = _run(store)
+    assert store.cancel(rid, NOW, "stop") == "running"  # acknowledged: asked
+    done = RunTransition(kind="finish", status="succeeded", output='"ok"')
+    store.commit([RunWrite(run_id=rid, epoch=1, transition=done)], NOW)
+    assert _kinds(store) == []  # the finish honoured it: cancelled
+    # A finish that wrote its result over the request (the bug) is what it reports.
+    _sql(store, "UPDATE ms_runs SET status = 'succeeded', output = '1' WHERE id = ?", (rid,))
+    assert _kinds(store) == ["cancel_ignored"]
+    # A finish that committed first leaves no request: the cancel answered its end.
+    other = _run(store, "r2")
+    store.commit([RunWrite(run_id=other, epoch=1, transition=done)], NOW)
+    assert store.cancel(other, NOW, "late") == "succeeded"
+    assert _kinds(store, run_ids=[other]) == []
+
+
 # -- FaultyStore ---------------------------------------------------------------------
 
 

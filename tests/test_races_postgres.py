@@ -331,8 +331,10 @@ class Race:
             error = json.loads(record.error or "null")
             if record.status == "succeeded" and error is not None:
                 problems.append(f"run {rid} succeeded with an error written on it: {error!r}")
-            if self.cancel_answers.get(rid) == "cancelled" and record.status != "cancelled":
-                problems.append(f"cancel() answered 'cancelled' but run {rid} is {record.status}")
+            answer = self.cancel_answers.get(rid)
+            if answer in ("cancelled", "running") and record.status != "cancelled":
+                # "running": asked, and the run's end must honour it (DESIGN.md §11).
+                problems.append(f"cancel() answered {answer!r} but run {rid} is {record.status}")
         return problems
 
     def close(self) -> None:

@@ -144,7 +144,8 @@ class StoreMachine(RuleBasedStateMachine):
             if expired and recoveries > MAX_RECOVERIES:
                 STATS["dead-lettered"] += 1
                 assert got == []
-                self._end(m, "failed")  # dead-lettered
+                # Dead-lettered; one asked to cancel ends as its finish would have.
+                self._end(m, "cancelled" if m.cancel_requested else "failed")
                 return
             [record] = got
             STATS["recovered" if expired else "claimed"] += 1
@@ -231,16 +232,19 @@ class StoreMachine(RuleBasedStateMachine):
         )
         fenced_ok = not stale and m.status == "running"
         # A finish or suspend re-sent after it applied (an ambiguous commit) is answered
-        # ok, already applied, and changes nothing.
-        already = (
-            t is not None
-            and m.status == t.status
-            and (
-                (t.kind == "suspend" and epoch == m.epoch)
-                or (
-                    t.kind == "finish"
-                    and epoch + 1 == m.epoch
-                    and (m.output, m.error) == (t.output, t.error)
+        # ok, already applied, and changes nothing; a finish that a cancel asked before
+        # it turned into a cancel, too.
+        already = t is not None and (
+            (t.kind == "finish" and epoch + 1 == m.epoch and m.status == "cancelled")
+            or (
+                m.status == t.status
+                and (
+                    (t.kind == "suspend" and epoch == m.epoch)
+                    or (
+                        t.kind == "finish"
+                        and epoch + 1 == m.epoch
+                        and (m.output, m.error) == (t.output, t.error)
+                    )
                 )
             )
         )
@@ -262,7 +266,11 @@ class StoreMachine(RuleBasedStateMachine):
             self.signals[sid] = (run, self.signals[sid][1], by)
         if t is None:
             return
-        if t.kind == "finish":
+        if t.kind == "finish" and m.cancel_requested:
+            # A cancel answered "asked" is honoured by the finish: cancelled, the
+            # cancel's reason kept.
+            self._end(m, "cancelled")
+        elif t.kind == "finish":
             self._end(m, str(t.status), output=t.output, error=t.error)
         elif t.kind == "next_session":
             m.session += 1

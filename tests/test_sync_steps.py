@@ -5,12 +5,16 @@ or hung one never holds the event loop, and their context (the current step) is 
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
+from typing import Any
 
 import pytest
 
 import mainspring as ms
+from mainspring.storage import RunWrite, open_store
+from mainspring.testing import FaultyStore
 
 
 def quick(i: int) -> dict[str, object]:
@@ -135,5 +139,121 @@ async def test_after_an_abandoned_step_ends_sync_steps_still_run(app: ms.App) ->
     release.clear()
     try:
         assert await app.run("abandoned_then_quick") == list(range(20))
+    finally:
+        release.set()
+
+
+# -- a sync step the run's end stops: its thread is waited for ---------------------------
+
+
+def _watch_ends(ended: threading.Event, seen: list[bool]) -> Any:
+    """A ``FaultyStore`` hook: whether the sync step had ended (``ended``) at each
+    commit that ended a run."""
+
+    def hook(method: str, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any) -> None:
+        batch = kwargs.get("batch", args[0] if args else [])
+        if method == "commit":
+            seen.extend(ended.is_set() for w in batch if _ends(w))
+
+    return hook
+
+
+def _ends(w: RunWrite) -> bool:
+    return w.transition is not None and w.transition.kind == "finish"
+
+
+@pytest.mark.parametrize("how", ["gather", "cancel"])
+async def test_a_sync_step_the_end_stops_has_ended_before_the_run_ends(
+    db_url: str, how: str
+) -> None:
+    """``gather(step(a), step(b))`` where ``a`` fails and the workflow handles it (or a
+    cancel of the run, which its worker carries out at once, while ``b`` runs): ``b``'s
+    thread cannot be stopped. The run's end waits for it and journals how it ended;
+    before, the run ended at once with ``b`` journaled ``failed (Cancelled)`` while
+    ``b``'s effect happened afterwards."""
+    ended, seen = threading.Event(), list[bool]()
+    store = FaultyStore(open_store(db_url), after_call=_watch_ends(ended, seen))
+    app = ms.App(store, lease_s=5.0, heartbeat_s=0.05, poll_interval_s=0.02)
+    try:
+        await _stopped_sync_step(app, how, ended, seen)
+    finally:
+        app.close()
+
+
+async def _stopped_sync_step(
+    app: ms.App, how: str, ended: threading.Event, seen: list[bool]
+) -> None:
+    finished = threading.Event()
+    effects: list[str] = []
+
+    def fails() -> None:
+        raise ValueError("a fails")
+
+    def effect() -> str:
+        started.set()
+        finished.wait(2.0)  # until the run's end commits (before the fix), or 2 s
+        effects.append("b")
+        ended.set()
+        return "b done"
+
+    started = threading.Event()
+    never = ms.RetryPolicy.never()
+
+    @app.workflow
+    async def wf(ctx: ms.RunContext) -> str:
+        try:
+            if how == "gather":
+                await asyncio.gather(ctx.step(fails, retry=never), ctx.step(effect, name="b"))
+            else:
+                await ctx.step(effect, name="b")
+        except ms.StepFailed:
+            return "handled"
+        return "no"
+
+    run_id = app.submit(wf).run_id
+    worker = app.worker()
+    task = asyncio.create_task(worker.run(until_idle=True))
+    if how == "cancel":
+        await asyncio.to_thread(started.wait, 10)
+        assert app.cancel(run_id, "stop") == "running"
+    await asyncio.wait_for(task, 30)
+    finished.set()
+    assert seen == [True]  # the run's end committed after b's thread returned
+    run = app.get_run(run_id)
+    assert run.status == ("succeeded" if how == "gather" else "cancelled")
+    [b] = [r for r in app.steps(run_id) if r.name == "b"]
+    assert (b.status, b.output) == ("completed", '"b done"')  # what really happened
+    assert effects == ["b"]
+
+
+async def test_a_stopped_sync_step_past_its_timeout_is_journaled_as_unknown(app: ms.App) -> None:
+    release = threading.Event()
+
+    def fails() -> None:
+        raise ValueError("a fails")
+
+    def stuck() -> str:
+        release.wait(10)
+        return "late"
+
+    @app.workflow
+    async def wf(ctx: ms.RunContext) -> str:
+        try:
+            await asyncio.gather(
+                ctx.step(fails, retry=ms.RetryPolicy.never()),
+                ctx.step(stuck, name="stuck", timeout=0.3),
+            )
+        except ms.StepFailed:
+            return "handled"
+        return "no"
+
+    try:
+        run_id = app.submit(wf).run_id
+        await asyncio.wait_for(app.worker().run(until_idle=True), 30)
+        assert app.get_run(run_id).status == "succeeded"
+        [row] = [r for r in app.steps(run_id) if r.name == "stuck"]
+        error = json.loads(row.error or "{}")
+        assert (row.status, error["type"].rsplit(".", 1)[-1]) == ("failed", "StepInterrupted")
+        assert "may or may not take effect" in error["message"]
     finally:
         release.set()

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from .._errors import (
@@ -65,6 +65,9 @@ class Cursor:
         self.consume: list[tuple[int, str]] = []
         self.cancel = run.cancel_requested
         self.reset_recoveries = run.recoveries > 0
+        # When the run was last proven this execution's: claimed, or a commit the
+        # fence let through (see Engine.lease_s).
+        self.proven_at = engine.clock.now()
         # How this execution ends, once the engine has decided (a suspension, a lost
         # lease, a store outage, a cancel, the run's outcome): every later use of the
         # context raises it again, whatever the workflow did with the first one.
@@ -88,6 +91,9 @@ class Cursor:
         self.parked: dict[int, Parked] = {}
         # Called on activity while some wait is parked (the waits watch for quiet).
         self.on_parked_activity: Callable[[], None] = _nothing
+        # Step attempts the engine stopped while their sync function still ran on a
+        # thread: each journals how its thread ended before the run's outcome commits.
+        self.leftovers: list[Callable[[], Awaitable[None]]] = []
 
     # -- position ---------------------------------------------------------------------
 
@@ -347,6 +353,7 @@ class Cursor:
             # have overtaken meanwhile.
             sent = dict(self.pending)
             write = self._write(sent, transition)
+            sent_at = self.now()  # a fence it passes proves the run ours since (at least)
             try:
                 result = await engine.committer.commit(write)
                 if result.busy:  # the run's row is locked elsewhere: back off and retry
@@ -368,6 +375,19 @@ class Cursor:
                 run_id=self.run_id,
             )
         self._committed(sent, write, result.cancel_requested)
+        self.proven_at = sent_at
+
+    async def prove(self, intent: StepRecord) -> None:
+        """Before a step function starts: if the run was last proven this execution's
+        more than half a lease ago (the process was frozen or starved since its
+        ``intent`` row was committed), send that row through the fence again, so that
+        a run taken over meanwhile is found lost (an :class:`_EngineFailure`) before
+        anything of it runs here."""
+        lease = self.engine.lease_s
+        if lease is None or self.now() - self.proven_at <= lease / 2:
+            return
+        self.put(intent)
+        await self.commit()
 
     def _committed(self, sent: dict[int, StepRecord], write: RunWrite, cancel: bool) -> None:
         # Steps running in parallel (asyncio.gather) may have buffered rows while this
@@ -386,6 +406,14 @@ class Cursor:
             self.cancel = True
 
     # -- the end ----------------------------------------------------------------------
+
+    async def leftovers_ended(self) -> None:
+        """Wait for the threads of step attempts the engine stopped (each until its
+        step's timeout) and buffer how each ended, before the run's outcome commits:
+        no step of a finished run is still running (but past its timeout)."""
+        leftovers, self.leftovers = self.leftovers, []
+        if leftovers:
+            await asyncio.gather(*(ended() for ended in leftovers))
 
     async def settle(self) -> None:
         """Before the run's outcome is committed: no task may act for it any more.

@@ -89,6 +89,12 @@ class Engine:
     interceptors: tuple[StepInterceptor, ...] = ()
     # starts child runs (``ctx.child``); None: this engine cannot (no App behind it)
     children: ChildStarter | None = None
+    # The lease a worker holds its runs by (None: no worker, no lease). A step function
+    # about to start more than half a lease after its run was last proven this
+    # execution's (a commit the fence let through) proves it again first: a worker
+    # frozen between a step's intent and its function, and thawed after another took
+    # the run over, starts nothing of a run it no longer holds.
+    lease_s: float | None = None
 
 
 @dataclass(slots=True)
@@ -98,6 +104,13 @@ class RunControl:
 
     reason: Literal["cancel", "lost", "shutdown"] | None = None
     draining: bool = False
+    # Set while the execution commits how it leaves its worker (a finish, a
+    # suspension, a new session, a release). A cancel request does not interrupt
+    # that commit: stopped there, the run would be left running with nobody
+    # holding it, until its lease expired and a recovery was charged for a worker
+    # that never died. The store honours the request in the commit instead (a finish
+    # ends the run cancelled, a suspension wakes it at once to be cancelled).
+    committing: bool = False
     # Set once the run has committed progress (a step ended, or the run moved on)
     # that cleared its count of recoveries: a worker isolating a suspect run waits
     # for this before it takes other runs again.

@@ -137,13 +137,24 @@ async def _end(
     if isinstance(decided, str):
         return decided
     transition, outcome = decided
+    control.committing = True  # a cancel asked now is the store's to honour
     try:
+        await cur.leftovers_ended()  # steps the end stopped, still on their threads
         await cur.flush(transition)
-    except LeaseLost:
+    except LeaseLost as exc:
+        _refused(run, transition, exc)
         return "lost"
     except (StoreUnavailable, StoreError) as exc:
         log.warning("run %s: cannot commit its %s (%s)", run.id, transition.kind, safe_str(exc))
         return "abandoned"
+    finally:
+        control.committing = False
+    if transition.kind == "finish" and cur.cancel and outcome != "cancelled":
+        # Asked to cancel before its end committed: the store ended it cancelled.
+        log.info(
+            "run %s: cancelled before it could end %s; its result is discarded", run.id, outcome
+        )
+        return "cancelled"
     if outcome is not None:
         return outcome
     return replace(run, session=run.session + 1, handoff=transition.handoff, recoveries=0)
@@ -256,10 +267,13 @@ async def _keep(
     """Commit the suspension and hand the live execution to the worker."""
     cur = ex.cur
     ex.sleep(transition)  # dormant first: nothing else may use the context meanwhile
+    control = cur.control
+    control.committing = True  # a cancel asked now is the store's to honour
     try:
         await cur.flush(transition)
-    except LeaseLost:
+    except LeaseLost as exc:
         ex.drop()
+        _refused(ex.run, transition, exc)
         return "lost"
     except (StoreUnavailable, StoreError) as exc:
         ex.drop()
@@ -268,6 +282,8 @@ async def _keep(
     except asyncio.CancelledError:
         ex.drop()
         raise
+    finally:
+        control.committing = False
     keep(ex)
     return "suspended"
 
@@ -387,11 +403,25 @@ async def _refuse(
 
 
 async def _release(engine: Engine, cur: Cursor, run: RunRecord) -> Outcome:
+    cur.control.committing = True  # a cancel asked now: the next claim carries it out
     try:
         await cur.flush()
         engine.store.release(run.id, run.epoch, engine.clock.now())
-    except LeaseLost:
+    except LeaseLost as exc:
+        log.warning("run %s: cannot give it back (%s)", run.id, safe_str(exc))
         return "lost"
     except (StoreUnavailable, StoreError):
         return "abandoned"
+    finally:
+        cur.control.committing = False
     return "released"
+
+
+def _refused(run: RunRecord, transition: RunTransition, exc: LeaseLost) -> None:
+    log.warning(
+        "run %s: its %s was refused (epoch %s): %s; stopping without writing",
+        run.id,
+        transition.kind,
+        run.epoch,
+        safe_str(exc),
+    )

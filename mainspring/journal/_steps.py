@@ -34,7 +34,7 @@ from ._cursor import Cursor
 from ._intercept import StepCall, intercept
 from ._retry import RetryPolicy
 from ._stepinfo import StepInfo, current
-from ._threads import SHORT_WAIT_S, call_in_thread
+from ._threads import SHORT_WAIT_S, ThreadCall
 from ._waits import Waits
 
 # The roles a ctx.step may declare: "child" is the start of a child run, which only
@@ -68,6 +68,7 @@ class _Step:
     attempt: int = 1
     failures: int = 0
     last_error: str | None = None  # why the previous attempt failed, kept for traces
+    thread: ThreadCall | None = None  # the attempt's call of a sync function, if any
 
 
 class Steps:
@@ -208,7 +209,9 @@ class Steps:
         )
         cur.running += 1
         cur.no_steps.clear()
+        step.thread = None
         try:
+            await cur.prove(started)  # frozen since its intent? still ours?
             interceptors = cur.engine.interceptors
             if interceptors:
                 call = StepCall(info=info, fn=step.fn, args=step.args, kwargs=step.kwargs)
@@ -223,8 +226,8 @@ class Steps:
             return None, output, value
         except BaseException as exc:
             if self._passes_through(exc):
-                if cur.ending and isinstance(exc, asyncio.CancelledError):
-                    self._cancelled_by_end(step, started)
+                if isinstance(exc, asyncio.CancelledError):
+                    self._cancelled(step, started, info)
                 raise
             return exc, "", None
         finally:
@@ -247,7 +250,8 @@ class Steps:
             engine = self.cur.engine
             call = functools.partial(contextvars.copy_context().run, fn, *args, **kwargs)
             short_wait = SHORT_WAIT_S if engine.committer.solo else 0.0
-            result = await call_in_thread(engine.threads, call, timeout, short_wait)
+            step.thread = ThreadCall(engine.threads, call, timeout)
+            result = await step.thread.result(short_wait)
             if inspect.isawaitable(result):
                 async with asyncio.timeout(timeout):
                     result = await result
@@ -273,6 +277,56 @@ class Steps:
             task = asyncio.current_task()
             return self.cur.stop is not None or (task is not None and task.cancelling() > 0)
         return False
+
+    def _cancelled(self, step: _Step, started: StepRecord, info: StepInfo) -> None:
+        """The attempt's task was cancelled, and the cancellation passes through.
+
+        A sync function's thread cannot be stopped: when the engine stopped the
+        attempt (the run ends, say after a ``gather`` sibling failed, or its worker
+        stops it for a cancel), its end is journaled with the run's (see
+        :meth:`_thread_ended`), so that nothing of a finished run is still running
+        and the journal never says an effect did not happen when it did. A
+        coroutine stops where it awaits: journaled cancelled when the run ends."""
+        cur = self.cur
+        thread = step.thread
+        if thread is not None and (cur.stop is not None or cur.control.reason is not None):
+            cur.leftovers.append(functools.partial(self._thread_ended, step, started, thread, info))
+        elif cur.ending:
+            self._cancelled_by_end(step, started)
+
+    async def _thread_ended(
+        self, step: _Step, started: StepRecord, thread: ThreadCall, info: StepInfo
+    ) -> None:
+        """Before the run's outcome is committed: wait for the thread of an attempt
+        the engine stopped (until the step's timeout, if it has one) and journal how
+        it really ended: completed with its result, failed with its error, or, still
+        running past its timeout, failed as :class:`StepInterrupted` (outcome unknown)."""
+        cur = self.cur
+        failures = step.failures + 1
+        if not await thread.ended():
+            err = StepInterrupted(
+                f"step {step.name!r} attempt {step.attempt} was still running on its thread "
+                f"past its timeout of {step.timeout}s when the run ended: it may or may not "
+                "take effect",
+                run_id=cur.run_id,
+                step=cur.where(step.seq, step.name),
+            )
+            error = error_json(err, failures=failures)
+            cur.put(started, status="failed", error=error, finished_at=cur.now())
+            return
+        try:
+            value = thread.outcome()
+            if inspect.isawaitable(value):  # its awaitable was never awaited: cancelled
+                if inspect.iscoroutine(value):
+                    value.close()
+                self._cancelled_by_end(step, started)
+                return
+            output, _ = _journaled(value, step.ret_type, step.name, info)
+        except Exception as exc:  # what the function raised, or a result it cannot store
+            error = error_json(exc, failures=failures)
+            cur.put(started, status="failed", error=error, finished_at=cur.now())
+            return
+        cur.put(started, status="completed", output=output, finished_at=cur.now())
 
     def _cancelled_by_end(self, step: _Step, started: StepRecord) -> None:
         """The run ends without this attempt (a gather sibling failed and the workflow

@@ -114,6 +114,7 @@ class Execution:
         cur.control = control
         cur.cancel = run.cancel_requested
         cur.reset_recoveries = run.recoveries > 0
+        cur.proven_at = cur.now()  # just claimed
         cur.stop = None
         self._dormant = None
         self.waits.dormant = None

@@ -31,7 +31,7 @@ from collections.abc import Callable
 from concurrent.futures import Executor, Future
 from typing import Any
 
-__all__ = ["SHORT_WAIT_S", "call_in_thread"]
+__all__ = ["SHORT_WAIT_S", "ThreadCall", "call_in_thread"]
 
 #: How long the loop's thread may block for a sync step of a run alone in its worker
 #: before it awaits it instead (about one fsync).
@@ -187,41 +187,90 @@ def _forked() -> None:
 os.register_at_fork(after_in_child=_forked)
 
 
+class ThreadCall:
+    """A sync function started on another thread (the warm one, else ``threads``):
+    its result awaited (:meth:`result`), and, after whoever awaited it was
+    cancelled, its end awaited again (:meth:`ended`), since the thread cannot be
+    stopped and what it did must still be known."""
+
+    def __init__(self, threads: Executor, fn: Callable[[], Any], timeout: float | None) -> None:
+        loop = asyncio.get_running_loop()
+        self._loop = loop
+        self.deadline = None if timeout is None else loop.time() + timeout
+        self._timeout = timeout
+        self._call = call = _Call(fn)
+        self._warm = _warm
+        self._submitted = None if self._warm.try_call(call) else threads.submit(call.call)
+        self.dropped = False  # a pool shut down with cancel_futures: it never ran
+        if self._submitted is not None:
+            # Whoever waits for it then (a first waiter or a later one) is woken.
+            self._submitted.add_done_callback(self._dropped)
+
+    async def result(self, short_wait_s: float) -> Any:
+        """The call's result (or what it raised); ``TimeoutError`` past its timeout.
+
+        With ``short_wait_s > 0`` the loop's thread blocks up to that long (never past
+        the timeout) for the result of a call on the warm thread before awaiting it.
+        """
+        call, warm, timeout = self._call, self._warm, self._timeout
+        ended = False
+        if short_wait_s > 0 and self._submitted is None:
+            wait = short_wait_s if timeout is None else max(0.0, min(short_wait_s, timeout))
+            ended = warm.wait(call, wait)
+        waiter = None if ended else call.wait_async(self._loop)
+        if waiter is None and not ended and self._submitted is None:
+            warm.wait(call, 0.0)  # ended in between, unawaited: take its byte
+        if waiter is not None:
+            if self.dropped:  # dropped before anyone waited: it will never run
+                raise asyncio.CancelledError
+            if self.deadline is None:
+                await waiter
+            else:  # the short wait counts: the deadline was set before it
+                async with asyncio.timeout_at(self.deadline):
+                    await waiter
+        # One line for both ways back: a failure's traceback (journaled with its error)
+        # is the same whichever way the result came.
+        return call.outcome()
+
+    async def ended(self) -> bool:
+        """After :meth:`result` was cancelled: wait until the call ends, or until its
+        deadline (``False``: it may still be running, its outcome unknown). Then
+        :meth:`outcome` gives what it returned or raised."""
+        if self.dropped:
+            return True
+        waiter = self._call.wait_async(self._loop)
+        if waiter is None:
+            return True
+        try:
+            if self.deadline is None:
+                await waiter
+            else:
+                async with asyncio.timeout_at(self.deadline):
+                    await waiter
+        except TimeoutError:
+            return False
+        except asyncio.CancelledError:
+            if not self.dropped:
+                raise
+        return True
+
+    def outcome(self) -> Any:
+        """What the ended call returned (or raise what it raised)."""
+        if self.dropped:
+            raise RuntimeError("the step function never ran: its thread pool was shut down")
+        return self._call.outcome()
+
+    def _dropped(self, f: Future[Any]) -> None:
+        if f.cancelled():  # a pool shut down with cancel_futures drops queued calls
+            self.dropped = True
+            waiter = self._call.waiter
+            if waiter is not None:
+                _wake(self._loop, waiter, asyncio.CancelledError())
+
+
 async def call_in_thread(
     threads: Executor, fn: Callable[[], Any], timeout: float | None, short_wait_s: float
 ) -> Any:
     """``fn()`` on another thread (``threads`` when the warm one is busy);
-    ``TimeoutError`` past ``timeout`` seconds.
-
-    With ``short_wait_s > 0`` the loop's thread blocks up to that long (never past
-    ``timeout``) for the result of a call on the warm thread before awaiting it.
-    """
-    loop = asyncio.get_running_loop()
-    deadline = None if timeout is None else loop.time() + timeout
-    call = _Call(fn)
-    warm = _warm
-    submitted = None if warm.try_call(call) else threads.submit(call.call)
-    ended = False
-    if short_wait_s > 0 and submitted is None:
-        wait = short_wait_s if timeout is None else max(0.0, min(short_wait_s, timeout))
-        ended = warm.wait(call, wait)
-    waiter = None if ended else call.wait_async(loop)
-    if waiter is None and not ended and submitted is None:
-        warm.wait(call, 0.0)  # ended in between, unawaited: take its byte
-    if waiter is not None:
-        if submitted is not None:
-            # A pool shut down with cancel_futures drops queued calls: they never run.
-            submitted.add_done_callback(lambda f: _dropped(f, loop, waiter))
-        if deadline is None:
-            await waiter
-        else:  # the short wait counts: the deadline was set before it
-            async with asyncio.timeout_at(deadline):
-                await waiter
-    # One line for both ways back: a failure's traceback (journaled with its error)
-    # is the same whichever way the result came.
-    return call.outcome()
-
-
-def _dropped(f: Future[Any], loop: asyncio.AbstractEventLoop, waiter: asyncio.Future[None]) -> None:
-    if f.cancelled():
-        _wake(loop, waiter, asyncio.CancelledError())
+    ``TimeoutError`` past ``timeout`` seconds. See :meth:`ThreadCall.result`."""
+    return await ThreadCall(threads, fn, timeout).result(short_wait_s)

@@ -464,7 +464,10 @@ def create_app(
         responses=_responses(404, 409, 413),
     )
     def cancel(run_id: str, _key: Submit, body: CancelIn | None = None) -> CancelOut:
-        """Cancel a run: at once if no worker holds it, else at its next step."""
+        """Cancel a run: at once if no worker holds it (`cancelled`), else asked
+        (`running`): the run ends `cancelled` at its next step boundary, even if
+        its workflow returns first (its result is discarded). A run that had already
+        ended keeps its end (`409`)."""
         record = app.get_run(run_id)
         if record.finished:
             raise RunConflict(f"cannot cancel: run {run_id!r} is already {record.status}")

@@ -120,12 +120,14 @@ class Connection(ABC):
         *,
         lock: Callable[[Cursor], None] | None = None,
         parents_of: Sequence[str] = (),
+        not_cancelled: Sequence[str] = (),
     ) -> dict[str, bool] | None:
         """One transaction, sent in one round trip where the database allows it
         (PostgreSQL's pipeline mode): let ``lock`` queue the statements that lock
         rows before the runs' (waiting for them: an ending parent's children, in the
         order a child's end locks them, child before parent), then lock every
-        ``(run_id, epoch)`` of ``runs`` that is ``running`` at that epoch and, in
+        ``(run_id, epoch)`` of ``runs`` that is ``running`` at that epoch (and, for
+        those of ``not_cancelled``, not asked to cancel) and, in
         the same statement and without waiting, the rows the ends of ``parents_of``
         write besides their own (their parents and those parents' forks, their
         children: ``told_rows_sql``), then let ``write`` queue its statements, and

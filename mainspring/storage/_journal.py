@@ -7,7 +7,7 @@ from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .._serde import loads
+from .._serde import dumps, loads
 from ._api import queue_event
 from ._children import close_children, lock_closed_children, lock_parents, tell_parent
 from ._connection import Connection, Cursor
@@ -202,29 +202,37 @@ class JournalTables(Connection):
         if self._rows_in_one and all(w.transition is None for w in batch):
             cancel = self._fenced_rows(batch)
         else:
-            # A finish does not read whether the run was asked to cancel. An end's
-            # children are locked before its run (they cancel with it). Holding
-            # several runs, the fence also locks the rows its ends tell (see
-            # ``lock_parents``) without waiting; a run alone may wait for its parent.
+            # The writes are only sent, so a finish cannot read whether its run was
+            # asked to cancel: the fence refuses a run asked to cancel that would
+            # end otherwise, and the statement by statement commit ends it
+            # cancelled. An end's children are locked before its run (they cancel
+            # with it). Holding several runs, the fence also locks the rows its ends
+            # tell (see ``lock_parents``) without waiting; a run alone may wait for
+            # its parent.
             ending = _ending(batch)
             cancel = self._fenced(
                 [(w.run_id, w.epoch) for w in batch],
-                lambda cur: self._apply(cur, [(w, False) for w in batch], now),
+                # Never ends touching each other (the fence refuses those): no order.
+                lambda cur: self._apply(cur, [(w, False) for w in batch], now, ordered=False),
                 lock=(lambda cur: lock_closed_children(self, cur, ending)) if ending else None,
                 parents_of=ending if len(batch) > 1 else (),
+                not_cancelled=[w.run_id for w in batch if _ends(w, but="cancelled")],
             )
         if cancel is None:
             return None
         return [WriteResult(ok=True, cancel_requested=cancel[w.run_id]) for w in batch]
 
-    def _apply(self, cur: Cursor, writes: list[tuple[RunWrite, bool]], now: float) -> None:
+    def _apply(
+        self, cur: Cursor, writes: list[tuple[RunWrite, bool]], now: float, *, ordered: bool = True
+    ) -> None:
         """The writes of runs whose fence held, with whether each was asked to
-        cancel: journal rows, consumed signals, the recovery reset, the transition."""
+        cancel: journal rows, consumed signals, the recovery reset, the transition
+        (``ordered``: the ends of children before their parents')."""
         step_rows = [_step_params(s) for w, _ in writes for s in w.steps]
         if step_rows:
             cur.executemany(_UPSERT_STEP, step_rows)
         ended = False  # a run of this batch ended: its cascade may have reached others
-        for w, cancel_requested in writes:
+        for w, cancel_requested in _deepest_first(cur, writes) if ordered else writes:
             t = w.transition
             if ended and not cancel_requested and t is not None and t.kind == "suspend":
                 # The fence was read before the batch applied; an end earlier in it
@@ -248,7 +256,15 @@ class JournalTables(Connection):
         first send committed (the run is exactly where that write put it); else
         refused."""
         t = w.transition
-        if t is None or status != t.status:
+        if t is None:
+            return WriteResult(ok=False)
+        if t.kind == "finish" and epoch == w.epoch + 1 and status == "cancelled":
+            # Only this writer's finish ends its run at epoch + 1 as cancelled (as it
+            # asked, or honouring a cancel asked before it: the run keeps that reason),
+            # or a claim that found the run asked to cancel and out of recoveries:
+            # either way the run ended as this finish would have left it.
+            return WriteResult(ok=True, already=True, cancel_requested=True)
+        if status != t.status:
             return WriteResult(ok=False)
         if t.kind == "suspend" and epoch == w.epoch:
             # Only this epoch's holder moves the run from running to waiting or
@@ -257,9 +273,8 @@ class JournalTables(Connection):
         if t.kind == "finish" and epoch == w.epoch + 1:
             cur.execute("SELECT output, error FROM ms_runs WHERE id = ?", (w.run_id,))
             output, error = cur.fetchone()
-            # A dead-letter also ends a run at epoch + 1, with its own error; a
-            # cancel keeps the reason it was asked with.
-            if status == "cancelled" or (output, error) == (t.output, t.error):
+            # A dead-letter also ends a run at epoch + 1, with its own error.
+            if (output, error) == (t.output, t.error):
                 return WriteResult(ok=True, already=True)
         return WriteResult(ok=False)
 
@@ -325,6 +340,11 @@ class JournalTables(Connection):
     def _transition(self, cur: Cursor, w: RunWrite, cancel_requested: bool, now: float) -> None:
         t = w.transition
         assert t is not None
+        if t.kind == "finish" and cancel_requested and t.status != "cancelled":
+            # A cancel answered "asked" (the run was running) is honoured by the
+            # finish, read here under the fence: the run ends cancelled, whatever
+            # its workflow returned or raised; its result is discarded.
+            t = _CANCELLED
         if t.kind == "finish":
             # A cancelled run keeps the reason ``cancel()`` stored with the request.
             cur.execute(
@@ -336,7 +356,11 @@ class JournalTables(Connection):
                 (t.status, t.output, t.status, t.error, now, now, w.run_id),
             )
             if t.status in FINISHED:
-                queue_event(cur, w.run_id, f"run.{t.status}", _event_run(t.status, t), now)  # type: ignore[arg-type]
+                event = _event_run(t.status, t)
+                if t.status == "cancelled":  # announced with the reason it was stored with
+                    cur.execute("SELECT error FROM ms_runs WHERE id = ?", (w.run_id,))
+                    event["error"] = loads(cur.fetchone()[0])
+                queue_event(cur, w.run_id, f"run.{t.status}", event, now)  # type: ignore[arg-type]
                 tell_parent(self, cur, w.run_id, now)
                 close_children(self, cur, w.run_id, t.status, now)
         elif t.kind == "suspend":
@@ -386,10 +410,17 @@ class JournalTables(Connection):
             )
 
 
-def _ends(w: RunWrite) -> bool:
-    """Whether ``w`` ends its run (and so tells its parent, if it has one)."""
+def _ends(w: RunWrite, *, but: str | None = None) -> bool:
+    """Whether ``w`` ends its run (and so tells its parent, if it has one); with
+    ``but``, to another status than that one."""
     t = w.transition
-    return t is not None and t.kind == "finish" and t.status in FINISHED
+    return t is not None and t.kind == "finish" and t.status in FINISHED and t.status != but
+
+
+# How a finish ends a run that was asked to cancel (its error: the one the cancel stored).
+_CANCELLED = RunTransition(
+    kind="finish", status="cancelled", error=dumps({"type": "Cancelled", "message": "cancelled"})
+)
 
 
 def _event_run(status: str, t: RunTransition) -> dict[str, Any]:
@@ -399,6 +430,32 @@ def _event_run(status: str, t: RunTransition) -> dict[str, Any]:
     if t.error is not None:
         run["error"] = loads(t.error)
     return run
+
+
+def _deepest_first(cur: Cursor, writes: list[tuple[RunWrite, bool]]) -> list[tuple[RunWrite, bool]]:
+    """``writes`` with the ends of runs deeper in a tree of child runs first.
+
+    A run's end cancels its unfinished children (``close_children``): a child whose own
+    end is in the same batch must end first, as it would have in a commit of its own,
+    or the cascade would ask it to cancel under the end it is about to commit (which
+    was decided without that request, under the fence read before). Only a batch that
+    ends several runs reads anything (the one-round-trip commit refuses a batch whose
+    ends touch each other's rows, so it never needs this)."""
+    ending = [w.run_id for w, _ in writes if _ends(w)]
+    if len(ending) < 2:
+        return writes
+    cur.execute(
+        "WITH RECURSIVE up (id, node, depth) AS ("
+        f" SELECT id, id, 0 FROM ms_runs WHERE id IN ({', '.join('?' * len(ending))})"
+        " UNION ALL SELECT up.id, r.parent, up.depth + 1 FROM up JOIN ms_runs r"
+        " ON r.id = up.node WHERE r.parent_kind = 'child' AND r.parent IS NOT NULL"
+        " AND up.depth < 1000)"
+        " SELECT id, max(depth) FROM up GROUP BY id",
+        ending,
+    )
+    depth = {rid: d for rid, d in cur.fetchall()}
+    # Stable: writes that end nothing, or at one depth, keep the batch's order.
+    return sorted(writes, key=lambda x: -depth.get(x[0].run_id, 0) if _ends(x[0]) else 0)
 
 
 def _ending(batch: Sequence[RunWrite]) -> list[str]:

@@ -200,32 +200,28 @@ class LeaseTables(QueueTables):
                             # holds other runs: it must not wait. A later claim ends it.
                             continue
                         cur.execute(
+                            "SELECT cancel_requested, error FROM ms_runs WHERE id = ?", (rid,)
+                        )
+                        asked, reason = cur.fetchone()
+                        # A run asked to cancel ends cancelled, with the cancel's
+                        # reason, as its finish would have ended it; any other is
+                        # dead-lettered.
+                        end = "cancelled" if asked else "failed"
+                        error = reason if asked else _dead_letter_error(max_recoveries)
+                        cur.execute(
                             # Ending the run moves the fence on: its last holder,
                             # stalled but alive, must not write into a dead run.
-                            "UPDATE ms_runs SET status = 'failed', epoch = epoch + 1, error = ?,"
+                            "UPDATE ms_runs SET status = ?, epoch = epoch + 1, error = ?,"
                             " owner = NULL, lease_until = NULL, recoveries = ?, finished_at = ?,"
                             " updated_at = ? WHERE id = ?",
-                            (
-                                _dead_letter_error(max_recoveries),
-                                count,
-                                now,
-                                now,
-                                rid,
-                            ),
+                            (end, error, count, now, now, rid),
                         )
-                        queue_event(
-                            cur,
-                            rid,
-                            "run.failed",
-                            {
-                                "status": "failed",
-                                "error": loads(_dead_letter_error(max_recoveries)),
-                            },
-                            now,
-                        )
+                        event = {"status": end, "error": loads(error)}
+                        queue_event(cur, rid, f"run.{end}", event, now)  # type: ignore[arg-type]
                         tell_parent(self, cur, rid, now)
-                        close_children(self, cur, rid, "failed", now)
-                        dead.append((rid, workflow))
+                        close_children(self, cur, rid, end, now)
+                        if not asked:
+                            dead.append((rid, workflow))
                         continue
                     cur.execute(
                         "UPDATE ms_runs SET status = 'running', epoch = epoch + 1, owner = ?,"

@@ -459,7 +459,12 @@ class RunTables(Connection):
         cancelled with it, recursively, in the same transaction.
         """
         error = _cancel_error(reason)
-        return self._attempts(lambda cur, last: self._cancel(cur, run_id, error, now, last=last))
+        try:
+            return self._attempts(
+                lambda cur, last: self._cancel(cur, run_id, error, now, last=last)
+            )
+        except _TooLate as late:  # rolled back: the cascade's writes with it
+            return late.status
 
     def _attempts(self, attempt: Callable[[Cursor, bool], _T]) -> _T:
         """Run ``attempt`` in a transaction until it does not raise
@@ -493,6 +498,10 @@ class RunTables(Connection):
             raise RunNotFound(f"cannot cancel: no run {run_id!r}")
         status: str = row[0]
         if status in FINISHED:
+            if first is not None and first[0] not in FINISHED:
+                # It ended while its children were being cancelled: the cancel came too
+                # late, and changes nothing (its end has cascaded as it ended).
+                raise _TooLate(status)
             return status
         # A child started while the cancel came in (its start holds this row). Holding
         # the parent now, its row must not be waited for: that child may be ending,
@@ -531,6 +540,14 @@ def _checked_workflow(existing: RunRecord, key: str | None, workflow: str) -> Ru
             run_id=existing.id,
         )
     return existing
+
+
+class _TooLate(Exception):
+    """A cancel found its run ended once it held it: roll back what it did first."""
+
+    def __init__(self, status: str) -> None:
+        super().__init__(status)
+        self.status = status
 
 
 def _cancel_error(reason: str | None) -> str:

@@ -45,20 +45,24 @@ _MIGRATION_LOCK = 0x6D736D6967726174
 
 # The fence of a one-round-trip commit (see ``PostgresStore._fenced``): ordered, so
 # that concurrent commits lock rows in one order; ``id = ANY`` makes it look the runs
-# up by key rather than scan every running one.
+# up by key rather than scan every running one. The runs of the last parameter must
+# not have been asked to cancel (they end otherwise, see ``not_cancelled``).
 _FENCE = (
     "SELECT coalesce(array_agg(f.id), '{}'), coalesce(array_agg(f.cancel_requested), '{}'),"
     " 1 / CAST(count(*) = %s AS INT) FROM (SELECT r.id, r.cancel_requested FROM ms_runs r"
     " JOIN unnest(CAST(%s AS TEXT[]), CAST(%s AS BIGINT[])) AS h(id, epoch)"
     " ON r.id = h.id AND r.epoch = h.epoch"
     " WHERE r.id = ANY(CAST(%s AS TEXT[])) AND r.status = 'running'"
+    " AND (r.cancel_requested = 0 OR NOT r.id = ANY(CAST(%s AS TEXT[])))"
     " ORDER BY r.id FOR UPDATE OF r SKIP LOCKED) f"
 )
 # The same, for a batch of several runs that ends runs: it locks the rows those ends
 # write besides their own too (parents and their forks told, children cancelled:
 # ``told_rows_sql``; ``SKIP LOCKED``, see ``lock_parents``), and divides by zero
 # unless it locked every one, so that those writes never wait while the batch holds
-# its runs.
+# its runs. It also refuses a batch one of whose ends writes another's row (a parent
+# ending with its child): their ends must apply child first (see ``_deepest_first``),
+# which the statement by statement commit does.
 _FENCE_PARENTS = (
     told_rows_sql("id = ANY(CAST(%s AS TEXT[]))")
     + ", want AS (SELECT DISTINCT h.id FROM told h JOIN ms_runs x ON x.id = h.id),"
@@ -67,6 +71,7 @@ _FENCE_PARENTS = (
     + _FENCE.replace(
         "1 / CAST(count(*) = %s AS INT)",
         "1 / CAST(count(*) = %s AND (SELECT count(*) FROM got) = (SELECT count(*) FROM want)"
+        " AND NOT EXISTS (SELECT 1 FROM want w JOIN tree t ON t.id = w.id AND t.root = t.id)"
         " AS INT)",
     )
 )
@@ -309,12 +314,14 @@ class PostgresStore(Store):
         *,
         lock: Callable[[Cursor], None] | None = None,
         parents_of: Sequence[str] = (),
+        not_cancelled: Sequence[str] = (),
     ) -> dict[str, bool] | None:
         """BEGIN, the fence, ``write``'s statements and COMMIT in one pipeline: one
         round trip. The fence locks the runs that are ``running`` at their epochs
-        (``SKIP LOCKED``: a row another transaction holds counts as failed) and
-        divides by zero unless it locked them all, which aborts the transaction
-        before anything after it runs."""
+        (``SKIP LOCKED``: a row another transaction holds counts as failed; so does
+        a run of ``not_cancelled`` asked to cancel) and divides by zero unless it
+        locked them all, which aborts the transaction before anything after it
+        runs."""
         try:
             with self._pool.connection() as conn:
                 fence, cur = conn.cursor(), conn.cursor()
@@ -330,7 +337,13 @@ class PostgresStore(Store):
                             cur.execute("BEGIN")
                             if lock is not None:
                                 lock(_Cursor(cur))
-                            params = (len(runs), ids, [e for _, e in runs], ids)
+                            params = (
+                                len(runs),
+                                ids,
+                                [e for _, e in runs],
+                                ids,
+                                list(not_cancelled),
+                            )
                             if parents_of:
                                 fence.execute(_FENCE_PARENTS, (list(parents_of), *params))
                             else:
@@ -468,16 +481,33 @@ class PostgresStore(Store):
         self, runs: list[tuple[str, int]], at: str, at_params: list[Any], lease_s: float
     ) -> set[str]:
         """Extend leases whose rows were locked a moment ago, waiting a little for them.
-        Returns those asked to cancel."""
+        Returns those asked to cancel.
+
+        Waiting, it locks them in the order a cascade does (``lock_closed_children``),
+        a child before its parent (their paths from the root of their tree of child
+        runs, descending): the order a child's end takes too (its row, then its
+        parent's), so a beat never holds a parent while it waits for a child whose end
+        waits for that parent. In no set order, the lock timeout broke that cycle:
+        the child's end stalled and the beat extended none of the leases it waited for."""
         try:
             with self._write() as cur:
                 cur.execute("SET LOCAL lock_timeout = '500ms'")
                 cur.execute(
-                    f"UPDATE ms_runs r SET lease_until = {at} + ?"
-                    " FROM unnest(CAST(? AS TEXT[]), CAST(? AS BIGINT[])) AS h(id, epoch)"
-                    " WHERE r.id = h.id AND r.epoch = h.epoch AND r.status = 'running'"
-                    " RETURNING r.id, r.cancel_requested",
-                    (*at_params, lease_s, [r for r, _ in runs], [e for _, e in runs]),
+                    "WITH RECURSIVE held AS (SELECT * FROM unnest(CAST(? AS TEXT[]),"
+                    " CAST(? AS BIGINT[])) AS h(id, epoch)),"
+                    " up (id, node, depth) AS (SELECT id, id, 0 FROM held UNION ALL"
+                    " SELECT up.id, r.parent, up.depth + 1 FROM up JOIN ms_runs r"
+                    " ON r.id = up.node WHERE r.parent_kind = 'child' AND r.parent IS NOT NULL"
+                    " AND up.depth < 1000),"
+                    " paths AS (SELECT id, array_agg(node ORDER BY depth DESC) AS path"
+                    " FROM up GROUP BY id),"
+                    " locked AS MATERIALIZED (SELECT r.id FROM ms_runs r"
+                    " JOIN held ON held.id = r.id AND held.epoch = r.epoch"
+                    " JOIN paths ON paths.id = r.id WHERE r.status = 'running'"
+                    " ORDER BY paths.path DESC FOR UPDATE OF r)"
+                    f" UPDATE ms_runs r SET lease_until = {at} + ? FROM locked"
+                    " WHERE r.id = locked.id RETURNING r.id, r.cancel_requested",
+                    ([r for r, _ in runs], [e for _, e in runs], *at_params, lease_s),
                 )
                 return {rid for rid, cancel in cur.fetchall() if cancel}
         except StoreUnavailable as exc:

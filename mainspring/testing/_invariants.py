@@ -40,6 +40,10 @@ The invariants:
   paused) whose next due time is past the first time its cron names after ``now``:
   the times it jumped over would start nothing. (One run per due time is the run
   key's uniqueness: ``schedule:<name>:<due time>``.)
+* **an acknowledged cancel is honoured**: a run asked to cancel (``cancel_requested``,
+  which a cancel sets only on a run that has not ended, answering it was asked) ends
+  ``cancelled``, never ``succeeded`` or ``failed``: a finish that committed first
+  leaves the flag unset, and the cancel answered with that end.
 """
 
 from __future__ import annotations
@@ -80,6 +84,7 @@ ViolationKind = Literal[
     "child_end_undelivered",
     "schedule_early",
     "schedule_skipped",
+    "cancel_ignored",
 ]
 
 
@@ -395,6 +400,15 @@ def check_invariants(
         ):
             found.append(Violation(kind="stream_mismatch", run_id=run.id, detail=detail))
         found += _child_end_delivered(store, run, runs, pending.get(run.id, set()))
+        if run.cancel_requested and run.status in FINISHED and run.status != "cancelled":
+            found.append(
+                Violation(
+                    kind="cancel_ignored",
+                    run_id=run.id,
+                    detail=f"asked to cancel (the cancel answered that it was asked), yet "
+                    f"it ended {run.status} (error {run.error!r})",
+                )
+            )
     found += _schedules(store, runs, now)
     found += _signals(store, steps, run_ids)
     found += _events(store, run_ids, set() if history is None else history.reopened)

@@ -45,6 +45,9 @@ __all__ = ["Worker", "WorkerStats"]
 log = logging.getLogger("mainspring.worker")
 
 _SCHEDULE_TICK_S = 1.0  # how often a worker fires due schedules (seconds of the App's clock)
+# Outcomes logged as warnings: a run failed, left to recovery, or taken from this
+# worker (its lease lost, or a write refused) while it still held it.
+_WARNED = ("failed", "abandoned", "lost")
 
 
 @dataclass
@@ -201,6 +204,7 @@ class Worker:
         )
         threads = ThreadPoolExecutor(max_workers=64, thread_name_prefix="mainspring-step")
         engine = app.engine(committer, threads)
+        engine.lease_s = app.lease_s
         app.telemetry.worker_load(self.worker_id, 0, self.concurrency)
         loop = asyncio.get_running_loop()
         beater = self._beater = Beater(
@@ -655,7 +659,7 @@ class Worker:
             if outcome == "refused" and control.refused is not None:
                 clock = self.app.clock
                 self.refusals.tell(record, control.refused, clock.now(), self.app.telemetry)
-            elif log.isEnabledFor(logging.INFO):
+            elif log.isEnabledFor(logging.INFO) or outcome in _WARNED:
                 self._log_outcome(run_id, outcome)
             if self._wakeup is not None:
                 self._wakeup.set()
@@ -679,7 +683,7 @@ class Worker:
         elif record is not None and outcome == "failed" and record.error:
             error = _error_line(record.error)
             fields += f" error={error!r}"
-        (log.warning if outcome in ("failed", "abandoned") else log.info)("%s", fields)
+        (log.warning if outcome in _WARNED else log.info)("%s", fields)
 
     def _set_solo(self, engine: Engine) -> None:
         self.app.telemetry.worker_load(self.worker_id, len(self._active), self.concurrency)
@@ -689,6 +693,11 @@ class Worker:
         for run_id in beat.lost:
             active = self._active.get(run_id)
             if active is not None and active.run.epoch == held.get(run_id):
+                if active.control.committing or active.task.done():
+                    # The beat raced the commit of how the run leaves (it read the
+                    # run suspended or finished by that commit): the commit, fenced,
+                    # says whether the lease held.
+                    continue
                 log.warning("worker %s: lease of run %s lost", self.worker_id, run_id)
                 self._interrupt(active, "lost")
         for run_id in beat.cancel:
@@ -714,8 +723,13 @@ class Worker:
             self._wakeup.set()
 
     def _interrupt(self, active: _Active, reason: str) -> None:
-        if active.control.reason is None:
-            active.control.reason = reason  # type: ignore[assignment]
+        control = active.control
+        if control.reason is None:
+            control.reason = reason  # type: ignore[assignment]
+        if reason == "cancel" and control.committing:
+            # Committing how it leaves: interrupted there, it would leave the run
+            # running with nobody holding it (see RunControl.committing).
+            return
         active.task.cancel()
 
     async def _drain(self) -> None:
