@@ -1,0 +1,201 @@
+"""The SDK's function tools and MCP calls as mainspring tool steps.
+
+A function tool keeps its name, schema, guardrails, timeout and error handling; only
+its ``on_invoke_tool`` is wrapped: inside a durable run the call is a step of role
+``tool`` named ``tool:<name>``, so a completed call is never made again on replay, and
+the tool sees the step's idempotency key (``mainspring.current_step()``) to pass to
+the outside world. Its effect class picks the step's mode: ``read`` and ``write`` run
+at least once (again, under the same key, after a crash in the middle), while
+``irreversible`` runs at most once and asks a human first (the SDK's own
+``needs_approval``, which the durable run turns into a mainspring approval).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+from agents import FunctionTool
+from agents.mcp import MCPServer
+from agents.tool import ToolOriginType, get_function_tool_origin
+from mcp.types import CallToolResult, Tool
+
+from mainspring import ConfigError
+
+from ._active import _ACTIVE, Active, Effect
+
+__all__ = [
+    "DEFAULT_EFFECT",
+    "EFFECTS",
+    "JournaledMCPServer",
+    "effect",
+    "effect_of",
+    "journal_tools",
+]
+
+_WRAPPED = "_mainspring_original"
+EFFECTS: tuple[Effect, ...] = ("read", "write", "irreversible")
+#: A tool nobody declared: it may change the world, so it runs under an idempotency
+#: key, at least once; it does not ask (``irreversible`` does).
+DEFAULT_EFFECT: Effect = "write"
+_MARK = "_mainspring_effect"
+
+T = TypeVar("T")
+
+
+def effect(kind: Effect) -> Callable[[T], T]:
+    """Declare a tool's effect class, above the SDK's ``@function_tool``::
+
+        @effect("irreversible")
+        @function_tool
+        def issue_refund(order: int) -> str: ...
+
+    Also for an MCP server (every tool it lists). ``durable(..., effects={...})``
+    says the same by name and wins over this mark.
+    """
+    if kind not in EFFECTS:
+        raise ConfigError(f"effect must be one of {EFFECTS}, got {kind!r}")
+
+    def mark(tool: T) -> T:
+        if not isinstance(tool, FunctionTool | MCPServer):
+            raise ConfigError(
+                f"@effect({kind!r}) goes on an agents.FunctionTool (above @function_tool) "
+                f"or an MCP server, got {type(tool).__name__}"
+            )
+        setattr(tool, _MARK, kind)
+        return tool
+
+    return mark
+
+
+def effect_of(obj: object, name: str, effects: Mapping[str, Effect]) -> Effect:
+    """The effect class of a tool (or MCP server) named ``name``."""
+    found = effects.get(name)
+    if found is not None:
+        return found
+    marked = getattr(obj, _MARK, None)
+    return marked if marked in EFFECTS else DEFAULT_EFFECT
+
+
+def journal_tools(tools: list[Any]) -> None:
+    """Make every function tool a model is offered a journaled tool step inside
+    durable runs (in place, once: outside a durable run the tool behaves as before).
+    An agent used as a tool is left alone: its nested run's own model and tool
+    calls are journaled one by one, in this run."""
+    for tool in tools:
+        if not isinstance(tool, FunctionTool) or hasattr(tool, _WRAPPED):
+            continue
+        origin = get_function_tool_origin(tool)
+        if origin is not None and origin.type == ToolOriginType.AGENT_AS_TOOL:
+            continue
+        original = tool.on_invoke_tool
+        tool.on_invoke_tool = functools.partial(_invoke, tool.name, original, tool)
+        setattr(tool, _WRAPPED, original)
+
+
+async def _invoke(name: str, original: Any, tool: FunctionTool, tool_ctx: Any, args: str) -> Any:
+    run = _ACTIVE.get()
+    if run is None:
+        return await original(tool_ctx, args)
+    kind = effect_of(tool, name, run.effects)
+    call_id = str(getattr(tool_ctx, "tool_call_id", "") or "")
+    if kind == "irreversible" and call_id not in run.approved:
+        decision = await run.ctx.approval(
+            call_id or name,
+            title=f"run the irreversible tool {name!r}?",
+            preview={"tool": name, "arguments": parsed(args), "effect": kind},
+        )
+        if not decision.approved:
+            why = f": {decision.reason}" if decision.reason else ""
+            return f"Tool call {name!r} was rejected by a human{why}."
+        if decision.arguments is not None:
+            args = json.dumps(decision.arguments)
+    run.before_tool(name)
+
+    async def call(arguments: str) -> Any:
+        return await original(tool_ctx, arguments)
+
+    return await run.ctx.step(
+        call,
+        args,
+        name=f"tool:{name}",
+        role="tool",
+        mode="at_most_once" if kind == "irreversible" else "at_least_once",
+    )
+
+
+def parsed(args: str) -> Any:
+    try:
+        return json.loads(args)
+    except ValueError:
+        return args
+
+
+class JournaledMCPServer(MCPServer):
+    """An MCP server whose tool calls are journaled tool steps, and whose tool list is
+    journaled once per turn (a replay sees the tools the run saw, even if the server
+    changed meanwhile)."""
+
+    def __init__(self, inner: MCPServer, kind: Effect, active: Callable[[], Active | None]):
+        super().__init__(
+            use_structured_content=inner.use_structured_content,
+            require_approval="always" if kind == "irreversible" else None,
+            tool_meta_resolver=inner.tool_meta_resolver,
+            custom_data_extractor=inner.custom_data_extractor,
+            tool_input_guardrails=inner.tool_input_guardrails,
+            tool_output_guardrails=inner.tool_output_guardrails,
+        )
+        self.inner = inner
+        self.kind = kind
+        self._active = active
+
+    @property
+    def name(self) -> str:
+        return self.inner.name
+
+    async def connect(self) -> None:
+        await self.inner.connect()
+
+    async def cleanup(self) -> None:
+        await self.inner.cleanup()
+
+    async def list_tools(self, run_context: Any = None, agent: Any = None) -> list[Any]:
+        run = self._active()
+        listed = functools.partial(self.inner.list_tools, run_context, agent)
+        if run is None:
+            return await listed()
+
+        async def dump() -> list[dict[str, Any]]:
+            return [t.model_dump(mode="json") for t in await listed()]
+
+        raw = await run.ctx.step(dump, name=f"mcp:list:{self.name}")
+        return [Tool.model_validate(t) for t in raw]
+
+    async def call_tool(
+        self, tool_name: str, arguments: dict[str, Any] | None, meta: dict[str, Any] | None = None
+    ) -> CallToolResult:
+        run = self._active()
+        if run is None:
+            return await self.inner.call_tool(tool_name, arguments, meta)
+        run.before_tool(tool_name)
+
+        async def call(arguments: dict[str, Any] | None) -> dict[str, Any]:
+            result = await self.inner.call_tool(tool_name, arguments, meta)
+            return result.model_dump(mode="json", by_alias=True)
+
+        raw = await run.ctx.step(
+            call,
+            arguments,
+            name=f"tool:{tool_name}",
+            role="tool",
+            mode="at_most_once" if self.kind == "irreversible" else "at_least_once",
+        )
+        return CallToolResult.model_validate(raw)
+
+    async def list_prompts(self) -> Any:
+        return await self.inner.list_prompts()
+
+    async def get_prompt(self, name: str, arguments: dict[str, Any] | None = None) -> Any:
+        return await self.inner.get_prompt(name, arguments)
