@@ -45,7 +45,7 @@ class _Graph:
     whose ``Model`` objects and MCP servers are journaled; agents without either are
     cloned too, so that a handoff to them keeps reaching clones."""
 
-    def __init__(self, effects: Mapping[str, Effect]) -> None:
+    def __init__(self, effects: dict[str, Effect]) -> None:
         self.effects = effects
         self.memo: dict[int, Agent[Any]] = {}
 
@@ -57,12 +57,14 @@ class _Graph:
         self.memo[id(a)] = clone
         if isinstance(a.model, SDKModel):
             clone.model = wrap_model(a.model, active)
-        clone.mcp_servers = [
-            s
-            if isinstance(s, JournaledMCPServer)
-            else JournaledMCPServer(s, effect_of(s, s.name, self.effects), active)
-            for s in a.mcp_servers
-        ]
+        servers = []
+        for s in a.mcp_servers:
+            if not isinstance(s, JournaledMCPServer):
+                kind = effect_of(s, s.name, self.effects)
+                self.effects.setdefault(s.name, kind)  # its tools' effect (see _invoke)
+                s = JournaledMCPServer(s, kind, active)
+            servers.append(s)
+        clone.mcp_servers = servers
         clone.handoffs = [self.handoff(h) for h in a.handoffs]
         return clone
 

@@ -99,7 +99,11 @@ async def _invoke(name: str, original: Any, tool: FunctionTool, tool_ctx: Any, a
     run = _ACTIVE.get()
     if run is None:
         return await original(tool_ctx, args)
+    origin = get_function_tool_origin(tool)
+    server = origin.mcp_server_name if origin is not None else None
     kind = effect_of(tool, name, run.effects)
+    if server is not None and name not in run.effects:
+        kind = run.effects.get(server, kind)
     call_id = str(getattr(tool_ctx, "tool_call_id", "") or "")
     if kind == "irreversible" and call_id not in run.approved:
         decision = await run.ctx.approval(
@@ -176,23 +180,9 @@ class JournaledMCPServer(MCPServer):
     async def call_tool(
         self, tool_name: str, arguments: dict[str, Any] | None, meta: dict[str, Any] | None = None
     ) -> CallToolResult:
-        run = self._active()
-        if run is None:
-            return await self.inner.call_tool(tool_name, arguments, meta)
-        run.before_tool(tool_name)
-
-        async def call(arguments: dict[str, Any] | None) -> dict[str, Any]:
-            result = await self.inner.call_tool(tool_name, arguments, meta)
-            return result.model_dump(mode="json", by_alias=True)
-
-        raw = await run.ctx.step(
-            call,
-            arguments,
-            name=f"tool:{tool_name}",
-            role="tool",
-            mode="at_most_once" if self.kind == "irreversible" else "at_least_once",
-        )
-        return CallToolResult.model_validate(raw)
+        # Journaled one level up: the SDK calls this from a function tool, which a
+        # durable run makes a tool step (journal_tools), as any other.
+        return await self.inner.call_tool(tool_name, arguments, meta)
 
     async def list_prompts(self) -> Any:
         return await self.inner.list_prompts()
