@@ -32,6 +32,7 @@ RANKS: dict[str, int] = {
     "dashboard": 6,
     "server": 7,
     "lab": 7,
+    "integrations": 7,  # other frameworks' agents on mainspring, one extra each
     "cli": 8,
     "examples": 8,
     "main": 9,  # mainspring/__main__.py
@@ -39,7 +40,7 @@ RANKS: dict[str, int] = {
 
 # The outside edge: these reach the rest only through what ``mainspring`` and its
 # public subpackages export, kernel modules included.
-EDGES = frozenset({"server", "cli", "dashboard", "lab", "examples", "main"})
+EDGES = frozenset({"server", "cli", "dashboard", "lab", "integrations", "examples", "main"})
 
 # Imports allowed inside functions: optional extras and the CLI's lazily loaded
 # subcommands, each (importing module prefix, imported module prefix) with why.

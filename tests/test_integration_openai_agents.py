@@ -17,6 +17,7 @@ import pytest
 pytest.importorskip("agents")
 
 import openai
+from _helpers import Crash, drain
 from agents import (
     Agent,
     GuardrailFunctionOutput,
@@ -29,7 +30,6 @@ from mcp.types import CallToolResult, TextContent, Tool
 from pydantic import BaseModel
 
 import mainspring as ms
-from _helpers import Crash, drain
 from mainspring.integrations.openai_agents import durable, effect
 from mainspring.limits import Limits, RateLimit
 from mainspring.testing import FakeOpenAIServer
@@ -122,7 +122,9 @@ async def test_agent_with_handoff_agent_tool_and_tools_is_journaled(
     fapp: ms.App, fake: FakeOpenAIServer, client: openai.AsyncOpenAI
 ) -> None:
     shop = Shop()
-    support = durable(fapp, shop.triage, name="support", openai_client=client, run_config=NO_TRACING)
+    support = durable(
+        fapp, shop.triage, name="support", openai_client=client, run_config=NO_TRACING
+    )
     happy_path(fake)
     handle = fapp.submit(support, "Charge order 7", key="t-7")
     await drain(fapp)
@@ -157,7 +159,9 @@ async def test_a_crash_replays_without_sending_a_completed_model_call(
     fapp: ms.App, clock: ms.FakeClock, fake: FakeOpenAIServer, client: openai.AsyncOpenAI
 ) -> None:
     shop = Shop(crash_charge=True)
-    support = durable(fapp, shop.triage, name="support", openai_client=client, run_config=NO_TRACING)
+    support = durable(
+        fapp, shop.triage, name="support", openai_client=client, run_config=NO_TRACING
+    )
     happy_path(fake)
     handle = fapp.submit(support, "Charge order 7")
     await drain(fapp)
@@ -178,7 +182,9 @@ async def test_needs_approval_is_a_durable_mainspring_approval(
     fapp: ms.App, fake: FakeOpenAIServer, client: openai.AsyncOpenAI
 ) -> None:
     shop = Shop()
-    support = durable(fapp, shop.triage, name="support", openai_client=client, run_config=NO_TRACING)
+    support = durable(
+        fapp, shop.triage, name="support", openai_client=client, run_config=NO_TRACING
+    )
     fake.script(
         [
             fake.tool_call("transfer_to_billing", {}),
@@ -204,7 +210,9 @@ async def test_a_rejection_reaches_the_model_and_the_tool_never_runs(
     fapp: ms.App, fake: FakeOpenAIServer, client: openai.AsyncOpenAI
 ) -> None:
     shop = Shop()
-    support = durable(fapp, shop.triage, name="support", openai_client=client, run_config=NO_TRACING)
+    support = durable(
+        fapp, shop.triage, name="support", openai_client=client, run_config=NO_TRACING
+    )
     fake.script(
         [
             fake.tool_call("transfer_to_billing", {}),
@@ -245,9 +253,7 @@ async def test_an_irreversible_tool_asks_and_runs_at_most_once(
     [request] = fapp.requests(handle.run_id)
     assert request.id == "approval:call_charge"
     # The reviewer edits the amount: the tool runs with the edited arguments.
-    fapp.answer(
-        handle.run_id, request.id, decision="edit", arguments={"order": 7, "amount": 4}
-    )
+    fapp.answer(handle.run_id, request.id, decision="edit", arguments={"order": 7, "amount": 4})
     await drain(fapp)
     assert await handle.result() == "Charged."
     assert len(shop.done("charge")) == 1
@@ -261,7 +267,7 @@ def test_effect_declarations_are_checked() -> None:
         durable(app, Agent(name="a"), effects={"x": "delete"})  # type: ignore[dict-item]
     with pytest.raises(ms.ConfigError, match="effect must be one of"):
         effect("delete")  # type: ignore[arg-type]
-    with pytest.raises(ms.ConfigError, match="goes on an agents.FunctionTool"):
+    with pytest.raises(ms.ConfigError, match=r"goes on an agents\.FunctionTool"):
         effect("read")(lambda: None)
 
 
@@ -286,7 +292,9 @@ async def test_a_429_is_back_pressure_through_the_shared_limiter(
 ) -> None:
     # The real clock: on PostgreSQL the limiter books on the database's clock.
     app = ms.App(
-        db_url, poll_interval_s=0.01, rate_limits=[RateLimit(provider="openai", model=MODEL, rpm=600)]
+        db_url,
+        poll_interval_s=0.01,
+        rate_limits=[RateLimit(provider="openai", model=MODEL, rpm=600)],
     )
     agent = Agent(name="poet", instructions="write", model=MODEL)
     poet = durable(app, agent, openai_client=client, run_config=NO_TRACING)
@@ -424,7 +432,9 @@ async def test_a_fork_replays_the_sdk_run_and_goes_on_live(
     fapp: ms.App, fake: FakeOpenAIServer, client: openai.AsyncOpenAI
 ) -> None:
     shop = Shop()
-    support = durable(fapp, shop.triage, name="support", openai_client=client, run_config=NO_TRACING)
+    support = durable(
+        fapp, shop.triage, name="support", openai_client=client, run_config=NO_TRACING
+    )
     happy_path(fake)
     handle = fapp.submit(support, "Charge order 7")
     await drain(fapp)

@@ -24,16 +24,16 @@ from ._fake_common import FakeReply, call_id
 __all__ = ["render_response", "response_events"]
 
 
-def render_response(reply: FakeReply, body: Mapping[str, Any], usage: Usage, n: int) -> dict[str, Any]:
+def render_response(
+    reply: FakeReply, body: Mapping[str, Any], usage: Usage, n: int
+) -> dict[str, Any]:
     """The body of a non-streamed ``/v1/responses`` reply."""
     output: list[dict[str, Any]] = []
     text = reply.text if reply.text is not None else None
     if text or reply.refusal:
         content: list[dict[str, Any]] = []
         if text:
-            content.append(
-                {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
-            )
+            content.append({"type": "output_text", "text": text, "annotations": [], "logprobs": []})
         if reply.refusal:
             content.append({"type": "refusal", "refusal": reply.refusal})
         output.append(
@@ -46,7 +46,9 @@ def render_response(reply: FakeReply, body: Mapping[str, Any], usage: Usage, n: 
             }
         )
     for i, call in enumerate(reply.tool_calls):
-        arguments = call.arguments if isinstance(call.arguments, str) else json.dumps(call.arguments)
+        arguments = (
+            call.arguments if isinstance(call.arguments, str) else json.dumps(call.arguments)
+        )
         output.append(
             {
                 "type": "function_call",

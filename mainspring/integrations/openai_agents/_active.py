@@ -20,6 +20,8 @@ Effect = Literal["read", "write", "irreversible"]
 _ACTIVE: contextvars.ContextVar[Active | None] = contextvars.ContextVar(
     "mainspring_oa_active", default=None
 )
+
+
 def active() -> Active | None:
     """The durable run this task is executing, if any."""
     return _ACTIVE.get()
@@ -85,5 +87,3 @@ class Active:
 
     def before_tool(self, name: str) -> None:
         self.tool_calls += 1
-
-

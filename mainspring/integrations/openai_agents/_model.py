@@ -35,7 +35,6 @@ from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
 import openai
 from agents import Model as SDKModel
 from agents import ModelProvider, ModelSettings, ModelTracing, MultiProvider, Usage
@@ -58,7 +57,6 @@ from mainspring.models.openai import map_status_error
 from ._active import Active
 from ._tools import journal_tools
 
-
 __all__ = ["JournaledModel", "JournaledProvider", "client_for_loop", "native_of"]
 
 _ITEMS: TypeAdapter[list[ResponseOutputItem]] = TypeAdapter(list[ResponseOutputItem])
@@ -71,7 +69,7 @@ _HEADERS: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar
 _KEEP = ("x-ratelimit-", "retry-after")
 
 
-async def _on_response(response: httpx.Response) -> None:
+async def _on_response(response: Any) -> None:
     """httpx response hook: keep the rate-limit headers for the step that sent it."""
     box = _HEADERS.get()
     if box is not None:
@@ -93,11 +91,8 @@ def client_for_loop(template: openai.AsyncOpenAI | None) -> openai.AsyncOpenAI:
     per_loop = _CLIENTS.setdefault(loop, {})
     found = per_loop.get(id(template))
     if found is None:
-        http = httpx.AsyncClient(
-            event_hooks={"response": [_on_response]},
-            timeout=httpx.Timeout(600.0, connect=10.0),
-            follow_redirects=True,
-        )
+        # The OpenAI SDK's own HTTP client class (and defaults), with the hook.
+        http = openai.DefaultAsyncHttpxClient(event_hooks={"response": [_on_response]})
         base = template if template is not None else openai.AsyncOpenAI()
         found = per_loop[id(template)] = base.with_options(max_retries=0, http_client=http)
     return found
@@ -165,11 +160,24 @@ def _mapped(name: str) -> Iterator[None]:
     try:
         yield
     except openai.APIStatusError as exc:
-        raise map_status_error(
-            exc.status_code, exc.body, exc.response.headers, model=name
-        ) from exc
-    except (openai.APIConnectionError, httpx.TransportError) as exc:
+        raise map_status_error(exc.status_code, exc.body, exc.response.headers, model=name) from exc
+    except openai.APIConnectionError as exc:
         raise TransientError(f"{name}: connection failed: {exc!r}") from exc
+    except openai.APIError as exc:  # an error event in the middle of a stream
+        raise TransientError(f"{name}: the stream broke off: {exc}") from exc
+    except Exception as exc:
+        if not _dropped(exc):
+            raise
+        raise TransientError(f"{name}: the stream broke off: {exc!r}") from exc
+
+
+def _dropped(exc: Exception) -> bool:
+    """A connection dropped in the middle of a streamed body: the HTTP library's
+    ``TransportError`` (httpx, or httpx2 under newer openai releases), not the SDK's."""
+    return any(
+        c.__name__ == "TransportError" and c.__module__.split(".")[0] in ("httpx", "httpx2")
+        for c in type(exc).__mro__
+    )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -190,7 +198,8 @@ class _Request:
     def estimate(self) -> int:
         """Prompt tokens, estimated (UTF-8 bytes / 4) for the booking."""
         parts: list[Any] = [self.system_instructions or "", self.input]
-        parts += [getattr(t, "params_json_schema", None) or getattr(t, "name", "") for t in self.tools]
+        for t in self.tools:
+            parts.append(getattr(t, "params_json_schema", None) or getattr(t, "name", ""))
         return estimate_tokens(json.dumps(parts, default=str))
 
 
@@ -423,7 +432,9 @@ class JournaledModel(SDKModel):
                 },
             }
         )
-        yield ResponseCompletedEvent(type="response.completed", response=response, sequence_number=0)
+        yield ResponseCompletedEvent(
+            type="response.completed", response=response, sequence_number=0
+        )
 
 
 class JournaledProvider(ModelProvider):

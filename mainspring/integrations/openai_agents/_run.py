@@ -20,12 +20,11 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, cast
 
 import openai
-from agents import Agent, Handoff, RunConfig, Runner
+from agents import Agent, Handoff, ModelProvider, MultiProvider, RunConfig, Runner
 from agents import Model as SDKModel
-from agents import ModelProvider, MultiProvider
 from agents.run import DEFAULT_MAX_TURNS
 from agents.run_config import ToolExecutionConfig
 
@@ -57,7 +56,7 @@ class _Graph:
         self.memo[id(a)] = clone
         if isinstance(a.model, SDKModel):
             clone.model = wrap_model(a.model, active)
-        servers = []
+        servers: list[Any] = []
         for s in a.mcp_servers:
             if not isinstance(s, JournaledMCPServer):
                 kind = effect_of(s, s.name, self.effects)
@@ -182,7 +181,7 @@ def durable(
         try:
             given = context() if context is not None else None
             result = await Runner.run(
-                start, input, context=given, run_config=config, max_turns=max_turns
+                start, cast(Any, input), context=given, run_config=config, max_turns=max_turns
             )
             while result.interruptions:
                 # The SDK paused for approvals (needs_approval): ask mainspring's way,
@@ -200,9 +199,7 @@ def durable(
                         run_state.approve(item)
                     else:
                         why = f": {decision.reason}" if decision.reason else ""
-                        run_state.reject(
-                            item, rejection_message=f"Rejected by a human{why}."
-                        )
+                        run_state.reject(item, rejection_message=f"Rejected by a human{why}.")
                 result = await Runner.run(
                     start, run_state, context=given, run_config=config, max_turns=max_turns
                 )

@@ -160,10 +160,10 @@ class JournaledMCPServer(MCPServer):
         return self.inner.name
 
     async def connect(self) -> None:
-        await self.inner.connect()
+        await self.inner.connect()  # type: ignore[no-untyped-call]
 
     async def cleanup(self) -> None:
-        await self.inner.cleanup()
+        await self.inner.cleanup()  # type: ignore[no-untyped-call]
 
     async def list_tools(self, run_context: Any = None, agent: Any = None) -> list[Any]:
         run = self._active()
