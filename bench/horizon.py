@@ -51,6 +51,7 @@ PEERS = {
     "plain_loop": "plain_loop.py",
     "langgraph": "langgraph_agent.py",
     "agents_sdk": "agents_sdk.py",
+    "agents_sdk_mainspring": "agents_sdk_mainspring.py",  # the same agent, durable()
 }
 CONTENDERS = ("mainspring", *PEERS)
 

@@ -459,8 +459,11 @@ class JournaledProvider(ModelProvider):
         provider = self.inner
         if provider is None:
             provider = MultiProvider(openai_client=client_for_loop(self.template))
-        name = model_name or self.default_model
-        return JournaledModel(provider.get_model(model_name), name, self._active)
+        inner = provider.get_model(model_name)
+        name = getattr(inner, "model", None)  # the name the SDK resolved (its default)
+        if not isinstance(name, str):
+            name = model_name or self.default_model
+        return JournaledModel(inner, name, self._active)
 
 
 def wrap_model(model: SDKModel, active: Callable[[], Active | None]) -> SDKModel:
