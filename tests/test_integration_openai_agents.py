@@ -5,11 +5,13 @@ approvals, streams, guardrails, output types, MCP) made durable with
 from __future__ import annotations
 
 import asyncio
+import importlib
 import json
 import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -460,3 +462,29 @@ def test_a_missing_extra_names_the_pip_install() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=os.getcwd()
     )
     assert "pip install 'mainspring[openai-agents]'" in out.stdout
+
+
+def test_the_lab_runs_the_integrated_agent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from test_integration_openai_agents_processes import reply
+
+    from mainspring.lab import LabProfile, run_workflow_lab
+
+    monkeypatch.setenv("MAINSPRING_DATABASE_URL", f"sqlite:///{tmp_path / 'app.db'}")
+    monkeypatch.setenv("MAINSPRING_TEST_LEDGER", str(tmp_path / "ledger.db"))
+    with FakeOpenAIServer(fallback=reply) as server:
+        monkeypatch.setenv("MAINSPRING_TEST_OPENAI_URL", server.base_url)
+        import apps.openai_agents_app
+
+        module = importlib.reload(apps.openai_agents_app)
+        result = run_workflow_lab(
+            module.support,
+            LabProfile(model_error_rate=0.05, crash_rate=0.1),
+            args=["desk 1: charge 3 orders"],
+            policies=["mainspring"],
+            trials=2,
+            repeats=1,
+            seed=3,
+        )
+    [cell] = result.cells
+    assert (cell.successes, cell.trials, cell.duplicate_effects) == (2, 2, 0), result.failures
+    assert cell.recoveries > 0 and cell.tokens > 0  # crashes were simulated and survived

@@ -19,10 +19,10 @@ from typing import Any, TypeVar
 
 from agents import FunctionTool
 from agents.mcp import MCPServer
-from agents.tool import ToolOriginType, get_function_tool_origin
+from agents.tool import ToolOriginType, default_tool_error_function, get_function_tool_origin
 from mcp.types import CallToolResult, Tool
 
-from mainspring import ConfigError
+from mainspring import ConfigError, StepFailed, StepInterrupted
 
 from ._active import _ACTIVE, Active, Effect
 
@@ -91,11 +91,15 @@ def journal_tools(tools: list[Any]) -> None:
         if origin is not None and origin.type == ToolOriginType.AGENT_AS_TOOL:
             continue
         original = tool.on_invoke_tool
-        tool.on_invoke_tool = functools.partial(_invoke, tool.name, original, tool)
+        # The function @function_tool wrapped (gone once the invoker is replaced).
+        source = getattr(tool, "__wrapped__", original)
+        tool.on_invoke_tool = functools.partial(_invoke, tool.name, original, tool, source)
         setattr(tool, _WRAPPED, original)
 
 
-async def _invoke(name: str, original: Any, tool: FunctionTool, tool_ctx: Any, args: str) -> Any:
+async def _invoke(
+    name: str, original: Any, tool: FunctionTool, source: Any, tool_ctx: Any, args: str
+) -> Any:
     run = _ACTIVE.get()
     if run is None:
         return await original(tool_ctx, args)
@@ -121,13 +125,29 @@ async def _invoke(name: str, original: Any, tool: FunctionTool, tool_ctx: Any, a
     async def call(arguments: str) -> Any:
         return await original(tool_ctx, arguments)
 
-    return await run.ctx.step(
-        call,
-        args,
-        name=f"tool:{name}",
-        role="tool",
-        mode="at_most_once" if kind == "irreversible" else "at_least_once",
-    )
+    # The tool's own function (the SDK exposes it on @function_tool tools), for
+    # whoever reads what a step runs: the lab asks whether it uses its idempotency key.
+    call.__wrapped__ = source  # type: ignore[attr-defined]
+    try:
+        return await run.ctx.step(
+            call,
+            args,
+            name=f"tool:{name}",
+            role="tool",
+            mode="at_most_once" if kind == "irreversible" else "at_least_once",
+        )
+    except StepFailed as exc:
+        # Its retries spent (a tool that raises is the SDK's business: its error
+        # function answers inside the step): the model hears of it, as the SDK's
+        # default error function would tell it, instead of the run failing.
+        return default_tool_error_function(tool_ctx, exc)
+    except StepInterrupted:
+        # An irreversible call a crash cut short: it may have taken effect. Never
+        # again blindly (a new call would carry a new key): say so to the model.
+        return (
+            f"The call of {name!r} was interrupted and may or may not have taken "
+            "effect; check before calling it again."
+        )
 
 
 def parsed(args: str) -> Any:
