@@ -5,6 +5,7 @@ approvals, streams, guardrails, output types, MCP) made durable with
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import importlib
 import json
 import os
@@ -488,3 +489,30 @@ def test_the_lab_runs_the_integrated_agent(tmp_path: Path, monkeypatch: pytest.M
     [cell] = result.cells
     assert (cell.successes, cell.trials, cell.duplicate_effects) == (2, 2, 0), result.failures
     assert cell.recoveries > 0 and cell.tokens > 0  # crashes were simulated and survived
+
+
+async def test_a_copy_of_a_journaled_tool_is_journaled_once_under_its_own_name(
+    fapp: ms.App, fake: FakeOpenAIServer, client: openai.AsyncOpenAI
+) -> None:
+    shop = Shop()
+    fake.script([fake.tool_call("lookup", {"order": 1}), fake.text("ok")])
+    agent = Agent(name="a", instructions="look", tools=shop.auditor.tools, model=MODEL)
+    looker = durable(fapp, agent, name="looker", openai_client=client, run_config=NO_TRACING)
+    one = fapp.submit(looker, "look")
+    await drain(fapp)  # wraps the auditor's lookup in place
+    [lookup] = shop.auditor.tools
+    copy = dataclasses.replace(lookup, name="find")  # the SDK copies tools too
+    finder = durable(
+        fapp,
+        Agent(name="f", instructions="find", tools=[copy], model=MODEL),
+        name="finder",
+        openai_client=client,
+        run_config=NO_TRACING,
+    )
+    fake.script([fake.tool_call("find", {"order": 2}), fake.text("found")])
+    two = fapp.submit(finder, "find")
+    await drain(fapp)
+    assert (await one.result(), await two.result()) == ("ok", "found")
+    assert [(s.role, s.name) for s in fapp.steps(two.run_id) if s.role == "tool"] == [
+        ("tool", "tool:find")
+    ]

@@ -87,6 +87,9 @@ def journal_tools(tools: list[Any]) -> None:
     for tool in tools:
         if not isinstance(tool, FunctionTool) or hasattr(tool, _WRAPPED):
             continue
+        invoker = tool.on_invoke_tool
+        if isinstance(invoker, functools.partial) and invoker.func is _invoke:
+            continue  # a copy the SDK made of a tool wrapped already
         origin = get_function_tool_origin(tool)
         if origin is not None and origin.type == ToolOriginType.AGENT_AS_TOOL:
             continue
@@ -103,6 +106,8 @@ async def _invoke(
     run = _ACTIVE.get()
     if run is None:
         return await original(tool_ctx, args)
+    # The name the model called it by (a copy the SDK made may carry another).
+    name = str(getattr(tool_ctx, "tool_name", None) or name)
     origin = get_function_tool_origin(tool)
     server = origin.mcp_server_name if origin is not None else None
     kind = effect_of(tool, name, run.effects)
