@@ -209,6 +209,7 @@ def test_sdk_agent_survives_sigkills(
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3600)
 def test_sdk_agent_survives_many_sigkills(
     db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
