@@ -53,6 +53,7 @@ PEERS = {
     "langgraph": "langgraph_agent.py",
     "agents_sdk": "agents_sdk.py",
     "pydantic_ai": "pydantic_ai_bare.py",
+    "agents_sdk_mainspring": "agents_sdk_mainspring.py",  # the same agent, durable()
 }
 # Frameworks' agents made durable by mainspring's integrations: their runner scripts run
 # with this interpreter (where the extras are installed), not the peer venv's.

@@ -29,10 +29,10 @@ RANKS: dict[str, int] = {
     "worker": 4,
     "app": 5,  # mainspring/_app.py and mainspring/__init__.py
     "testing": 6,
-    "integrations": 6,  # mainspring/integrations/: other frameworks' agents on the App
     "dashboard": 6,
     "server": 7,
     "lab": 7,
+    "integrations": 7,  # mainspring/integrations/: other frameworks' agents, one extra each
     "cli": 8,
     "examples": 8,
     "main": 9,  # mainspring/__main__.py

@@ -26,7 +26,7 @@ from typing import Any, Final
 from .. import ConfigError, MainspringError, StepTimeout, TransientError
 from ..journal import StepCall, StepInterceptor
 from ..models import ModelResponse, ToolCall
-from ..tools import ToolRegistry, tool_of
+from ..tools import ToolRegistry, step_effect, tool_of
 from ._chain import InstantClock, _Draws
 from ._chain import _SimulatedCrash as SimulatedCrash
 from ._profile import FailureCause, LabProfile, Policy
@@ -252,7 +252,8 @@ class FaultHook(StepInterceptor):
         if call.info.role == "tool" and self.tools is not None:
             ran = tool_of(call.fn)  # the tool whose step function this is
             tool = self.tools.get(ran.name) if ran is not None else None
-        if tool is not None and tool.effect == "read":
+        effect = tool.effect if tool is not None else step_effect(call.fn)
+        if effect == "read":
             return  # a read has no effect to duplicate
         self.completions[key] += 1
         keyed = tool.schema.context_param is not None if tool is not None else _reads_key(call.fn)

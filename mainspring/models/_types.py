@@ -137,6 +137,10 @@ class ModelResponse:
         cost_usd: what the reply cost in USD by the caller's price table, set when
             the call is journaled (``call_model``); ``None``: not priced then (the
             model is not in the table), and readers price it from theirs.
+        native: the reply in the shape of the framework that asked for it, as JSON,
+            when a plain reply cannot carry it (an integration's adapter journals
+            the OpenAI Agents SDK's ``ModelResponse`` here, to hand it back on
+            replay); ``None`` for mainspring's own adapters.
     """
 
     text: str | None = None
@@ -147,3 +151,4 @@ class ModelResponse:
     rate_limit: dict[str, str] = field(default_factory=dict)
     latency_s: float = 0.0
     cost_usd: float | None = None
+    native: dict[str, Any] | None = None

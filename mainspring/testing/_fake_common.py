@@ -281,6 +281,8 @@ class FakeProviderServer(ABC):
 
     #: The path the provider serves.
     endpoint: str
+    #: Every path it serves (``endpoint`` and any other API of the same provider).
+    endpoints: tuple[str, ...] = ()
     #: Rate-limit headers of a reply when the constructor is given none.
     DEFAULT_RATE_LIMIT_HEADERS: Mapping[str, str] = {}
 
@@ -524,7 +526,7 @@ class FakeProviderServer(ABC):
             self.requests.append(request)
             index = len(self.requests)
         path = request.path.split("?", 1)[0]
-        if request.method != "POST" or path != self.endpoint:
+        if request.method != "POST" or path not in (self.endpoint, *self.endpoints):
             return self._render_error(self._error(404, f"no route {request.method} {path}"))
         if self.api_key is not None and self._api_key_of(request) != self.api_key:
             return self._render_error(self._unauthorized())
@@ -603,7 +605,8 @@ class FakeProviderServer(ABC):
         """Estimated input tokens of a request body (JSON bytes / 4)."""
         if not isinstance(body, Mapping):
             return 0
-        parts = [body.get(k) for k in ("system", "messages", "tools") if body.get(k)]
+        keys = ("system", "messages", "instructions", "input", "tools")
+        parts = [body.get(k) for k in keys if body.get(k)]
         return estimate_tokens(json.dumps(parts))
 
     def _usage(self, reply: FakeReply, request: RecordedRequest) -> Usage:

@@ -10,6 +10,7 @@ from typing import Any
 
 from ._fake_common import FakeProviderServer, FakeReply, RecordedRequest, call_id
 from ._fake_limits import Dim, Refusal, format_duration
+from ._fake_responses import render_response, response_events
 
 __all__ = ["FakeOpenAIServer"]
 
@@ -25,7 +26,9 @@ _ERROR_TYPES = {
 
 
 class FakeOpenAIServer(FakeProviderServer):
-    """A fake OpenAI endpoint, ``POST /v1/chat/completions`` (``stream: true`` served as chunks).
+    """A fake OpenAI endpoint: ``POST /v1/chat/completions`` (``stream: true`` served as
+    chunks) and ``POST /v1/responses`` (the Responses API, the OpenAI Agents SDK's
+    default; streamed as its real events), one script for both.
 
     The official ``openai`` SDK (and :class:`~mainspring.models.OpenAIModel`) talk to
     it unmodified: function-calling ``tool_calls``, ``usage``, ``x-ratelimit-*`` headers,
@@ -46,6 +49,7 @@ class FakeOpenAIServer(FakeProviderServer):
     """
 
     endpoint = "/v1/chat/completions"
+    endpoints = ("/v1/responses",)
     RATE_LIMIT_WORDS: Mapping[Dim, str] = {"rpm": "requests", "tpm": "tokens"}
     DEFAULT_RATE_LIMIT_HEADERS: Mapping[str, str] = {
         "x-ratelimit-limit-requests": "10000",
@@ -200,6 +204,8 @@ class FakeOpenAIServer(FakeProviderServer):
 
     def _render_reply(self, reply: FakeReply, request: RecordedRequest, n: int) -> dict[str, Any]:
         body = request.body if isinstance(request.body, Mapping) else {}
+        if _is_responses(request):
+            return render_response(reply, body, self._usage(reply, request), n)
         message: dict[str, Any] = {
             "role": "assistant",
             "content": reply.text,
@@ -247,6 +253,8 @@ class FakeOpenAIServer(FakeProviderServer):
         chunk, the text in pieces, each tool call (id and name, then its arguments in
         pieces), the finish reason, and the usage chunk when ``stream_options`` asks
         for it."""
+        if _is_responses(request):
+            return response_events(body, _pieces)
         asked = request.body if isinstance(request.body, Mapping) else {}
         choice = body["choices"][0]
         message = choice["message"]
@@ -277,6 +285,10 @@ class FakeOpenAIServer(FakeProviderServer):
             out.append((None, json.dumps({**head, "choices": [], "usage": body["usage"]})))
         out.append((None, "[DONE]"))
         return out
+
+
+def _is_responses(request: RecordedRequest) -> bool:
+    return request.path.split("?", 1)[0] == "/v1/responses"
 
 
 def _pieces(text: str, size: int = 4) -> list[str]:

@@ -14,7 +14,7 @@ from ._decorator import tool
 from ._mcp import IDEMPOTENCY_META_KEY, MCPTool, MCPToolError, MCPToolset, effect_of
 from ._output import OutputSchema
 from ._registry import ToolRegistry
-from ._tool import Tool, Validator, tool_of
+from ._tool import Tool, Validator, mark_step_effect, step_effect, tool_of
 from ._toolset import ToolList, Toolset
 
 __all__ = [
@@ -33,7 +33,9 @@ __all__ = [
     "Validator",
     "describe_errors",
     "effect_of",
+    "mark_step_effect",
     "parse_arguments",
+    "step_effect",
     "tool",
     "tool_of",
 ]

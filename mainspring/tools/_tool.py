@@ -50,6 +50,30 @@ def tool_of(step_function: Callable[..., Any]) -> Tool[..., Any] | None:
         return None
 
 
+# Step function -> the effect class its caller declared, for step functions that are no
+# Tool's (another framework's tool, called through an integration).
+_EFFECT_OF_STEP: weakref.WeakKeyDictionary[Callable[..., Any], Effect] = weakref.WeakKeyDictionary()
+
+
+def mark_step_effect(step_function: Callable[..., Any], effect: Effect) -> None:
+    """Say what effect class the calls of ``step_function`` have, for interceptors that
+    ask (:func:`step_effect`: the lab counts a ``read`` run twice as no duplicate). An
+    integration marks the step functions it journals another framework's tools with."""
+    _EFFECT_OF_STEP[step_function] = effect
+
+
+def step_effect(step_function: Callable[..., Any]) -> Effect | None:
+    """The effect class of a step function: its tool's, or the one
+    :func:`mark_step_effect` gave it; ``None`` when nobody said."""
+    found = tool_of(step_function)
+    if found is not None:
+        return found.effect
+    try:
+        return _EFFECT_OF_STEP.get(step_function)
+    except TypeError:
+        return None
+
+
 @dataclass(frozen=True, eq=False, kw_only=True)
 class Tool(Generic[P, R]):
     """A function the model may call, with its schema, effect class and policies.

@@ -30,7 +30,7 @@ from pydantic_ai.tools import ToolDefinition
 from pydantic_ai.toolsets import ToolsetTool, WrapperToolset
 
 from mainspring import ConfigError, Effect, RunContext
-from mainspring.tools import effect_of
+from mainspring.tools import effect_of, mark_step_effect
 
 __all__ = ["DELEGATING", "EFFECTS", "JournaledToolset", "ToolRules"]
 
@@ -165,6 +165,7 @@ class JournaledToolset(WrapperToolset[Any]):
             except CallDeferred as exc:
                 return {"kind": "deferred", "metadata": exc.metadata, "call_kind": exc.kind}
 
+        mark_step_effect(call, effect)  # for interceptors that ask (the lab)
         outcome: dict[str, Any] = await self.ctx.step(
             call,
             name=f"tool:{name}",

@@ -1,0 +1,89 @@
+"""The durable run a task is executing: its context and what it has spent, for the
+journaled model and tools to find (a context variable: the SDK's tasks inherit it)."""
+
+from __future__ import annotations
+
+import contextvars
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import mainspring as ms
+from mainspring import BudgetExceeded
+from mainspring.limits import Limits, Price
+from mainspring.models import ModelResponse
+
+__all__ = ["Active", "Effect", "active"]
+
+Effect = Literal["read", "write", "irreversible"]
+
+_ACTIVE: contextvars.ContextVar[Active | None] = contextvars.ContextVar(
+    "mainspring_oa_active", default=None
+)
+
+
+def active() -> Active | None:
+    """The durable run this task is executing, if any."""
+    return _ACTIVE.get()
+
+
+@dataclass(kw_only=True, eq=False)
+class Active:
+    """One execution of a durable agent run: its context and what it has spent
+    (rebuilt by replay: the counts come from journaled replies)."""
+
+    ctx: ms.RunContext
+    app: ms.App
+    effects: Mapping[str, Effect]
+    limits: Limits | None
+    stream: bool
+    account: str
+    prices: dict[str, Price] | None
+    rate_limits: Any
+    turns: int = 0
+    tool_calls: int = 0
+    tokens: int = 0
+    cost_usd: float = 0.0
+    approved: set[str] = field(default_factory=set)
+
+    async def before_model(self) -> None:
+        """Check the budgets before a model call: a cap reached pauses the run for a
+        human (``budget:<limit>``: approve, with ``{"limit": N}`` to raise it) or,
+        with ``on_exceeded="stop"``, ends it with :class:`BudgetExceeded`."""
+        while (limits := self.limits) is not None:
+            used: dict[str, float] = {
+                "max_steps": self.turns,
+                "max_tool_calls": self.tool_calls,
+                "max_tokens": self.tokens,
+                "max_cost_usd": self.cost_usd,
+            }
+            over = [
+                (k, cap, used[k])
+                for k in used
+                if (cap := getattr(limits, k)) is not None and used[k] >= cap
+            ]
+            if not over:
+                return
+            which, cap, value = over[0]
+            text = f"{which} reached: {value:g} of {cap:g}"
+            if limits.on_exceeded == "stop":
+                raise BudgetExceeded(text, run_id=self.ctx.run_id)
+            decision = await self.ctx.request(
+                f"budget:{which}",
+                kind="approval",
+                title=f"{text}: continue?",
+                preview={"limit": which, "cap": cap, "used": value},
+            )
+            if not decision.approved:
+                raise BudgetExceeded(f"{text}; stopped by a human", run_id=self.ctx.run_id)
+            raised = (decision.arguments or {}).get("limit")
+            bumped = float(raised) if isinstance(raised, int | float) else value + max(cap, 1)
+            self.limits = limits.raised(which, max(bumped, value + 1))
+
+    def after_model(self, reply: ModelResponse) -> None:
+        self.turns += 1
+        self.tokens += reply.usage.input_tokens + reply.usage.output_tokens
+        self.cost_usd += reply.cost_usd or 0.0
+
+    def before_tool(self, name: str) -> None:
+        self.tool_calls += 1
