@@ -71,6 +71,13 @@ class RunContext:
         self._steps = Steps(self._cursor, self._waits)
 
     @property
+    def epoch(self) -> int:
+        """The run's epoch this execution holds (its claim's). Anything written on the
+        run's behalf outside the journal (an integration's checkpoints) is fenced by
+        it, so that a worker that lost the run writes nothing more."""
+        return self._cursor.epoch
+
+    @property
     def is_replaying(self) -> bool:
         """True while the workflow re-executes journaled steps."""
         return self._cursor.is_replaying
