@@ -29,6 +29,7 @@ RANKS: dict[str, int] = {
     "worker": 4,
     "app": 5,  # mainspring/_app.py and mainspring/__init__.py
     "testing": 6,
+    "integrations": 6,  # other frameworks' agents on mainspring, behind extras
     "dashboard": 6,
     "server": 7,
     "lab": 7,
@@ -39,7 +40,7 @@ RANKS: dict[str, int] = {
 
 # The outside edge: these reach the rest only through what ``mainspring`` and its
 # public subpackages export, kernel modules included.
-EDGES = frozenset({"server", "cli", "dashboard", "lab", "examples", "main"})
+EDGES = frozenset({"server", "cli", "dashboard", "lab", "examples", "main", "integrations"})
 
 # Imports allowed inside functions: optional extras and the CLI's lazily loaded
 # subcommands, each (importing module prefix, imported module prefix) with why.

@@ -6,8 +6,8 @@ namespace and checkpoint id.
 The store keeps them as opaque text (the integration serialises them) and knows one
 thing about them: a thread may be a run's (its id is the run's id). A write can be
 *fenced* by that run: made only while the run is ``running`` at the epoch the writer
-holds (a stale worker writes nothing), or only while no worker holds it (a person's
-edit of a waiting run's state, never of a running one).
+holds (a stale worker writes nothing), or, for a writer from outside, only once the
+run has finished (its executions own its state until then).
 """
 
 from __future__ import annotations
@@ -73,14 +73,14 @@ class CheckpointTables(Connection):
 
     def _fence_ok(self, cur: Cursor, run_id: str | None, epoch: int | None) -> bool:
         """Whether a write fenced by ``run_id`` may go ahead: the run is ``running`` at
-        ``epoch`` (a holder's write), or, with ``epoch=None``, it is not running (an
+        ``epoch`` (a holder's write), or, with ``epoch=None``, it has finished (an
         edit from outside; a thread that is no run's is anybody's)."""
         if run_id is None:
             return True
         cur.execute(f"SELECT epoch, status FROM ms_runs WHERE id = ?{self._row_lock}", (run_id,))
         row = cur.fetchone()
         if epoch is None:
-            return row is None or row[1] != "running"
+            return row is None or row[1] in ("succeeded", "failed", "cancelled")
         return row is not None and row[1] == "running" and int(row[0]) == epoch
 
     def put_checkpoint(
@@ -97,8 +97,8 @@ class CheckpointTables(Connection):
 
         Args:
             fence_run: the run whose thread this is: with ``fence_epoch``, write only
-                while it is ``running`` at that epoch; without, only while it is not
-                running.
+                while it is ``running`` at that epoch; without, only once it has
+                finished.
         """
         with self._write() as cur:
             if not self._fence_ok(cur, fence_run, fence_epoch):

@@ -61,7 +61,7 @@ class OpenAIChat(BaseChatModel):
 
     model: str = "gpt-4.1-mini"
     base_url: str
-    tools: list[dict[str, Any]] = []
+    tools: list[dict[str, Any]] = []  # noqa: RUF012 (pydantic copies field defaults)
 
     @property
     def _llm_type(self) -> str:

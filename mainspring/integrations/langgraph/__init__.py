@@ -17,7 +17,7 @@ try:
     import langgraph.pregel  # noqa: F401
     from langgraph.checkpoint.base import BaseCheckpointSaver  # noqa: F401
 except ImportError as exc:  # pragma: no cover - exercised in a venv without the extra
-    from ..._errors import MissingExtra
+    from ... import MissingExtra
 
     raise MissingExtra("mainspring.integrations.langgraph", "langgraph", exc.name) from exc
 

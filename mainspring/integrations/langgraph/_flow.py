@@ -186,9 +186,9 @@ def durable(
         return await _drive(ctx, input, wrapped, options)
 
     run.__qualname__ = run.__name__ = flow_name
-    made: Workflow[..., Any] = DurableGraph.create(run, flow_name)
+    made = DurableGraph.create(run, flow_name)
+    assert isinstance(made, DurableGraph)
     flow = dataclasses.replace(made, graph=graph.copy({"checkpointer": MainspringSaver(app)}))
-    assert isinstance(flow, DurableGraph)
     app.workflows[flow_name] = flow
     return flow
 
@@ -196,7 +196,9 @@ def durable(
 # -- the graph, wrapped ---------------------------------------------------------------
 
 
-def _wrap(graph: Pregel, options: _Options, model_nodes: set[str] | None) -> Pregel:
+def _wrap(
+    graph: Pregel[Any, Any, Any, Any], options: _Options, model_nodes: set[str] | None
+) -> Pregel[Any, Any, Any, Any]:
     nodes = {}
     for node_name, node in graph.nodes.items():
         if node_name.startswith("__"):  # LangGraph's own (__start__)
@@ -308,10 +310,12 @@ def _calls_model(bound: Any) -> bool:
 # -- the driver -----------------------------------------------------------------------
 
 
-async def _drive(ctx: RunContext, given: Any, wrapped: Pregel, options: _Options) -> Any:
+async def _drive(
+    ctx: RunContext, given: Any, wrapped: Pregel[Any, Any, Any, Any], options: _Options
+) -> Any:
     execution = Execution(
         ctx=ctx,
-        clock=options.app.clock,
+        clock=ctx.clock,
         limits=options.limits,
         started=ctx.now().timestamp(),
         loop_repeats=options.loop_repeats,
@@ -325,7 +329,8 @@ async def _drive(ctx: RunContext, given: Any, wrapped: Pregel, options: _Options
             "callbacks": [options.calls],
             "recursion_limit": options.recursion_limit,
         }
-        mirror = _Mirror(MainspringSaver(options.app), ctx)
+        # The run's own store (the lab runs a workflow on an App of its own).
+        mirror = _Mirror(MainspringSaver(ctx.store), ctx)
         asked = 0
         while True:
             out = await graph.ainvoke(given, config, durability=options.durability)

@@ -25,7 +25,7 @@ from langchain_core.callbacks import AsyncCallbackHandler
 from langchain_core.messages import BaseMessage
 from langchain_core.outputs import ChatGeneration, LLMResult
 
-from ... import App, ModelOutputError, current_step
+from ... import App, Clock, ModelOutputError, Store, current_step
 from ...limits import Booking, Cost, Price, StoreRateLimiter, cost_usd
 from ...models import Usage
 
@@ -63,9 +63,12 @@ class CallRecord:
 
 @dataclass(slots=True)
 class NodeUsage:
-    """The model calls of one attempt of a node's step."""
+    """The model calls of one attempt of a node's step, and the run's store and
+    clock (the rate limiter's)."""
 
     calls: list[CallRecord] = field(default_factory=list)
+    store: Store | None = None
+    clock: Clock | None = None
 
     def summary(self) -> dict[str, Any]:
         """The model reply's shape a trace reads (usage, cost, text, tool calls), for
@@ -129,13 +132,15 @@ class ModelCalls(AsyncCallbackHandler):
         **kwargs: Any,
     ) -> None:
         limits = self.app.rate_limits
-        if limits is None or _usage.get() is None:
+        usage = _usage.get()
+        if limits is None or usage is None or usage.store is None or usage.clock is None:
             return
+        store, clock = usage.store, usage.clock
         meta = metadata or {}
         provider, model = meta.get("ls_provider"), meta.get("ls_model_name")
         if not provider or not model:
             return
-        limiter = limits.bind(self.app.store, self.app.clock).limiter(str(provider), str(model))
+        limiter = limits.bind(store, clock).limiter(str(provider), str(model))
         # A rough count (UTF-8 bytes / 4): the limiter corrects it from reported usage.
         prompt = sum(len(_text(m).encode()) for batch in messages for m in batch) // 4 + 1
         max_tokens = meta.get("ls_max_tokens")
@@ -147,9 +152,9 @@ class ModelCalls(AsyncCallbackHandler):
                 max_tokens=int(max_tokens) if isinstance(max_tokens, int) else None,
                 run=run,
             )
-            wait = booking.wake_at - self.app.clock.now()
+            wait = booking.wake_at - clock.now()
             if wait > 0:
-                await self.app.clock.sleep(wait)
+                await clock.sleep(wait)
             if not booking.retry:
                 break
         self._bookings[run_id] = (limiter, booking)

@@ -36,6 +36,7 @@ from langgraph.types import interrupt
 
 from ... import BudgetExceeded, Clock, ConfigError, Limits, LoopDetected, RunContext, Workflow
 from ... import RetryPolicy as MsRetry
+from ...storage import JournalRole
 from ._models import NodeUsage, current_usage
 from ._serde import decode, encode
 
@@ -55,7 +56,7 @@ class NodeSpec:
 
     name: str
     bound: Any  # the node's own runnable (LangGraph's)
-    role: str = "step"  # "model" when the node calls a model
+    role: JournalRole = "step"  # "model" when the node calls a model
     retry: MsRetry | None = None
     timeout: float | None = None
     child: Workflow[Any, Any] | None = None  # a subgraph: run as a child run
@@ -94,14 +95,16 @@ class Execution:
         ns = str(config.get("configurable", {}).get("checkpoint_ns", ""))
         task = self.tasks.setdefault(ns, _Task())
         self._asked_before(task)
-        if task.interrupts == 0:  # a task's first run: nothing of the node's ran yet
+        if task.interrupts == 0 and not task.asks:  # the task's first run
+            self.recent.append(f"{spec.name}:{_fingerprint(state)}")
+        if task.interrupts == 0:  # nothing of the node's has run yet
             self._check(spec, task)
         if spec.child is not None:
             return await self._run_child(spec, state)
         live: list[GraphInterrupt] = []
 
         async def body() -> dict[str, Any]:
-            usage = NodeUsage()
+            usage = NodeUsage(store=self.ctx.store, clock=self.clock)
             token = current_usage().set(usage)
             try:
                 update = await spec.bound.ainvoke(state, config)
@@ -126,7 +129,7 @@ class Execution:
         record: dict[str, Any] = await self.ctx.step(
             body,
             name=f"node:{spec.name}",
-            role=spec.role,  # type: ignore[arg-type]
+            role=spec.role,
             retry=spec.retry,
             timeout=spec.timeout,
         )
@@ -156,9 +159,6 @@ class Execution:
         usage = record.get("usage") or {}
         self.tokens += int(usage.get("input_tokens", 0)) + int(usage.get("output_tokens", 0))
         self.cost_usd += float(record.get("cost_usd", 0.0))
-        if "update" in record:
-            text = json.dumps(record["update"], sort_keys=True, separators=(",", ":"))
-            self.recent.append(f"{name}:{hashlib.sha256(text.encode()).hexdigest()[:16]}")
 
     # -- budgets and loops: asked with interrupt() -----------------------------------
 
@@ -230,8 +230,9 @@ class Execution:
         return max(0.0, self.last_end - self.started)
 
     def _loop(self) -> str | None:
-        """The repeating pattern (one node, or two alternating) if the last updates
-        repeat it ``loop_repeats`` times: the graph goes round without changing."""
+        """The repeating pattern (one node, or two alternating) if the last node runs
+        repeat it ``loop_repeats`` times with the same input: the graph goes round
+        without changing its state."""
         seen = list(self.recent)
         for period in (1, 2):
             need = period * self.loop_repeats
@@ -241,5 +242,26 @@ class Execution:
             if all(tail[i] == tail[i % period] for i in range(need)) and (
                 period == 1 or tail[0] != tail[1]
             ):
-                return " -> ".join(t.split(":")[0] for t in tail[:period])
+                return " -> ".join(t.rsplit(":", 1)[0] for t in tail[:period])
         return None
+
+
+def _fingerprint(state: Any) -> str:
+    """A cheap likeness of a node's input: equal for equal states, and different when
+    a value changed, a list grew or its last item changed (without encoding a long
+    history on every node)."""
+
+    def brief(value: Any, depth: int = 0) -> Any:
+        if isinstance(value, dict):
+            if depth > 1:
+                return len(value)
+            return {str(k): brief(v, depth + 1) for k, v in sorted(value.items(), key=str)}
+        if isinstance(value, list | tuple):
+            return [len(value), brief(value[-1], depth + 1) if value else None]
+        content = getattr(value, "content", None)
+        if content is not None:  # a message: its kind, id and text
+            return [type(value).__name__, getattr(value, "id", None), str(content)[:200]]
+        return repr(value)[:200]
+
+    text = json.dumps(brief(state), sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]

@@ -4,7 +4,7 @@ A full ``BaseCheckpointSaver`` (it passes LangGraph's own conformance suite), us
 any graph. For a graph run on mainspring (:func:`~.durable`), the thread is the run's
 id: the run's executions mirror their checkpoints into it, fenced by the run's epoch,
 so that ``graph.get_state`` / ``get_state_history`` read a run's state from anywhere.
-Writes from outside to the thread of an unfinished run are refused (its worker owns
+Writes from outside to the thread of an unfinished run are refused (its executions own
 that state: answer its requests, or fork it).
 """
 
@@ -76,8 +76,8 @@ class MainspringSaver(BaseCheckpointSaver[str]):
                 run_id=self.fence[0],
             )
         return RunConflict(
-            f"thread {thread_id!r} is a running mainspring run: its worker writes its "
-            "state. Answer its requests, or fork the run to change its course",
+            f"thread {thread_id!r} is an unfinished mainspring run: its executions own "
+            "its state. Answer its requests, or fork the run to change its course",
             run_id=thread_id,
         )
 
