@@ -19,16 +19,16 @@ import pytest
 
 pytest.importorskip("langgraph")
 
-import httpx  # noqa: E402
-from _helpers import Crash, drain, uvicorn_serving  # noqa: E402
-from apps.langgraph_app import build, policy  # noqa: E402
-from langgraph.graph import END, START, StateGraph  # noqa: E402
-from langgraph.types import Send, interrupt  # noqa: E402
-from typing_extensions import TypedDict  # noqa: E402
+import httpx
+from _helpers import Crash, drain, uvicorn_serving
+from apps.langgraph_app import build, policy
+from langgraph.graph import END, START, StateGraph
+from langgraph.types import Send, interrupt
+from typing_extensions import TypedDict
 
-import mainspring as ms  # noqa: E402
-from mainspring.integrations.langgraph import MainspringSaver, durable  # noqa: E402
-from mainspring.testing import EffectLedger, FakeOpenAIServer  # noqa: E402
+import mainspring as ms
+from mainspring.integrations.langgraph import MainspringSaver, durable
+from mainspring.testing import EffectLedger, FakeOpenAIServer
 
 ROOT = Path(__file__).resolve().parent
 
@@ -272,7 +272,8 @@ async def test_answers_from_the_cli_and_the_http_api(tmp_path: Path) -> None:
     first, second = app.submit(flow, {"answer": ""}), app.submit(both, {"items": [], "n": 0})
     await drain(app)
     [fan_request] = [r for r in app.requests() if r.run_id == second.run_id]
-    approved = subprocess.run(
+    approved = await asyncio.to_thread(
+        subprocess.run,
         [sys.executable, "-m", "mainspring", "approve", second.run_id, fan_request.id,
          "--db", url],
         capture_output=True, text=True, cwd=ROOT.parent, timeout=60,
@@ -282,7 +283,8 @@ async def test_answers_from_the_cli_and_the_http_api(tmp_path: Path) -> None:
     assert (question.kind, question.title) == ("question", "which order?")
     _, key = app.store.create_api_key("ana", ["read", "approve"], 0.0)
     with uvicorn_serving(app) as base:
-        answered = httpx.post(
+        answered = await asyncio.to_thread(
+            httpx.post,
             f"{base}/runs/{first.run_id}/requests/{question.id}",
             json={"answer": "order 7"},
             headers={"Authorization": f"Bearer {key}"},
