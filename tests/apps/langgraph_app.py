@@ -8,13 +8,17 @@ which runs as a child run.
 
 Environment: MAINSPRING_DATABASE_URL (the store), OPENAI_BASE_URL (the fake server),
 MAINSPRING_TEST_LEDGER (effects, once per key) and MAINSPRING_TEST_EXECS (every node
-execution, counted per idempotency key), MAINSPRING_TEST_LEASE_S.
+execution, counted per idempotency key), MAINSPRING_TEST_LEASE_S,
+MAINSPRING_TEST_TOOL_DELAY_S (a pause after each tool effect).
 """
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
+import signal
+import time
 from typing import Annotated, Any
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
@@ -145,6 +149,7 @@ def build(
     """The agent's graph, registered on ``app`` as the workflow ``orders``
     (``after_effect(key)``: called after each tool effect; ``options``: durable()'s)."""
     effects, executions = EffectLedger(ledger), EffectLedger(execs)
+    delay_s = float(os.environ.get("MAINSPRING_TEST_TOOL_DELAY_S", "0"))
     llm = OpenAIChat(base_url=base_url, tools=TOOLS)
 
     def executed(node: str) -> str:
@@ -176,6 +181,8 @@ def build(
             effects.apply(f"{key}:{i}", call["name"], call["args"])
             if after_effect is not None:
                 after_effect(f"{key}:{i}")
+            if delay_s:  # a window after the effect, before the node's end is journaled
+                time.sleep(delay_s)
             out.append(
                 ToolMessage(json.dumps({"ok": True, **call["args"]}), tool_call_id=call["id"])
             )
@@ -233,8 +240,13 @@ def policy(items: int, *, refund_at: int | None = None, malformed_at: int | None
 
 
 if "MAINSPRING_TEST_LEDGER" in os.environ:  # a worker process's
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # a stalled test asks
+    # Killed every second or so, a run may be recovered many times before it moves on:
+    # it is not a poison run (as the lab's suite, which kills as often).
     app = ms.App(
-        lease_s=float(os.environ.get("MAINSPRING_TEST_LEASE_S", "1.0")), poll_interval_s=0.05
+        lease_s=float(os.environ.get("MAINSPRING_TEST_LEASE_S", "1.0")),
+        poll_interval_s=0.05,
+        max_recoveries=100,
     )
     orders = build(
         app,
