@@ -373,3 +373,20 @@ def test_without_the_extra_the_import_names_the_install() -> None:
     )  # fmt: skip
     assert done.returncode != 0
     assert "pip install 'mainspring[langgraph]'" in done.stderr
+
+
+def test_the_lab_runs_a_graph_under_faults(tmp_path: Path) -> None:
+    """`mainspring lab run` takes the graph's workflow like any other: crashes and
+    step errors, every trial recovered on mainspring's policy."""
+    from mainspring.lab import LabProfile, run_workflow_lab
+
+    app = _app(f"sqlite:///{tmp_path / 'ms.db'}")
+    flow = durable(app, _counting_graph(), name="count")
+    profile = LabProfile(model_error_rate=0.1, crash_rate=0.1)
+    result = run_workflow_lab(
+        flow, profile, kwargs={"input": {"turns": 0, "done": False}}, policies=["mainspring"],
+        trials=6, repeats=2,
+    )  # fmt: skip
+    [cell] = result.cells
+    assert cell.successes == cell.trials == 6
+    assert cell.recoveries > 0  # crashes were drawn and recovered from
