@@ -1,11 +1,14 @@
 """The horizon benchmark: the suite's long agent tasks under faults, mainspring beside
 the peers (a plain ``openai`` loop, LangGraph with ``SqliteSaver``, the OpenAI Agents
-SDK with ``SQLiteSession``), one table.
+SDK with ``SQLiteSession``) and beside the peers' own agents made durable on mainspring
+(LangGraph on mainspring: the same graph, ``durable(app, graph)``), one table.
 
 Every contender goes through ``mainspring.lab.run_suite``: mainspring as its worker
 pool, each peer as ``RunnerContender(name, [venv python, runner])``, one runner process
 per run (bench/horizon/*.py) with the peer venv's python (bench/.venv-horizon, built on
-first use). Same tasks, same seeds, same policy, same kill points and provider faults.
+first use), each peer's agent on mainspring as ``AppContender`` (mainspring's worker
+pool running that App, with the peer venv's python). Same tasks, same seeds, same
+policy, same kill points and provider faults.
 See bench/README.md, "horizon.py", for how to read it.
 
     python bench/horizon.py --quick
@@ -36,6 +39,7 @@ from _venv import ensure_horizon_venv  # noqa: E402
 
 from mainspring.lab import (  # noqa: E402
     TASKS,
+    AppContender,
     Contender,
     KillRates,
     ProviderFaults,
@@ -52,7 +56,9 @@ PEERS = {
     "langgraph": "langgraph_agent.py",
     "agents_sdk": "agents_sdk.py",
 }
-CONTENDERS = ("mainspring", *PEERS)
+# A peer's agent made durable on mainspring: MODULE:APP of bench/horizon, and its name.
+ON_MAINSPRING = {"langgraph_mainspring": ("langgraph_mainspring:app", "LangGraph on mainspring")}
+CONTENDERS = ("mainspring", *PEERS, *ON_MAINSPRING)
 
 
 def profile(faults: bool, client_timeout_s: float | None = None) -> SuiteProfile:
@@ -98,10 +104,14 @@ def side_by_side(names: Sequence[str], argv: Sequence[str]) -> list[SuiteCell]:
 
 
 def contender(name: str, python: Path | None) -> Contender:
-    """``"mainspring"``, or a peer's runner script under the peer venv's python."""
+    """``"mainspring"``, a peer's runner script under the peer venv's python, or a
+    peer's agent on mainspring (workers under the peer venv's python)."""
     if name == "mainspring":
         return "mainspring"
     assert python is not None
+    if name in ON_MAINSPRING:
+        app, shown = ON_MAINSPRING[name]
+        return AppContender(shown, app, str(python), (str(HERE / "horizon"),))
     return RunnerContender(name, (str(python), str(HERE / "horizon" / PEERS[name])))
 
 
@@ -147,7 +157,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             flush=True,
         )
 
-    python = ensure_horizon_venv() if set(names) & set(PEERS) else None
+    python = ensure_horizon_venv() if set(names) & {*PEERS, *ON_MAINSPRING} else None
     cells: list[SuiteCell] = []
     if args.parallel and len(names) > 1:
         child_argv = _without(list(argv if argv is not None else sys.argv[1:]))

@@ -390,3 +390,37 @@ def test_the_lab_runs_a_graph_under_faults(tmp_path: Path) -> None:
     [cell] = result.cells
     assert cell.successes == cell.trials == 6
     assert cell.recoveries > 0  # crashes were drawn and recovered from
+
+
+@pytest.mark.slow
+@pytest.mark.newest
+def test_the_integration_on_the_newest_langgraph(tmp_path: Path) -> None:
+    """The integration's tests in a throwaway venv with the newest LangGraph, LangChain
+    and checkpoint releases the index has (beyond the extra's tested range): a new
+    release that breaks the integration fails here first. Run: pytest -m newest."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+    python = str(venv / "bin" / "python")
+
+    def pip(*args: str) -> None:
+        done = subprocess.run(
+            [python, "-m", "pip", "install", "-q", "--disable-pip-version-check", *args],
+            capture_output=True, text=True, timeout=1200,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+
+    pip("-e", f"{ROOT.parent}[openai,server,postgres]")
+    pip("--upgrade", "langgraph", "langgraph-checkpoint", "langchain-core",
+        "langgraph-checkpoint-conformance", "pytest", "pytest-asyncio", "pytest-timeout",
+        "pytest-xdist", "hypothesis")  # fmt: skip
+    versions = subprocess.run(
+        [python, "-m", "pip", "list", "--format=freeze"], capture_output=True, text=True
+    ).stdout
+    print([line for line in versions.splitlines() if line.startswith(("langgraph", "langchain"))])
+    done = subprocess.run(
+        [python, "-m", "pytest", "tests/test_integration_langgraph.py",
+         "tests/test_integration_langgraph_processes.py", "-q", "-n", "0", "-m", "not slow",
+         "-p", "no:cacheprovider"],
+        cwd=ROOT.parent, capture_output=True, text=True, timeout=1800,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-5000:]

@@ -100,6 +100,7 @@ class _Options:
     recursion_limit: int
     calls: ModelCalls
     loop_repeats: int
+    make_input: Callable[[Any], Any] | None
 
 
 def durable(
@@ -116,6 +117,7 @@ def durable(
     repair: bool = True,
     prices: Mapping[str, Price] | None = None,
     loop_repeats: int = 3,
+    make_input: Callable[[Any], Any] | None = None,
 ) -> DurableGraph:
     """Register a LangGraph graph on ``app`` as a durable workflow and return it.
 
@@ -150,8 +152,11 @@ def durable(
             graph as ``invalid_tool_calls``.
         prices: USD per million tokens by model id, for the cost of model calls
             (default: mainspring's table).
-        loop_repeats: a node (or two nodes alternating) producing the same update
-            this many times in a row pauses the run and asks a human.
+        loop_repeats: a node (or two nodes taking turns) getting the same input this
+            many times in a row pauses the run and asks a human.
+        make_input: turns the run's input into the graph's (a plain text submitted
+            through the API into ``{"messages": [...]}``, say); it must be
+            deterministic: a replay calls it again.
 
     Raises:
         ConfigError: ``graph`` is not a LangGraph graph, or the name is taken.
@@ -179,6 +184,7 @@ def durable(
         or _RECURSION_LIMIT,
         calls=ModelCalls(app, repair=repair, prices=dict(prices) if prices else None),
         loop_repeats=loop_repeats,
+        make_input=make_input,
     )
     wrapped = _wrap(graph, options, set(model_nodes) if model_nodes is not None else None)
 
@@ -331,6 +337,8 @@ async def _drive(
         }
         # The run's own store (the lab runs a workflow on an App of its own).
         mirror = _Mirror(MainspringSaver(ctx.store), ctx)
+        if options.make_input is not None:
+            given = options.make_input(given)
         asked = 0
         while True:
             out = await graph.ainvoke(given, config, durability=options.durability)
