@@ -22,7 +22,10 @@ pytest.importorskip("langgraph")
 import httpx
 from _helpers import Crash, drain, uvicorn_serving
 from apps.langgraph_app import build, policy
+from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
+from langchain_core.messages import AIMessage, AnyMessage
 from langgraph.graph import END, START, StateGraph
+from langgraph.graph.message import add_messages
 from langgraph.types import Send, interrupt
 from typing_extensions import TypedDict
 
@@ -424,3 +427,30 @@ def test_the_integration_on_the_newest_langgraph(tmp_path: Path) -> None:
         cwd=ROOT.parent, capture_output=True, text=True, timeout=1800,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-5000:]
+
+
+class Chat(TypedDict):
+    messages: Annotated[list[AnyMessage], add_messages]
+
+
+async def test_a_sync_node_with_a_malformed_reply_asks_the_model_again(tmp_path: Path) -> None:
+    """A sync node (LangChain runs it in a thread) whose chat model's reply has tool
+    calls that do not parse: the model is asked again, the graph never sees them."""
+    bad = {"name": "charge", "args": '{"order": ', "id": "c0", "error": "not JSON"}
+    llm = GenericFakeChatModel(
+        messages=iter([AIMessage("", invalid_tool_calls=[bad]), AIMessage("no tools after all")])
+    )
+
+    def model(state: Chat) -> dict[str, Any]:
+        return {"messages": [llm.invoke(state["messages"])]}
+
+    g = StateGraph(Chat)
+    g.add_node("model", model)
+    g.add_edge(START, "model")
+    app = _app(f"sqlite:///{tmp_path / 'ms.db'}")
+    flow = durable(app, g, name="chat")
+    run = app.submit(flow, {"messages": [("user", "hi")]})
+    await drain(app)
+    assert (await run.result())["messages"][-1].content == "no tools after all"
+    [step] = [s for s in app.store.load_steps(run.run_id) if s.name == "node:model"]
+    assert step.attempt == 2 and "MalformedToolCalls" in (step.error or "")

@@ -15,13 +15,13 @@ For each call inside a node's step, :class:`ModelCalls`:
 
 from __future__ import annotations
 
-import asyncio
 import contextvars
+import time
 from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
 
-from langchain_core.callbacks import AsyncCallbackHandler
+from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.messages import BaseMessage
 from langchain_core.outputs import ChatGeneration, LLMResult
 
@@ -106,11 +106,16 @@ def _text(message: BaseMessage) -> str:
     ).strip()
 
 
-class ModelCalls(AsyncCallbackHandler):
-    """The callback handler :func:`~.durable` puts in every graph run's config."""
+class ModelCalls(BaseCallbackHandler):
+    """The callback handler :func:`~.durable` puts in every graph run's config.
+
+    A synchronous handler: LangChain calls it in the node's thread for a sync node and
+    in an executor thread for an async one (``run_inline`` off), so that a refused reply
+    raises into the model call either way (an async handler's error in a sync node is
+    only logged) and a wait for a rate-limit slot never holds the event loop."""
 
     raise_error = True  # a refused reply must reach the node (and fail its attempt)
-    run_inline = True
+    run_inline = False
 
     def __init__(
         self, app: App, *, repair: bool = True, prices: dict[str, Price] | None = None
@@ -122,7 +127,7 @@ class ModelCalls(AsyncCallbackHandler):
 
     # -- the rate limiter --------------------------------------------------------------
 
-    async def on_chat_model_start(
+    def on_chat_model_start(
         self,
         serialized: dict[str, Any],
         messages: list[list[BaseMessage]],
@@ -146,28 +151,27 @@ class ModelCalls(AsyncCallbackHandler):
         max_tokens = meta.get("ls_max_tokens")
         run = current_step().run_id  # inside the node's step: _usage is set
         while True:
-            booking = await asyncio.to_thread(
-                limiter.reserve,
+            booking = limiter.reserve(
                 prompt_tokens=prompt,
                 max_tokens=int(max_tokens) if isinstance(max_tokens, int) else None,
                 run=run,
             )
             wait = booking.wake_at - clock.now()
-            if wait > 0:
-                await clock.sleep(wait)
+            if wait > 0:  # this thread waits, not the run: a long wait holds the worker
+                time.sleep(wait)
             if not booking.retry:
                 break
         self._bookings[run_id] = (limiter, booking)
 
-    async def on_llm_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
+    def on_llm_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
         held = self._bookings.pop(run_id, None)
         if held is not None:
             limiter, booking = held
-            await asyncio.to_thread(limiter.settle_quietly, booking, None)
+            limiter.settle_quietly(booking, None)
 
     # -- the reply ---------------------------------------------------------------------
 
-    async def on_llm_end(self, response: LLMResult, *, run_id: UUID, **kwargs: Any) -> None:
+    def on_llm_end(self, response: LLMResult, *, run_id: UUID, **kwargs: Any) -> None:
         usage = _usage.get()
         held = self._bookings.pop(run_id, None)
         records = [self._record(gen, response) for batch in response.generations for gen in batch]
@@ -178,7 +182,7 @@ class ModelCalls(AsyncCallbackHandler):
                 cached_tokens=sum(r.cached_tokens for r in records),
                 output_tokens=sum(r.output_tokens for r in records),
             )
-            await asyncio.to_thread(limiter.settle_quietly, booking, used)
+            limiter.settle_quietly(booking, used)
         if usage is not None:
             usage.calls.extend(records)
         if not self.repair:
