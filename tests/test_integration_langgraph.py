@@ -454,3 +454,23 @@ async def test_a_sync_node_with_a_malformed_reply_asks_the_model_again(tmp_path:
     assert (await run.result())["messages"][-1].content == "no tools after all"
     [step] = [s for s in app.store.load_steps(run.run_id) if s.name == "node:model"]
     assert step.attempt == 2 and "MalformedToolCalls" in (step.error or "")
+
+
+async def test_model_calls_in_nodes_book_the_shared_rate_limiter(
+    tmp_path: Path, server: FakeOpenAIServer
+) -> None:
+    """With rate limits on the App, every model call a node makes books a slot of the
+    limiter shared by all workers (and settles it), as mainspring's own model calls."""
+    from mainspring.limits import RateLimit
+
+    limits = [RateLimit(provider="openai", model="gpt-4.1-mini", rpm=600, tpm=1_000_000)]
+    app = _app(f"sqlite:///{tmp_path / 'ms.db'}", rate_limits=limits)
+    ledger, execs = tmp_path / "ledger.db", tmp_path / "execs.db"
+    flow = build(app, base_url=server.base_url, ledger=str(ledger), execs=str(execs))
+    server.fallback = policy(2)
+    run = app.submit(flow, {"messages": [("user", "orders batch d")]})
+    await _settle(app)
+    assert app.get_run(run.run_id).status == "succeeded"
+    row = app.store.rate_limit("openai:gpt-4.1-mini:default")
+    assert row is not None and row.bookings == len(server.requests) == 3
+    assert row.holds == []  # every booking settled
