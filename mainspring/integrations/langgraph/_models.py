@@ -117,6 +117,24 @@ class ModelCalls(BaseCallbackHandler):
     raise_error = True  # a refused reply must reach the node (and fail its attempt)
     run_inline = False
 
+    # Only model calls matter here: LangChain skips the handler for every other event
+    # (a graph emits several per superstep, each a thread hop in an async run).
+    @property
+    def ignore_chain(self) -> bool:
+        return True
+
+    @property
+    def ignore_agent(self) -> bool:
+        return True
+
+    @property
+    def ignore_retriever(self) -> bool:
+        return True
+
+    @property
+    def ignore_custom_event(self) -> bool:
+        return True
+
     def __init__(
         self, app: App, *, repair: bool = True, prices: dict[str, Price] | None = None
     ) -> None:
