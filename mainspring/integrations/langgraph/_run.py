@@ -23,6 +23,7 @@ seen before a node is an ``interrupt()`` of the wrapper's own, asked the same wa
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import hashlib
 import json
@@ -134,6 +135,11 @@ class Execution:
             timeout=spec.timeout,
         )
         self._count(spec.name, record)
+        if self.ctx.is_replaying:
+            # A replayed step answers at once: let the loop breathe between nodes (its
+            # other runs, the heartbeat's tick) while a long graph replays. After the
+            # step, so the siblings of a superstep still take their places in order.
+            await asyncio.sleep(0)
         if "interrupt" in record:
             earlier, task.interrupts = task.interrupts, task.interrupts + 1
             if live:
