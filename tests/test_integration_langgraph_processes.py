@@ -90,6 +90,9 @@ def kill_test(
                 assert time.monotonic() < deadline, (tmp_path / "worker.log").read_text()[-3000:]
                 for request in app.requests():
                     app.answer(request.run_id, request.id, decision="approve", by="ana")
+                if worker.poll() is not None:  # it died of something else: a supervisor
+                    worker = _worker(env, tmp_path / "worker.log")
+                    seen, next_kill = progress(), None
                 now_rows = progress()
                 if now_rows != last:
                     moved, last = time.monotonic(), now_rows
