@@ -144,16 +144,18 @@ def kill_test(
         return figures
 
 
+@pytest.mark.timeout(600)  # about a minute here; a loaded machine starts workers slowly
 def test_a_langgraph_agent_survives_sigkills(tmp_path: Path, db_url: str) -> None:
-    figures = kill_test(tmp_path, db_url, runs=2, items=4, kills=3, seed=7, timeout_s=240)
+    figures = kill_test(tmp_path, db_url, runs=2, items=4, kills=3, seed=7, timeout_s=540)
     assert figures["kills"] == 3
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(2400)
 def test_a_langgraph_agent_survives_many_sigkills(tmp_path: Path, db_url: str) -> None:
     # A longer lease: a worker holding 8 runs on a busy machine must not lose them to
     # its own slowness between two kills.
     figures = kill_test(
-        tmp_path, db_url, runs=8, items=25, kills=30, seed=11, timeout_s=1800, lease_s=5.0
+        tmp_path, db_url, runs=8, items=25, kills=30, seed=11, timeout_s=2200, lease_s=5.0
     )
     assert figures["kills"] == 30
