@@ -258,16 +258,22 @@ def _fingerprint(state: Any) -> str:
     history on every node)."""
 
     def brief(value: Any, depth: int = 0) -> Any:
+        if value is None or isinstance(value, bool | int | float):
+            return value
+        if isinstance(value, str):
+            return value[:200]
+        if depth > 2:
+            return type(value).__name__
         if isinstance(value, dict):
-            if depth > 1:
-                return len(value)
-            return {str(k): brief(v, depth + 1) for k, v in sorted(value.items(), key=str)}
+            return {str(k): brief(v, depth + 1) for k, v in value.items()}
         if isinstance(value, list | tuple):
             return [len(value), brief(value[-1], depth + 1) if value else None]
         content = getattr(value, "content", None)
         if content is not None:  # a message: its kind, id and text
             return [type(value).__name__, getattr(value, "id", None), str(content)[:200]]
-        return repr(value)[:200]
+        # Anything else by its kind only: the repr of a rich object can cost more than
+        # the node (a LangChain object's walks its fields), and may not be stable.
+        return type(value).__name__
 
     text = json.dumps(brief(state), sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
