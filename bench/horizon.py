@@ -1,12 +1,15 @@
 """The horizon benchmark: the suite's long agent tasks under faults, mainspring beside
 the peers (a plain ``openai`` loop, LangGraph with ``SqliteSaver``, the OpenAI Agents
 SDK with ``SQLiteSession``) and the frameworks' agents made durable by mainspring's
-integrations (a Pydantic AI agent through ``durable()``), one table.
+integrations (a Pydantic AI agent and the Agents SDK's agent through ``durable()``; the
+LangGraph peer's own graph through ``durable(app, graph)``), one table.
 
 Every contender goes through ``mainspring.lab.run_suite``: mainspring as its worker
 pool, each peer as ``RunnerContender(name, [venv python, runner])``, one runner process
 per run (bench/horizon/*.py) with the peer venv's python (bench/.venv-horizon, built on
-first use). Same tasks, same seeds, same policy, same kill points and provider faults.
+first use), each peer's agent on mainspring as ``AppContender`` (mainspring's worker
+pool running that App, with the peer venv's python). Same tasks, same seeds, same
+policy, same kill points and provider faults.
 See bench/README.md, "horizon.py", for how to read it.
 
     python bench/horizon.py --quick
@@ -37,6 +40,7 @@ from _venv import ensure_horizon_venv  # noqa: E402
 
 from mainspring.lab import (  # noqa: E402
     TASKS,
+    AppContender,
     Contender,
     KillRates,
     ProviderFaults,
@@ -60,7 +64,12 @@ PEERS = {
 ON_MAINSPRING = {
     "pydantic_ai_mainspring": "pydantic_ai_mainspring.py",
 }
-CONTENDERS = ("mainspring", *ON_MAINSPRING, *PEERS)
+# A peer's agent made durable on mainspring: MODULE:APP of bench/horizon, and its name
+# (mainspring's worker pool runs that App under the peer venv's python).
+APP_ON_MAINSPRING = {
+    "langgraph_mainspring": ("langgraph_mainspring:app", "LangGraph on mainspring")
+}
+CONTENDERS = ("mainspring", *ON_MAINSPRING, *PEERS, *APP_ON_MAINSPRING)
 
 
 def profile(faults: bool, client_timeout_s: float | None = None) -> SuiteProfile:
@@ -106,12 +115,16 @@ def side_by_side(names: Sequence[str], argv: Sequence[str]) -> list[SuiteCell]:
 
 
 def contender(name: str, python: Path | None) -> Contender:
-    """``"mainspring"``, or a peer's runner script under the peer venv's python."""
+    """``"mainspring"``, a peer's runner script under the peer venv's python, or a
+    peer's agent on mainspring (workers under the peer venv's python)."""
     if name == "mainspring":
         return "mainspring"
     if name in ON_MAINSPRING:
         return RunnerContender(name, (sys.executable, str(HERE / "horizon" / ON_MAINSPRING[name])))
     assert python is not None
+    if name in APP_ON_MAINSPRING:
+        app, shown = APP_ON_MAINSPRING[name]
+        return AppContender(shown, app, str(python), (str(HERE / "horizon"),))
     return RunnerContender(name, (str(python), str(HERE / "horizon" / PEERS[name])))
 
 
@@ -157,7 +170,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             flush=True,
         )
 
-    python = ensure_horizon_venv() if set(names) & set(PEERS) else None
+    python = ensure_horizon_venv() if set(names) & {*PEERS, *APP_ON_MAINSPRING} else None
     cells: list[SuiteCell] = []
     if args.parallel and len(names) > 1:
         child_argv = _without(list(argv if argv is not None else sys.argv[1:]))

@@ -90,7 +90,7 @@ def test_the_runners_meet_the_suites_own_faults_and_server(common: ModuleType) -
 
 
 def test_peers_go_to_run_suite_as_runner_contenders(horizon: ModuleType) -> None:
-    from mainspring.lab import KillRates, ProviderFaults, RunnerContender
+    from mainspring.lab import AppContender, KillRates, ProviderFaults, RunnerContender
 
     assert horizon.contender("mainspring", None) == "mainspring"
     peer = horizon.contender("langgraph", Path("/venv/bin/python"))
@@ -101,6 +101,12 @@ def test_peers_go_to_run_suite_as_runner_contenders(horizon: ModuleType) -> None
     assert on_mainspring == RunnerContender(
         "pydantic_ai_mainspring", (sys.executable, str(HORIZON / "pydantic_ai_mainspring.py"))
     )
+    # A peer's agent on mainspring: mainspring's worker pool running its App.
+    on = horizon.contender("langgraph_mainspring", Path("/venv/bin/python"))
+    assert isinstance(on, AppContender) and on.name == "LangGraph on mainspring"
+    assert (on.app, on.python, on.pythonpath) == (
+        "langgraph_mainspring:app", "/venv/bin/python", (str(HORIZON),),
+    )  # fmt: skip
     assert horizon.profile(False).kills == KillRates(0, 0, 0)
     assert horizon.profile(False).provider == ProviderFaults(0, 0, 0)
     assert horizon.profile(True).kills == KillRates()

@@ -21,10 +21,11 @@ from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any, Literal, NoReturn, TypeVar, overload
 
+from .._clock import Clock
 from .._errors import ApprovalRejected
 from .._requests import Approval, RequestKind
 from .._serde import dumps, loads
-from ..storage import JournalRole, ParentClose, RunRecord, StepRecord
+from ..storage import JournalRole, ParentClose, RunRecord, StepRecord, Store
 from . import _patches
 from ._children import ChildHandle, start_child
 from ._control import SimulatedCrash, _ContinueAsNew
@@ -69,6 +70,26 @@ class RunContext:
         self._cursor = Cursor(run=run, journal=journal, engine=engine, control=control)
         self._waits = Waits(self._cursor)
         self._steps = Steps(self._cursor, self._waits)
+
+    @property
+    def store(self) -> Store:
+        """The store the run lives in (integrations keep what they write on the run's
+        behalf outside the journal there, fenced by :attr:`epoch`)."""
+        return self._engine.store
+
+    @property
+    def clock(self) -> Clock:
+        """The clock the run executes on (a test's ``FakeClock``, the lab's simulated
+        time). Workflow code uses :meth:`now`, which is journaled; a step function may
+        read this one, its result being journaled."""
+        return self._engine.clock
+
+    @property
+    def epoch(self) -> int:
+        """The run's epoch this execution holds (its claim's). Anything written on the
+        run's behalf outside the journal (an integration's checkpoints) is fenced by
+        it, so that a worker that lost the run writes nothing more."""
+        return self._cursor.epoch
 
     @property
     def is_replaying(self) -> bool:

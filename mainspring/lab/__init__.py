@@ -8,7 +8,8 @@ recoveries, duplicate effects, tokens and cost per success (:func:`run_lab` on s
 kill real worker processes at random and audit the journal and the effect ledger
 (:func:`run_chaos`); run long agent tasks under model, provider and process
 faults (:func:`run_suite`, the horizon suite: its provider :class:`SuiteModelServer`,
-its kill points :class:`SuiteFaults`, peer contenders :class:`RunnerContender`);
+its kill points :class:`SuiteFaults`, peer contenders :class:`RunnerContender`, other
+Apps :class:`AppContender`);
 check a workflow or agent against the pre-release checklist (:func:`preflight`).
 """
 
@@ -23,7 +24,7 @@ from ._run import PASS_K, Cell, LabResult, TrialFailure, parse_steps, run_lab
 from ._stats import pass_hat_k, theory_success, wilson
 from ._stubs import lab_stubs
 from ._suite import SuiteCell, SuiteProfile, run_suite, suite_markdown
-from ._suite_contenders import Contender, RunnerContender
+from ._suite_contenders import AppContender, Contender, RunnerContender
 from ._suite_faults import KillRates, ProviderFaults, SuiteFaults
 from ._suite_model import SuiteModelServer
 from ._suite_report import suite_html
@@ -36,6 +37,7 @@ __all__ = [
     "POLICIES",
     "POLICY_TITLES",
     "TASKS",
+    "AppContender",
     "Cell",
     "ChaosResult",
     "Contender",

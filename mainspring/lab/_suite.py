@@ -26,6 +26,7 @@ from typing import Any
 from .. import ConfigError, MissingExtra
 from ._stats import pass_hat_k, wilson
 from ._suite_contenders import (
+    AppContender,
     CellDrive,
     Contender,
     RunnerContender,
@@ -156,7 +157,8 @@ def run_suite(
     """Run every task at every length ``runs`` times under ``profile``.
 
     Args:
-        contender: ``"mainspring"`` (a pool of ``workers`` worker processes) or a
+        contender: ``"mainspring"`` (a pool of ``workers`` worker processes), an
+            :class:`AppContender` (the same, running another App), or a
             :class:`RunnerContender` (one process per run, ``workers`` at once).
         timeout_s: a cell's time; runs unfinished by then fail (``None``: 900 s plus
             5 s a step, room for the default profile's 30 s timeouts).
@@ -241,6 +243,7 @@ def _cell(
                     drive,
                     model_attempts=profile.model_attempts,
                     kill_before_commit=profile.kill_before_commit,
+                    other=contender if isinstance(contender, AppContender) else None,
                 )
             wall = time.monotonic() - started
             return _audit(drive, steps, items, outcome, contender_name(contender), wall)

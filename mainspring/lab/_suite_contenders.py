@@ -26,7 +26,7 @@ from ._suite_app import build_app
 from ._suite_faults import HARNESS_PID_ENV
 from ._tasks import SuiteWorld
 
-__all__ = ["Contender", "RunnerContender", "contender_name"]
+__all__ = ["AppContender", "Contender", "RunnerContender", "contender_name"]
 
 _APP_SPEC = "mainspring.lab._suite_app:app"
 
@@ -64,8 +64,41 @@ class RunnerContender:
             raise ConfigError("RunnerContender: 'mainspring' names the built-in contender")
 
 
-Contender = Literal["mainspring"] | RunnerContender
-"""``"mainspring"`` (its worker pool) or a :class:`RunnerContender`."""
+@dataclass(frozen=True, slots=True)
+class AppContender:
+    """A contender that is another App on mainspring: its own workflows under the
+    task names (an agent of another framework made durable, say), run by a pool of
+    ``mainspring worker APP`` processes exactly as the built-in contender's.
+
+    The harness submits each run as it does for ``"mainspring"`` (the task's workflow,
+    the task text as the one argument) and answers its requests; the App's workers
+    see the cell's environment (``MAINSPRING_SUITE_WORLD``, the provider, ...) and
+    keep the kill points themselves.
+
+    Args:
+        name: the contender's name in the report.
+        app: ``MODULE:ATTR`` of the App its workers run.
+        python: the interpreter of its workers (a venv with the framework).
+        pythonpath: directories its workers import from (the module's).
+    """
+
+    name: str
+    app: str
+    python: str = sys.executable
+    pythonpath: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "pythonpath", tuple(self.pythonpath))
+        if not self.name or ":" not in self.app or self.name == "mainspring":
+            raise ConfigError(
+                f"AppContender needs a name other than 'mainspring' and an App as "
+                f"MODULE:ATTR, got {self.name!r} and {self.app!r}"
+            )
+
+
+Contender = Literal["mainspring"] | RunnerContender | AppContender
+"""``"mainspring"`` (its worker pool), a :class:`RunnerContender` or an
+:class:`AppContender`."""
 
 
 def contender_name(contender: Contender) -> str:
@@ -74,7 +107,7 @@ def contender_name(contender: Contender) -> str:
     Raises:
         ConfigError: neither ``"mainspring"`` nor a :class:`RunnerContender`.
     """
-    if isinstance(contender, RunnerContender):
+    if isinstance(contender, RunnerContender | AppContender):
         return contender.name
     if contender == "mainspring":
         return "mainspring"
@@ -140,12 +173,20 @@ def _tail(log: Path, lines: int = 3) -> str:
 
 
 def drive_mainspring(
-    cell: CellDrive, *, model_attempts: int | None, kill_before_commit: bool
+    cell: CellDrive,
+    *,
+    model_attempts: int | None,
+    kill_before_commit: bool,
+    other: AppContender | None = None,
 ) -> dict[str, str | None]:
     """Play the cell with mainspring: submit every run, keep ``workers`` worker
-    processes alive (a supervisor restarts the killed), answer the approvals."""
+    processes alive (a supervisor restarts the killed), answer the approvals.
+    ``other``: the workers run that App (an :class:`AppContender`) instead of the
+    suite's agents."""
     url = f"sqlite:///{cell.where / 'suite.db'}"
     env = {**cell.env, "MAINSPRING_DATABASE_URL": url}
+    if other is not None and other.pythonpath:
+        env["PYTHONPATH"] = os.pathsep.join([*other.pythonpath, env.get("PYTHONPATH", "")])
     if model_attempts is not None:
         env["MAINSPRING_SUITE_MODEL_ATTEMPTS"] = str(model_attempts)
     if kill_before_commit:
@@ -158,7 +199,10 @@ def drive_mainspring(
             cell.world.bind(label, run_id)
             runs[run_id] = label
         concurrency = str(max(2, len(runs) // cell.workers + 1))
-        argv = [sys.executable, "-m", "mainspring", "worker", _APP_SPEC]
+        python, spec = (
+            (other.python, other.app) if other is not None else (sys.executable, _APP_SPEC)
+        )
+        argv = [python, "-m", "mainspring", "worker", spec]
         argv += ["--concurrency", concurrency]
         spawned = 0
 

@@ -8,6 +8,7 @@ from urllib.parse import urlsplit
 from .._errors import ConfigError
 from ._api import SCOPES, WEBHOOK_EVENTS, ApiKey, Delivery, Scope, Webhook, WebhookEvent
 from ._base import Cursor, Heartbeat, KeptRun, PruneResult, Snapshot, Store
+from ._checkpoints import CheckpointRow, CheckpointWrite
 from ._children import CHILD_SIGNAL_PREFIX, child_signal
 from ._migrations import LATEST as SCHEMA_VERSION
 from ._queues import QueueRecord, check_queue_limits
@@ -47,6 +48,8 @@ __all__ = [
     "WEBHOOK_EVENTS",
     "ApiKey",
     "CatchUp",
+    "CheckpointRow",
+    "CheckpointWrite",
     "Cursor",
     "DatabaseGone",
     "Delivery",

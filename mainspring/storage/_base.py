@@ -7,7 +7,8 @@ Each part holds its own SQL, shared by every dialect:
 * signals and requests to humans (``_signals.py``);
 * API keys, webhooks and their outbox (``_api.py``);
 * the rate limiters' tables (``_rates.py``);
-* schedules (``_schedules.py``).
+* schedules (``_schedules.py``);
+* integrations' checkpoints (``_checkpoints.py``).
 
 They all sit on :class:`~mainspring.storage._connection.Connection`: the dialect's
 transactions and hooks, and the schema. A dialect (``sqlite.py``, ``postgres.py``)
@@ -21,6 +22,7 @@ from __future__ import annotations
 from abc import ABC
 
 from ._api import ApiTables
+from ._checkpoints import CheckpointTables
 from ._connection import Cursor
 from ._journal import JournalTables, Snapshot
 from ._leases import Heartbeat, LeaseTables
@@ -45,6 +47,7 @@ class Store(
     RateTables,
     ScheduleTables,
     StreamTables,
+    CheckpointTables,
     ABC,
 ):
     """Durable home of runs, their journals and signals, requests to humans, API

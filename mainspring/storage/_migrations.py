@@ -316,6 +316,43 @@ ALTER TABLE ms_runs ADD COLUMN keeps_slot INTEGER NOT NULL DEFAULT 0;
 CREATE INDEX ms_runs_queue_held ON ms_runs (queue, queue_key)
     WHERE status = 'sleeping' AND keeps_slot = 1 AND queue IS NOT NULL;
 """,
+    # Checkpoints that integrations keep over this database (storage/_checkpoints.py):
+    # a LangGraph graph's checkpoints, channel values (a value once per version) and
+    # pending writes, by thread (for a graph run on
+    # mainspring, the thread is the run's id). ``position`` numbers the checkpoints one
+    # execution of a run mirrors, so that a replay finds those it mirrored before.
+    19: """
+CREATE TABLE ms_checkpoints (
+    thread_id TEXT NOT NULL,
+    checkpoint_ns TEXT NOT NULL,
+    checkpoint_id TEXT NOT NULL,
+    parent_id TEXT,
+    position INTEGER,
+    checkpoint TEXT NOT NULL,
+    metadata TEXT NOT NULL,
+    created_at {float} NOT NULL,
+    PRIMARY KEY (thread_id, checkpoint_ns, checkpoint_id)
+){without_rowid};
+CREATE TABLE ms_checkpoint_writes (
+    thread_id TEXT NOT NULL,
+    checkpoint_ns TEXT NOT NULL,
+    checkpoint_id TEXT NOT NULL,
+    task_id TEXT NOT NULL,
+    idx INTEGER NOT NULL,
+    channel TEXT NOT NULL,
+    value TEXT NOT NULL,
+    task_path TEXT NOT NULL DEFAULT '',
+    PRIMARY KEY (thread_id, checkpoint_ns, checkpoint_id, task_id, idx)
+){without_rowid};
+CREATE TABLE ms_checkpoint_blobs (
+    thread_id TEXT NOT NULL,
+    checkpoint_ns TEXT NOT NULL,
+    channel TEXT NOT NULL,
+    version TEXT NOT NULL,
+    value TEXT NOT NULL,
+    PRIMARY KEY (thread_id, checkpoint_ns, channel, version)
+){without_rowid};
+""",
 }
 
 LATEST = max(MIGRATIONS)

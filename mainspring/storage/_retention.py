@@ -190,6 +190,9 @@ class RetentionTables(Connection):
             signals += cur.rowcount
             cur.execute(f"DELETE FROM ms_stream_chunks WHERE run_id IN ({marks})", chunk)
             cur.execute(f"DELETE FROM ms_stream_heads WHERE run_id IN ({marks})", chunk)
+            # A graph run's checkpoints are kept under its id as the thread.
+            for table in ("ms_checkpoints", "ms_checkpoint_blobs", "ms_checkpoint_writes"):
+                cur.execute(f"DELETE FROM {table} WHERE thread_id IN ({marks})", chunk)
             # Delivered or given-up webhook events of those runs go with them.
             cur.execute(
                 f"DELETE FROM ms_outbox WHERE run_id IN ({marks})"
