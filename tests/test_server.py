@@ -318,3 +318,33 @@ def test_slow_clients_are_cut_off(stack: Stack) -> None:
     body.close()
     assert stack.client(stack.admin).get("/runs").status_code == 200
     assert sum(stack.app.store.count_runs().values()) == 0
+
+
+def test_invented_methods_add_no_series_to_metrics(tmp_path: Path) -> None:
+    """300 requests with made-up methods, with no key at all: the request counter has
+    one ``other`` series for them, not 300 (each scrape would carry them for ever)."""
+    from fastapi.testclient import TestClient
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from mainspring.server import create_app
+
+    app = ms.App(f"sqlite:///{tmp_path / 'm.db'}")
+    metrics_key = {"Authorization": f"Bearer {app.create_key('prom', ['metrics'])[1]}"}
+    with TestClient(create_app(app, webhooks=False)) as client:
+
+        def series() -> set[tuple[str, str, str]]:
+            text = client.get("/metrics", headers=metrics_key).text
+            return {
+                (s.labels["method"], s.labels["route"], s.labels["status"])
+                for f in text_string_to_metric_families(text)
+                for s in f.samples
+                if s.name == "mainspring_http_requests_total"
+            }
+
+        before = series()
+        for i in range(300):
+            client.request(f"X{i}", f"/runs/{i}")
+        added = series() - before
+        assert {m for m, _, _ in added} <= {"other", "GET"}, added
+        assert len(added) <= 3, added
+    app.close()

@@ -6,14 +6,20 @@ from collections.abc import Callable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-__all__ = ["RequestCounter"]
+__all__ = ["METHODS", "RequestCounter"]
+
+#: The methods counted by name; any other (a client may send any token) is ``other``.
+METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 
 
 class RequestCounter:
     """ASGI middleware: after each response starts, ``record(method, route, status)``.
 
-    ``route`` is the matched route's template (``/runs/{run_id}``), never the raw
-    path, so run ids do not become label values; an unmatched path is ``unmatched``.
+    Every label is bounded, whatever a client sends (anyone may send requests, with no
+    key): ``route`` is the matched route's template (``/runs/{run_id}``), never the raw
+    path, so run ids do not become label values, and an unmatched path is
+    ``unmatched``; ``method`` is one of :data:`METHODS` or ``other`` (an invented
+    method would otherwise add a series to every scrape, for ever).
     """
 
     def __init__(self, app: ASGIApp, *, record: Callable[[str, str, int], None]) -> None:
@@ -36,4 +42,5 @@ class RequestCounter:
             await self.app(scope, receive, watch)
         finally:
             route = getattr(scope.get("route"), "path", None) or "unmatched"
-            self.record(scope.get("method", ""), route, status)
+            method = str(scope.get("method", ""))
+            self.record(method if method in METHODS else "other", route, status)
