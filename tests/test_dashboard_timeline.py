@@ -122,7 +122,7 @@ def agent_run(
 
     agent = app.agent(
         "checker",
-        model=ScriptedModel(play),
+        model=ScriptedModel(play, remote=True),  # books as a provider's model does
         instructions="Check the items.",
         tools=[lookup, fetch, send],
         limits=Limits(max_steps=turns + 5, max_wall_s=86_400),

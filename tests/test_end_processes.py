@@ -188,19 +188,26 @@ class _Slots:
         self.store.close()
 
 
-def _freeze_in_a_step(s: _Slots, name: str) -> set[str]:
-    """SIGSTOP worker ``name`` while one of its steps works (its run marked active);
-    returns the runs it held then."""
-    proc = s.procs[name]
-    working = "SELECT 1 FROM active WHERE pid = ?"
+def _freeze_in_a_step(s: _Slots, prefer: str) -> tuple[str, set[str]]:
+    """SIGSTOP a worker while one of its steps works (its run marked active), ``prefer``
+    if it is in a step then, else the other (the queue's two slots may both be the
+    other's); returns its name and the runs it held then."""
+    pids = {proc.pid: name for name, proc in s.procs.items()}
+
+    def working() -> list[str]:
+        rows = s.read("SELECT DISTINCT pid FROM active")
+        return sorted((pids[pid] for (pid,) in rows if pid in pids), key=lambda n: n != prefer)
+
     for _ in range(200):
-        _until(f"{name} in a step", lambda: s.read(working, (proc.pid,)))
+        _until("a worker in a step", working)
+        name = (working() or [prefer])[0]
+        proc = s.procs[name]
         proc.send_signal(signal.SIGSTOP)
-        if s.read(working, (proc.pid,)):  # still in it: frozen there
+        if s.read("SELECT 1 FROM active WHERE pid = ?", (proc.pid,)):  # frozen there
             held = s.store.list_runs(statuses=["running"], limit=100)
-            return {r.id for r in held if r.owner == name}
+            return name, {r.id for r in held if r.owner == name}
         proc.send_signal(signal.SIGCONT)  # it left the step just then: again
-    raise AssertionError(f"{name} was never frozen inside a step")
+    raise AssertionError("no worker was ever frozen inside a step")
 
 
 def _let_go(s: _Slots, name: str, held: set[str]) -> bool:
@@ -219,8 +226,7 @@ def _frozen_slot(s: _Slots, *, runs: int, steps: int, freezes: int) -> int:
         s.start(name)
     taken = 0
     for i in range(freezes):
-        victim = ("a", "b")[i % 2]
-        held = _freeze_in_a_step(s, victim)
+        victim, held = _freeze_in_a_step(s, ("a", "b")[i % 2])
         assert held, f"{victim} held no run while frozen in a step"
 
         def taken_over(held: set[str] = held, victim: str = victim) -> bool:

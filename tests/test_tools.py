@@ -644,6 +644,6 @@ def test_public_names_are_pinned() -> None:
         "Effect", "OutputSchema", "Tool", "ToolContext", "ToolDeps", "ToolRegistry",
         "Validator", "tool", "describe_errors", "parse_arguments", "tool_of",
         "Toolset", "ToolList", "MCPToolset", "MCPTool", "MCPToolError", "effect_of",
-        "IDEMPOTENCY_META_KEY",
+        "IDEMPOTENCY_META_KEY", "mark_step_effect", "step_effect",
     }  # fmt: skip
     assert isinstance(send_email, Tool)
