@@ -219,13 +219,19 @@ async def test_metrics_parse_back(fapp: ms.App, clock: FakeClock) -> None:
     assert hist[("mainspring_step_seconds_bucket", "tool", "0.5")] == 2
     assert hist[("mainspring_step_seconds_sum", "tool", None)] == pytest.approx(0.75)
     retries = _samples(families, "mainspring_step_retries", "mainspring_step_retries_total")
-    assert retries == {("step",): 1.0}
+    # every kind is reported from the start, 0 until it moves
+    assert retries == {("step",): 1.0, ("model",): 0.0, ("tool",): 0.0, ("rate",): 0.0}
     limited = _samples(families, "mainspring_rate_limited", "mainspring_rate_limited_total")
-    assert limited == {("step", ""): 2.0}  # both attempts were answered 429
+    # both attempts were answered 429; the agent's model is there at 0 from the start
+    assert limited == {("step", ""): 2.0, ("model", "scripted:scripted"): 0.0}
     steps = _samples(families, "mainspring_steps", "mainspring_steps_total")
     assert steps[("tool", "completed")] == 2 and steps[("step", "failed")] == 1
     finished = _samples(families, "mainspring_runs_finished", "mainspring_runs_finished_total")
-    assert finished == {("succeeded", "support"): 1.0, ("failed", "broken"): 1.0}
+    assert {k: v for k, v in finished.items() if v} == {
+        ("succeeded", "support"): 1.0,
+        ("failed", "broken"): 1.0,
+    }
+    assert finished[("cancelled", "broken")] == 0.0  # there before the first cancel
     info = families["mainspring_build_info"].samples[0]
     assert info.value == 1 and info.labels["python"]
 
@@ -486,7 +492,9 @@ async def test_dead_letters_are_counted_by_the_claim_that_makes_them(
         ("doomed",): 1.0
     }
     assert _samples(families, "mainspring_store_dead_lettered_runs") == {(): 1.0}
-    assert _samples(families, "mainspring_runs_claimed", "mainspring_runs_claimed_total") == {}
+    # no claim: the series stands at 0 (born with the process, not at its first claim)
+    claimed = _samples(families, "mainspring_runs_claimed", "mainspring_runs_claimed_total")
+    assert claimed == {("doomed",): 0.0}
     said = [r.message for r in caplog.records if "event=dead_letter" in r.message]
     assert len(said) == 1 and f"run={run_id}" in said[0]
 

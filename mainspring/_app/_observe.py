@@ -39,6 +39,7 @@ class Observe:
         redactor: Redactor | None
         telemetry: Telemetry
         agents: dict[str, Agent]
+        workflows: dict[str, Any]
         _metrics: MetricsCollector | None
 
         @property
@@ -141,6 +142,14 @@ class Observe:
                 where if where.startswith("the ") else f"over {where}",
                 exc,
             )
+
+    def _metric_catalog(self) -> tuple[list[str], list[tuple[str, str]]]:
+        """The workflows and agents' ``(workflow, logical model)`` whose counters a
+        scrape reports at 0 before their first event."""
+        agents = [
+            (name, f"{a.model.provider}:{a.model.model_id}") for name, a in self.agents.items()
+        ]
+        return list(self.workflows), agents
 
     def _prices(self, workflow: str) -> dict[str, Price] | None:
         spec = self.agents.get(workflow)

@@ -16,29 +16,33 @@ does not make model calls look slow.
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import os
 import platform
 import threading
 from bisect import bisect_left
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .._clock import Clock
-from .._errors import RateLimited
 from ..journal import StepCall, StepInterceptor
 from ..limits import Booking, Price, cost_usd
 from ..models import ModelResponse
-from ..storage import RunRecord, RunWrite, StepRecord, WriteResult
+from ..storage import FINISHED, RunRecord, RunWrite, StepRecord, WriteResult
 from ._metrics import LATENCY_BUCKETS, _prometheus, wait_reason_label
-from ._names import model_of, step_kind
+from ._names import back_pressure, model_of, step_kind
 from ._setup import configured_provider
 from ._spans import LiveSpans
 
 if TYPE_CHECKING:
     from ._spans import LiveSpans  # imported when tracing is enabled: the otel extra
 
-__all__ = ["Telemetry", "serve_metrics"]
+__all__ = ["Catalog", "Telemetry", "serve_metrics"]
+
+#: What a process can run, for the counters it reports at 0: its workflows, and the
+#: ``(workflow, logical model)`` of each agent.
+Catalog = tuple[Iterable[str], Iterable[tuple[str, str]]]
 
 #: Buckets of waits and run durations: seconds to days.
 WAIT_BUCKETS: tuple[float, ...] = (
@@ -87,6 +91,13 @@ class Telemetry(StepInterceptor):
     def __init__(self, clock: Clock, *, prices: Callable[[str], dict[str, Price] | None]) -> None:
         self.clock = clock
         self._prices = prices
+        # When the counters started counting (OpenMetrics ``_created``): every series
+        # of this process counts from here, those first seen later included.
+        self.started_at = clock.now()
+        # What the process can run: its workflows, and (workflow, logical model) of its
+        # agents. Their counters are reported at 0 before their first event, so that
+        # a series exists before it moves and increase() sees the first event.
+        self.catalog: Callable[[], Catalog] | None = None
         self._lock = threading.Lock()
         self._runs: dict[str, RunRecord] = {}
         self._counters: dict[str, dict[tuple[str, ...], float]] = {}
@@ -252,12 +263,16 @@ class Telemetry(StepInterceptor):
                 if info.run_id not in self._failed_at and len(self._failed_at) >= _MAX_BACKOFFS:
                     del self._failed_at[next(iter(self._failed_at))]  # the oldest
                 self._failed_at.setdefault(info.run_id, {})[step] = end
-            self._inc("step_attempts", (kind, "error" if error is not None else "ok"))
+            held = back_pressure(type(error).__name__) if error is not None else None
+            # A model call held back waits and calls again without spending an
+            # attempt: no error. (A plain step's 429 is retried by its policy.)
+            outcome = held if held and kind == "model" else "ok" if error is None else "error"
+            self._inc("step_attempts", (kind, outcome))
             if info.attempt > 1:
                 self._inc("step_retries", (kind,))
-            # A slot that lapsed before its request left (agent._call.SlotLapsed, a
-            # RateLimited so that it waits alike) was refused by nobody: not a 429.
-            if isinstance(error, RateLimited) and type(error).__name__ != "SlotLapsed":
+            # A slot that lapsed before its request left (agent._call.SlotLapsed) was
+            # refused by nobody: not a 429.
+            if held == "rate_limited":
                 self._inc("rate_limited", (kind, model))
             self._step_seconds.observe((kind,), max(0.0, end - start))
             if kind == "model":
@@ -299,12 +314,13 @@ class Telemetry(StepInterceptor):
                     wait = _wait_reason(row)
                     self._wait_seconds.observe((wait,), max(0.0, row.finished_at - row.started_at))
                 elif row.kind == "step":
-                    labels = _STEPS_LABELS.get((row.role, row.status))
+                    status: str = row.status
+                    if status == "failed" and row.role == "model":
+                        # a 429 or an overload is back-pressure, never a failed step
+                        status = back_pressure(_error_type(row.error)) or status
+                    labels = _STEPS_LABELS.get((row.role, status))
                     if labels is None:
-                        labels = _STEPS_LABELS[row.role, row.status] = (
-                            step_kind(row.role),
-                            row.status,
-                        )
+                        labels = _STEPS_LABELS[row.role, status] = (step_kind(row.role), status)
                     counts = self._counters.get("steps")
                     if counts is None:
                         counts = self._counters["steps"] = {}
@@ -328,11 +344,14 @@ class Telemetry(StepInterceptor):
     def collect(self) -> Iterator[Any]:
         """The process's metric families (``prometheus_client`` core objects)."""
         core = _prometheus().core
+        zeros = self._zeros()
+        created = self.started_at
         with self._lock:
             for name, doc, labels in _COUNTERS:
                 fam = core.CounterMetricFamily(f"mainspring_{name}", doc, labels=labels)
-                for key, value in sorted(self._counters.get(name, {}).items()):
-                    fam.add_metric(list(key), value)
+                counts = self._counters.get(name, {})
+                for key in sorted(zeros.get(name, set()) | counts.keys()):
+                    fam.add_metric(list(key), counts.get(key, 0), created=created)
                 yield fam
             yield self._step_seconds.family(
                 core,
@@ -383,6 +402,48 @@ class Telemetry(StepInterceptor):
         )
         info.add_metric(list(_build_info()), 1)
         yield info
+
+    def _zeros(self) -> dict[str, set[tuple[str, ...]]]:
+        """The series every process reports from its start, 0 until they move: each
+        closed label set, and the workflows and agent models of :attr:`catalog`."""
+        workflows: list[str] = []
+        pairs: list[tuple[str, str]] = []
+        if self.catalog is not None:
+            try:
+                found, agents = self.catalog()
+                workflows, pairs = sorted(found), sorted(agents)
+            except Exception:  # a scrape never fails for it
+                workflows, pairs = [], []
+        models = sorted({m for _, m in pairs})
+        kinds = ("step", "model", "tool", "rate")
+        held = ("rate_limited", "overloaded")
+        out: dict[str, set[tuple[str, ...]]] = {
+            "steps": {(k, s) for k in kinds for s in ("completed", "failed")}
+            | {("model", s) for s in held},
+            "step_attempts": {(k, o) for k in kinds for o in ("ok", "error")}
+            | {("model", o) for o in held},
+            "step_retries": {(k,) for k in kinds},
+            "rate_limited": {("model", m) for m in models},
+            "rate_limit_bookings": {(m,) for m in models},
+            "rate_limit_wait_seconds": {(m,) for m in models},
+            "tokens": {(w, m, d) for w, m in pairs for d in ("input", "output")},
+            "cost_usd": set(pairs),
+            "runs_finished": {(w, s) for w in workflows for s in FINISHED},
+        }
+        for name in ("runs_claimed", "lease_takeovers", "dead_letters", "replays_refused"):
+            out[name] = {(w,) for w in workflows}
+        return out
+
+
+def _error_type(error: str | None) -> str | None:
+    """The ``type`` of a journaled error (JSON), without parsing any other."""
+    if not error or '"type"' not in error:
+        return None
+    try:
+        value = json.loads(error)
+    except ValueError:
+        return None
+    return str(value.get("type")) if isinstance(value, dict) else None
 
 
 def _wait_reason(row: StepRecord) -> str:
