@@ -373,7 +373,15 @@ async def test_otel_spans_follow_genai_conventions(fapp: ms.App, clock: FakeCloc
     assert chats[0].attributes["gen_ai.usage.output_tokens"] == 10
     tools = [s for s in spans if s.attributes.get("gen_ai.operation.name") == "execute_tool"]
     assert [s.attributes["gen_ai.tool.name"] for s in tools] == ["lookup_ticket", "login"]
-    assert all(s.parent is not None and s.parent.span_id == root.context.span_id for s in tools)
+    # a turn level: each tool call under the turn of the model call that asked for it
+    turns = {s.context.span_id: s for s in spans if s.name.startswith("turn ")}
+    assert len(turns) == 4 and all(t.parent.span_id == root.context.span_id for t in turns.values())
+    assert all(s.parent.span_id in turns for s in [*chats, *tools])
+    for tool in tools:
+        turn = turns[tool.parent.span_id]
+        (chat,) = [c for c in chats if c.parent.span_id == turn.context.span_id]
+        assert chat.end_time <= tool.start_time and turn.end_time >= tool.end_time
+        assert turn.attributes["mainspring.turn.tool_calls"] == 1
     assert abs(tools[0].end_time - tools[0].start_time - 250_000_000) < 1_000
     assert SECRET not in str(tools[1].attributes)
 
@@ -766,13 +774,17 @@ async def test_live_spans_while_the_run_runs_and_backfill_gives_the_same_ids(
     assert event.name == "exception" and event.attributes["exception.type"] == "ConnectionError"
     assert "sk-proj-" not in str(event.attributes)  # redacted like the journal
     assert ok.status.status_code == StatusCode.OK and "error.type" not in ok.attributes
-    assert not any(s.parent is None for s in live)  # no root span for a running run
+    # no root span for a running run, but a "started" root that lists it in trace views
+    (started,) = [s for s in live if s.parent is None]
+    assert started.name == "workflow order (started)"
+    assert started.attributes["mainspring.run.phase"] == "started"
+    assert started.status.status_code == StatusCode.UNSET
     assert not any("input.value" in s.attributes or "output.value" in s.attributes for s in live)
     fapp.signal(run_id, "shipped")
     await drain(fapp)
     assert fapp.get_run(run_id).status == "succeeded"
     spans = exporter.get_finished_spans()
-    (root,) = [s for s in spans if s.parent is None]
+    (root,) = [s for s in spans if s.parent is None and s is not started]
     assert root.name == "workflow order" and root.status.status_code == StatusCode.OK
     assert {s.context.trace_id for s in spans} == {root.context.trace_id}
     assert all(s.parent.span_id == root.context.span_id for s in spans if s.parent)
@@ -785,8 +797,11 @@ async def test_live_spans_while_the_run_runs_and_backfill_gives_the_same_ids(
     back = again.get_finished_spans()
     assert _ids(back[: len(back) // 2]) == _ids(back[len(back) // 2 :])
     # the journal keeps the last attempt only: it, the wait and the root agree with live
+    # (the "started" root is live export's alone: a back-fill is of a run read back)
     assert _ids(back) <= _ids(spans)
-    assert _ids(spans) - _ids(back) == {x for x in _ids(spans) if x[2] == failed.context.span_id}
+    assert _ids(spans) - _ids(back) == {
+        x for x in _ids(spans) if x[2] in (failed.context.span_id, started.context.span_id)
+    }
     assert "rate rate:openai:gpt-4.1:default" in {s.name for s in back}
     (charge_span,) = [s for s in back[: len(back) // 2] if s.name == "step charge"]
     assert "error.type" not in charge_span.attributes
@@ -859,7 +874,11 @@ async def test_traceparent_on_submit_puts_the_run_in_the_callers_trace(
     assert {s.context.trace_id for s in mine} == {int(CALLER_TRACE, 16)}
     assert root.parent is not None and root.parent.span_id == int(CALLER_SPAN, 16)
     assert root.parent.is_remote
-    assert all(s.parent.span_id == root.context.span_id for s in mine if s is not root)
+    (started,) = [s for s in mine if s.name == "workflow order (started)"]
+    assert started.parent.span_id == int(CALLER_SPAN, 16)  # beside the run's root
+    assert all(
+        s.parent.span_id == root.context.span_id for s in mine if s.parent.is_remote is False
+    )
     (own_root,) = [s for s in of(live, alone) if s.name == "workflow order"]
     assert own_root.parent is None and own_root.context.trace_id != int(CALLER_TRACE, 16)
 
@@ -867,7 +886,7 @@ async def test_traceparent_on_submit_puts_the_run_in_the_callers_trace(
     provider2, again = _memory_provider()
     export_trace(fapp.trace(linked), tracer_provider=provider2)
     back = again.get_finished_spans()
-    assert _ids(back) == _ids(mine)
+    assert _ids(back) == _ids([s for s in mine if s is not started])
 
 
 async def test_a_fork_sits_in_its_sources_trace_under_the_sources_root(fapp: ms.App) -> None:
@@ -890,7 +909,7 @@ async def test_a_fork_sits_in_its_sources_trace_under_the_sources_root(fapp: ms.
     ]
     mine = [s for s in live if s.attributes.get("session.id") == fork]
     # the copied step "a" replayed: only "b" ran, and the fork's root
-    assert sorted(s.name for s in mine) == ["step b", "workflow steps"]
+    assert sorted(s.name for s in mine) == ["step b", "workflow steps", "workflow steps (started)"]
     (root,) = [s for s in mine if s.name == "workflow steps"]
     assert {s.context.trace_id for s in live} == {int(CALLER_TRACE, 16)}  # one trace
     assert root.parent is not None and root.parent.span_id == source_root.context.span_id
@@ -902,7 +921,9 @@ async def test_a_fork_sits_in_its_sources_trace_under_the_sources_root(fapp: ms.
     provider2, again = _memory_provider()
     export_trace(fapp.trace(fork), tracer_provider=provider2)
     back = again.get_finished_spans()
-    assert _ids([s for s in back if s.name != "step a"]) == _ids(mine)
+    assert _ids([s for s in back if s.name != "step a"]) == _ids(
+        [s for s in mine if not s.name.endswith("(started)")]
+    )
     (copied,) = [s for s in back if s.name == "step a"]
     assert copied.attributes["mainspring.step.copied"] is True
     assert copied.context.trace_id == int(CALLER_TRACE, 16)

@@ -23,20 +23,17 @@ import threading
 from bisect import bisect_left
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .._clock import Clock
 from ..journal import StepCall, StepInterceptor
 from ..limits import Booking, Price, cost_usd
 from ..models import ModelResponse
 from ..storage import FINISHED, RunRecord, RunWrite, StepRecord, WriteResult
+from ._livespans import LiveSpans, StepsLoader
 from ._metrics import LATENCY_BUCKETS, _prometheus, wait_reason_label
 from ._names import back_pressure, model_of, step_kind
 from ._setup import configured_provider
-from ._spans import LiveSpans
-
-if TYPE_CHECKING:
-    from ._spans import LiveSpans  # imported when tracing is enabled: the otel extra
 
 __all__ = ["Catalog", "Telemetry", "serve_metrics"]
 
@@ -117,6 +114,10 @@ class Telemetry(StepInterceptor):
         # Live export: True (enabled), False (turned off, or its set-up cannot work),
         # None (not decided: a starting worker follows the OTEL_* variables).
         self.tracing: bool | None = None
+        # Content capture when tracing starts from the environment: True/False (a
+        # worker's --capture-content / --no-capture-content), None (the standard
+        # OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT variable decides).
+        self.capture_content: bool | None = None
         # The per-step work is a few dict updates under the lock: label tuples of a
         # step name are made once (names are few: the code's step functions).
         self._ok_labels: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {}
@@ -129,8 +130,11 @@ class Telemetry(StepInterceptor):
         redact: Callable[[str], str] | None,
         capture_content: bool = False,
         content_max_chars: int = 2000,
+        steps: StepsLoader | None = None,
     ) -> None:
-        """Export spans live through ``tracer_provider`` (see :meth:`App.enable_tracing`)."""
+        """Export spans live through ``tracer_provider`` (see :meth:`App.enable_tracing`).
+        ``steps``: reads a run's journal, for a finished run's totals and a takeover's
+        back-fill (off the event loop)."""
         self.tracing = True
         self.spans = LiveSpans(
             configured_provider(tracer_provider, os.environ),
@@ -138,6 +142,8 @@ class Telemetry(StepInterceptor):
             redact=redact,
             capture_content=capture_content,
             content_max_chars=content_max_chars,
+            steps=steps,
+            prices=self._prices,
         )
 
     def disable_tracing(self) -> None:
@@ -161,6 +167,9 @@ class Telemetry(StepInterceptor):
             self._inc("runs_claimed", (record.workflow,))
             if record.recoveries > 0:
                 self._inc("lease_takeovers", (record.workflow,))
+        spans = self.spans
+        if spans is not None:
+            spans.claimed(record, self.clock.now())
 
     def run_dead_lettered(self, workflow: str) -> None:
         """A claim of this process's workers dead-lettered a run of ``workflow``: its
