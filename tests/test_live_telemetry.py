@@ -62,6 +62,11 @@ class _Receiver:
                                     "span_id": span.span_id.hex(),
                                     "parent": span.parent_span_id.hex(),
                                     "status": span.status.code,
+                                    "attributes": {
+                                        kv.key: getattr(kv.value, kv.value.WhichOneof("value"))
+                                        for kv in span.attributes
+                                        if kv.value.WhichOneof("value") != "array_value"
+                                    },
                                 }
                             )
                 reply = trace_service_pb2.ExportTraceServiceResponse().SerializeToString()
