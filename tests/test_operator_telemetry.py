@@ -248,3 +248,70 @@ def test_the_takeover_window_follows_the_batch_delay() -> None:
     assert lost_window_s({}) == 7.0  # 5 s batches by default, and 2 s to send them
     assert lost_window_s({"OTEL_BSP_SCHEDULE_DELAY": "500"}) == 2.5
     assert lost_window_s({"OTEL_BSP_SCHEDULE_DELAY": "soon"}) == 7.0
+
+
+async def test_live_turns_hold_their_tool_calls_across_a_wait_and_another_process(
+    tmp_path: Path,
+) -> None:
+    """Each tool span is under the turn of the model call that asked for it, exported
+    live; a tool that runs after an approval, in another App (process), too: the
+    replayed model call tells the turn (StepInfo.turn), not this process's memory."""
+    from mainspring.observability._spans import span_id_of
+
+    url = f"sqlite:///{tmp_path / 't.db'}"
+    call = ScriptedModel.call
+    script = [
+        call("lookup", {"ticket": 7}),
+        call("refund", {"cents": 900}, id="c1"),
+        call("finish", {"answer": "done"}),
+    ]
+    provider, exporter = _memory_provider()
+
+    def build(replies: list[Any]) -> tuple[ms.App, Any]:
+        app = ms.App(url, poll_interval_s=0.01)
+        app.enable_tracing(provider)
+
+        @app.tool
+        def lookup(ticket: int) -> str:
+            """Read a ticket."""
+            return "printer on fire"
+
+        @app.tool(effect="irreversible")
+        def refund(cents: int) -> str:
+            """Refund."""
+            return f"refunded {cents}"
+
+        agent = app.agent(
+            "billing", model=ScriptedModel(replies), instructions="x", tools=[lookup, refund]
+        )
+        return app, agent
+
+    first, agent = build(script)
+    run_id = first.submit(agent, "ticket 7").run_id
+    await drain(first)
+    assert first.get_run(run_id).status == "waiting"  # the refund waits for a person
+    first.answer(run_id, "approval:c1", decision="approve", by="ana")
+    first.telemetry.flush()
+    first.close()
+    # another process resumes it (its model asked only what comes after the journal):
+    # no memory of the turn but the journal's
+    second, _ = build(script[2:])
+    await drain(second)
+    assert second.get_run(run_id).status == "succeeded"
+    second.telemetry.flush()
+    rows = second.steps(run_id)
+    models = [r.seq for r in rows if r.role == "model"]
+    tools = {r.name: r.seq for r in rows if r.role == "tool"}
+    spans = [s for s in exporter.get_finished_spans() if s.attributes.get("session.id") == run_id]
+    by_name = {s.name: s for s in spans}
+    for tool, turn_seq in (("lookup", models[0]), ("refund", models[1])):
+        span = by_name[f"execute_tool {tool}"]
+        assert span.parent.span_id == span_id_of(run_id, f"turn:0:{turn_seq}"), tool
+        assert tools[f"tool:{tool}"] > turn_seq
+    turns = sorted(s.name for s in spans if s.name.startswith("turn "))
+    assert turns == [f"turn 0:{seq}" for seq in models]  # each turn exported, once
+    chats = [s for s in spans if s.name == "chat scripted"]
+    assert {s.parent.span_id for s in chats} == {
+        span_id_of(run_id, f"turn:0:{seq}") for seq in models
+    }
+    second.close()
