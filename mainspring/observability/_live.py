@@ -465,10 +465,17 @@ def _wait_reason(row: StepRecord) -> str:
 _COUNTERS: tuple[tuple[str, str, list[str]], ...] = (
     (
         "steps",
-        "Steps (ctx.step, model and tool calls) that ended in this process.",
+        "Steps (ctx.step, model and tool calls) that ended in this process; a model call"
+        " held back by a 429 or an overload is status rate_limited or overloaded, never"
+        " failed.",
         ["kind", "status"],
     ),
-    ("step_attempts", "Executed step attempts by outcome.", ["kind", "outcome"]),
+    (
+        "step_attempts",
+        "Executed step attempts by outcome (ok, error; a model call's rate_limited or"
+        " overloaded: back-pressure, no attempt spent).",
+        ["kind", "outcome"],
+    ),
     ("step_retries", "Executed attempts beyond the first.", ["kind"]),
     ("rate_limited", "Attempts that ended in a rate limit (HTTP 429).", ["kind", "model"]),
     ("tokens", "Model tokens of executed calls.", ["workflow", "model", "direction"]),

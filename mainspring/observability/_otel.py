@@ -1,8 +1,9 @@
 """OpenTelemetry export of a run's trace, following the GenAI semantic conventions.
 
 One OpenTelemetry trace per run: a root span for the run (``invoke_agent`` for an
-agent, ``workflow`` otherwise) and a child span per journaled step attempt, with the
-journal's own start and end times. Model calls are ``chat`` spans carrying
+agent, ``workflow`` otherwise, with the run's totals) and a child span per journaled
+step attempt, with the journal's own start and end times; an agent's model call and
+the tool calls it asked for sit under a ``turn`` span. Model calls are ``chat`` spans carrying
 ``gen_ai.request.model`` and ``gen_ai.usage.input_tokens/output_tokens``; tool calls
 are ``execute_tool`` spans carrying ``gen_ai.tool.name``.
 
