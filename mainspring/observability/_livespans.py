@@ -288,8 +288,12 @@ class LiveSpans:
         """The run's root span, with its totals read from the journal."""
         extra = None
         if steps is not None:
-            rows = steps(final.id, None)  # every session
-            extra = run_totals(build_trace(final, rows, self._prices(final.workflow)))
+            try:
+                rows = steps(final.id, None)  # every session
+            except Exception:  # the store is down: the root without its totals
+                log.warning("run %s: its journal could not be read for its totals", final.id)
+            else:
+                extra = run_totals(build_trace(final, rows, self._prices(final.workflow)))
         content = None
         if self.capture is not None:
             content = self.capture.run(final.input, final.output)
