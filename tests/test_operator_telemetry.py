@@ -241,7 +241,8 @@ def test_the_worker_flag_refuses_content_without_tracing(tmp_path: Path) -> None
     finally:
         sys.path.remove(str(tmp_path))
     assert result.exit_code == 2
-    assert "--no-otel exports none" in result.output
+    said = " ".join(result.output.replace("│", " ").split())  # rich wraps it in a box
+    assert "--no-otel exports none" in said, result.output
 
 
 def test_the_takeover_window_follows_the_batch_delay() -> None:
