@@ -202,12 +202,12 @@ def _step_spans(receiver: _Receiver, run_id: str) -> list[dict[str, Any]]:
 def test_a_takeover_exports_the_spans_the_killed_worker_never_sent(
     tmp_path: Path, receiver: _Receiver
 ) -> None:
-    """A batches spans for 3 s and is SIGKILLed 8 steps into a run: those spans die
+    """A batches spans for 10 s and is SIGKILLed 8 steps into a run: those spans die
     with it. B takes the run over and re-sends them: the receiver ends with one span
     per journal step, each once."""
     quick = 8
     app, (run_id,), gate, _ = _submit(tmp_path, quick=quick, runs=1)
-    env = _env(tmp_path, OTEL_EXPORTER_OTLP_ENDPOINT=receiver.url, OTEL_BSP_SCHEDULE_DELAY="3000")
+    env = _env(tmp_path, OTEL_EXPORTER_OTLP_ENDPOINT=receiver.url, OTEL_BSP_SCHEDULE_DELAY="10000")
     a = subprocess.Popen([*WORKER, "--otel"], env=env, stderr=subprocess.DEVNULL)
     try:
         done = lambda: sum(  # noqa: E731
@@ -222,7 +222,7 @@ def test_a_takeover_exports_the_spans_the_killed_worker_never_sent(
             a.wait()
     _until(lambda: (app.get_run(run_id).lease_until or 0) < time.time(), "A's lease to lapse")
     lost = len(_step_spans(receiver, run_id))
-    assert lost == 0  # the 3 s batch was still in A when it died
+    assert lost == 0  # the 10 s batch was still in A when it died
     gate.touch()
     b = subprocess.run(
         [*WORKER, "--otel", "--until-idle"], env=env, capture_output=True, text=True, timeout=90
