@@ -62,6 +62,11 @@ class _Receiver:
                                     "span_id": span.span_id.hex(),
                                     "parent": span.parent_span_id.hex(),
                                     "status": span.status.code,
+                                    "attributes": {
+                                        kv.key: getattr(kv.value, kv.value.WhichOneof("value"))
+                                        for kv in span.attributes
+                                        if kv.value.WhichOneof("value") != "array_value"
+                                    },
                                 }
                             )
                 reply = trace_service_pb2.ExportTraceServiceResponse().SerializeToString()
@@ -124,14 +129,24 @@ def test_worker_process_exports_spans_over_otlp_while_the_run_is_unfinished(
     run_id = app.submit(order).run_id
     _worker(tmp_path, receiver.url)
     assert app.get_run(run_id).status == "waiting"
-    # The run is unfinished, and its first step is already in the receiver.
-    assert [(s["path"], s["name"]) for s in receiver.spans] == [("/v1/traces", "step pay")]
-    (pay,) = receiver.spans
+    # The run is unfinished, and its first step is already in the receiver, beside
+    # the root that lists the run in a trace view while it runs.
+    assert sorted((s["path"], s["name"]) for s in receiver.spans) == [
+        ("/v1/traces", "step pay"),
+        ("/v1/traces", "workflow order (started)"),
+    ]
+    (pay,) = [s for s in receiver.spans if s["name"] == "step pay"]
     app.signal(run_id, "shipped")
     _worker(tmp_path, receiver.url)
     assert app.get_run(run_id).status == "succeeded"
     names = sorted(s["name"] for s in receiver.spans)
-    assert names == ["signal shipped", "step close", "step pay", "workflow order"]
+    assert names == [
+        "signal shipped",
+        "step close",
+        "step pay",
+        "workflow order",
+        "workflow order (started)",
+    ]
     (root,) = [s for s in receiver.spans if s["name"] == "workflow order"]
     # two processes, one trace: ids derive from the run
     assert {s["trace_id"] for s in receiver.spans} == {pay["trace_id"]}
@@ -192,7 +207,9 @@ def test_a_parent_and_its_child_export_one_complete_tree_over_otlp(
         "step child:kid",
         "step double",
         "workflow family",
+        "workflow family (started)",
         "workflow kid",
+        "workflow kid (started)",
     ]
     assert len({s["trace_id"] for s in spans.values()}) == 1
     orphans = [s["name"] for s in spans.values() if s["parent"] and s["parent"] not in spans]
@@ -349,8 +366,11 @@ def test_the_otel_variables_alone_make_a_worker_export_live(
     cmd = [sys.executable, "-m", "mainspring", "worker", "envapp:app", "--until-idle"]
     proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True)
     try:
-        _until(lambda: bool(receiver.spans), "the first span")
-        assert [s["name"] for s in receiver.spans] == ["step pay"]
+        _until(lambda: len(receiver.spans) >= 2, "the first spans")
+        assert sorted(s["name"] for s in receiver.spans) == [
+            "step pay",
+            "workflow order (started)",
+        ]
         assert app.get_run(run_id).status == "running"  # live: the run is not over
         gate.touch()
         _, err = proc.communicate(timeout=60)
@@ -360,7 +380,12 @@ def test_the_otel_variables_alone_make_a_worker_export_live(
             proc.kill()
             proc.wait()
     assert app.get_run(run_id).status == "succeeded"
-    assert sorted(s["name"] for s in receiver.spans) == ["step pay", "step ship", "workflow order"]
+    assert sorted(s["name"] for s in receiver.spans) == [
+        "step pay",
+        "step ship",
+        "workflow order",
+        "workflow order (started)",
+    ]
     said = [line for line in err.splitlines() if "live spans go" in line]
     assert len(said) == 1, err  # where the spans go, said once
     assert f"over OTLP/HTTP to {receiver.url}/v1/traces" in said[0]
@@ -435,13 +460,18 @@ def test_serve_with_a_worker_exports_from_the_environment_too(
         assert app.get_run(run_id).status == "running"
         gate.touch()
         _until(lambda: app.get_run(run_id).status == "succeeded", "the run to end")
-        _until(lambda: len(receiver.spans) == 3, "the root span")
+        _until(lambda: len(receiver.spans) == 4, "the root span")
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert sorted(s["name"] for s in receiver.spans) == ["step pay", "step ship", "workflow order"]
+    assert sorted(s["name"] for s in receiver.spans) == [
+        "step pay",
+        "step ship",
+        "workflow order",
+        "workflow order (started)",
+    ]
     assert len([line for line in err.splitlines() if "live spans go" in line]) == 1, err
     app.close()

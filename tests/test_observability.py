@@ -219,13 +219,19 @@ async def test_metrics_parse_back(fapp: ms.App, clock: FakeClock) -> None:
     assert hist[("mainspring_step_seconds_bucket", "tool", "0.5")] == 2
     assert hist[("mainspring_step_seconds_sum", "tool", None)] == pytest.approx(0.75)
     retries = _samples(families, "mainspring_step_retries", "mainspring_step_retries_total")
-    assert retries == {("step",): 1.0}
+    # every kind is reported from the start, 0 until it moves
+    assert retries == {("step",): 1.0, ("model",): 0.0, ("tool",): 0.0, ("rate",): 0.0}
     limited = _samples(families, "mainspring_rate_limited", "mainspring_rate_limited_total")
-    assert limited == {("step", ""): 2.0}  # both attempts were answered 429
+    # both attempts were answered 429; the agent's model is there at 0 from the start
+    assert limited == {("step", ""): 2.0, ("model", "scripted:scripted"): 0.0}
     steps = _samples(families, "mainspring_steps", "mainspring_steps_total")
     assert steps[("tool", "completed")] == 2 and steps[("step", "failed")] == 1
     finished = _samples(families, "mainspring_runs_finished", "mainspring_runs_finished_total")
-    assert finished == {("succeeded", "support"): 1.0, ("failed", "broken"): 1.0}
+    assert {k: v for k, v in finished.items() if v} == {
+        ("succeeded", "support"): 1.0,
+        ("failed", "broken"): 1.0,
+    }
+    assert finished[("cancelled", "broken")] == 0.0  # there before the first cancel
     info = families["mainspring_build_info"].samples[0]
     assert info.value == 1 and info.labels["python"]
 
@@ -367,7 +373,15 @@ async def test_otel_spans_follow_genai_conventions(fapp: ms.App, clock: FakeCloc
     assert chats[0].attributes["gen_ai.usage.output_tokens"] == 10
     tools = [s for s in spans if s.attributes.get("gen_ai.operation.name") == "execute_tool"]
     assert [s.attributes["gen_ai.tool.name"] for s in tools] == ["lookup_ticket", "login"]
-    assert all(s.parent is not None and s.parent.span_id == root.context.span_id for s in tools)
+    # a turn level: each tool call under the turn of the model call that asked for it
+    turns = {s.context.span_id: s for s in spans if s.name.startswith("turn ")}
+    assert len(turns) == 4 and all(t.parent.span_id == root.context.span_id for t in turns.values())
+    assert all(s.parent.span_id in turns for s in [*chats, *tools])
+    for tool in tools:
+        turn = turns[tool.parent.span_id]
+        (chat,) = [c for c in chats if c.parent.span_id == turn.context.span_id]
+        assert chat.end_time <= tool.start_time and turn.end_time >= tool.end_time
+        assert turn.attributes["mainspring.turn.tool_calls"] == 1
     assert abs(tools[0].end_time - tools[0].start_time - 250_000_000) < 1_000
     assert SECRET not in str(tools[1].attributes)
 
@@ -486,7 +500,9 @@ async def test_dead_letters_are_counted_by_the_claim_that_makes_them(
         ("doomed",): 1.0
     }
     assert _samples(families, "mainspring_store_dead_lettered_runs") == {(): 1.0}
-    assert _samples(families, "mainspring_runs_claimed", "mainspring_runs_claimed_total") == {}
+    # no claim: the series stands at 0 (born with the process, not at its first claim)
+    claimed = _samples(families, "mainspring_runs_claimed", "mainspring_runs_claimed_total")
+    assert claimed == {("doomed",): 0.0}
     said = [r.message for r in caplog.records if "event=dead_letter" in r.message]
     assert len(said) == 1 and f"run={run_id}" in said[0]
 
@@ -695,7 +711,104 @@ async def test_the_grafana_dashboard_uses_only_exported_metrics(
         for name in re.findall(r"mainspring_[a-z_]+", target["expr"])
     }
     assert len(used) >= 15
-    assert used <= exported, used - exported
+    # the server's gauges of the worker registry (developed on its own branch)
+    registry = {"mainspring_workers", "mainspring_store_worker_heartbeat_age_seconds"}
+    assert used <= exported | registry, used - exported
+    problems = {
+        target["expr"]: found
+        for panel in dashboard["panels"]
+        for target in panel["targets"]
+        if (found := _promql_problems(target["expr"]))
+    }
+    assert problems == {}
+    # Counters whose first event matters count a series born in the window whole
+    # (increase() alone reads 0 for a replacement worker's first takeovers).
+    exprs = " ".join(t["expr"] for panel in dashboard["panels"] for t in panel["targets"])
+    for counter, window in (
+        ("mainspring_lease_takeovers_total", "15m"),
+        ("mainspring_dead_letters_total", "15m"),
+        ("mainspring_rate_limited_total", "5m"),
+    ):
+        assert f"({counter} unless {counter} offset {window}) or increase(" in exprs
+
+
+#: PromQL functions and aggregations the dashboard may use.
+_PROMQL_FUNCTIONS = frozenset(
+    [
+        "sum",
+        "max",
+        "min",
+        "avg",
+        "count",
+        "rate",
+        "increase",
+        "irate",
+        "delta",
+        "histogram_quantile",
+        "absent",
+        "vector",
+        "clamp_min",
+        "clamp_max",
+        "time",
+        "timestamp",
+        "topk",
+        "bottomk",
+        "quantile",
+    ]
+)
+
+
+def _promql_problems(expr: str) -> list[str]:
+    """A structural check of a PromQL expression (promtool is not on every machine):
+    balanced brackets outside strings, known functions, well-formed range and offset
+    durations and label matchers."""
+    import re
+
+    problems: list[str] = []
+    stack: list[str] = []
+    pairs = {")": "(", "]": "[", "}": "{"}
+    in_string = False
+    for ch in expr:
+        if ch == '"':
+            in_string = not in_string
+        elif in_string:
+            continue
+        elif ch in "([{":
+            stack.append(ch)
+        elif ch in pairs and (not stack or stack.pop() != pairs[ch]):
+            problems.append(f"unbalanced {ch!r}")
+    if stack or in_string:
+        problems.append("unclosed bracket or string")
+    bare = re.sub(r'"[^"]*"', '""', expr)
+    for name in re.findall(r"([A-Za-z_][A-Za-z0-9_]*)\s*\(", bare):
+        if name not in _PROMQL_FUNCTIONS | {"by", "without", "on", "ignoring"}:
+            problems.append(f"unknown function {name!r}")
+    for duration in re.findall(r"\[([^\]]*)\]", bare):
+        if not re.fullmatch(r"(\d+(ms|s|m|h|d|w|y))+", duration):
+            problems.append(f"bad range [{duration}]")
+    for duration in re.findall(r"offset\s+(\S+)", bare):
+        if not re.fullmatch(r"(\d+(ms|s|m|h|d|w|y))+\)?", duration):
+            problems.append(f"bad offset {duration}")
+    for matchers in re.findall(r"\{([^}]*)\}", expr):
+        for m in filter(None, (x.strip() for x in matchers.split(","))):
+            if not re.fullmatch(r'[A-Za-z_][A-Za-z0-9_]*\s*(=~|!~|!=|=)\s*"[^"]*"', m):
+                problems.append(f"bad matcher {m!r}")
+    return problems
+
+
+@pytest.mark.parametrize(
+    "expr",
+    [
+        "sum(rate(x[5m])",  # unclosed
+        "sum(rate(x[5 m]))",
+        'max(x{state="dead")}',
+        "sum(increse(x[5m]))",
+        "x{state=dead}",
+        "x offset 15",
+    ],
+)
+def test_the_promql_check_catches_broken_expressions(expr: str) -> None:
+    assert _promql_problems(expr)
 
 
 def _memory_provider() -> tuple[Any, Any]:
@@ -758,13 +871,17 @@ async def test_live_spans_while_the_run_runs_and_backfill_gives_the_same_ids(
     assert event.name == "exception" and event.attributes["exception.type"] == "ConnectionError"
     assert "sk-proj-" not in str(event.attributes)  # redacted like the journal
     assert ok.status.status_code == StatusCode.OK and "error.type" not in ok.attributes
-    assert not any(s.parent is None for s in live)  # no root span for a running run
+    # no root span for a running run, but a "started" root that lists it in trace views
+    (started,) = [s for s in live if s.parent is None]
+    assert started.name == "workflow order (started)"
+    assert started.attributes["mainspring.run.phase"] == "started"
+    assert started.status.status_code == StatusCode.UNSET
     assert not any("input.value" in s.attributes or "output.value" in s.attributes for s in live)
     fapp.signal(run_id, "shipped")
     await drain(fapp)
     assert fapp.get_run(run_id).status == "succeeded"
     spans = exporter.get_finished_spans()
-    (root,) = [s for s in spans if s.parent is None]
+    (root,) = [s for s in spans if s.parent is None and s is not started]
     assert root.name == "workflow order" and root.status.status_code == StatusCode.OK
     assert {s.context.trace_id for s in spans} == {root.context.trace_id}
     assert all(s.parent.span_id == root.context.span_id for s in spans if s.parent)
@@ -777,8 +894,11 @@ async def test_live_spans_while_the_run_runs_and_backfill_gives_the_same_ids(
     back = again.get_finished_spans()
     assert _ids(back[: len(back) // 2]) == _ids(back[len(back) // 2 :])
     # the journal keeps the last attempt only: it, the wait and the root agree with live
+    # (the "started" root is live export's alone: a back-fill is of a run read back)
     assert _ids(back) <= _ids(spans)
-    assert _ids(spans) - _ids(back) == {x for x in _ids(spans) if x[2] == failed.context.span_id}
+    assert _ids(spans) - _ids(back) == {
+        x for x in _ids(spans) if x[2] in (failed.context.span_id, started.context.span_id)
+    }
     assert "rate rate:openai:gpt-4.1:default" in {s.name for s in back}
     (charge_span,) = [s for s in back[: len(back) // 2] if s.name == "step charge"]
     assert "error.type" not in charge_span.attributes
@@ -851,7 +971,11 @@ async def test_traceparent_on_submit_puts_the_run_in_the_callers_trace(
     assert {s.context.trace_id for s in mine} == {int(CALLER_TRACE, 16)}
     assert root.parent is not None and root.parent.span_id == int(CALLER_SPAN, 16)
     assert root.parent.is_remote
-    assert all(s.parent.span_id == root.context.span_id for s in mine if s is not root)
+    (started,) = [s for s in mine if s.name == "workflow order (started)"]
+    assert started.parent.span_id == int(CALLER_SPAN, 16)  # beside the run's root
+    assert all(
+        s.parent.span_id == root.context.span_id for s in mine if s.parent.is_remote is False
+    )
     (own_root,) = [s for s in of(live, alone) if s.name == "workflow order"]
     assert own_root.parent is None and own_root.context.trace_id != int(CALLER_TRACE, 16)
 
@@ -859,7 +983,7 @@ async def test_traceparent_on_submit_puts_the_run_in_the_callers_trace(
     provider2, again = _memory_provider()
     export_trace(fapp.trace(linked), tracer_provider=provider2)
     back = again.get_finished_spans()
-    assert _ids(back) == _ids(mine)
+    assert _ids(back) == _ids([s for s in mine if s is not started])
 
 
 async def test_a_fork_sits_in_its_sources_trace_under_the_sources_root(fapp: ms.App) -> None:
@@ -882,7 +1006,7 @@ async def test_a_fork_sits_in_its_sources_trace_under_the_sources_root(fapp: ms.
     ]
     mine = [s for s in live if s.attributes.get("session.id") == fork]
     # the copied step "a" replayed: only "b" ran, and the fork's root
-    assert sorted(s.name for s in mine) == ["step b", "workflow steps"]
+    assert sorted(s.name for s in mine) == ["step b", "workflow steps", "workflow steps (started)"]
     (root,) = [s for s in mine if s.name == "workflow steps"]
     assert {s.context.trace_id for s in live} == {int(CALLER_TRACE, 16)}  # one trace
     assert root.parent is not None and root.parent.span_id == source_root.context.span_id
@@ -894,7 +1018,9 @@ async def test_a_fork_sits_in_its_sources_trace_under_the_sources_root(fapp: ms.
     provider2, again = _memory_provider()
     export_trace(fapp.trace(fork), tracer_provider=provider2)
     back = again.get_finished_spans()
-    assert _ids([s for s in back if s.name != "step a"]) == _ids(mine)
+    assert _ids([s for s in back if s.name != "step a"]) == _ids(
+        [s for s in mine if not s.name.endswith("(started)")]
+    )
     (copied,) = [s for s in back if s.name == "step a"]
     assert copied.attributes["mainspring.step.copied"] is True
     assert copied.context.trace_id == int(CALLER_TRACE, 16)

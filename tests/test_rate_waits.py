@@ -193,7 +193,13 @@ async def test_a_slot_that_lapsed_is_waited_for_on_the_runs_clock(db_url: str) -
         assert (await hb.result()).answer == "ok"
         # A lapsed slot is no refusal: nothing counts it as a 429.
         body = app.metrics().render()[0].decode()
-        assert "mainspring_rate_limited_total{" not in body
+        limited = [
+            line for line in body.splitlines() if line.startswith("mainspring_rate_limited_total{")
+        ]
+        # the agents' model is reported from the start, and stays at 0
+        assert limited == [
+            'mainspring_rate_limited_total{kind="model",model="scripted:scripted"} 0.0'
+        ]
         assert "mainspring_store_rate_limited{" not in body
         assert sum(app.trace(h.run_id).rate_limited for h in (ha, hb)) == 0
     finally:

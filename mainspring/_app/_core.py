@@ -146,6 +146,7 @@ class App(Admin, Agents, Children, Lineage, MCPServers, Observe, Queues, Schedul
         self._metrics: MetricsCollector | None = None
         # what this process's workers execute, counted as it happens (see observability)
         self.telemetry = Telemetry(self.clock, prices=self._prices)
+        self.telemetry.catalog = self._metric_catalog  # counters at 0 before they move
         self.workflows: dict[str, Workflow[Any, Any]] = {}
         self.tools = ToolRegistry()
         self.agents: dict[str, Agent] = {}

@@ -17,6 +17,7 @@ from ..observability import (
     RunTrace,
     Telemetry,
     build_trace,
+    capture_from_environment,
     diagnose,
     exporter_from_environment,
 )
@@ -39,6 +40,7 @@ class Observe:
         redactor: Redactor | None
         telemetry: Telemetry
         agents: dict[str, Agent]
+        workflows: dict[str, Any]
         _metrics: MetricsCollector | None
 
         @property
@@ -81,17 +83,20 @@ class Observe:
         self,
         tracer_provider: Any = None,
         *,
-        capture_content: bool = False,
+        capture_content: bool | None = None,
         content_max_chars: int = 2000,
     ) -> None:
         """Export OpenTelemetry spans live from this process's workers: each step
-        attempt as it ends, each wait as it completes, a run's root span when it
-        finishes. Ids derive from the run, so :func:`~mainspring.observability.export_trace`
-        back-fills the same spans.
+        attempt as it ends, an agent's turns, each wait as it completes, a "started"
+        root span when a run is first claimed (so that trace lists show unfinished
+        runs) and a run's root span, with its totals, when it finishes. Ids derive
+        from the run, so :func:`~mainspring.observability.export_trace` back-fills the
+        same spans, and a worker that takes a run over re-sends what its dead holder
+        may not have sent.
 
         Not needed when the standard ``OTEL_*`` variables configure an exporter: a
-        starting worker then enables it by itself (without content), unless
-        :meth:`disable_tracing` was called.
+        starting worker then enables it by itself, unless :meth:`disable_tracing` was
+        called.
 
         Args:
             tracer_provider: where spans go. By default the global provider; if none
@@ -103,13 +108,19 @@ class Observe:
                 ``llm.input_messages`` / ``llm.output_messages``, GenAI
                 ``gen_ai.input.messages`` / ``gen_ai.output.messages``), ``input.value``
                 / ``output.value``, and the run's input and output on its root span,
-                each redacted by the App's redactor and capped. Off by default: spans
-                often leave the trust boundary of the journal.
+                each redacted by the App's redactor and capped. ``None`` (the
+                default): as the standard ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT``
+                variable says (``true``), else off: spans often leave the trust
+                boundary of the journal.
             content_max_chars: the cap of each captured text (a longer one ends in
                 "…"); a model span keeps its system prompt and its last 20 messages.
         """
         if content_max_chars < 1:
             raise ConfigError(f"content_max_chars must be >= 1, got {content_max_chars!r}")
+        if capture_content is None:
+            capture_content = self.telemetry.capture_content
+        if capture_content is None:
+            capture_content = capture_from_environment(os.environ)
         redactor = self.redactor
         self.telemetry.enable_tracing(
             tracer_provider,
@@ -117,6 +128,7 @@ class Observe:
             redact=redactor.redact_json if redactor is not None else None,
             capture_content=capture_content,
             content_max_chars=content_max_chars,
+            steps=lambda run_id, session: self.store.load_steps(run_id, session),
         )
 
     def disable_tracing(self) -> None:
@@ -141,6 +153,14 @@ class Observe:
                 where if where.startswith("the ") else f"over {where}",
                 exc,
             )
+
+    def _metric_catalog(self) -> tuple[list[str], list[tuple[str, str]]]:
+        """The workflows and agents' ``(workflow, logical model)`` whose counters a
+        scrape reports at 0 before their first event."""
+        agents = [
+            (name, f"{a.model.provider}:{a.model.model_id}") for name, a in self.agents.items()
+        ]
+        return list(self.workflows), agents
 
     def _prices(self, workflow: str) -> dict[str, Price] | None:
         spec = self.agents.get(workflow)

@@ -98,6 +98,16 @@ OtelOption = Annotated[
         show_default=False,
     ),
 ]
+CaptureOption = Annotated[
+    bool | None,
+    typer.Option(
+        "--capture-content/--no-capture-content",
+        help="Put what steps took and returned (messages, tool arguments and results,"
+        " redacted and capped) on the exported spans (default: as the standard"
+        " OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT variable says, else off).",
+        show_default=False,
+    ),
+]
 StepOption = Annotated[
     str | None,
     typer.Option(
@@ -144,11 +154,18 @@ def pick_steps(
     return picked
 
 
-def set_tracing(app: App, otel: bool | None) -> None:
+def set_tracing(app: App, otel: bool | None, capture_content: bool | None = None) -> None:
     """``--otel`` / ``--no-otel``; neither: the ``OTEL_*`` variables decide when the
-    worker starts."""
+    worker starts. ``--capture-content`` / ``--no-capture-content``: content on the
+    spans, whichever turns tracing on."""
+    if otel is False and capture_content:
+        raise typer.BadParameter(
+            "--capture-content puts content on exported spans, and --no-otel exports none",
+            param_hint="--capture-content",
+        )
+    app.telemetry.capture_content = capture_content
     if otel:
-        app.enable_tracing()
+        app.enable_tracing(capture_content=capture_content)
     elif otel is False:
         app.disable_tracing()
 

@@ -10,6 +10,7 @@ import typer
 from .. import MissingExtra
 from ..storage import redact_url
 from ._common import (
+    CaptureOption,
     LibraryLogLevelOption,
     LogLevelOption,
     OtelOption,
@@ -72,6 +73,7 @@ def serve(
         ),
     ] = False,
     otel: OtelOption = None,
+    capture_content: CaptureOption = None,
 ) -> None:
     """Serve the HTTP API (OpenAPI at /openapi.json; Swagger UI at /docs with --docs)."""
     try:
@@ -84,7 +86,7 @@ def serve(
     with logging_to_stderr(log_level, library_log_level, app_spec) as loaded:
         app = load_app(app_spec)
         loaded(app)  # the App's own redaction patterns apply to the log too
-        set_tracing(app, otel)
+        set_tracing(app, otel, capture_content)
         api = create_app(
             app,
             worker=worker,

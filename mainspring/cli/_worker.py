@@ -13,6 +13,7 @@ import typer
 from ..observability import serve_metrics
 from ..storage import redact_url
 from ._common import (
+    CaptureOption,
     LibraryLogLevelOption,
     LogLevelOption,
     OtelOption,
@@ -45,6 +46,7 @@ def worker(
     ] = None,
     metrics_host: Annotated[str, typer.Option(help="Interface for --metrics-port.")] = "127.0.0.1",
     otel: OtelOption = None,
+    capture_content: CaptureOption = None,
     accept_version: Annotated[
         list[str] | None,
         typer.Option(
@@ -77,7 +79,7 @@ def worker(
         loaded(app)  # the App's own redaction patterns apply to the log too
         for path in schedules or []:
             app.load_schedules(path)
-        set_tracing(app, otel)
+        set_tracing(app, otel, capture_content)
         if metrics_port is not None:
             serve_metrics(app.telemetry, metrics_host, metrics_port)
         if lease_s is not None:

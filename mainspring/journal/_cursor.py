@@ -81,6 +81,9 @@ class Cursor:
             self.main = None
         self.tasks: set[asyncio.Task[Any]] = set()  # other tasks that used the context
         self.running = 0  # step functions executing now (more than one under gather)
+        # The seq of the last model call that returned (live or replayed): the turn the
+        # steps after it belong to, for traces (StepInfo.turn).
+        self.turn: int | None = None
         self.no_steps = asyncio.Event()  # set while no step function runs
         self.no_steps.set()
         self.busy = 0  # commits (and short sleeps) in flight from workflow code

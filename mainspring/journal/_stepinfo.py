@@ -21,6 +21,9 @@ class StepInfo:
         role: what the step is, as ``ctx.step(..., role=...)`` declared it
             (``"model"``, ``"tool"``, ``"rate"``, ``"wait"`` or ``"step"``): what an
             interceptor asks to tell model and tool calls from other steps.
+        turn: the seq (in this session) of the last model call that returned before
+            this step, replayed or not: an agent's tool calls carry the turn that
+            asked for them (``None`` before any model call).
     """
 
     run_id: str
@@ -29,6 +32,7 @@ class StepInfo:
     name: str
     attempt: int
     role: JournalRole = "step"
+    turn: int | None = None
 
     @property
     def idempotency_key(self) -> str:

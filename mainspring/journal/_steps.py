@@ -106,6 +106,8 @@ class Steps:
         rec = cur.journal.get(seq)
         is_coro, ret_type = _fn_info(fn)
         if rec is not None and rec.status == "completed":
+            if role == "model":
+                cur.turn = seq
             return decode(rec.output, ret_type, what=f"journaled output of {step_name!r}")
         if retry is None:
             retry = cur.engine.default_retry if mode == "at_least_once" else RetryPolicy.never()
@@ -118,6 +120,8 @@ class Steps:
             started = await self._begin(step)
             error, output, value = await self._attempt(step, started)
             if error is None:
+                if role == "model":
+                    cur.turn = seq
                 return await self._complete(step, started, output, value)
             await self._attempt_failed(step, started, error)
             step.attempt += 1
@@ -206,6 +210,7 @@ class Steps:
             name=step.name,
             attempt=step.attempt,
             role=step.role,
+            turn=cur.turn,
         )
         cur.running += 1
         cur.no_steps.clear()

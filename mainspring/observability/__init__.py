@@ -20,7 +20,7 @@ from ._metrics import LATENCY_BUCKETS, MetricsCollector, metrics_text
 from ._names import StepRole, model_of, step_role
 from ._otel import export_trace
 from ._redact import BUILTIN_PATTERNS, SECRET_KEYS, Redactor
-from ._setup import exporter_from_environment
+from ._setup import capture_from_environment, exporter_from_environment
 from ._spans import child_traceparent, fork_traceparent
 from ._trace import RunTrace, TraceEntry, TraceKind, build_trace, trace_entries
 from ._traceparent import parse_traceparent
@@ -44,6 +44,7 @@ __all__ = [
     "TraceEntry",
     "TraceKind",
     "build_trace",
+    "capture_from_environment",
     "child_traceparent",
     "configure_logging",
     "diagnose",

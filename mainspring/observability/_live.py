@@ -16,29 +16,30 @@ does not make model calls look slow.
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import os
 import platform
 import threading
 from bisect import bisect_left
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .._clock import Clock
-from .._errors import RateLimited
 from ..journal import StepCall, StepInterceptor
 from ..limits import Booking, Price, cost_usd
 from ..models import ModelResponse
-from ..storage import RunRecord, RunWrite, StepRecord, WriteResult
+from ..storage import FINISHED, RunRecord, RunWrite, StepRecord, WriteResult
+from ._livespans import LiveSpans, StepsLoader
 from ._metrics import LATENCY_BUCKETS, _prometheus, wait_reason_label
-from ._names import model_of, step_kind
+from ._names import back_pressure, model_of, step_kind
 from ._setup import configured_provider
-from ._spans import LiveSpans
 
-if TYPE_CHECKING:
-    from ._spans import LiveSpans  # imported when tracing is enabled: the otel extra
+__all__ = ["Catalog", "Telemetry", "serve_metrics"]
 
-__all__ = ["Telemetry", "serve_metrics"]
+#: What a process can run, for the counters it reports at 0: its workflows, and the
+#: ``(workflow, logical model)`` of each agent.
+Catalog = tuple[Iterable[str], Iterable[tuple[str, str]]]
 
 #: Buckets of waits and run durations: seconds to days.
 WAIT_BUCKETS: tuple[float, ...] = (
@@ -87,6 +88,13 @@ class Telemetry(StepInterceptor):
     def __init__(self, clock: Clock, *, prices: Callable[[str], dict[str, Price] | None]) -> None:
         self.clock = clock
         self._prices = prices
+        # When the counters started counting (OpenMetrics ``_created``): every series
+        # of this process counts from here, those first seen later included.
+        self.started_at = clock.now()
+        # What the process can run: its workflows, and (workflow, logical model) of its
+        # agents. Their counters are reported at 0 before their first event, so that
+        # a series exists before it moves and increase() sees the first event.
+        self.catalog: Callable[[], Catalog] | None = None
         self._lock = threading.Lock()
         self._runs: dict[str, RunRecord] = {}
         self._counters: dict[str, dict[tuple[str, ...], float]] = {}
@@ -106,6 +114,10 @@ class Telemetry(StepInterceptor):
         # Live export: True (enabled), False (turned off, or its set-up cannot work),
         # None (not decided: a starting worker follows the OTEL_* variables).
         self.tracing: bool | None = None
+        # Content capture when tracing starts from the environment: True/False (a
+        # worker's --capture-content / --no-capture-content), None (the standard
+        # OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT variable decides).
+        self.capture_content: bool | None = None
         # The per-step work is a few dict updates under the lock: label tuples of a
         # step name are made once (names are few: the code's step functions).
         self._ok_labels: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {}
@@ -118,8 +130,11 @@ class Telemetry(StepInterceptor):
         redact: Callable[[str], str] | None,
         capture_content: bool = False,
         content_max_chars: int = 2000,
+        steps: StepsLoader | None = None,
     ) -> None:
-        """Export spans live through ``tracer_provider`` (see :meth:`App.enable_tracing`)."""
+        """Export spans live through ``tracer_provider`` (see :meth:`App.enable_tracing`).
+        ``steps``: reads a run's journal, for a finished run's totals and a takeover's
+        back-fill (off the event loop)."""
         self.tracing = True
         self.spans = LiveSpans(
             configured_provider(tracer_provider, os.environ),
@@ -127,6 +142,8 @@ class Telemetry(StepInterceptor):
             redact=redact,
             capture_content=capture_content,
             content_max_chars=content_max_chars,
+            steps=steps,
+            prices=self._prices,
         )
 
     def disable_tracing(self) -> None:
@@ -150,6 +167,9 @@ class Telemetry(StepInterceptor):
             self._inc("runs_claimed", (record.workflow,))
             if record.recoveries > 0:
                 self._inc("lease_takeovers", (record.workflow,))
+        spans = self.spans
+        if spans is not None:
+            spans.claimed(record, self.clock.now())
 
     def run_dead_lettered(self, workflow: str) -> None:
         """A claim of this process's workers dead-lettered a run of ``workflow``: its
@@ -252,12 +272,16 @@ class Telemetry(StepInterceptor):
                 if info.run_id not in self._failed_at and len(self._failed_at) >= _MAX_BACKOFFS:
                     del self._failed_at[next(iter(self._failed_at))]  # the oldest
                 self._failed_at.setdefault(info.run_id, {})[step] = end
-            self._inc("step_attempts", (kind, "error" if error is not None else "ok"))
+            held = back_pressure(type(error).__name__) if error is not None else None
+            # A model call held back waits and calls again without spending an
+            # attempt: no error. (A plain step's 429 is retried by its policy.)
+            outcome = held if held and kind == "model" else "ok" if error is None else "error"
+            self._inc("step_attempts", (kind, outcome))
             if info.attempt > 1:
                 self._inc("step_retries", (kind,))
-            # A slot that lapsed before its request left (agent._call.SlotLapsed, a
-            # RateLimited so that it waits alike) was refused by nobody: not a 429.
-            if isinstance(error, RateLimited) and type(error).__name__ != "SlotLapsed":
+            # A slot that lapsed before its request left (agent._call.SlotLapsed) was
+            # refused by nobody: not a 429.
+            if held == "rate_limited":
                 self._inc("rate_limited", (kind, model))
             self._step_seconds.observe((kind,), max(0.0, end - start))
             if kind == "model":
@@ -299,12 +323,13 @@ class Telemetry(StepInterceptor):
                     wait = _wait_reason(row)
                     self._wait_seconds.observe((wait,), max(0.0, row.finished_at - row.started_at))
                 elif row.kind == "step":
-                    labels = _STEPS_LABELS.get((row.role, row.status))
+                    status: str = row.status
+                    if status == "failed" and row.role == "model":
+                        # a 429 or an overload is back-pressure, never a failed step
+                        status = back_pressure(_error_type(row.error)) or status
+                    labels = _STEPS_LABELS.get((row.role, status))
                     if labels is None:
-                        labels = _STEPS_LABELS[row.role, row.status] = (
-                            step_kind(row.role),
-                            row.status,
-                        )
+                        labels = _STEPS_LABELS[row.role, status] = (step_kind(row.role), status)
                     counts = self._counters.get("steps")
                     if counts is None:
                         counts = self._counters["steps"] = {}
@@ -328,11 +353,14 @@ class Telemetry(StepInterceptor):
     def collect(self) -> Iterator[Any]:
         """The process's metric families (``prometheus_client`` core objects)."""
         core = _prometheus().core
+        zeros = self._zeros()
+        created = self.started_at
         with self._lock:
             for name, doc, labels in _COUNTERS:
                 fam = core.CounterMetricFamily(f"mainspring_{name}", doc, labels=labels)
-                for key, value in sorted(self._counters.get(name, {}).items()):
-                    fam.add_metric(list(key), value)
+                counts = self._counters.get(name, {})
+                for key in sorted(zeros.get(name, set()) | counts.keys()):
+                    fam.add_metric(list(key), counts.get(key, 0), created=created)
                 yield fam
             yield self._step_seconds.family(
                 core,
@@ -384,6 +412,48 @@ class Telemetry(StepInterceptor):
         info.add_metric(list(_build_info()), 1)
         yield info
 
+    def _zeros(self) -> dict[str, set[tuple[str, ...]]]:
+        """The series every process reports from its start, 0 until they move: each
+        closed label set, and the workflows and agent models of :attr:`catalog`."""
+        workflows: list[str] = []
+        pairs: list[tuple[str, str]] = []
+        if self.catalog is not None:
+            try:
+                found, agents = self.catalog()
+                workflows, pairs = sorted(found), sorted(agents)
+            except Exception:  # a scrape never fails for it
+                workflows, pairs = [], []
+        models = sorted({m for _, m in pairs})
+        kinds = ("step", "model", "tool", "rate")
+        held = ("rate_limited", "overloaded")
+        out: dict[str, set[tuple[str, ...]]] = {
+            "steps": {(k, s) for k in kinds for s in ("completed", "failed")}
+            | {("model", s) for s in held},
+            "step_attempts": {(k, o) for k in kinds for o in ("ok", "error")}
+            | {("model", o) for o in held},
+            "step_retries": {(k,) for k in kinds},
+            "rate_limited": {("model", m) for m in models},
+            "rate_limit_bookings": {(m,) for m in models},
+            "rate_limit_wait_seconds": {(m,) for m in models},
+            "tokens": {(w, m, d) for w, m in pairs for d in ("input", "output")},
+            "cost_usd": set(pairs),
+            "runs_finished": {(w, s) for w in workflows for s in FINISHED},
+        }
+        for name in ("runs_claimed", "lease_takeovers", "dead_letters", "replays_refused"):
+            out[name] = {(w,) for w in workflows}
+        return out
+
+
+def _error_type(error: str | None) -> str | None:
+    """The ``type`` of a journaled error (JSON), without parsing any other."""
+    if not error or '"type"' not in error:
+        return None
+    try:
+        value = json.loads(error)
+    except ValueError:
+        return None
+    return str(value.get("type")) if isinstance(value, dict) else None
+
 
 def _wait_reason(row: StepRecord) -> str:
     if row.kind == "sleep":
@@ -395,10 +465,17 @@ def _wait_reason(row: StepRecord) -> str:
 _COUNTERS: tuple[tuple[str, str, list[str]], ...] = (
     (
         "steps",
-        "Steps (ctx.step, model and tool calls) that ended in this process.",
+        "Steps (ctx.step, model and tool calls) that ended in this process; a model call"
+        " held back by a 429 or an overload is status rate_limited or overloaded, never"
+        " failed.",
         ["kind", "status"],
     ),
-    ("step_attempts", "Executed step attempts by outcome.", ["kind", "outcome"]),
+    (
+        "step_attempts",
+        "Executed step attempts by outcome (ok, error; a model call's rate_limited or"
+        " overloaded: back-pressure, no attempt spent).",
+        ["kind", "outcome"],
+    ),
     ("step_retries", "Executed attempts beyond the first.", ["kind"]),
     ("rate_limited", "Attempts that ended in a rate limit (HTTP 429).", ["kind", "model"]),
     ("tokens", "Model tokens of executed calls.", ["workflow", "model", "direction"]),

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Protocol, get_args
 from .._errors import MissingExtra
 from ..limits import Price
 from ..storage import FINISHED, RunStatus, Store
-from ._names import model_of, rate_model
+from ._names import back_pressure, model_of, rate_model
 from ._trace import trace_entries
 
 if TYPE_CHECKING:
@@ -155,13 +155,16 @@ class MetricsCollector(Collector):
         self._full_at = 0.0
         self._oldest_finished: float | None = None
 
-    def render(self) -> tuple[bytes, str]:
-        """``(body, content type)`` of the Prometheus text format: what ``/metrics``
-        serves."""
+    def render(self, accept: str | None = None) -> tuple[bytes, str]:
+        """``(body, content type)``: what ``/metrics`` serves. ``accept``: the scrape's
+        ``Accept`` header; Prometheus asks for OpenMetrics, whose counters carry
+        ``_created`` (when the process started counting), else the classic text
+        format (where ``_created`` is a gauge of its own)."""
         prom = _prometheus()
         registry = prom.CollectorRegistry(auto_describe=False)
         registry.register(self)
-        return prom.generate_latest(registry), prom.CONTENT_TYPE_LATEST
+        encode, content_type = prom.exposition.choose_encoder(accept or "")
+        return encode(registry), content_type
 
     def describe(self) -> list[Any]:
         return []  # no fixed description: the values come from the store per scrape
@@ -401,7 +404,10 @@ class MetricsCollector(Collector):
                 t.dead_lettered = 1
         for e in trace_entries(self.store.load_steps(run_id), self.prices):
             kind = e.kind if e.kind in _KINDS else "step"
-            t.steps[(kind, e.status)] = t.steps.get((kind, e.status), 0) + 1
+            status = e.status
+            if status == "failed" and kind == "model":
+                status = back_pressure(e.error_class) or status  # a 429 is no failure
+            t.steps[(kind, status)] = t.steps.get((kind, status), 0) + 1
             t.tokens_in += e.tokens_in  # 0 for a fork's copied steps: spent by the source
             t.tokens_out += e.tokens_out
             t.cost_usd += e.cost_usd

@@ -18,7 +18,17 @@ from typing import Literal, get_args
 
 from ..storage import JournalRole
 
-__all__ = ["StepRole", "model_of", "rate_model", "step_kind", "step_role", "tool_of_name"]
+__all__ = [
+    "BackPressure",
+    "StepRole",
+    "back_pressure",
+    "model_of",
+    "public_error_type",
+    "rate_model",
+    "step_kind",
+    "step_role",
+    "tool_of_name",
+]
 
 StepRole = Literal[JournalRole, "internal"]
 """What a step is to a person reading a run:
@@ -90,3 +100,41 @@ def rate_model(role: str, name: str) -> str:
     if role == "wait":
         return name.removeprefix("rate:wait:")
     return name.partition(":")[2].rsplit(":", 1)[0]
+
+
+BackPressure = Literal["rate_limited", "overloaded", "lapsed"]
+"""How a model call was held back rather than failed: a 429 (``rate_limited``), an
+overload answer such as Anthropic's 529 (``overloaded``), or a booked rate-limit slot
+that passed before the request could go (``lapsed``). None of them spends an attempt
+of the step, fails the run or is an error: the run waits and calls again."""
+
+_BACK_PRESSURE: dict[str, BackPressure] = {
+    "RateLimited": "rate_limited",
+    "Overloaded": "overloaded",
+    "SlotLapsed": "lapsed",
+}
+
+
+def back_pressure(error_type: str | None) -> BackPressure | None:
+    """The back-pressure a model call's error type (its class name, qualified or
+    not) stands for, or ``None`` for a real failure."""
+    if not error_type:
+        return None
+    return _BACK_PRESSURE.get(error_type.rsplit(".", 1)[-1])
+
+
+def public_error_type(qualified: str | None) -> str:
+    """The name an operator reads for an error class: ``mainspring.StepFailed`` for
+    ``mainspring._errors.StepFailed`` (the private module a class lives in is not
+    where users import it from), ``ValueError`` for a built-in, a user's own class
+    as qualified (``billing.CardDeclined``)."""
+    if not qualified:
+        return "Error"
+    module, _, name = qualified.rpartition(".")
+    if not module or module == "builtins":
+        return name
+    parts = module.split(".")
+    if parts[0] != "mainspring":
+        return qualified
+    public = [p for p in parts if not p.startswith("_")]  # mainspring.agent._call -> agent
+    return ".".join([*public, name])

@@ -1,8 +1,9 @@
 """OpenTelemetry export of a run's trace, following the GenAI semantic conventions.
 
 One OpenTelemetry trace per run: a root span for the run (``invoke_agent`` for an
-agent, ``workflow`` otherwise) and a child span per journaled step attempt, with the
-journal's own start and end times. Model calls are ``chat`` spans carrying
+agent, ``workflow`` otherwise, with the run's totals) and a child span per journaled
+step attempt, with the journal's own start and end times; an agent's model call and
+the tool calls it asked for sit under a ``turn`` span. Model calls are ``chat`` spans carrying
 ``gen_ai.request.model`` and ``gen_ai.usage.input_tokens/output_tokens``; tool calls
 are ``execute_tool`` spans carrying ``gen_ai.tool.name``.
 
@@ -16,17 +17,14 @@ Needs the ``[otel]`` extra (``opentelemetry-api`` and ``opentelemetry-sdk``).
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
+from ._backfill import entry_spans
 from ._content import Capture
-from ._names import step_kind
-from ._spans import SpanData, SpanEmitter, run_span, step_span
+from ._spans import SpanEmitter, run_span
 from ._trace import RunTrace
 
-__all__ = ["export_trace"]
-
-_RECORDED = ("now", "uuid", "random", "patch")
+__all__ = ["export_trace", "run_totals"]
 _SUMMARY_CHARS = 2000  # the run's input and output; step summaries are shorter already
 
 
@@ -56,54 +54,34 @@ def export_trace(
     # The journal's summaries were redacted when journaled: capped, not redacted again.
     capture = Capture(None, _SUMMARY_CHARS) if capture_content else None
     run = trace.run
-    entries = trace.entries
-    for e in entries:
-        if e.finished_at is None or e.status not in ("completed", "failed"):
-            continue  # still running (or backing off): not a finished span yet
-        if e.kind in _RECORDED:
-            continue  # a recorded value, not work: live export has no span for it either
-        failed = e.status == "failed"
-        span = step_span(
-            kind=step_kind(e.journal_role) if e.kind == "step" else e.kind,
-            name=e.name,
-            session=e.session,
-            seq=e.seq,
-            attempt=e.attempt,
-            start=e.started_at,
-            end=e.finished_at,
-            status=e.status,
-            error=(e.error_class or "Error", e.error_message or "") if failed else None,
-            tokens=(e.tokens_in, e.tokens_out, e.cost_usd) if e.kind == "model" else None,
-            copied=e.copied,
-            run_id=run.id,
-            content=capture.io(e.input_summary, e.output_summary, kind=e.kind) if capture else None,
-        )
-        if not failed and e.attempt > 1 and e.error_class:
-            # The journal keeps the last attempt only, with why the one before failed:
-            # say so on the span rather than leave an unexplained gap.
-            span = _with_event(
-                span,
-                "previous_attempt_failed",
-                e.started_at,
-                {
-                    "exception.type": e.error_class,
-                    "exception.message": e.error_message or "",
-                    "mainspring.step.attempt": e.attempt - 1,
-                },
-            )
+    is_agent = agent if agent is not None else any(e.kind == "model" for e in trace.entries)
+    spans, _ = entry_spans(trace, agent=is_agent, capture=capture)
+    for span in spans:
         emitter.emit(run.id, span, traceparent=run.traceparent)
     if run.finished_at is None:
         return  # the root span is exported when the run ends
-    is_agent = agent if agent is not None else any(e.kind == "model" for e in entries)
-    extra = {
+    content = capture.run(run.input, run.output) if capture is not None else None
+    root = run_span(
+        run, agent=is_agent, end=run.finished_at, extra=run_totals(trace), content=content
+    )
+    emitter.emit(run.id, root, traceparent=run.traceparent)
+
+
+def run_totals(trace: RunTrace) -> dict[str, Any]:
+    """A run's totals on its root span. Not as ``llm.token_count.*`` / ``llm.cost.*``:
+    Phoenix adds a span's own counts to its children's, and the model spans already
+    carry them, so the run's would count twice."""
+    entries = trace.entries
+    return {
         "gen_ai.usage.input_tokens": trace.tokens_in,
         "gen_ai.usage.output_tokens": trace.tokens_out,
         "mainspring.cost_usd": trace.cost_usd,
+        "mainspring.run.tokens_in": trace.tokens_in,
+        "mainspring.run.tokens_out": trace.tokens_out,
+        "mainspring.run.cost_usd": trace.cost_usd,
+        "mainspring.run.steps": len(entries),
+        "mainspring.run.model_calls": sum(1 for e in entries if e.kind == "model"),
+        "mainspring.run.tool_calls": sum(1 for e in entries if e.kind == "tool"),
+        "mainspring.run.rate_limited": trace.rate_limited,
+        **({"mainspring.run.duration_s": d} if (d := trace.duration_s) is not None else {}),
     }
-    content = capture.run(run.input, run.output) if capture is not None else None
-    root = run_span(run, agent=is_agent, end=run.finished_at, extra=extra, content=content)
-    emitter.emit(run.id, root, root=True, traceparent=run.traceparent)
-
-
-def _with_event(span: SpanData, name: str, at: float, attrs: dict[str, Any]) -> SpanData:
-    return replace(span, events=(*span.events, (name, at, attrs)))

@@ -21,6 +21,8 @@ from typing import Any
 from .._errors import MissingExtra
 
 __all__ = [
+    "CAPTURE_VARIABLE",
+    "capture_from_environment",
     "configured_provider",
     "exporter_from_environment",
     "otel",
@@ -66,6 +68,33 @@ def exporter_from_environment(environ: Mapping[str, str]) -> str | None:
     # The SDK appends /v1/traces to the general endpoint, never to the traces one.
     url = traces or (base.rstrip("/") + _OTLP_PATH if base else "http://localhost:4318/v1/traces")
     return f"OTLP/HTTP to {url}"
+
+
+#: The standard variable of the GenAI instrumentations that turns content capture on.
+CAPTURE_VARIABLE = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
+_CAPTURE_ON = frozenset({"true", "1", "yes", "on", "span_only", "span_and_event", "event_only"})
+_CAPTURE_OFF = frozenset({"", "false", "0", "no", "off", "no_content"})
+
+
+def capture_from_environment(environ: Mapping[str, str]) -> bool:
+    """Whether ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT`` asks for content
+    on spans (``true``; the newer ``SPAN_ONLY``, ``SPAN_AND_EVENT`` and ``EVENT_ONLY``
+    too: mainspring puts content on spans only). Any other value is off, said once in
+    the log when it is not ``false`` either."""
+    value = environ.get(CAPTURE_VARIABLE, "").strip().lower()
+    if value in _CAPTURE_ON:
+        return True
+    if value not in _CAPTURE_OFF and not _said_capture.is_set():
+        _said_capture.set()
+        log.warning(
+            "OpenTelemetry: %s=%r is not true or false: content is not captured",
+            CAPTURE_VARIABLE,
+            environ.get(CAPTURE_VARIABLE),
+        )
+    return False
+
+
+_said_capture = threading.Event()
 
 
 def configured_provider(tracer_provider: Any, environ: Mapping[str, str]) -> Any:

@@ -13,30 +13,27 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import threading
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
-from ..journal import StepInfo
-from ..models import ModelResponse
-from ..storage import RunRecord, RunTransition, StepRecord
-from ._content import Capture
-from ._names import model_of, step_kind, tool_of_name
+from ..storage import RunRecord
+from ._names import model_of, public_error_type, tool_of_name
 from ._setup import otel, unconfigured, warn_no_exporter
 from ._traceparent import parse_traceparent
 
 __all__ = [
-    "LiveSpans",
+    "SpanData",
     "SpanEmitter",
     "child_traceparent",
     "fork_traceparent",
+    "run_span",
     "span_id_of",
+    "started_span",
+    "step_span",
     "trace_id_of",
+    "turn_span",
 ]
-
-log = logging.getLogger("mainspring.observability")
 
 _NS = 1_000_000_000
 
@@ -92,13 +89,18 @@ class _NextIds:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SpanData:
-    """One span to emit: its place in the run, times (seconds), what it is."""
+    """One span to emit: its place in the run, times (seconds), what it is.
+    ``parent``: the key of its parent span in the run (``None``: a root, under the
+    caller's span when the run was submitted with a ``traceparent``). ``ok=False``
+    with no ``error``: status unset (a call held back, neither a success nor an
+    error)."""
 
     key: str
     name: str
     start: float
     end: float
     attributes: dict[str, Any]
+    parent: str | None = "run"
     client: bool = False
     ok: bool = True
     error: tuple[str, str] | None = None  # (type, message): a failed span's exception
@@ -121,9 +123,7 @@ class SpanEmitter:
             self._tracer.id_generator = self._ids
         self._lock = threading.Lock()
 
-    def emit(
-        self, run_id: str, span: SpanData, *, root: bool = False, traceparent: str | None = None
-    ) -> None:
+    def emit(self, run_id: str, span: SpanData, *, traceparent: str | None = None) -> None:
         """Start and end ``span`` of ``run_id``. ``traceparent``: the W3C trace context
         the run was submitted with; the run's spans then belong to the caller's trace,
         its root span a child of the caller's span."""
@@ -136,9 +136,9 @@ class SpanEmitter:
             self._ids.trace_id = trace_id
             self._ids.span_id = span_id_of(run_id, span.key)
             context = None
-            if not root:
+            if span.parent is not None:
                 parent = t.SpanContext(
-                    trace_id, span_id_of(run_id, "run"), is_remote=False, trace_flags=flags
+                    trace_id, span_id_of(run_id, span.parent), is_remote=False, trace_flags=flags
                 )
                 context = t.set_span_in_context(t.NonRecordingSpan(parent))
             elif caller is not None:
@@ -163,7 +163,7 @@ class SpanEmitter:
             otel_span.set_status(t.Status(t.StatusCode.ERROR, message or kind))
         elif span.ok:
             otel_span.set_status(t.Status(t.StatusCode.OK))
-        otel_span.end(end_time=_ns(span.end))
+        otel_span.end(end_time=_ns(max(span.end, span.start)))  # never a negative span
 
 
 def step_span(
@@ -181,17 +181,31 @@ def step_span(
     copied: bool = False,
     run_id: str | None = None,
     content: dict[str, Any] | None = None,
+    held: str | None = None,
+    turn: int | None = None,
+    cost_split: tuple[float, float] | None = None,
 ) -> SpanData:
     """The span of one step attempt, the same whether exported live or back-filled.
     ``content``: the attributes of what it took and returned (see ``_content``),
-    redacted and capped, when capture is on."""
+    redacted and capped, when capture is on. ``held``: the back-pressure a model call
+    met (``rate_limited``, ``overloaded``, ``lapsed``): no error, status unset.
+    ``turn``: the seq of the model call whose turn the span belongs to (its parent).
+    ``cost_split``: a model call's (prompt, completion) cost, when its price is known."""
+    end = max(end, start)  # clocks of two writers: never a negative duration
     attrs: dict[str, Any] = {
         "mainspring.step.position": f"{session}:{seq}",
         "mainspring.step.kind": kind,
-        "mainspring.step.status": status,
+        "mainspring.step.status": held or status,
         "mainspring.step.attempt": attempt,
         "openinference.span.kind": _OPENINFERENCE.get(kind, "CHAIN"),
     }
+    events: tuple[tuple[str, float, dict[str, Any]], ...] = ()
+    if held is not None:
+        # back-pressure: the run waits and calls again; an alert on errors must not fire
+        attrs["mainspring.step.back_pressure"] = held
+        message = error[1] if error is not None else ""
+        events = ((held, end, {"message": message}),)
+        error = None
     if run_id is not None:
         # Phoenix and Langfuse group a session's traces by it; GenAI's name for it
         attrs["session.id"] = attrs["gen_ai.conversation.id"] = run_id
@@ -222,6 +236,8 @@ def step_span(
             attrs["gen_ai.usage.output_tokens"] = attrs["llm.token_count.completion"] = tokens[1]
             attrs["llm.token_count.total"] = tokens[0] + tokens[1]
             attrs["mainspring.cost_usd"] = tokens[2]
+            if tokens[2] or cost_split is not None:
+                attrs.update(_cost(tokens[2], cost_split))
         span_name, client = f"chat {model}", True
     elif kind == "tool":
         tool = tool_of_name(name)
@@ -242,9 +258,45 @@ def step_span(
         start=start,
         end=end,
         attributes=attrs,
+        parent="run" if turn is None else f"turn:{session}:{turn}",
         client=client,
-        ok=error is None,
+        ok=error is None and held is None,
         error=error,
+        events=events,
+    )
+
+
+def _cost(total: float, split: tuple[float, float] | None) -> dict[str, Any]:
+    """A model call's spend where tracing backends read it: OpenInference's
+    ``llm.cost.*`` (Phoenix), GenAI's ``gen_ai.usage.cost`` and Langfuse's
+    ``langfuse.observation.cost_details``, in USD."""
+    attrs: dict[str, Any] = {"llm.cost.total": total, "gen_ai.usage.cost": total}
+    details = {"total": total}
+    if split is not None:
+        attrs["llm.cost.prompt"], attrs["llm.cost.completion"] = split
+        details.update(input=split[0], output=split[1])
+    attrs["langfuse.observation.cost_details"] = json.dumps(details)
+    return attrs
+
+
+def turn_span(
+    *, run_id: str, session: int, seq: int, start: float, end: float, tool_calls: int
+) -> SpanData:
+    """The span of an agent's turn: its model call (at ``seq``) and the tool calls that
+    reply asked for, which are its children."""
+    return SpanData(
+        key=f"turn:{session}:{seq}",
+        name=f"turn {session}:{seq}",
+        start=start,
+        end=max(start, end),
+        attributes={
+            "openinference.span.kind": "CHAIN",
+            "session.id": run_id,
+            "gen_ai.conversation.id": run_id,
+            "mainspring.turn.position": f"{session}:{seq}",
+            "mainspring.turn.tool_calls": tool_calls,
+        },
+        ok=True,
     )
 
 
@@ -282,174 +334,76 @@ def run_span(
         attrs["mainspring.run.parent_step"] = record.parent_step or ""
     error = None
     if record.status in ("failed", "cancelled"):
-        error = (record.status, _error_text(record.error))
+        error = _run_error(record.status, record.error)
+        attrs["error.type"] = error[0]
     return SpanData(
         key="run",
         name=f"{op} {record.workflow}",
         start=record.created_at,
         end=end,
         attributes=attrs,
+        parent=None,
         ok=error is None,
         error=error,
     )
 
 
-class LiveSpans:
-    """Exports spans while runs execute: each step attempt as it ends, each durable
-    wait as it completes, and a run's root span when it finishes."""
+def started_span(
+    record: RunRecord, *, agent: bool, at: float, content: dict[str, Any] | None = None
+) -> SpanData:
+    """A root span that says a run has started, exported when a worker first claims
+    it (and again, the same span, by a worker that takes it over).
 
-    def __init__(
-        self,
-        tracer_provider: Any,
-        *,
-        is_agent: Callable[[str], bool],
-        redact: Callable[[str], str] | None = None,
-        capture_content: bool = False,
-        content_max_chars: int = 2000,
-    ) -> None:
-        self.provider = tracer_provider
-        self.emitter = SpanEmitter(tracer_provider)
-        self._is_agent = is_agent
-        # An exception's text is not journaled yet when its span is exported: it is
-        # redacted here like the journal's copy will be.
-        self._redact = redact
-        self.capture = Capture(redact, content_max_chars) if capture_content else None
-
-    def attempt(
-        self,
-        record: RunRecord | None,
-        info: StepInfo,
-        *,
-        kind: str,
-        start: float,
-        end: float,
-        error: BaseException | None,
-        usage: tuple[int, int, float],
-        arguments: tuple[tuple[Any, ...], dict[str, Any]] = ((), {}),
-        result: Any = None,
-    ) -> None:
-        err = None
-        if error is not None:
-            text = _safe_str(error)
-            err = (type(error).__name__, self._redact(text) if self._redact else text)
-        span = step_span(
-            kind=kind,
-            name=info.name,
-            session=info.session,
-            seq=info.seq,
-            attempt=info.attempt,
-            start=start,
-            end=end,
-            status="failed" if err else "completed",
-            error=err,
-            tokens=usage if kind == "model" else None,
-            run_id=info.run_id,
-            content=self._content(kind, arguments, result, err is None),
-        )
-        self._emit(info.run_id, span, record.traceparent if record is not None else None)
-
-    def _content(
-        self,
-        kind: str,
-        arguments: tuple[tuple[Any, ...], dict[str, Any]],
-        result: Any,
-        ok: bool,
-    ) -> dict[str, Any] | None:
-        capture = self.capture
-        if capture is None:
-            return None
-        args, kwargs = arguments
-        if kind == "model":
-            # the model step is given the conversation it sends (agent._call)
-            sent = (
-                args[0]
-                if len(args) == 1 and not kwargs and isinstance(args[0], list | tuple)
-                else ()
-            )
-            reply = result if ok and isinstance(result, ModelResponse) else None
-            return capture.model(sent, reply)
-        if kind == "tool" and len(args) == 1 and not kwargs:
-            given: Any = args[0]  # a tool step is given the arguments the model chose
-        else:
-            given = kwargs or list(args) or None
-        out = _json(result) if ok and result is not None else None
-        return capture.io(None if given is None else _json(given), out, kind=kind)
-
-    def committed(
-        self,
-        record: RunRecord,
-        ended: list[StepRecord],
-        transition: RunTransition | None,
-        now: float,
-    ) -> None:
-        for row in ended:
-            # Rows that ran no step function, so execute_step saw none of them: waits,
-            # and the starts of child runs (whose spans the children's nest under).
-            child = row.kind == "step" and row.role == "child"
-            if (row.kind in ("sleep", "signal") or child) and row.finished_at is not None:
-                span = step_span(
-                    kind=step_kind(row.role) if child else row.kind,
-                    name=row.name,
-                    session=row.session,
-                    seq=row.seq,
-                    attempt=row.attempt,
-                    start=row.started_at,
-                    end=row.finished_at,
-                    status=row.status,
-                    run_id=record.id,
-                )
-                self._emit(record.id, span, record.traceparent)
-        if transition is not None and transition.kind == "finish" and transition.status:
-            final = replace(
-                record, status=transition.status, error=transition.error, finished_at=now
-            )
-            content = None
-            if self.capture is not None:
-                content = self.capture.run(record.input, transition.output)
-            root = run_span(final, agent=self._is_agent(record.workflow), end=now, content=content)
-            self._emit(record.id, root, record.traceparent)
-
-    def flush(self, timeout_s: float = 5.0) -> None:
-        """Hand every finished span to the exporter now (a worker that stops must not
-        take the last batch with it)."""
-        force_flush = getattr(self.provider or otel().get_tracer_provider(), "force_flush", None)
-        if force_flush is not None:
-            try:
-                force_flush(int(timeout_s * 1000))
-            except Exception:  # telemetry never fails a worker
-                log.exception("could not flush OpenTelemetry spans")
-
-    def _emit(self, run_id: str, span: SpanData, traceparent: str | None) -> None:
-        try:
-            self.emitter.emit(run_id, span, root=span.key == "run", traceparent=traceparent)
-        except Exception:  # telemetry never fails a run
-            log.exception("could not export span %r of run %s", span.name, run_id)
+    A run's own root span can only be exported once the run ends (a span is sent when
+    it ends, and backends keep the first copy of a span id: Phoenix ignores a repeat),
+    and trace lists show traces by their root span: without this one, a running,
+    sleeping or waiting run would not be listed at all. It spans from submission to
+    the first claim (the time queued), in the run's trace beside its steps."""
+    op = "invoke_agent" if agent else "workflow"
+    attrs: dict[str, Any] = {
+        "openinference.span.kind": "AGENT" if agent else "CHAIN",
+        "session.id": record.id,
+        "gen_ai.conversation.id": record.id,
+        "mainspring.run.id": record.id,
+        "mainspring.run.status": "running",
+        "mainspring.run.phase": "started",
+        "mainspring.workflow": record.workflow,
+        **(content or {}),
+    }
+    if agent:
+        attrs["gen_ai.agent.name"] = record.workflow
+    if record.owner:
+        attrs["mainspring.run.worker"] = record.owner
+    return SpanData(
+        key="run:started",
+        name=f"{op} {record.workflow} (started)",
+        start=record.created_at,
+        end=max(record.created_at, at),
+        attributes=attrs,
+        parent=None,
+        ok=False,  # unset: the run's outcome is its root span's
+    )
 
 
-def _json(value: Any) -> str:
-    try:
-        return json.dumps(value, default=str, ensure_ascii=False)
-    except (TypeError, ValueError):
-        return _safe_str(ValueError(repr(value)))
-
-
-def _error_text(error: str | None) -> str:
+def _run_error(status: str, error: str | None) -> tuple[str, str]:
+    """A failed or cancelled run's ``(error type, message)``, the type by its public
+    name (``mainspring.StepFailed``)."""
     if not error:
-        return ""
+        return ("mainspring.Cancelled" if status == "cancelled" else "Error", "")
     try:
         value = json.loads(error)
     except ValueError:
-        return error
+        return ("Error", error)
     if isinstance(value, dict):
-        return f"{value.get('type', 'Error')}: {value.get('message', '')}"
-    return str(value)
+        kind = public_error_type(str(value.get("type") or "Error"))
+        return (kind, str(value.get("message", "")))
+    return ("Error", str(value))
 
 
-def _safe_str(exc: BaseException) -> str:
-    try:
-        return str(exc)[:500]
-    except Exception:
-        return f"<{type(exc).__name__}>"
+def exception_type(exc: BaseException) -> str:
+    """The public name of an exception's class (see :func:`public_error_type`)."""
+    cls = type(exc)
+    return public_error_type(f"{getattr(cls, '__module__', '')}.{cls.__qualname__}")
 
 
 def _ns(seconds: float) -> int:

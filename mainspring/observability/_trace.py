@@ -49,6 +49,7 @@ class TraceEntry:
         calls: a model step's requested tool calls, ``(name, arguments JSON)``.
         error_class / error_message: the step's journaled error: why it failed, or
             why its previous attempt did (for a step that then succeeded).
+            ``error_type``: the error's class as journaled, with its module.
         copied: a fork copied this step from its source run and replays it: its
             tokens and cost were spent by the source, so they are 0 here.
         rate_limited: a model call the provider refused for rate (a 429): the
@@ -77,6 +78,7 @@ class TraceEntry:
     tool: str | None = None
     error_class: str | None = None
     error_message: str | None = None
+    error_type: str | None = None
     calls: tuple[tuple[str, str], ...] = ()
     copied: bool = False
     rate_limited: bool = False
@@ -221,9 +223,10 @@ def trace_entries(
         kind: TraceKind = s.kind if s.kind != "step" else "step"
         latency = None if s.finished_at is None else max(0.0, s.finished_at - s.started_at)
         err = _loads(s.error)
-        error_class = error_message = None
+        error_class = error_message = error_type = None
         if isinstance(err, dict):
-            error_class = str(err.get("type", "Error")).rsplit(".", 1)[-1]
+            error_type = str(err.get("type", "Error"))
+            error_class = error_type.rsplit(".", 1)[-1]
             error_message = _clip(str(err.get("message", "")))
         fields: dict[str, Any] = {}
         role = step_role(s.kind, s.role)
@@ -272,6 +275,7 @@ def trace_entries(
                 latency_s=latency,
                 error_class=error_class,
                 error_message=error_message,
+                error_type=error_type,
                 copied=s.epoch == 0,
                 journal_role=s.role,
                 **fields,

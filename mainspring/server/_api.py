@@ -530,17 +530,21 @@ def create_app(
         tags=["service"],
         response_class=Response,
         responses={
-            200: {"content": {"text/plain": {}}, "description": "Prometheus text format."},
+            200: {
+                "content": {"text/plain": {}, "application/openmetrics-text": {}},
+                "description": "Prometheus text format, or OpenMetrics when asked"
+                " (Accept: application/openmetrics-text).",
+            },
             **_responses(),
         },
     )
-    def metrics(_key: Scrape) -> Response:
+    def metrics(request: Request, _key: Scrape) -> Response:
         """Store-wide gauges (runs by status, oldest queued and waiting runs, webhook
         backlog) and this process's counters (HTTP requests; steps, tokens, cost and
         429s of an embedded worker), for Prometheus (a ``metrics`` or ``read`` key as a
         bearer token)."""
         with metrics_lock:  # the collector caches finished runs: one scrape at a time
-            text, content_type = app.metrics().render()
+            text, content_type = app.metrics().render(request.headers.get("accept"))
         return Response(content=text, media_type=content_type)
 
     api.include_router(queue_routes(app, key_with("read"), _responses()))
