@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from .._clock import Clock
@@ -12,13 +13,17 @@ from .._errors import ConfigError, MissingExtra
 from ..limits import PRICES, Price
 from ..observability import (
     Diagnosis,
+    Family,
     MetricsCollector,
     Redactor,
     RunTrace,
     Telemetry,
+    Usage,
     build_trace,
     diagnose,
     exporter_from_environment,
+    family_usage,
+    usage_by_run,
 )
 from ..storage import RunRecord, StepRecord, Store
 from ._handle import RunHandle, run_id_of
@@ -46,6 +51,8 @@ class Observe:
 
         def get_run(self, run_id: str) -> RunRecord: ...
 
+        def children(self, run_id: str | RunHandle) -> list[RunRecord]: ...
+
     def trace(self, run_id: str | RunHandle) -> RunTrace:
         """The run's trace: one entry per journaled step with its latency, tokens,
         cost, attempt and error class (redacted like the journal).
@@ -56,6 +63,23 @@ class Observe:
         run_id = run_id_of(run_id)
         record = self.get_run(run_id)
         return build_trace(record, self.store.load_steps(run_id), self._prices(record.workflow))
+
+    def usage(self, runs: Sequence[RunRecord]) -> dict[str, Usage]:
+        """Tokens and cost of each of ``runs`` (its own model calls), by run id, read
+        in one query: what a list of runs shows."""
+        prices = {r.id: self._prices(r.workflow) for r in runs}
+        found = usage_by_run(self.store.model_steps([r.id for r in runs]), prices)
+        return {r.id: found.get(r.id, Usage()) for r in runs}
+
+    def family(self, run_id: str | RunHandle) -> Family:
+        """What ``run_id`` spent with and without its children (``ctx.child`` runs,
+        and theirs): tokens, cost and duration of each child and the totals.
+
+        Raises:
+            RunNotFound: no such run.
+        """
+        record = self.get_run(run_id_of(run_id))
+        return family_usage(record, self.children, self.usage, self.clock.now())
 
     def diagnose(self, run_id: str | RunHandle, *, stall_after_s: float = 600.0) -> Diagnosis:
         """``mainspring doctor``: match the run against the failure table (stopped

@@ -24,13 +24,16 @@ from ._setup import exporter_from_environment
 from ._spans import child_traceparent, fork_traceparent
 from ._trace import RunTrace, TraceEntry, TraceKind, build_trace, trace_entries
 from ._traceparent import parse_traceparent
+from ._usage import ChildUsage, Family, Usage, family_usage, run_duration, usage_by_run
 
 __all__ = [
     "BUILTIN_PATTERNS",
     "LATENCY_BUCKETS",
     "LIBRARIES",
     "SECRET_KEYS",
+    "ChildUsage",
     "Diagnosis",
+    "Family",
     "Finding",
     "FindingKind",
     "LibraryLevel",
@@ -43,12 +46,14 @@ __all__ = [
     "Telemetry",
     "TraceEntry",
     "TraceKind",
+    "Usage",
     "build_trace",
     "child_traceparent",
     "configure_logging",
     "diagnose",
     "export_trace",
     "exporter_from_environment",
+    "family_usage",
     "fork_traceparent",
     "metrics_text",
     "model_of",
@@ -56,7 +61,9 @@ __all__ = [
     "progress",
     "redact_log_text",
     "remove_logging",
+    "run_duration",
     "serve_metrics",
     "step_role",
     "trace_entries",
+    "usage_by_run",
 ]
