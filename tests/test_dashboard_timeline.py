@@ -262,8 +262,14 @@ def test_bookkeeping_is_hidden_unless_asked(traced: tuple[str, ms.RunTrace]) -> 
 def test_filters_and_paging(traced: tuple[str, ms.RunTrace]) -> None:
     _, trace = traced
     now = time.time()
-    page1 = build_timeline(trace.entries, now=now)
-    assert page1.pages == 3 and page1.page == 1  # 53 turns (0 to 52), 25 a page
+    # A run opens at its live end: the last page, its newest turns.
+    opened = build_timeline(trace.entries, now=now)
+    assert opened.pages == 3 and opened.page == 3  # 53 turns (0 to 52), 25 a page
+    assert [g.turn.number for g in opened.groups if g.turn] == [51, 52]
+    assert opened.filters.query(page=1) == "?page=1"
+    assert opened.filters.query(errors=True) == "?errors=1"  # a new filter: its live end
+    page1 = build_timeline(trace.entries, Filters(page=1), now=now)
+    assert page1.pages == 3 and page1.page == 1
     assert [g.turn.number for g in page1.groups if g.turn] == list(range(1, 26))
     last = build_timeline(trace.entries, Filters(page=99), now=now)
     assert last.page == 3 and [g.turn.number for g in last.groups if g.turn] == [51, 52]
@@ -297,7 +303,7 @@ def test_a_plain_workflow_is_a_plain_waterfall() -> None:
     entries.insert(3, _entry(1000, "now", "now", start=1.2, took=0.0))
     entries.insert(5, _entry(1001, "sleep", "sleep", start=2.0, took=30.0))
     assert group_turns(entries) == [None] * len(entries)
-    tl = build_timeline(entries, now=0.0)
+    tl = build_timeline(entries, Filters(page=1), now=0.0)
     assert not tl.agent and tl.turns == ()
     assert [g.turn for g in tl.groups] == [None]
     assert len(tl.groups[0].rows) == PAGE_ROWS and tl.pages == 3 and tl.hidden == 1

@@ -221,6 +221,12 @@ class RunTables(Connection):
             cur.execute("SELECT status, COUNT(*) FROM ms_runs GROUP BY status")
             return {status: n for status, n in cur.fetchall()}
 
+    def run_workflows(self, limit: int = 500) -> list[str]:
+        """The workflow names runs in the store have (for a filter), sorted."""
+        with self._read() as cur:
+            cur.execute("SELECT DISTINCT workflow FROM ms_runs ORDER BY workflow LIMIT ?", (limit,))
+            return [r[0] for r in cur.fetchall()]
+
     def run_ids_starting(self, prefix: str, limit: int = 2) -> list[str]:
         """Ids of runs that start with ``prefix`` (up to ``limit``), for abbreviated ids."""
         # LIKE with the prefix's own wildcards escaped: "a_" matches "a_...", not "ab...".
