@@ -7,6 +7,7 @@ page, and WCAG AA contrast and labels on every page."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
 from collections.abc import Iterator
@@ -58,7 +59,8 @@ CONTRAST_JS = """() => {
     const ratio = (Math.max(a, b) + 0.05) / (Math.min(a, b) + 0.05);
     const size = parseFloat(style.fontSize), bold = Number(style.fontWeight) >= 700;
     const need = size >= 24 || (bold && size >= 18.66) ? 3 : 4.5;
-    if (ratio < need) bad.push(`${ratio.toFixed(2)} ${fg} on ${background(el)}: ${n.textContent.trim().slice(0, 40)}`);
+    const text = n.textContent.trim().slice(0, 40);
+    if (ratio < need) bad.push(`${ratio.toFixed(2)} ${fg} on ${background(el)}: ${text}`);
   }
   return bad;
 }"""
@@ -254,7 +256,7 @@ def _axis_labels_apart(page: Any) -> None:
         "ss => ss.map(s => { const b = s.getBoundingClientRect(); return [b.left, b.right]; })",
     )
     assert len(boxes) >= 2
-    for (_, right), (left, _) in zip(boxes, boxes[1:], strict=False):
+    for (_, right), (left, _) in itertools.pairwise(boxes):
         assert right <= left, boxes
 
 
