@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from urllib.parse import parse_qs
 
 from fastapi import APIRouter, Query, Request
@@ -92,6 +93,18 @@ def _when(ts: float | None) -> str:
     return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 
+def _zoned(ts: float | None, tz: str) -> str:
+    """A time as a wall time of the IANA zone ``tz`` (``2026-12-08 09:00 CET``); the
+    UTC time when the zone is unknown here."""
+    if ts is None:
+        return ""
+    try:
+        zone = ZoneInfo(tz)
+    except (ZoneInfoNotFoundError, ValueError):
+        return _when(ts) + " UTC"
+    return datetime.fromtimestamp(ts, zone).strftime("%Y-%m-%d %H:%M %Z")
+
+
 def _pretty(text: str | None, limit: int = 4000) -> str:
     if text is None:
         return ""
@@ -121,6 +134,7 @@ def _json_text(value: Any) -> str:
 
 _env.filters["json_text"] = _json_text
 _env.filters["when"] = _when
+_env.filters["zoned"] = _zoned
 _env.filters["error_text"] = _error_text
 _env.filters["pretty"] = _pretty
 _env.filters["duration"] = duration
