@@ -178,7 +178,7 @@ def test_the_runs_list_is_built_for_triage(
     assert stamp.inner_text().endswith("ago") or stamp.inner_text() == "just now"
     assert stamp.get_attribute("title").endswith(" UTC")
     assert _cells(page, runs["flaky"])["duration"].endswith(("ms", " s"))
-    page.screenshot(path=str(ARTIFACTS / "runs.png"))
+    page.screenshot(path=str(ARTIFACTS / "runs-triage.png"))
     _accessible(page, "runs")
 
     # Filters: by workflow, then text search; both kept by the status links.
