@@ -319,7 +319,9 @@ def show(
         facts.append((how, f"{where} ({close})" if close else where))
     if children:
         lines = [
-            _child_line(c.run) + f", {_usage_text(c.total, c.duration_s)}" for c in family.children
+            f"{_child_line(c.run)}: {c.total.tokens:,} tokens, ${c.total.cost_usd:.4f},"
+            f" {_seconds(c.duration_s)}"
+            for c in family.children
         ]
         facts.append((f"children ({len(children)})", "\n".join(lines)))
     facts.append(("usage", _usage_text(family.own, family.duration_s)))
