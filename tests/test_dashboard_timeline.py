@@ -372,3 +372,21 @@ def test_a_long_run_pages_without_drawing_every_row(tmp_path: Path) -> None:
     assert len(entries) == 1200 and tl.pages == 12 and tl.hidden == 300
     assert len(tl.groups) == PAGE_TURNS and tl.shown == 3 * PAGE_TURNS
     assert tl.groups[0].turn is not None and tl.groups[0].turn.number == 101
+
+
+def test_wake_times_read_as_dates_not_unix_times() -> None:
+    """A rate-limit wait journals its wake time and a sleep its deadline as Unix times:
+    the timeline says them as a date and a UTC time."""
+    at = 1_796_667_497.39  # 2026-12-07 18:18:17 UTC
+    entries = [
+        _entry(1, "step", "rate:wait:scripted:scripted", start=0.0, took=0.01,
+               journal_role="wait", output_summary=str(at)),
+        _entry(2, "sleep", "sleep", start=1.0, took=30.0, input_summary=f"until {at:.3f}"),
+        _entry(3, "step", "count", start=31.0, took=0.1, output_summary="1796"),
+    ]  # fmt: skip
+    rows = build_timeline(entries, now=40.0).groups[0].rows
+    assert [r.detail for r in rows] == [
+        "until 2026-12-07 18:18:17 UTC",
+        "until 2026-12-07 18:18:17 UTC",
+        "1796",  # a number that is no time stays as it is
+    ]
