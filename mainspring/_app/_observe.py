@@ -45,6 +45,7 @@ class Observe:
         telemetry: Telemetry
         agents: dict[str, Agent]
         _metrics: MetricsCollector | None
+        _usage_cache: dict[tuple[str, float], Usage]
 
         @property
         def store(self) -> Store: ...
@@ -67,9 +68,21 @@ class Observe:
     def usage(self, runs: Sequence[RunRecord]) -> dict[str, Usage]:
         """Tokens and cost of each of ``runs`` (its own model calls), by run id, read
         in one query: what a list of runs shows."""
-        prices = {r.id: self._prices(r.workflow) for r in runs}
-        found = usage_by_run(self.store.model_steps([r.id for r in runs]), prices)
-        return {r.id: found.get(r.id, Usage()) for r in runs}
+        # A finished run's usage never changes while its row does not (a retry or a
+        # prune moves updated_at or removes it): kept, so a list that redraws every few
+        # seconds reads only the journals of runs still at work.
+        cache = self._usage_cache
+        out = {r.id: cache[(r.id, r.updated_at)] for r in runs if (r.id, r.updated_at) in cache}
+        todo = [r for r in runs if r.id not in out]
+        prices = {r.id: self._prices(r.workflow) for r in todo}
+        found = usage_by_run(self.store.model_steps([r.id for r in todo]), prices)
+        for r in todo:
+            out[r.id] = found.get(r.id, Usage())
+            if r.finished:
+                if len(cache) >= 10_000:
+                    cache.pop(next(iter(cache)))
+                cache[(r.id, r.updated_at)] = out[r.id]
+        return {r.id: out[r.id] for r in runs}
 
     def family(self, run_id: str | RunHandle) -> Family:
         """What ``run_id`` spent with and without its children (``ctx.child`` runs,

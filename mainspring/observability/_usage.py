@@ -9,12 +9,14 @@ A fork's copied rows count nothing (the source run spent them).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from ..limits import Price
+from ..limits import Price, cost_usd
+from ..models import Usage as ModelUsage
 from ..storage import RunRecord, StepRecord
-from ._trace import trace_entries
+from ._names import model_of
 
 __all__ = ["ChildUsage", "Family", "Usage", "family_usage", "run_duration", "usage_by_run"]
 
@@ -60,21 +62,43 @@ def usage_by_run(
 ) -> dict[str, Usage]:
     """The usage of each run among ``steps`` (model calls, any runs mixed), priced
     with ``prices[run_id]`` (a run missing there: the default price table)."""
-    by_run: dict[str, list[StepRecord]] = {}
+    # Read as the trace reads a model row (``_trace._model_fields``), without the
+    # summaries a trace also builds: a list of fifty long runs reads thousands of rows.
+    out: dict[str, list[float]] = {}
     for s in steps:
-        by_run.setdefault(s.run_id, []).append(s)
-    out: dict[str, Usage] = {}
-    for run_id, rows in by_run.items():
-        table = prices.get(run_id)
-        total = Usage()
-        for e in trace_entries(rows, dict(table) if table is not None else None):
-            if e.kind != "model" or e.copied:
-                continue
-            total = total + Usage(
-                tokens_in=e.tokens_in, tokens_out=e.tokens_out, cost_usd=e.cost_usd, model_calls=1
-            )
-        out[run_id] = total
-    return out
+        if s.status != "completed" or s.epoch == 0:  # epoch 0: a fork's copy
+            continue
+        totals = out.setdefault(s.run_id, [0, 0, 0.0, 0])
+        totals[3] += 1
+        try:
+            reply = json.loads(s.output) if s.output is not None else None
+        except ValueError:
+            continue
+        if not isinstance(reply, dict):
+            continue
+        raw = reply.get("usage") or {}
+        used = ModelUsage(
+            input_tokens=int(raw.get("input_tokens", 0)),
+            output_tokens=int(raw.get("output_tokens", 0)),
+            cache_read_tokens=int(raw.get("cache_read_tokens", 0)),
+            cache_write_tokens=int(raw.get("cache_write_tokens", 0)),
+        )
+        journaled = reply.get("cost_usd")
+        if isinstance(journaled, int | float):
+            cost = float(journaled)
+        else:
+            table = prices.get(s.run_id)
+            model_id = model_of(s.name).split(":", 1)[-1]
+            cost = cost_usd(model_id, used, dict(table) if table is not None else None)
+        totals[0] += used.input_tokens
+        totals[1] += used.output_tokens
+        totals[2] += cost
+    return {
+        run_id: Usage(
+            tokens_in=int(t[0]), tokens_out=int(t[1]), cost_usd=t[2], model_calls=int(t[3])
+        )
+        for run_id, t in out.items()
+    }
 
 
 def run_duration(run: RunRecord, now: float) -> float:
