@@ -178,6 +178,13 @@ def test_the_runs_list_is_built_for_triage(
     assert stamp.inner_text().endswith("ago") or stamp.inner_text() == "just now"
     assert stamp.get_attribute("title").endswith(" UTC")
     assert _cells(page, runs["flaky"])["duration"].endswith(("ms", " s"))
+    # A run retried after it failed (and failed again) says so.
+    ops = stack.client(stack.admin)
+    assert ops.post(f"/runs/{runs['flaky']}/retry").status_code == 202
+    until(lambda: stack.app.get_run(runs["flaky"]).status == "failed", "the retry to fail", 30)
+    assert stack.app.get_run(runs["flaky"]).retries == 1
+    page.reload()
+    assert page.locator(f"#run-{runs['flaky']} .mark").all_text_contents() == ["retried 1×"]
     page.screenshot(path=str(ARTIFACTS / "runs-triage.png"))
     _accessible(page, "runs")
 
@@ -197,7 +204,6 @@ def test_the_runs_list_is_built_for_triage(
 
     # Last activity moves with every step of a busy run: a run taking steps is drawn
     # again with a newer time (its run row's updated_at does not move with steps).
-    ops = stack.client(stack.admin)
     busy = ops.post(
         "/runs", json={"workflow": "brief", "args": [["a", "b", "c", "d", "e", "f"]]}
     ).json()["id"]

@@ -32,7 +32,8 @@ class RunRow:
         usage: its own model calls' tokens and cost.
         error: the first line of its error (type: message), for a failed run.
         marks: where it came from and what happened to it, as short labels with a
-            title each (``child``, ``fork``, ``recovered 2×``, ``attempt 3``).
+            title each (``child``, ``fork``, ``scheduled``, ``retried 1×``,
+            ``recovered 2×``, ``attempt 3``).
     """
 
     run: RunRecord
@@ -71,6 +72,8 @@ def _marks(run: RunRecord, step: StepRecord | None) -> tuple[tuple[str, str], ..
         out.append(("fork", f"forked from {run.parent} at step {run.parent_step}"))
     if run.schedule:
         out.append(("scheduled", f"started by the schedule ({run.schedule})"))
+    if run.retries:
+        out.append((f"retried {run.retries}×", f"retried {run.retries} time(s) after it failed"))
     if run.recoveries:
         out.append(
             (

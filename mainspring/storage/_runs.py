@@ -442,7 +442,8 @@ class RunTables(Connection):
                 "UPDATE ms_runs SET status = 'queued', epoch = epoch + 1, output = NULL,"
                 " error = NULL, finished_at = NULL, owner = NULL, lease_until = NULL,"
                 " wake_at = NULL, wait_reason = NULL, wait_signal = NULL, recoveries = 0,"
-                " cancel_requested = 0, updated_at = ? WHERE id = ? AND status = 'failed'",
+                " cancel_requested = 0, retries = retries + 1, updated_at = ?"
+                " WHERE id = ? AND status = 'failed'",
                 (now, run_id),
             )
             if cur.rowcount != 1:  # retried concurrently: raising rolls the delete back
