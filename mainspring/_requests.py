@@ -19,6 +19,8 @@ __all__ = ["Approval", "Decision", "Request", "RequestKind", "answer_payload", "
 
 RequestKind = Literal["approval", "question"]
 Decision = Literal["approve", "reject", "edit"]
+OnTimeout = Literal["approve", "reject", "answer", "fail"]
+_ON_TIMEOUT: tuple[str, ...] = ("approve", "reject", "answer", "fail")
 _DECISIONS: tuple[str, ...] = ("approve", "reject", "edit")
 
 
@@ -34,6 +36,12 @@ class Request:
         choices: the allowed answers of a question, if limited.
         created_at: when the run started waiting (epoch seconds).
         deadline: when the default applies, if the wait has a timeout.
+        on_timeout: what happens at the deadline, for a wait with a timeout:
+            ``"approve"`` or ``"reject"`` (an approval's default), ``"answer"`` (a
+            question's default answer, ``default_answer``) or ``"fail"`` (the run
+            fails with :class:`~mainspring.WaitTimeout`). ``None``: no timeout, or a
+            request from before this was recorded.
+        default_answer: a question's default answer (with ``on_timeout="answer"``).
     """
 
     run_id: str
@@ -45,8 +53,15 @@ class Request:
     choices: tuple[str, ...] | None = None
     created_at: float
     deadline: float | None = None
+    on_timeout: OnTimeout | None = None
+    default_answer: str | None = None
 
     def to_json(self) -> dict[str, Any]:
+        extra: dict[str, Any] = {}
+        if self.on_timeout is not None:  # only where the wait has a timeout
+            extra["on_timeout"] = self.on_timeout
+            if self.default_answer is not None:
+                extra["default_answer"] = self.default_answer
         return {
             "run_id": self.run_id,
             "workflow": self.workflow,
@@ -57,6 +72,7 @@ class Request:
             "choices": list(self.choices) if self.choices is not None else None,
             "created_at": self.created_at,
             "deadline": self.deadline,
+            **extra,
         }
 
 
@@ -80,11 +96,21 @@ class Approval:
 
 
 def request_meta(
-    kind: RequestKind, title: str, preview: Any = None, choices: tuple[str, ...] | None = None
+    kind: RequestKind,
+    title: str,
+    preview: Any = None,
+    choices: tuple[str, ...] | None = None,
+    *,
+    on_timeout: OnTimeout | None = None,
+    default_answer: str | None = None,
 ) -> dict[str, Any]:
     meta: dict[str, Any] = {"kind": kind, "title": title, "preview": preview}
     if choices is not None:
         meta["choices"] = list(choices)
+    if on_timeout is not None:  # a wait with a timeout: the reviewer sees what it does
+        meta["on_timeout"] = on_timeout
+        if default_answer is not None:
+            meta["default_answer"] = default_answer
     return meta
 
 
@@ -211,6 +237,8 @@ def request_from_row(
     if not isinstance(meta, dict):
         return None
     choices = meta.get("choices")
+    on_timeout = meta.get("on_timeout")
+    default_answer = meta.get("default_answer")
     return Request(
         run_id=run_id,
         workflow=workflow,
@@ -221,4 +249,6 @@ def request_from_row(
         choices=tuple(str(c) for c in choices) if isinstance(choices, list) else None,
         created_at=started_at,
         deadline=deadline,
+        on_timeout=on_timeout if on_timeout in _ON_TIMEOUT else None,
+        default_answer=str(default_answer) if default_answer is not None else None,
     )

@@ -72,8 +72,8 @@ class Stack:
     def log(self, name: str) -> str:
         return (self.tmp / f"{name}.log").read_text()
 
-    def serve(self, *extra: str) -> None:
-        self.spawn("server", "serve", "apps.hitl_app:app", "--port", str(self.port), *extra)
+    def serve(self, *extra: str, target: str = "apps.hitl_app:app") -> None:
+        self.spawn("server", "serve", target, "--port", str(self.port), *extra)
 
         def up() -> bool:
             try:

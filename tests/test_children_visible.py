@@ -47,16 +47,21 @@ def test_show_api_and_dashboard_list_children_and_parents(tmp_path: Path) -> Non
         with TestClient(create_app(app, webhooks=False)) as client:
             body = client.get(f"/runs/{parent}", headers=auth).json()
             assert body["output"] == 2
-            assert body["children"] == [
-                {
-                    "id": child,
-                    "workflow": "kid",
-                    "status": "succeeded",
-                    "parent_step": "0:0",
-                    "parent_close": "cancel",
-                    "url": f"/runs/{child}",
-                }
-            ]
+            [seen] = body["children"]
+            assert seen["duration_s"] >= 0
+            assert seen["usage"] == {
+                "tokens_in": 0, "tokens_out": 0, "cost_usd": 0.0, "model_calls": 0,
+            }  # fmt: skip
+            del seen["duration_s"], seen["usage"]
+            assert seen == {
+                "id": child,
+                "workflow": "kid",
+                "status": "succeeded",
+                "parent_step": "0:0",
+                "parent_close": "cancel",
+                "url": f"/runs/{child}",
+            }
+            assert body["usage"]["with_children"]["model_calls"] == 0
             body = client.get(f"/runs/{child}", headers=auth).json()
             assert (
                 body["parent"],
@@ -88,9 +93,15 @@ def test_show_api_and_dashboard_list_children_and_parents(tmp_path: Path) -> Non
     shown = CliRunner().invoke(cli, ["show", child, "--db", db])
     assert f"child of     run {parent}, step 0:0 (on parent close: cancel)" in shown.output
     data = json.loads(CliRunner().invoke(cli, ["show", parent, "--db", db, "--json"]).stdout)
-    assert data["run"]["children"] == [
-        {"run": child, "workflow": "kid", "status": "succeeded", "step": "0:0", "close": "cancel"}
-    ]
+    [seen] = data["run"]["children"]
+    assert seen.pop("duration_s") >= 0
+    assert {k: seen.pop(k) for k in ("tokens_in", "tokens_out", "cost_usd", "model_calls")} == {
+        "tokens_in": 0, "tokens_out": 0, "cost_usd": 0.0, "model_calls": 0,
+    }  # fmt: skip
+    assert seen == {
+        "run": child, "workflow": "kid", "status": "succeeded", "step": "0:0", "close": "cancel",
+    }  # fmt: skip
+    assert data["run"]["usage"]["with_children"]["model_calls"] == 0
 
 
 def test_an_abandoned_childs_policy_shows_and_a_fork_has_none(tmp_path: Path) -> None:

@@ -205,6 +205,11 @@ def test_an_agent_run_reads_turn_by_turn(
     url = f"{stack.base}/ui/runs/{run_id}"
     page.goto(url)
     assert page.text_content("#turn-count") == "52"
+    # It opens at its live end: the last page, its newest turns.
+    assert page.get_attribute("#pager", "data-page") == "3"
+    live_end = _rows(page)
+    assert [r["turn"] for r in live_end][-1] == 52
+    page.goto(url + "?page=1")
     turns = page.locator("#steps tbody.turn")
     assert turns.count() == 25  # a page of turns
     rows = _rows(page)
@@ -242,7 +247,7 @@ def test_an_agent_run_reads_turn_by_turn(
     page.wait_for_url("**internal=1")
     shown = _rows(page)
     assert {"internal", "rate"} <= {r["role"] for r in shown}
-    assert len(shown) > len(rows)
+    assert len(shown) > len(live_end)  # the live end's page, with its bookkeeping
     page.click("#hide-internal")
     page.wait_for_url(url + "?")
 
@@ -269,7 +274,7 @@ def test_an_agent_run_reads_turn_by_turn(
     assert page.text_content("#matched") == "6 of 264 steps match"
 
     # Paging, and each turn on its own scale.
-    page.goto(url)
+    page.goto(url + "?page=1")
     page.click("#page-next")
     page.wait_for_url("**page=2")
     assert page.get_attribute("#pager", "data-page") == "2"
@@ -295,6 +300,9 @@ def test_a_1200_step_run_renders_one_page(
     assert len(response.body()) < 250_000  # one page of it, not 1,200 rows of HTML
     assert page.text_content("#turn-count") == "240"
     assert page.get_attribute("#pager", "data-pages") == "10"
+    assert page.get_attribute("#pager", "data-page") == "10"  # the live end
+    page.click("#page-first")
+    page.wait_for_url("**page=1")
     assert page.locator("#steps tbody.turn").count() == 25
     rows = _rows(page)
     assert len(rows) == 25 * 3  # a model call and two tool calls a turn

@@ -262,8 +262,14 @@ def test_bookkeeping_is_hidden_unless_asked(traced: tuple[str, ms.RunTrace]) -> 
 def test_filters_and_paging(traced: tuple[str, ms.RunTrace]) -> None:
     _, trace = traced
     now = time.time()
-    page1 = build_timeline(trace.entries, now=now)
-    assert page1.pages == 3 and page1.page == 1  # 53 turns (0 to 52), 25 a page
+    # A run opens at its live end: the last page, its newest turns.
+    opened = build_timeline(trace.entries, now=now)
+    assert opened.pages == 3 and opened.page == 3  # 53 turns (0 to 52), 25 a page
+    assert [g.turn.number for g in opened.groups if g.turn] == [51, 52]
+    assert opened.filters.query(page=1) == "?page=1"
+    assert opened.filters.query(errors=True) == "?errors=1"  # a new filter: its live end
+    page1 = build_timeline(trace.entries, Filters(page=1), now=now)
+    assert page1.pages == 3 and page1.page == 1
     assert [g.turn.number for g in page1.groups if g.turn] == list(range(1, 26))
     last = build_timeline(trace.entries, Filters(page=99), now=now)
     assert last.page == 3 and [g.turn.number for g in last.groups if g.turn] == [51, 52]
@@ -297,7 +303,7 @@ def test_a_plain_workflow_is_a_plain_waterfall() -> None:
     entries.insert(3, _entry(1000, "now", "now", start=1.2, took=0.0))
     entries.insert(5, _entry(1001, "sleep", "sleep", start=2.0, took=30.0))
     assert group_turns(entries) == [None] * len(entries)
-    tl = build_timeline(entries, now=0.0)
+    tl = build_timeline(entries, Filters(page=1), now=0.0)
     assert not tl.agent and tl.turns == ()
     assert [g.turn for g in tl.groups] == [None]
     assert len(tl.groups[0].rows) == PAGE_ROWS and tl.pages == 3 and tl.hidden == 1
@@ -366,3 +372,21 @@ def test_a_long_run_pages_without_drawing_every_row(tmp_path: Path) -> None:
     assert len(entries) == 1200 and tl.pages == 12 and tl.hidden == 300
     assert len(tl.groups) == PAGE_TURNS and tl.shown == 3 * PAGE_TURNS
     assert tl.groups[0].turn is not None and tl.groups[0].turn.number == 101
+
+
+def test_wake_times_read_as_dates_not_unix_times() -> None:
+    """A rate-limit wait journals its wake time and a sleep its deadline as Unix times:
+    the timeline says them as a date and a UTC time."""
+    at = 1_796_667_497.39  # 2026-12-07 18:18:17 UTC
+    entries = [
+        _entry(1, "step", "rate:wait:scripted:scripted", start=0.0, took=0.01,
+               journal_role="wait", output_summary=str(at)),
+        _entry(2, "sleep", "sleep", start=1.0, took=30.0, input_summary=f"until {at:.3f}"),
+        _entry(3, "step", "count", start=31.0, took=0.1, output_summary="1796"),
+    ]  # fmt: skip
+    rows = build_timeline(entries, now=40.0).groups[0].rows
+    assert [r.detail for r in rows] == [
+        "until 2026-12-07 18:18:17 UTC",
+        "until 2026-12-07 18:18:17 UTC",
+        "1796",  # a number that is no time stays as it is
+    ]

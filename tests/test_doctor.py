@@ -90,6 +90,38 @@ async def test_a_healthy_agent_gets_no_warning(fapp: ms.App) -> None:
     assert diagnosis.summary == "succeeded; nothing from the failure table found"
 
 
+async def test_a_healthy_agent_at_work_gets_no_warning(fapp: ms.App) -> None:
+    """An agent in the middle of its work (nine tool turns, no plan written down, a
+    status it polls that changed, now waiting for a person) is not acting on stale
+    state: its page shows no warning."""
+    polls = iter(["queued", "running"])
+
+    @fapp.tool
+    def status(job: int) -> str:
+        """Poll a job's status."""
+        return next(polls, "done")
+
+    @fapp.tool(requires_approval=True)
+    def send(ticket: int) -> str:
+        """Send the report."""
+        return "sent"
+
+    turns = [call("lookup", {"ticket": n}) for n in range(7)]
+    turns += [call("status", {"job": 1})] * 2 + [call("send", {"ticket": 1})]
+    agent = fapp.agent(
+        "agent",
+        model=ScriptedModel(turns),
+        instructions="x",
+        tools=[*_tools(fapp), status, send],
+    )
+    with contextlib.suppress(ms.RunWaiting):
+        await fapp.run(agent, "close the tickets")
+    run = fapp.list_runs()[0]
+    assert run.status == "waiting"
+    diagnosis = fapp.diagnose(run.id)
+    assert diagnosis.findings == (), [f.title for f in diagnosis.findings]
+
+
 async def test_tool_error_ignored(fapp: ms.App) -> None:
     trace = await _run(fapp, [call("close", {"ticket": 7}), call("finish", {"answer": "closed"})])
     kinds = _kinds(fapp, trace)

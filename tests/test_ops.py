@@ -322,6 +322,7 @@ def test_pg_heartbeat_is_one_statement_for_all_held_runs(
 ) -> None:
     import psycopg
 
+    from mainspring.storage import WorkerBeat
     from mainspring.storage.postgres import PostgresStore
 
     class Counting(PostgresStore):
@@ -352,6 +353,13 @@ def test_pg_heartbeat_is_one_statement_for_all_held_runs(
         beat = store.heartbeat(runs=sorted(epochs.items()), now=now + 5, lease_s=30)
         assert Counting.opened == 1  # one statement, however many runs are held
         assert (beat.lost, beat.cancel) == ({"r07"}, {"r05"})
+        # The worker's registration rides in that same statement (the registry).
+        me = WorkerBeat(id="a", host="h", pid=1, started_at=now, lease_s=30)
+        Counting.opened = 0
+        beat = store.heartbeat(runs=sorted(epochs.items()), now=now + 5, lease_s=30, worker=me)
+        assert Counting.opened == 1 and (beat.lost, beat.cancel) == ({"r07"}, {"r05"})
+        [registered] = store.list_workers()
+        assert registered.beat_at == pytest.approx(now + 5) and "r00" in registered.runs
         locker = psycopg.connect(store._dsn)
         try:
             # One row held by a transaction that stays: the others are extended anyway.

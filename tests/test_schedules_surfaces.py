@@ -8,8 +8,10 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import pytest
 
@@ -116,6 +118,11 @@ def test_dashboard_lists_schedules_with_pause_for_admins(app: ms.App) -> None:
         page = client.get("/ui/schedules").text
         assert 'id="schedule-standup"' in page and 'data-paused="no"' in page
         assert "<code>0 9 * * 1-5</code>" in page
+        # The next time as the schedule's own zone reads it, and in UTC beside it.
+        nxt = app.get_schedule("standup").next_at
+        paris = datetime.fromtimestamp(nxt, ZoneInfo("Europe/Paris"))
+        assert paris.strftime("%Y-%m-%d %H:%M %Z") in page and paris.hour == 9
+        assert datetime.fromtimestamp(nxt, UTC).strftime("%Y-%m-%d %H:%M:%S UTC") in page
         assert 'data-action="pause"' not in page  # a read key sees no buttons
         assert "needs a key with the admin scope" in page
         client.post("/ui/logout", headers=_FORM)

@@ -37,7 +37,7 @@ from ..limits import (
     load_rate_limits,
 )
 from ..models import Model
-from ..observability import MetricsCollector, Redactor, Telemetry, parse_traceparent
+from ..observability import MetricsCollector, Redactor, Telemetry, Usage, parse_traceparent
 from ..storage import RunRecord, Store, open_store, redact_url
 from ..tools import Effect, Tool, ToolRegistry, Validator
 from ..tools import tool as make_tool
@@ -144,6 +144,7 @@ class App(Admin, Agents, Children, Lineage, MCPServers, Observe, Queues, Schedul
         self.poll_interval_s = poll_interval_s
         self.redactor = redact
         self._metrics: MetricsCollector | None = None
+        self._usage_cache: dict[tuple[str, float], Usage] = {}  # finished runs' (see usage)
         # what this process's workers execute, counted as it happens (see observability)
         self.telemetry = Telemetry(self.clock, prices=self._prices)
         self.telemetry.catalog = self._metric_catalog  # counters at 0 before they move

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from .._clock import Clock
@@ -12,14 +13,18 @@ from .._errors import ConfigError, MissingExtra
 from ..limits import PRICES, Price
 from ..observability import (
     Diagnosis,
+    Family,
     MetricsCollector,
     Redactor,
     RunTrace,
     Telemetry,
+    Usage,
     build_trace,
     capture_from_environment,
     diagnose,
     exporter_from_environment,
+    family_usage,
+    usage_by_run,
 )
 from ..storage import RunRecord, StepRecord, Store
 from ._handle import RunHandle, run_id_of
@@ -42,11 +47,14 @@ class Observe:
         agents: dict[str, Agent]
         workflows: dict[str, Any]
         _metrics: MetricsCollector | None
+        _usage_cache: dict[tuple[str, float], Usage]
 
         @property
         def store(self) -> Store: ...
 
         def get_run(self, run_id: str) -> RunRecord: ...
+
+        def children(self, run_id: str | RunHandle) -> list[RunRecord]: ...
 
     def trace(self, run_id: str | RunHandle) -> RunTrace:
         """The run's trace: one entry per journaled step with its latency, tokens,
@@ -58,6 +66,35 @@ class Observe:
         run_id = run_id_of(run_id)
         record = self.get_run(run_id)
         return build_trace(record, self.store.load_steps(run_id), self._prices(record.workflow))
+
+    def usage(self, runs: Sequence[RunRecord]) -> dict[str, Usage]:
+        """Tokens and cost of each of ``runs`` (its own model calls), by run id, read
+        in one query: what a list of runs shows."""
+        # A finished run's usage never changes while its row does not (a retry or a
+        # prune moves updated_at or removes it): kept, so a list that redraws every few
+        # seconds reads only the journals of runs still at work.
+        cache = self._usage_cache
+        out = {r.id: cache[(r.id, r.updated_at)] for r in runs if (r.id, r.updated_at) in cache}
+        todo = [r for r in runs if r.id not in out]
+        prices = {r.id: self._prices(r.workflow) for r in todo}
+        found = usage_by_run(self.store.model_steps([r.id for r in todo]), prices)
+        for r in todo:
+            out[r.id] = found.get(r.id, Usage())
+            if r.finished:
+                if len(cache) >= 10_000:
+                    cache.pop(next(iter(cache)))
+                cache[(r.id, r.updated_at)] = out[r.id]
+        return {r.id: out[r.id] for r in runs}
+
+    def family(self, run_id: str | RunHandle) -> Family:
+        """What ``run_id`` spent with and without its children (``ctx.child`` runs,
+        and theirs): tokens, cost and duration of each child and the totals.
+
+        Raises:
+            RunNotFound: no such run.
+        """
+        record = self.get_run(run_id_of(run_id))
+        return family_usage(record, self.children, self.usage, self.clock.now())
 
     def diagnose(self, run_id: str | RunHandle, *, stall_after_s: float = 600.0) -> Diagnosis:
         """``mainspring doctor``: match the run against the failure table (stopped

@@ -20,7 +20,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .. import ConfigError
-from ..observability import build_trace
+from ..observability import Usage, build_trace
 from ..storage import WAKE_NOW, RunRecord, RunStatus, StepRecord, Store
 from ._common import (
     AppOption,
@@ -252,7 +252,8 @@ def show(
         )
         # The whole run's, whatever --last/--errors/--step pick: 429s and rate waits.
         rate = build_trace(record, steps)
-        children = app.children(run_id)
+        family = app.family(run_id)
+        children = [c.run for c in family.children]
         steps = pick_steps(
             steps,
             where=lambda s: (s.session, s.seq),
@@ -271,14 +272,19 @@ def show(
         }
         run_json["children"] = [
             {
-                "run": c.id,
-                "workflow": c.workflow,
-                "status": c.status,
-                "step": c.parent_step,
-                "close": c.parent_close,
+                "run": c.run.id,
+                "workflow": c.run.workflow,
+                "status": c.run.status,
+                "step": c.run.parent_step,
+                "close": c.run.parent_close,
+                "duration_s": round(c.duration_s, 3),
+                **c.total.to_json(),
             }
-            for c in children
+            for c in family.children
         ]
+        usage = family.to_json()
+        del usage["child_runs"]  # the children above carry theirs
+        run_json["usage"] = usage
         print_json({"run": run_json, "steps": [_step_json(s) for s in steps]})
         return
     out = console()
@@ -312,8 +318,15 @@ def show(
         close = _close_text(record)
         facts.append((how, f"{where} ({close})" if close else where))
     if children:
-        lines = [_child_line(c) for c in children]
+        lines = [
+            f"{_child_line(c.run)}: {c.total.tokens:,} tokens, ${c.total.cost_usd:.4f},"
+            f" {_seconds(c.duration_s)}"
+            for c in family.children
+        ]
         facts.append((f"children ({len(children)})", "\n".join(lines)))
+    facts.append(("usage", _usage_text(family.own, family.duration_s)))
+    if children:
+        facts.append(("with children", _usage_text(family.with_children, None)))
     times = f"created {_clock(record.created_at, now)}, updated {_clock(record.updated_at, now)}"
     if record.finished_at is not None:
         times += f", finished {_clock(record.finished_at, now)}"
@@ -504,6 +517,20 @@ def _close_text(r: RunRecord) -> str:
     """A child's parent-close policy, ``on parent close: cancel``; empty for a fork, or
     a child started before the policy existed (its row has none)."""
     return "" if r.parent_close is None else f"on parent close: {r.parent_close}"
+
+
+def _usage_text(u: Usage, duration_s: float | None) -> str:
+    """``12,400 tokens (9,000 in, 3,400 out), $0.0780, over 2m05s``."""
+    text = f"{u.tokens:,} tokens ({u.tokens_in:,} in, {u.tokens_out:,} out), ${u.cost_usd:.4f}"
+    return text if duration_s is None else f"{text}, over {_seconds(duration_s)}"
+
+
+def _seconds(s: float) -> str:
+    if s < 60:
+        return f"{s:.1f}s"
+    if s < 3600:
+        return f"{int(s // 60)}m{int(s % 60):02d}s"
+    return f"{int(s // 3600)}h{int(s % 3600 // 60):02d}m"
 
 
 def _child_line(c: RunRecord) -> str:

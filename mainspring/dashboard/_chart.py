@@ -12,7 +12,7 @@ __all__ = ["usage_chart"]
 _W, _H = 640, 170
 _LEFT, _RIGHT, _TOP, _BOTTOM = 56, 64, 10, 26
 _TOKENS = "#2563eb"
-_COST = "#d97706"
+_COST = "#b45309"  # amber 700: 5:1 on white (WCAG AA text)
 _DOTS = 80  # up to this many turns, each gets a dot with its numbers on hover
 
 

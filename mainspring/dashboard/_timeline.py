@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
 from typing import Literal
 from urllib.parse import urlencode
 
@@ -68,7 +69,8 @@ class Filters:
         first / last: only turns in this range (inclusive; turn 0 is what ran
             before the first model call).
         internal: show the bookkeeping rows too.
-        page: 1-based.
+        page: 1-based; ``None``: the last page, the live end of the run (where a
+            long run's newest turns are), which is where its page opens.
         zoom: draw each turn on its own time axis (``scale=turn``) instead of one axis
             for the page: a short turn's calls are wide enough to read, next to a
             turn that waited an hour for a person.
@@ -79,7 +81,7 @@ class Filters:
     first: int | None = None
     last: int | None = None
     internal: bool = False
-    page: int = 1
+    page: int | None = None
     zoom: bool = False
 
     @classmethod
@@ -92,15 +94,15 @@ class Filters:
             first=_number(params.get("first")),
             last=_number(params.get("last")),
             internal=_flag(params.get("internal")),
-            page=min(_number(params.get("page"), 1) or 1, _MAX_PAGE),
+            page=None if (n := _number(params.get("page"), 1)) is None else min(n, _MAX_PAGE),
             zoom=params.get("scale") == "turn",
         )
 
     def query(self, **changes: object) -> str:
         """The query string (with its ``?``) of these filters with ``changes``; a
-        change of anything but the page goes back to page 1."""
+        change of anything but the page goes back to the live end (the last page)."""
         if "page" not in changes:
-            changes["page"] = 1
+            changes["page"] = None
         f = replace(self, **changes)  # type: ignore[arg-type]
         pairs: list[tuple[str, object]] = []
         if f.errors:
@@ -115,7 +117,7 @@ class Filters:
             pairs.append(("internal", 1))
         if f.zoom:
             pairs.append(("scale", "turn"))
-        if f.page > 1:
+        if f.page is not None:
             pairs.append(("page", f.page))
         return "?" + urlencode(pairs) if pairs else "?"
 
@@ -269,13 +271,23 @@ class Axis:
         return out
 
     def ticks(self, count: int = 5) -> list[tuple[float, str]]:
-        """``count`` evenly spaced labels (percent, ``"+12 s"``): time since the
-        run's first step, as precise as the span needs."""
-        out = []
-        for i in range(count):
-            at = self.start + self.span * i / (count - 1)
-            label = duration(at) if self.span < 10 else _rounded(at)
-            out.append((100.0 * i / (count - 1), "+" + label))
+        """Up to ``count`` evenly spaced labels (percent, ``"+12 s"``): time since the
+        run's first step, as precise as the span needs. Long labels (a run of minutes
+        or hours, ``"+1 h 05 m"``) come fewer, so that they never run into each other
+        in the axis's column (the first is left-aligned, the last right-aligned, the
+        others centred on their place)."""
+
+        def labels(n: int) -> list[tuple[float, str]]:
+            out = []
+            for i in range(n):
+                at = self.start + self.span * i / (n - 1)
+                label = duration(at) if self.span < 10 else _rounded(at)
+                out.append((100.0 * i / (n - 1), "+" + label))
+            return out
+
+        out = labels(count)
+        if count > 3 and max(len(label) for _, label in out) > 7:
+            out = labels(3)
         return out
 
 
@@ -338,6 +350,19 @@ def money(value: float) -> str:
     return f"${value:.4f}" if value >= 0.01 else f"${value:.6f}"
 
 
+def _until(text: str | None) -> str | None:
+    """A wake time journaled as a Unix time (a sleep's ``until 1796667497.39``, a
+    rate-limit wait's output), as a person reads it; ``None``: it is not one."""
+    raw = (text or "").removeprefix("until ").strip()
+    try:
+        at = float(raw)
+    except ValueError:
+        return None
+    if not 1e8 < at < 1e11:  # not an epoch time (a count, a small number)
+        return None
+    return "until " + datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
 def _label(e: TraceEntry, role: StepRole) -> tuple[str, str]:
     if role == "model":
         return model_of(e.name), e.output_summary or ""
@@ -346,7 +371,9 @@ def _label(e: TraceEntry, role: StepRole) -> tuple[str, str]:
     if e.kind == "signal":
         return e.name, e.output_summary or ""
     if e.kind == "sleep":
-        return "sleep", e.input_summary or ""
+        return "sleep", _until(e.input_summary) or e.input_summary or ""
+    if role in ("wait", "rate"):
+        return e.name, _until(e.output_summary) or e.output_summary or ""
     return e.name, e.output_summary or ""
 
 
@@ -474,7 +501,7 @@ def build_timeline(
         units = [(t, rs) for t, rs in kept if rs]
         matched = sum(len(rs) for _, rs in units)
         pages = max(1, -(-len(units) // PAGE_TURNS))
-        page = min(filters.page, pages)
+        page = pages if filters.page is None else min(filters.page, pages)
         chosen = units[(page - 1) * PAGE_TURNS : page * PAGE_TURNS]
         axis = _axis([(t.start_s, t.end_s) for t, _ in chosen])
         groups = tuple(
@@ -485,7 +512,7 @@ def build_timeline(
         shown = [r for r in rows if filters.keeps(r)]
         matched = len(shown)
         pages = max(1, -(-matched // PAGE_ROWS))
-        page = min(filters.page, pages)
+        page = pages if filters.page is None else min(filters.page, pages)
         part = tuple(shown[(page - 1) * PAGE_ROWS : page * PAGE_ROWS])
         axis = _axis([(r.start_s - r.retry_s, r.end_s) for r in part])
         groups = (Group(turn=None, rows=part, axis=axis),) if part else ()

@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import parse_qs
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
@@ -25,6 +26,7 @@ from ..storage import ApiKey, RunRecord
 from ._chart import usage_chart
 from ._sessions import Sessions
 from ._timeline import KINDS, Filters, build_timeline, duration, money
+from ._triage import ago, run_rows, stamp
 
 __all__ = ["Sessions", "dashboard_router"]
 
@@ -91,6 +93,18 @@ def _when(ts: float | None) -> str:
     return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 
+def _zoned(ts: float | None, tz: str) -> str:
+    """A time as a wall time of the IANA zone ``tz`` (``2026-12-08 09:00 CET``); the
+    UTC time when the zone is unknown here."""
+    if ts is None:
+        return ""
+    try:
+        zone = ZoneInfo(tz)
+    except (ZoneInfoNotFoundError, ValueError):
+        return _when(ts) + " UTC"
+    return datetime.fromtimestamp(ts, zone).strftime("%Y-%m-%d %H:%M %Z")
+
+
 def _pretty(text: str | None, limit: int = 4000) -> str:
     if text is None:
         return ""
@@ -112,11 +126,21 @@ def _error_text(text: str | None, admin: bool = False) -> str:
     return _pretty(json.dumps(value, ensure_ascii=False, default=str))
 
 
+def _json_text(value: Any) -> str:
+    """A value as readable JSON: apostrophes and non-ASCII as they are (the page
+    escapes HTML), never ``\\u0027``."""
+    return json.dumps(value, indent=2, ensure_ascii=False, default=str)
+
+
+_env.filters["json_text"] = _json_text
 _env.filters["when"] = _when
+_env.filters["zoned"] = _zoned
 _env.filters["error_text"] = _error_text
 _env.filters["pretty"] = _pretty
 _env.filters["duration"] = duration
 _env.filters["money"] = money
+_env.filters["stamp"] = stamp
+_env.filters["ago"] = ago
 
 
 def dashboard_router(
@@ -214,26 +238,55 @@ def dashboard_router(
     def runs(
         request: Request,
         status: str | None = None,
+        workflow: Annotated[str | None, Query(max_length=200)] = None,
+        q: Annotated[str | None, Query(max_length=200)] = None,
         offset: Annotated[int, Query(ge=0, le=10_000_000)] = 0,
     ) -> Response:
         key = key_of(request)
         if key is None:
             return login_first()
         wanted = [status] if status in STATUSES else None
-        records = app.list_runs(status=wanted, limit=50, offset=max(0, offset), summary=True)
-        current = app.store.last_steps([r.id for r in records])
+        search = (q or "").strip() or None
+        records = app.list_runs(
+            status=wanted,
+            workflow=workflow or None,
+            search=search,
+            limit=50,
+            offset=max(0, offset),
+            summary=True,
+        )
+        now = app.clock.now()
+        rows = run_rows(
+            records, app.store.last_steps([r.id for r in records]), app.usage(records), now
+        )
+        filters = {
+            k: v for k, v in (("status", status if wanted else None), ("workflow", workflow),
+                              ("q", search)) if v
+        }  # fmt: skip
         return page(
             "runs.html",
             key=key,
-            runs=records,
-            current=current,
+            rows=rows,
             counts=app.store.count_runs(),
             statuses=STATUSES,
             status=status if wanted else None,
+            workflow=workflow or None,
+            workflows=app.store.run_workflows(),
+            q=search,
+            filters=filters,
+            rest={k: v for k, v in filters.items() if k != "status"},
             offset=max(0, offset),
             pending=len(app.requests()),
-            now=time.time(),
+            now=now,
         )
+
+    @router.get("/workers")
+    def workers(request: Request) -> Response:
+        key = key_of(request)
+        if key is None:
+            return login_first()
+        now = app.clock.now()
+        return page("workers.html", key=key, workers=app.store.list_workers(), now=now)
 
     @router.get("/schedules")
     def schedules(request: Request) -> Response:
@@ -271,6 +324,7 @@ def dashboard_router(
             findings=diagnosis.findings if diagnosis else (),
             requests=[] if record.finished else app.requests(run_id),
             children=app.children(run_id),
+            family=app.family(run_id),
             chart=usage_chart(timeline.turns),
             can_approve=key.allows("approve"),
             can_submit=key.allows("submit"),
@@ -297,6 +351,7 @@ def dashboard_router(
             tl=timeline,
             kinds=KINDS,
             chart=usage_chart(timeline.turns),
+            family=app.family(run_id),
         )
 
     @router.get("/runs/{run_id}/panel")
@@ -311,6 +366,7 @@ def dashboard_router(
             run=record,
             requests=[] if record.finished else app.requests(run_id),
             children=app.children(run_id),
+            family=app.family(run_id),
             can_approve=key.allows("approve"),
             can_submit=key.allows("submit"),
             can_admin=key.allows("admin"),

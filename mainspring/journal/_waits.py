@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from .._errors import ConfigError, StoreError, StoreUnavailable, WaitTimeout
-from .._requests import Approval, RequestKind, approval_from, request_meta
+from .._requests import Approval, OnTimeout, RequestKind, approval_from, request_meta
 from .._serde import dumps, loads
 from .._signals import is_request_signal
 from ..storage import WAIT_SIGNAL_SEP, RunTransition, StepRecord, join_wait_signals
@@ -126,7 +126,20 @@ class Waits:
         options = tuple(choices) if choices is not None else None
         if title is None:
             title = f"approve {request_id}" if kind == "approval" else request_id
-        meta = dumps(request_meta(kind, title, preview, options))
+        on_timeout: OnTimeout | None = None
+        default_answer: str | None = None
+        if timeout is not None:
+            if kind == "approval":
+                on_timeout = "approve" if default == "approve" else "reject"
+            elif default is MISSING:
+                on_timeout = "fail"
+            else:
+                on_timeout, default_answer = "answer", str(default)
+        meta = dumps(
+            request_meta(
+                kind, title, preview, options, on_timeout=on_timeout, default_answer=default_answer
+            )
+        )
         payload = await self._wait(request_id, timeout=timeout, default=_TIMED_OUT, request=meta)
         if kind == "approval":
             return _decision(payload, timeout, "reject" if default is MISSING else default)

@@ -24,13 +24,16 @@ from ._setup import capture_from_environment, exporter_from_environment
 from ._spans import child_traceparent, fork_traceparent
 from ._trace import RunTrace, TraceEntry, TraceKind, build_trace, trace_entries
 from ._traceparent import parse_traceparent
+from ._usage import ChildUsage, Family, Usage, family_usage, run_duration, usage_by_run
 
 __all__ = [
     "BUILTIN_PATTERNS",
     "LATENCY_BUCKETS",
     "LIBRARIES",
     "SECRET_KEYS",
+    "ChildUsage",
     "Diagnosis",
+    "Family",
     "Finding",
     "FindingKind",
     "LibraryLevel",
@@ -43,6 +46,7 @@ __all__ = [
     "Telemetry",
     "TraceEntry",
     "TraceKind",
+    "Usage",
     "build_trace",
     "capture_from_environment",
     "child_traceparent",
@@ -50,6 +54,7 @@ __all__ = [
     "diagnose",
     "export_trace",
     "exporter_from_environment",
+    "family_usage",
     "fork_traceparent",
     "metrics_text",
     "model_of",
@@ -57,7 +62,9 @@ __all__ = [
     "progress",
     "redact_log_text",
     "remove_logging",
+    "run_duration",
     "serve_metrics",
     "step_role",
     "trace_entries",
+    "usage_by_run",
 ]

@@ -336,10 +336,13 @@ def _looping(trace: RunTrace, calls: list[_Call]) -> Finding | None:
 
 
 def _stale_state(trace: RunTrace, calls: list[_Call]) -> Finding | None:
-    # A run that succeeded passed its completion checks: a plan never written down or a
-    # read that changed (polling a status) is how healthy agents work too, not a failure
-    # to explain. (done_but_wrong looks at succeeded runs.)
-    if trace.run.status == "succeeded":
+    # Only a run that ended without success has a failure to explain. One that succeeded
+    # passed its completion checks, and one still running or waiting is as healthy as
+    # its progress says (stalled and looping watch that): a plan never written down or
+    # a read that changed (polling a status) is how healthy agents work too. Flagging a
+    # live agent for it put a false warning at the top of its page.
+    # (done_but_wrong looks at succeeded runs.)
+    if trace.run.status not in ("failed", "cancelled"):
         return None
     evidence: list[str] = []
     model_turns = [e for e in trace.entries if e.kind == "model" and e.status == "completed"]

@@ -28,6 +28,7 @@ from ..limits import Price
 from ..storage import FINISHED, RunStatus, Store
 from ._names import back_pressure, model_of, rate_model
 from ._trace import trace_entries
+from ._workers import worker_families
 
 if TYPE_CHECKING:
     from prometheus_client.registry import Collector
@@ -298,6 +299,7 @@ class MetricsCollector(Collector):
             waited.add_metric([model], secs)
         yield waits
         yield waited
+        yield from worker_families(core, self.store, now)
         if self.telemetry is not None:
             yield from self.telemetry.collect()
 

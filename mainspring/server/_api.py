@@ -59,7 +59,7 @@ from ._schemas import (
     WebhookOut,
 )
 from ._targets import TargetPolicy
-from ._views import request_out, run_out, step_out
+from ._views import family_out, request_out, run_out, step_out, usage_out
 from ._webhooks import WebhookDispatcher
 
 __all__ = ["create_app"]
@@ -317,16 +317,20 @@ def create_app(
         current = app.store.last_steps([run_id]).get(run_id)
         pending = [] if record.finished else app.requests(run_id)
         out = run_out(record, current, pending, full=True, admin=key.allows("admin"))
+        family = app.family(run_id)
+        out.usage = family_out(family)
         out.children = [
             ChildOut(
-                id=c.id,
-                workflow=c.workflow,
-                status=c.status,
-                parent_step=c.parent_step,
-                parent_close=c.parent_close,
-                url=f"/runs/{c.id}",
+                id=c.run.id,
+                workflow=c.run.workflow,
+                status=c.run.status,
+                parent_step=c.run.parent_step,
+                parent_close=c.run.parent_close,
+                url=f"/runs/{c.run.id}",
+                duration_s=round(c.duration_s, 3),
+                usage=usage_out(c.total),
             )
-            for c in app.children(run_id)
+            for c in family.children
         ]
         return out
 

@@ -93,6 +93,14 @@ class RequestOut(BaseModel):
     choices: list[str] | None = None
     created_at: float
     deadline: float | None = None
+    on_timeout: Literal["approve", "reject", "answer", "fail"] | None = Field(
+        default=None,
+        description="What happens at the deadline (a wait with a timeout): the approval's"
+        " default decision, the question's default answer (answer), or the run fails (fail).",
+    )
+    default_answer: str | None = Field(
+        default=None, description="A question's default answer, given at the deadline."
+    )
     url: str
 
 
@@ -117,6 +125,23 @@ class CurrentStep(BaseModel):
     status: str
 
 
+class UsageOut(BaseModel):
+    tokens_in: int
+    tokens_out: int
+    cost_usd: float
+    model_calls: int = Field(description="Completed model calls counted.")
+
+
+class RunUsageOut(BaseModel):
+    own: UsageOut = Field(description="The run's own model calls.")
+    children: UsageOut = Field(description="Its child runs' (and theirs), together.")
+    with_children: UsageOut = Field(description="The run's and its children's together.")
+    duration_s: float = Field(description="Submission to end (to now while it runs).")
+    truncated: bool = Field(
+        False, description="The tree of children was too large and partly left out."
+    )
+
+
 class ChildOut(BaseModel):
     id: str
     workflow: str
@@ -130,6 +155,12 @@ class ChildOut(BaseModel):
         "'abandon'; null: started before the policy existed.",
     )
     url: str
+    duration_s: float | None = Field(
+        None, description="The child's duration (submission to end, to now while it runs)."
+    )
+    usage: UsageOut | None = Field(
+        None, description="What the child and its own children spent, together."
+    )
 
 
 class RunOut(BaseModel):
@@ -186,6 +217,17 @@ class RunOut(BaseModel):
     queue: str | None = Field(None, description="The queue the run was submitted to.")
     queue_key: str | None = Field(None, description="The run's key in its queue.")
     priority: int = Field(0, description="The run's priority in its queue (higher first).")
+    worker: str | None = Field(
+        None, description="The worker that holds the run (while it is running)."
+    )
+    lease_until: float | None = Field(
+        None, description="When the holder's lease ends unless its heartbeat renews it."
+    )
+    usage: RunUsageOut | None = Field(
+        default=None,
+        description="Tokens, cost and duration, with and without the run's children; in "
+        "a run's own view only.",
+    )
 
 
 class QueueOut(BaseModel):

@@ -5,11 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 from ..hitl import Request as HumanRequest
+from ..observability import Family, Usage
 from ..serde import loads, public_error
 from ..storage import RunRecord, StepRecord
-from ._schemas import CurrentStep, RequestOut, RunOut, StepOut
+from ._schemas import CurrentStep, RequestOut, RunOut, RunUsageOut, StepOut, UsageOut
 
-__all__ = ["decode", "request_out", "run_out", "step_out"]
+__all__ = ["decode", "family_out", "request_out", "run_out", "step_out", "usage_out"]
 
 
 def decode(text: str | None) -> Any:
@@ -89,4 +90,20 @@ def run_out(
             else None
         ),
         pending_requests=[request_out(p) for p in pending],
+        worker=r.owner if r.status == "running" else None,
+        lease_until=r.lease_until if r.status == "running" else None,
+    )
+
+
+def usage_out(u: Usage) -> UsageOut:
+    return UsageOut(**u.to_json())  # type: ignore[arg-type]
+
+
+def family_out(f: Family) -> RunUsageOut:
+    return RunUsageOut(
+        own=usage_out(f.own),
+        children=usage_out(f.children_total),
+        with_children=usage_out(f.with_children),
+        duration_s=round(f.duration_s, 3),
+        truncated=f.truncated,
     )

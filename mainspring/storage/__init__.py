@@ -35,6 +35,7 @@ from ._records import (
 from ._schedules import CatchUp, ScheduleRecord
 from ._streams import StreamEnd, TokenChunk, TokenKind, TokenPiece, TokenStream
 from ._url import redact_url
+from ._workers import WORKER_STATES, WorkerBeat, WorkerRecord, WorkerState
 from .sqlite import DatabaseGone, SQLiteStore
 
 __all__ = [
@@ -46,6 +47,7 @@ __all__ = [
     "WAIT_SIGNAL_SEP",
     "WAKE_NOW",
     "WEBHOOK_EVENTS",
+    "WORKER_STATES",
     "ApiKey",
     "CatchUp",
     "CheckpointRow",
@@ -81,6 +83,9 @@ __all__ = [
     "TokenStream",
     "Webhook",
     "WebhookEvent",
+    "WorkerBeat",
+    "WorkerRecord",
+    "WorkerState",
     "WriteResult",
     "check_queue_limits",
     "child_signal",

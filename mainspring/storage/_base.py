@@ -8,7 +8,8 @@ Each part holds its own SQL, shared by every dialect:
 * API keys, webhooks and their outbox (``_api.py``);
 * the rate limiters' tables (``_rates.py``);
 * schedules (``_schedules.py``);
-* integrations' checkpoints (``_checkpoints.py``).
+* integrations' checkpoints (``_checkpoints.py``);
+* the worker registry (``_workers.py``).
 
 They all sit on :class:`~mainspring.storage._connection.Connection`: the dialect's
 transactions and hooks, and the schema. A dialect (``sqlite.py``, ``postgres.py``)
@@ -33,6 +34,7 @@ from ._runs import RunTables
 from ._schedules import ScheduleTables
 from ._signals import SignalTables
 from ._streams import StreamTables
+from ._workers import WorkerTables
 
 __all__ = ["WAKE_NOW", "Cursor", "Heartbeat", "KeptRun", "PruneResult", "Snapshot", "Store"]
 
@@ -48,6 +50,7 @@ class Store(
     ScheduleTables,
     StreamTables,
     CheckpointTables,
+    WorkerTables,
     ABC,
 ):
     """Durable home of runs, their journals and signals, requests to humans, API

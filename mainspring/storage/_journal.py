@@ -88,6 +88,23 @@ class JournalTables(Connection):
                     found[rid] = _step(row)
         return found
 
+    def model_steps(self, run_ids: Sequence[str]) -> list[StepRecord]:
+        """The completed model calls of these runs (what their tokens and cost are
+        read from), in journal order, a run after another."""
+        out: list[StepRecord] = []
+        ids = list(dict.fromkeys(run_ids))
+        with self._read() as cur:
+            for i in range(0, len(ids), 500):  # within every database's parameter limit
+                chunk = ids[i : i + 500]
+                cur.execute(
+                    f"SELECT {_STEP_COLUMNS} FROM ms_steps WHERE run_id IN"
+                    f" ({', '.join('?' * len(chunk))}) AND kind = 'step' AND role = 'model'"
+                    " AND status = 'completed' ORDER BY run_id, session, seq",
+                    chunk,
+                )
+                out.extend(_step(r) for r in cur.fetchall())
+        return out
+
     def iter_all_steps(self) -> Iterator[StepRecord]:
         """Every journal row, for consistency checks."""
         with self._read() as cur:

@@ -15,6 +15,7 @@ from ._connection import Cursor
 from ._queues import QueueTables, ready_queues_sql
 from ._records import WAKE_NOW, RunRecord, RunStatus
 from ._rows import _RUN_COLUMNS, _run, _versions_sql
+from ._workers import WorkerBeat, register
 
 __all__ = ["Heartbeat", "LeaseTables"]
 
@@ -348,16 +349,20 @@ class LeaseTables(QueueTables):
         now: float,
         lease_s: float,
         db_clock: bool = False,
+        worker: WorkerBeat | None = None,
     ) -> Heartbeat:
         """Extend the leases of ``(run_id, epoch)`` pairs this worker holds
-        (``db_clock``: as :meth:`claim`)."""
+        (``db_clock``: as :meth:`claim`) and, with ``worker``, register the worker's
+        beat in the same transaction (see ``_workers.py``)."""
         self._check()
-        if not runs:
+        if not runs and worker is None:
             return Heartbeat(frozenset(), frozenset())
         lost: set[str] = set()
         cancel: set[str] = set()
         at, at_params = self._clock(now, db_clock)
         with self._write() as cur:
+            if worker is not None:
+                register(cur, worker, at, at_params)
             for rid, epoch in sorted(runs):
                 cur.execute(
                     f"UPDATE ms_runs SET lease_until = {at} + ? WHERE id = ? AND epoch = ?"

@@ -353,6 +353,24 @@ CREATE TABLE ms_checkpoint_blobs (
     PRIMARY KEY (thread_id, checkpoint_ns, channel, version)
 ){without_rowid};
 """,
+    # The worker registry (storage/_workers.py, the dashboard's workers page): a row per
+    # worker process, written by its heartbeat (in the heartbeat's own transaction),
+    # marked stopped on a graceful stop, forgotten a while after it went silent.
+    # ``lease_s``: how long it may stay silent before it counts as dead. And a run's
+    # ``retries``: how many times a person retried it after it failed (its marker in
+    # the runs list).
+    20: """
+ALTER TABLE ms_runs ADD COLUMN retries INTEGER NOT NULL DEFAULT 0;
+CREATE TABLE ms_workers (
+    id TEXT PRIMARY KEY,
+    host TEXT NOT NULL,
+    pid INTEGER NOT NULL,
+    started_at {float} NOT NULL,
+    beat_at {float} NOT NULL,
+    lease_s {float} NOT NULL,
+    stopped_at {float}
+){without_rowid};
+""",
 }
 
 LATEST = max(MIGRATIONS)

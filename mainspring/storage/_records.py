@@ -80,6 +80,8 @@ class RunRecord:
     ``parent_close``: a child's parent-close policy (:data:`ParentClose`); ``None``
     for a run that is no child, or a child started before the policy existed (its
     parent's cancel cascades to it, its parent's normal end leaves it running).
+    ``retries``: how many times the run was retried after it failed
+    (:meth:`~mainspring.App.retry`).
     """
 
     id: str
@@ -114,6 +116,7 @@ class RunRecord:
     queue_key: str | None = None
     priority: int = 0
     parent_close: ParentClose | None = None
+    retries: int = 0
 
     @property
     def finished(self) -> bool:

@@ -12,7 +12,7 @@ _RUN_COLUMNS = (
     "id, workflow, idem_key, status, input, output, error, session, handoff, epoch, owner,"
     " lease_until, wake_at, wait_reason, recoveries, cancel_requested, created_at, updated_at,"
     " finished_at, traceparent, parent, parent_step, parent_kind, version, schedule,"
-    " queue, queue_key, priority, parent_close"
+    " queue, queue_key, priority, parent_close, retries"
 )
 # The same, without the large values (input, output, hand-off): what lists need.
 _RUN_SUMMARY_COLUMNS = _RUN_COLUMNS.replace("input, output,", "NULL, NULL,").replace(
@@ -82,6 +82,7 @@ def _run(row: Sequence[Any]) -> RunRecord:
         queue_key=row[26],
         priority=row[27],
         parent_close=row[28],
+        retries=row[29],
     )
 
 

@@ -221,6 +221,12 @@ class RunTables(Connection):
             cur.execute("SELECT status, COUNT(*) FROM ms_runs GROUP BY status")
             return {status: n for status, n in cur.fetchall()}
 
+    def run_workflows(self, limit: int = 500) -> list[str]:
+        """The workflow names runs in the store have (for a filter), sorted."""
+        with self._read() as cur:
+            cur.execute("SELECT DISTINCT workflow FROM ms_runs ORDER BY workflow LIMIT ?", (limit,))
+            return [r[0] for r in cur.fetchall()]
+
     def run_ids_starting(self, prefix: str, limit: int = 2) -> list[str]:
         """Ids of runs that start with ``prefix`` (up to ``limit``), for abbreviated ids."""
         # LIKE with the prefix's own wildcards escaped: "a_" matches "a_...", not "ab...".
@@ -436,7 +442,8 @@ class RunTables(Connection):
                 "UPDATE ms_runs SET status = 'queued', epoch = epoch + 1, output = NULL,"
                 " error = NULL, finished_at = NULL, owner = NULL, lease_until = NULL,"
                 " wake_at = NULL, wait_reason = NULL, wait_signal = NULL, recoveries = 0,"
-                " cancel_requested = 0, updated_at = ? WHERE id = ? AND status = 'failed'",
+                " cancel_requested = 0, retries = retries + 1, updated_at = ?"
+                " WHERE id = ? AND status = 'failed'",
                 (now, run_id),
             )
             if cur.rowcount != 1:  # retried concurrently: raising rolls the delete back

@@ -26,6 +26,7 @@ from ._records import RunWrite
 from ._rows import _STEP_COLUMNS, _UPSERT_STEP, _step_params
 from ._streams import APPEND_COLUMNS, APPEND_HEAD
 from ._url import redact_url
+from ._workers import WorkerBeat, register, register_params, register_sql
 
 try:
     import psycopg
@@ -435,8 +436,10 @@ class PostgresStore(Store):
         now: float,
         lease_s: float,
         db_clock: bool = False,
+        worker: WorkerBeat | None = None,
     ) -> Heartbeat:
-        """One statement for every held run, whatever their number.
+        """One statement for every held run, whatever their number, with the
+        worker's registration (``worker``) in it.
 
         Rows that another transaction holds are skipped (``SKIP LOCKED``), so that
         they never delay the others' leases. A run is lost when its row is gone, or
@@ -446,14 +449,24 @@ class PostgresStore(Store):
         after that is neither extended nor lost this beat.
         """
         self._check()
-        if not runs:
-            return Heartbeat(frozenset(), frozenset())
         at, at_params = self._clock(now, db_clock)
+        if not runs:
+            if worker is not None:
+                with self._write() as cur:
+                    register(cur, worker, at, at_params)
+            return Heartbeat(frozenset(), frozenset())
+        if worker is not None and worker.forget_before is not None:
+            with self._write() as cur:  # now and then (see _workers.py): its own trip
+                register(cur, worker, at, at_params)
+            worker = None
         ids = [rid for rid, _ in runs]
         epochs = [epoch for _, epoch in runs]
+        # The registration rides in the statement as a data-modifying CTE.
+        reg = "" if worker is None else f" reg AS ({register_sql(at)}),"
+        reg_params = [] if worker is None else register_params(worker, at_params)
         with self._autocommit() as cur:
             cur.execute(
-                "WITH held AS (SELECT * FROM unnest(CAST(? AS TEXT[]), CAST(? AS BIGINT[]))"
+                f"WITH{reg} held AS (SELECT * FROM unnest(CAST(? AS TEXT[]), CAST(? AS BIGINT[]))"
                 " AS h(id, epoch)),"
                 " mine AS (SELECT r.id FROM ms_runs r JOIN held ON r.id = held.id"
                 " AND r.epoch = held.epoch WHERE r.status = 'running'"
@@ -464,7 +477,7 @@ class PostgresStore(Store):
                 " r.epoch = held.epoch AND r.status = 'running'"
                 " FROM held LEFT JOIN beat ON beat.id = held.id"
                 " LEFT JOIN ms_runs r ON r.id = held.id",
-                (ids, epochs, *at_params, lease_s),
+                (*reg_params, ids, epochs, *at_params, lease_s),
             )
             rows = cur.fetchall()
         lost = {rid for rid, extended, _, current in rows if not extended and not current}

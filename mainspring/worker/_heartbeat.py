@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import threading
 import time
@@ -23,13 +24,18 @@ from collections.abc import Callable
 
 from .._clock import Clock
 from .._errors import StoreError, StoreUnavailable
-from ..storage import DatabaseGone, Heartbeat, Store
+from ..storage import DatabaseGone, Heartbeat, Store, WorkerBeat
 
 __all__ = ["Beater"]
 
 log = logging.getLogger("mainspring.worker")
 
 Held = dict[str, int]
+
+# A worker silent this long is forgotten by the registry (some live worker's beat
+# deletes its row), and that beat comes this often at most (real time).
+FORGET_AFTER_S = 86_400.0
+FORGET_EVERY_S = 600.0
 
 
 class Beater:
@@ -40,6 +46,10 @@ class Beater:
     failed for longer than a lease; ``on_fatal(exc)`` when the store says it must not
     be used any more. ``on_alive(now)`` runs in this thread after each successful beat
     (or each idle round while the loop ticks): what the liveness gauge shows.
+
+    ``registration``: the worker's row in the registry (``ms_workers``), written by
+    every beat, in the beat's own transaction when it holds runs (an idle worker's
+    beat writes only that row). ``None``: the worker does not register.
     """
 
     def __init__(
@@ -56,6 +66,7 @@ class Beater:
         on_expired: Callable[[], None],
         on_fatal: Callable[[DatabaseGone], None],
         on_alive: Callable[[float], None] | None = None,
+        registration: WorkerBeat | None = None,
     ) -> None:
         self.store = store
         self.clock = clock
@@ -68,6 +79,8 @@ class Beater:
         self._on_expired = on_expired
         self._on_fatal = on_fatal
         self._on_alive = on_alive
+        self.registration = registration
+        self._forget_at = 0.0  # monotonic: when this worker next forgets the long dead
         self._held: Held = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -118,6 +131,8 @@ class Beater:
             if not held:
                 last_ok = self.clock.now()
                 if since <= self.lease_s:  # idle, with a live loop: nothing to extend
+                    if self._register_idle() is False:
+                        return
                     self._alive(last_ok)
                 continue
             if since > self.lease_s:
@@ -138,6 +153,7 @@ class Beater:
                     now=self.clock.now(),
                     lease_s=self.lease_s,
                     db_clock=self.db_clock,
+                    worker=self._beat(),
                 )
             except DatabaseGone as exc:
                 self._call(self._on_fatal, exc)
@@ -151,6 +167,40 @@ class Beater:
             last_ok = self.clock.now()
             self._alive(last_ok)
             self._call(self._on_beat, beat, held)
+
+    def _beat(self) -> WorkerBeat | None:
+        """What this beat registers: the worker's row, and now and then the order to
+        forget workers silent for a day."""
+        if self.registration is None:
+            return None
+        if time.monotonic() < self._forget_at:
+            return self.registration
+        self._forget_at = time.monotonic() + FORGET_EVERY_S
+        return dataclasses.replace(
+            self.registration, forget_before=self.clock.now() - FORGET_AFTER_S
+        )
+
+    def _register_idle(self) -> bool | None:
+        """An idle beat: only the registry row. A failure is logged and retried at
+        the next beat (no lease is at stake); ``False``: the store is gone."""
+        worker = self._beat()
+        if worker is None:
+            return None
+        try:
+            self.store.heartbeat(
+                runs=[],
+                now=self.clock.now(),
+                lease_s=self.lease_s,
+                db_clock=self.db_clock,
+                worker=worker,
+            )
+        except DatabaseGone as exc:
+            self._call(self._on_fatal, exc)
+            return False
+        except (StoreUnavailable, StoreError) as exc:
+            log.debug("worker %s: registering its beat failed: %s", self.worker_id, exc)
+            self._forget_at = 0.0  # the forgetting, if this beat carried it, comes next
+        return True
 
     def _alive(self, now: float) -> None:
         if self._on_alive is not None:

@@ -34,7 +34,7 @@ from .._clock import SystemClock
 from .._describe import safe_traceback
 from .._errors import ConfigError, StoreError, StoreUnavailable
 from ..journal import BatchCommitter, Committer, Engine, Execution, Outcome, RunControl, execute
-from ..storage import DatabaseGone, Heartbeat, RunRecord
+from ..storage import DatabaseGone, Heartbeat, RunRecord, WorkerBeat
 from ._heartbeat import Beater
 from ._host import WorkerHost
 from ._refusals import Refusals
@@ -219,6 +219,13 @@ class Worker:
             on_expired=self._on_expired,
             on_fatal=self._on_fatal,
             on_alive=functools.partial(app.telemetry.worker_alive, self.worker_id),
+            registration=WorkerBeat(
+                id=self.worker_id,
+                host=socket.gethostname(),
+                pid=os.getpid(),
+                started_at=app.clock.now(),
+                lease_s=app.lease_s,
+            ),
         )
         beater.start()
         ticking = asyncio.create_task(beater.ticking())
@@ -247,12 +254,20 @@ class Worker:
             ticking.cancel()
             await asyncio.gather(ticking, return_exceptions=True)
             await beater.stop()
+            await asyncio.to_thread(self._unregister)
             await committer.close()
             threads.shutdown(wait=False, cancel_futures=True)
             app.telemetry.worker_load(self.worker_id, 0, None)
             await asyncio.to_thread(app.telemetry.flush)
         if self._fatal is not None:
             raise self._fatal
+
+    def _unregister(self) -> None:
+        """Mark this worker stopped in the registry (a dead one is never marked)."""
+        try:
+            self.app.store.worker_stopped(self.worker_id, self.app.clock.now())
+        except (StoreUnavailable, StoreError, DatabaseGone) as exc:
+            log.warning("worker %s: cannot mark itself stopped: %s", self.worker_id, exc)
 
     async def _open_store(self) -> bool:
         """Open (and migrate) the store, waiting while it is locked or unreachable: a
