@@ -16,7 +16,6 @@ does not make model calls look slow.
 from __future__ import annotations
 
 import importlib.metadata
-import json
 import os
 import platform
 import threading
@@ -32,7 +31,7 @@ from ..models import ModelResponse
 from ..storage import FINISHED, RunRecord, RunWrite, StepRecord, WriteResult
 from ._livespans import LiveSpans, StepsLoader
 from ._metrics import LATENCY_BUCKETS, _prometheus, wait_reason_label
-from ._names import back_pressure, model_of, step_kind
+from ._names import back_pressure, journaled_error_type, model_of, step_kind
 from ._setup import configured_provider
 
 __all__ = ["Catalog", "Telemetry", "serve_metrics"]
@@ -326,7 +325,7 @@ class Telemetry(StepInterceptor):
                     status: str = row.status
                     if status == "failed" and row.role == "model":
                         # a 429 or an overload is back-pressure, never a failed step
-                        status = back_pressure(_error_type(row.error)) or status
+                        status = back_pressure(journaled_error_type(row.error)) or status
                     labels = _STEPS_LABELS.get((row.role, status))
                     if labels is None:
                         labels = _STEPS_LABELS[row.role, status] = (step_kind(row.role), status)
@@ -442,17 +441,6 @@ class Telemetry(StepInterceptor):
         for name in ("runs_claimed", "lease_takeovers", "dead_letters", "replays_refused"):
             out[name] = {(w,) for w in workflows}
         return out
-
-
-def _error_type(error: str | None) -> str | None:
-    """The ``type`` of a journaled error (JSON), without parsing any other."""
-    if not error or '"type"' not in error:
-        return None
-    try:
-        value = json.loads(error)
-    except ValueError:
-        return None
-    return str(value.get("type")) if isinstance(value, dict) else None
 
 
 def _wait_reason(row: StepRecord) -> str:

@@ -16,7 +16,6 @@ down while the process lives.
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -26,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Protocol, get_args
 from .._errors import MissingExtra
 from ..limits import Price
 from ..storage import FINISHED, RunStatus, Store
-from ._names import back_pressure, model_of, rate_model
+from ._names import back_pressure, journaled_error_type, model_of, rate_model
 from ._trace import trace_entries
 from ._workers import worker_families
 
@@ -402,7 +401,7 @@ class MetricsCollector(Collector):
         t = _Totals()
         if dead_letter_check:  # once per failed run: finished runs are cached
             record = self.store.get_run(run_id)
-            if record is not None and _error_type(record.error) == "DeadLettered":
+            if record is not None and journaled_error_type(record.error) == "DeadLettered":
                 t.dead_lettered = 1
         for e in trace_entries(self.store.load_steps(run_id), self.prices):
             kind = e.kind if e.kind in _KINDS else "step"
@@ -441,16 +440,6 @@ def wait_reason_label(reason: str | None) -> str:
         request = rest.split(":", 1)[0]
         return request if request in _REQUESTS else "signal"
     return head or "unknown"
-
-
-def _error_type(error: str | None) -> str | None:
-    if not error:
-        return None
-    try:
-        value = json.loads(error)
-    except ValueError:
-        return None
-    return str(value.get("type")) if isinstance(value, dict) else None
 
 
 class _Families(Protocol):

@@ -14,6 +14,7 @@ the tool of ``tool:<name>``, the model a ``rate:`` step was for. :func:`model_of
 
 from __future__ import annotations
 
+import json
 from typing import Literal, get_args
 
 from ..storage import JournalRole
@@ -22,6 +23,7 @@ __all__ = [
     "BackPressure",
     "StepRole",
     "back_pressure",
+    "journaled_error_type",
     "model_of",
     "public_error_type",
     "rate_model",
@@ -138,3 +140,14 @@ def public_error_type(qualified: str | None) -> str:
         return qualified
     public = [p for p in parts if not p.startswith("_")]  # mainspring.agent._call -> agent
     return ".".join([*public, name])
+
+
+def journaled_error_type(error: str | None) -> str | None:
+    """The ``type`` of a journaled error (JSON), without parsing any other."""
+    if not error or '"type"' not in error:
+        return None
+    try:
+        value = json.loads(error)
+    except ValueError:
+        return None
+    return str(value.get("type")) if isinstance(value, dict) else None
