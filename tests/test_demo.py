@@ -139,6 +139,7 @@ def test_the_demo_cannot_fail_by_its_own_dice(
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3600)  # 50 demos, each a few seconds to a minute on a busy machine
 def test_the_demo_passes_fifty_runs_in_a_row(tmp_path: Path) -> None:
     """``mainspring demo`` as a new user runs it (the lab comparison included), 50 times:
     the main job never fails, whatever the timing of its kill."""
@@ -146,3 +147,4 @@ def test_the_demo_passes_fifty_runs_in_a_row(tmp_path: Path) -> None:
         done = _demo("--yes", "--json", "--dir", str(tmp_path / f"demo-{i}"))
         assert done.returncode == 0, f"run {i + 1} of 50 failed:\n{done.stdout}\n{done.stderr}"
         assert json.loads(done.stdout)["ok"] is True
+        print(f"demo {i + 1} of 50 passed")
