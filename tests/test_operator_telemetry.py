@@ -118,6 +118,7 @@ async def test_a_429_is_rate_limiting_in_metrics_and_spans_never_a_failed_step(
             assert "llm.token_count.prompt" not in root.attributes  # Phoenix sums children
         assert sum(r.attributes["mainspring.run.rate_limited"] for r in roots) == refused
         app.close()
+        await model.aclose()  # its HTTP client's connections to the server
 
 
 async def test_failed_runs_carry_public_error_names_and_no_span_runs_backwards(
