@@ -20,7 +20,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .. import ConfigError
-from ..observability import Usage, build_trace
+from ..observability import Family, RunTrace, Usage, build_trace
 from ..storage import WAKE_NOW, RunRecord, RunStatus, StepRecord, Store
 from ._common import (
     AppOption,
@@ -253,7 +253,6 @@ def show(
         # The whole run's, whatever --last/--errors/--step pick: 429s and rate waits.
         rate = build_trace(record, steps)
         family = app.family(run_id)
-        children = [c.run for c in family.children]
         steps = pick_steps(
             steps,
             where=lambda s: (s.session, s.seq),
@@ -264,33 +263,71 @@ def show(
             step=step,
         )
     if as_json:
-        run_json = _run_json(record, current)
-        run_json["rate_limit"] = {
-            "refused": rate.rate_limited,
-            "waits": rate.rate_waits,
-            "waited_s": round(rate.rate_wait_s, 3),
-        }
-        run_json["children"] = [
-            {
-                "run": c.run.id,
-                "workflow": c.run.workflow,
-                "status": c.run.status,
-                "step": c.run.parent_step,
-                "close": c.run.parent_close,
-                "duration_s": round(c.duration_s, 3),
-                **c.total.to_json(),
-            }
-            for c in family.children
-        ]
-        usage = family.to_json()
-        del usage["child_runs"]  # the children above carry theirs
-        run_json["usage"] = usage
-        print_json({"run": run_json, "steps": [_step_json(s) for s in steps]})
+        print_json(_show_json(record, current, rate, family, steps))
         return
     out = console()
     now = time.time()
     width = None if verbose else _VALUE_WIDTH
-    facts: list[tuple[str, str | Text]] = [
+    error = _decode(record.error)
+    facts = [
+        *_identity_facts(record, now),
+        *_usage_facts(record, family, rate, now),
+        *_outcome_facts(record, error, width, now),
+    ]
+    label_width = max(len(label) for label, _ in facts)
+    for label, value in facts:
+        # A value of several lines (the children) keeps every line in the value column.
+        first, *more = (value if isinstance(value, Text) else Text(value)).split("\n")
+        out.print(Text.assemble((label.ljust(label_width), "bold"), "  ", first))
+        for line in more:
+            out.print(Text.assemble(" " * (label_width + 2), line))
+    if verbose and isinstance(error, dict) and error.get("traceback"):
+        out.print(Text("\nrun error traceback:", style="bold"))
+        out.print(str(error["traceback"]).rstrip())
+    if not steps and (errors or step is not None or last is not None):
+        out.print("\nno step of the run matches --errors")  # --step and --last always match
+        return
+    _print_steps(out, steps, now, verbose=verbose)
+
+
+def _show_json(
+    record: RunRecord,
+    current: StepRecord | None,
+    rate: RunTrace,
+    family: Family,
+    steps: list[StepRecord],
+) -> dict[str, Any]:
+    """``show --json``: the run, its rate-limit figures, children and usage, the steps."""
+    run_json = _run_json(record, current)
+    run_json["rate_limit"] = {
+        "refused": rate.rate_limited,
+        "waits": rate.rate_waits,
+        "waited_s": round(rate.rate_wait_s, 3),
+    }
+    run_json["children"] = [
+        {
+            "run": c.run.id,
+            "workflow": c.run.workflow,
+            "status": c.run.status,
+            "step": c.run.parent_step,
+            "close": c.run.parent_close,
+            "duration_s": round(c.duration_s, 3),
+            **c.total.to_json(),
+        }
+        for c in family.children
+    ]
+    usage = family.to_json()
+    del usage["child_runs"]  # the children above carry theirs
+    run_json["usage"] = usage
+    return {"run": run_json, "steps": [_step_json(s) for s in steps]}
+
+
+_Fact = tuple[str, "str | Text"]
+
+
+def _identity_facts(record: RunRecord, now: float) -> list[_Fact]:
+    """Which run this is: ids, where it came from, who holds it."""
+    facts: list[_Fact] = [
         ("run", record.id),
         ("status", _status_text(record)),
         ("workflow", record.workflow),
@@ -317,15 +354,21 @@ def show(
         where = f"run {record.parent}, step {record.parent_step}"
         close = _close_text(record)
         facts.append((how, f"{where} ({close})" if close else where))
-    if children:
+    return facts
+
+
+def _usage_facts(record: RunRecord, family: Family, rate: RunTrace, now: float) -> list[_Fact]:
+    """What the run (and its children) spent, and when."""
+    facts: list[_Fact] = []
+    if family.children:
         lines = [
             f"{_child_line(c.run)}: {c.total.tokens:,} tokens, ${c.total.cost_usd:.4f},"
             f" {_seconds(c.duration_s)}"
             for c in family.children
         ]
-        facts.append((f"children ({len(children)})", "\n".join(lines)))
+        facts.append((f"children ({len(family.children)})", "\n".join(lines)))
     facts.append(("usage", _usage_text(family.own, family.duration_s)))
-    if children:
+    if family.children:
         facts.append(("with children", _usage_text(family.with_children, None)))
     times = f"created {_clock(record.created_at, now)}, updated {_clock(record.updated_at, now)}"
     if record.finished_at is not None:
@@ -339,12 +382,16 @@ def show(
                 f" {rate.rate_wait_s:.1f}s waited",
             )
         )
-    facts.append(("input", _clip(record.input, width)))
+    return facts
+
+
+def _outcome_facts(record: RunRecord, error: Any, width: int | None, now: float) -> list[_Fact]:
+    """What went in, what came out or went wrong, what it waits on."""
+    facts: list[_Fact] = [("input", _clip(record.input, width))]
     if record.handoff is not None:
         facts.append(("hand-off", _clip(record.handoff, width)))
     if record.status == "succeeded":
         facts.append(("result", _clip(record.output or "null", width)))
-    error = _decode(record.error)
     if record.finished and record.status != "succeeded" and error is not None:
         facts.append(("error", Text(_error_line(error, width), style="red")))
     elif record.cancel_requested:
@@ -354,20 +401,7 @@ def show(
     refused = _refusal_text(record, error, now)
     if refused:
         facts.append(("replay", Text(refused, style="yellow")))
-    label_width = max(len(label) for label, _ in facts)
-    for label, value in facts:
-        # A value of several lines (the children) keeps every line in the value column.
-        first, *more = (value if isinstance(value, Text) else Text(value)).split("\n")
-        out.print(Text.assemble((label.ljust(label_width), "bold"), "  ", first))
-        for line in more:
-            out.print(Text.assemble(" " * (label_width + 2), line))
-    if verbose and isinstance(error, dict) and error.get("traceback"):
-        out.print(Text("\nrun error traceback:", style="bold"))
-        out.print(str(error["traceback"]).rstrip())
-    if not steps and (errors or step is not None or last is not None):
-        out.print("\nno step of the run matches --errors")  # --step and --last always match
-        return
-    _print_steps(out, steps, now, verbose=verbose)
+    return facts
 
 
 def signal(
