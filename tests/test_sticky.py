@@ -387,9 +387,9 @@ async def test_a_takeover_drops_the_held_execution_and_it_can_never_commit(tmp_p
     task = asyncio.create_task(holder.run())
     await stable(app, clock, handle.run_id)
     assert holder.kept == [handle.run_id]
-    kept = holder._kept[handle.run_id]
     holder.request_stop()  # keep the execution alive for the test: take it from the worker
-    holder._kept.clear()
+    kept = holder._kept.take(handle.run_id)
+    assert kept is not None
     await task
     # Another worker takes the run over and finishes it (by replay).
     clock.advance(10)
@@ -418,7 +418,8 @@ async def test_a_holder_sweeps_runs_taken_over_by_another_worker(tmp_path: Path)
     task = asyncio.create_task(holder.run())
     await stable(app, clock, handle.run_id)
     assert holder.kept == [handle.run_id]
-    kept = holder._kept[handle.run_id]
+    kept = holder._kept.get(handle.run_id)
+    assert kept is not None
     # Another worker claims the run at its wake time before the holder does.
     other = app.worker(sticky=False, worker_id="other")
     app.signal(handle.run_id, "s", 1)

@@ -23,7 +23,6 @@ import logging
 import os
 import socket
 import uuid
-from collections import OrderedDict
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -37,6 +36,7 @@ from ..journal import BatchCommitter, Committer, Engine, Execution, Outcome, Run
 from ..storage import DatabaseGone, Heartbeat, RunRecord, WorkerBeat
 from ._heartbeat import Beater
 from ._host import WorkerHost
+from ._kept import Kept
 from ._refusals import Refusals
 from ._upkeep import WalWatch
 
@@ -122,14 +122,10 @@ class Worker:
         self.batch = batch
         self.shutdown_grace_s = shutdown_grace_s
         self.sticky = sticky
-        self.sticky_runs = max(0, sticky_runs)
-        self.sticky_bytes = max(0, sticky_bytes)
+        self._kept = Kept(runs=sticky_runs, bytes=sticky_bytes)
         # What to claim, by code version (None: every run). A worker for one run (app.run)
         # was asked for that run: it takes it whatever its version.
         self.versions = None if _run_id is not None else _accepted(app.version, versions)
-        self._kept: OrderedDict[str, Execution] = OrderedDict()  # by run id, oldest first
-        self._kept_bytes = 0
-        self._swept_at = 0.0
         self.stats = WorkerStats()
         self._only = _run_id
         self._return_on_wait = _return_on_wait  # app.run: a run waiting for a person
@@ -250,7 +246,7 @@ class Worker:
             if stop_listening is not None:
                 await asyncio.to_thread(stop_listening)
             await self._drain()
-            self._drop_kept()
+            self._kept.drop_all()
             ticking.cancel()
             await asyncio.gather(ticking, return_exceptions=True)
             await beater.stop()
@@ -298,13 +294,9 @@ class Worker:
         idle_at: list[float] = []  # the clock at the last idle check (until_idle)
         while not self._stopping:
             self._wakeup.clear()
-            claimed: list[RunRecord] = []
+            isolated = self._still_isolated()
             free = self.concurrency - len(self._active)
-            isolated = self._isolated
-            if isolated is not None and (
-                isolated.control.progressed or self._active.get(isolated.run.id) is not isolated
-            ):
-                isolated = self._isolated = None  # it progressed (or left): not suspect now
+            claimed: list[RunRecord] = []
             if free > 0 and isolated is None and self._kept and self._only is None:
                 claimed = await self._claim_kept(names, free)
                 free -= len(claimed)
@@ -314,21 +306,11 @@ class Worker:
                 await asyncio.to_thread(self.wal.look, app.store)
             named: list[str] = []
             if free > 0 and isolated is None:
-                try:
-                    named = self._take_named(free)
-                    claimed += await asyncio.to_thread(
-                        self._claim,
-                        names,
-                        free,
-                        named,
-                        not self._active and not claimed,
-                        self._skipping(),
-                    )
-                except DatabaseGone as exc:
-                    self._on_fatal(exc)
-                    break
-                except (StoreUnavailable, StoreError) as exc:
-                    log.warning("worker %s: claim failed: %s", self.worker_id, exc)
+                named = self._take_named(free)
+                more = await self._claim_round(names, free, named, first=not claimed)
+                if more is None:
+                    break  # the database is gone
+                claimed += more
             if self._stopping and claimed:
                 # Stop was asked while the claim was in flight: give these back at once
                 # rather than start them only to release them at their first boundary.
@@ -338,37 +320,82 @@ class Worker:
                 claimed = await self.refusals.hand_back(
                     app.store, app.clock, claimed, self._skipping()
                 )
-            for record in claimed:
-                entry = self._start(engine, record)
-                if record.recoveries >= self.isolate_after:
-                    log.warning(
-                        "worker %s: run %s was recovered %d times in a row without progress;"
-                        " executing it alone until it progresses",
-                        self.worker_id,
-                        record.id,
-                        record.recoveries,
-                    )
-                    self._isolated = entry
-            if self._only is not None and not self._active and not claimed:
-                if self._finished_only():
-                    return
-            elif idle_horizon_s is not None and not self._active and not claimed:
-                if named:
-                    # Only the runs pushes named were tried (one may have been woken
-                    # again meanwhile): a sweep sees every runnable run before this
-                    # worker calls itself idle, and it comes at once.
-                    self._sweep = True
-                    continue
-                if not self._due_soon(names, idle_horizon_s, idle_at):
-                    return
-            else:
-                idle_at.clear()  # busy: the next idle spell starts afresh
+            self._start_claimed(engine, claimed)
+            then = self._when_idle(names, idle_horizon_s, idle_at, named, idle=not claimed)
+            if then == "stop":
+                return
+            if then == "again":
+                continue
             if self._kept:
                 await self._sweep_kept()
             try:
                 await asyncio.wait_for(self._wakeup.wait(), self._next_poll_s())
             except TimeoutError:
                 self._sweep = True
+
+    def _when_idle(
+        self,
+        names: list[str],
+        idle_horizon_s: float | None,
+        idle_at: list[float],
+        named: list[str],
+        *,
+        idle: bool,
+    ) -> Literal["stop", "again", "wait"]:
+        """After a round that started nothing (``idle``) with nothing active: stop (the
+        one run is done; nothing is due soon under ``until_idle``), claim again at once,
+        or wait for a push or the poll."""
+        idle = idle and not self._active
+        if self._only is not None:
+            return "stop" if idle and self._finished_only() else "wait"
+        if idle_horizon_s is None or not idle:
+            idle_at.clear()  # busy: the next idle spell starts afresh
+            return "wait"
+        if named:
+            # Only the runs pushes named were tried (one may have been woken again
+            # meanwhile): a sweep sees every runnable run before this worker calls
+            # itself idle, and it comes at once.
+            self._sweep = True
+            return "again"
+        return "wait" if self._due_soon(names, idle_horizon_s, idle_at) else "stop"
+
+    def _still_isolated(self) -> _Active | None:
+        """The run executed alone, until it progresses (or leaves): then not suspect."""
+        isolated = self._isolated
+        if isolated is not None and (
+            isolated.control.progressed or self._active.get(isolated.run.id) is not isolated
+        ):
+            isolated = self._isolated = None
+        return isolated
+
+    async def _claim_round(
+        self, names: list[str], free: int, named: list[str], *, first: bool
+    ) -> list[RunRecord] | None:
+        """One claim from the store (``None``: the database is gone, the worker stops;
+        a store that is busy or down claims nothing this round)."""
+        try:
+            return await asyncio.to_thread(
+                self._claim, names, free, named, not self._active and first, self._skipping()
+            )
+        except DatabaseGone as exc:
+            self._on_fatal(exc)
+            return None
+        except (StoreUnavailable, StoreError) as exc:
+            log.warning("worker %s: claim failed: %s", self.worker_id, exc)
+            return []
+
+    def _start_claimed(self, engine: Engine, claimed: list[RunRecord]) -> None:
+        for record in claimed:
+            entry = self._start(engine, record)
+            if record.recoveries >= self.isolate_after:
+                log.warning(
+                    "worker %s: run %s was recovered %d times in a row without progress;"
+                    " executing it alone until it progresses",
+                    self.worker_id,
+                    record.id,
+                    record.recoveries,
+                )
+                self._isolated = entry
 
     async def _tick_schedules(self) -> None:
         """Fire the due schedules, at most once a second of the App's clock (every
@@ -452,10 +479,7 @@ class Worker:
         clock), so that this worker claims it at its wake time."""
         wait = self.app.poll_interval_s
         if self._kept and self.db_clock:
-            now = self.app.clock.now()
-            for ex in self._kept.values():
-                if ex.wake_at is not None:
-                    wait = min(wait, max(0.0, ex.wake_at - now))
+            return self._kept.next_wake(self.app.clock.now(), wait)
         return wait
 
     async def _claim_kept(self, names: list[str], free: int) -> list[RunRecord]:
@@ -463,9 +487,7 @@ class Worker:
         too: whoever wins, a worker that does not hold the execution replays)."""
         app = self.app
         now = app.clock.now()
-        due = [
-            rid for rid, ex in self._kept.items() if ex.wake_at is not None and ex.wake_at <= now
-        ]
+        due = self._kept.due(now)
         claimed: list[RunRecord] = []
         dead: list[tuple[str, str]] = []
         for run_id in due[:free]:
@@ -497,49 +519,21 @@ class Worker:
         return claimed
 
     def _keep(self, ex: Execution) -> None:
-        """A run suspended here: keep its live execution (least recently kept dropped
-        first, within the bounds)."""
-        if self._stopping or self.sticky_runs == 0:
+        """A run suspended here: keep its live execution (not once stopping)."""
+        if self._stopping:
             ex.drop()
-            return
-        old = self._kept.pop(ex.run_id, None)
-        if old is not None and old is not ex:
-            self._forget(old)
-        self._kept[ex.run_id] = ex
-        size = ex.size
-        ex.kept_bytes = size
-        self._kept_bytes += size
-        while self._kept and (
-            len(self._kept) > self.sticky_runs or self._kept_bytes > self.sticky_bytes
-        ):
-            _, oldest = self._kept.popitem(last=False)
-            self._forget(oldest)
-
-    def _forget(self, ex: Execution) -> None:
-        self._kept_bytes -= ex.kept_bytes
-        ex.drop()
-
-    def _take_kept(self, run_id: str) -> Execution | None:
-        ex = self._kept.pop(run_id, None)
-        if ex is not None:
-            self._kept_bytes -= ex.kept_bytes
-        return ex
-
-    def _drop_kept(self) -> None:
-        while self._kept:
-            _, ex = self._kept.popitem()
-            self._forget(ex)
-        self._kept_bytes = 0
+        else:
+            self._kept.keep(ex)
 
     async def _sweep_kept(self) -> None:
         """Now and then (every lease), drop the kept executions of runs that moved on
         without this worker (taken over, cancelled, retried, deleted): they could
         never resume, and only hold memory."""
         now = self.app.clock.now()
-        if self._swept_at and now - self._swept_at < self.app.lease_s:
+        if self._kept.swept_at and now - self._kept.swept_at < self.app.lease_s:
             return
-        self._swept_at = now
-        kept = list(self._kept.items())
+        self._kept.swept_at = now
+        kept = self._kept.items()
 
         def read() -> list[str]:
             gone: list[str] = []
@@ -553,10 +547,7 @@ class Worker:
             gone = await asyncio.to_thread(read)
         except (StoreUnavailable, StoreError):
             return
-        for run_id in gone:
-            ex = self._kept.get(run_id)
-            if ex is not None and dict(kept).get(run_id) is ex:
-                self._forget(self._kept.pop(run_id))
+        self._kept.drop_gone(kept, gone)
 
     async def _give_back(self, records: list[RunRecord]) -> None:
         app = self.app
@@ -637,7 +628,7 @@ class Worker:
             self._interrupt(stale, "lost")
         workflow = self.app.workflows[record.workflow]
         control = RunControl(draining=self._stopping, worker=self.worker_id)
-        resume = self._take_kept(record.id)
+        resume = self._kept.take(record.id)
         if resume is not None and resume.fits(record):
             self.stats.resumed += 1
         task = asyncio.create_task(
