@@ -15,7 +15,7 @@ from ._connection import Cursor
 from ._queues import QueueTables, ready_queues_sql
 from ._records import WAKE_NOW, RunRecord, RunStatus
 from ._rows import _RUN_COLUMNS, _run, _versions_sql
-from ._transitions import EDGES, dead_letter, fenced, refuse, release
+from ._transitions import RUN_EDGES, dead_letter, fenced, refuse, release
 from ._transitions import claim as claim_run
 from ._workers import WorkerBeat, register
 
@@ -308,7 +308,7 @@ class LeaseTables(QueueTables):
             before += f" - (SELECT count(*) FROM {name})"
         returned = ", ".join(f"r.{c.strip()}" for c in _RUN_COLUMNS.split(","))
         # The claim edge's own assignments, with the recoveries counted above.
-        claim_set = EDGES["claim"].assignments(now_sql, recoveries="p.n")
+        claim_set = RUN_EDGES["claim"].assignments(now_sql, recoveries="p.n")
         sql = (
             f"WITH {', '.join(ctes)},"
             " picked AS (SELECT * FROM expired UNION ALL SELECT * FROM due"

@@ -13,9 +13,9 @@
     running, lease run out ──dead_letter──▶ failed (cancelled when it was asked to)
     running ──next_session, ask_cancel──▶ running (its row changes, not its status)
 
-Each edge is one row of :data:`EDGES` (from which statuses, to which, every column
+Each edge is one row of :data:`RUN_EDGES` (from which statuses, to which, every column
 it writes and every column it clears) and one function below that writes exactly
-that: its ``UPDATE`` is built from the row (:meth:`Edge.update`), so the table
+that: its ``UPDATE`` is built from the row (:meth:`RunEdge.update`), so the table
 cannot drift from what is written, and ``tests`` walk the table on every store
 (``mainspring.testing``'s transition conformance). Each ``UPDATE`` names the
 statuses the edge leaves from, so an illegal edge writes nothing and its function
@@ -45,7 +45,7 @@ reason there today; see docs/architecture.md.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,8 +64,8 @@ from ._connection import Connection, Cursor
 from ._records import FINISHED, WAKE_NOW, RunStatus, RunTransition, split_wait_signals
 
 __all__ = [
-    "EDGES",
-    "Edge",
+    "RUN_EDGES",
+    "RunEdge",
     "ask_cancel",
     "cancel",
     "cancel_at_birth",
@@ -81,6 +81,7 @@ __all__ = [
     "release",
     "retry",
     "suspend",
+    "take_edge",
     "wake",
 ]
 
@@ -113,7 +114,7 @@ _PARKED: tuple[RunStatus, ...] = ("sleeping", "waiting")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Edge:
+class RunEdge:
     """One edge of the run's state machine.
 
     Attributes:
@@ -164,7 +165,7 @@ class Edge:
         return f"UPDATE ms_runs SET {self.assignments(at)} WHERE {where}{extra}"
 
 
-_CLAIM = Edge(
+_CLAIM = RunEdge(
     name="claim",
     sources=_NOT_FINISHED,  # running: its lease ran out (a takeover)
     targets=("running",),
@@ -180,7 +181,7 @@ _CLAIM = Edge(
         ("updated_at", "?"),
     ),
 )
-_SUSPEND = Edge(
+_SUSPEND = RunEdge(
     name="suspend",
     sources=("running",),
     targets=_PARKED,
@@ -196,7 +197,7 @@ _SUSPEND = Edge(
     ),
     fence=True,
 )
-_REFUSE = Edge(
+_REFUSE = RunEdge(
     name="refuse",
     sources=("running",),
     targets=_PARKED,
@@ -212,33 +213,33 @@ _REFUSE = Edge(
     ),
     fence=True,
 )
-_RELEASE = Edge(
+_RELEASE = RunEdge(
     name="release",
     sources=("running",),
     targets=("queued",),
     sets=(("status", "'queued'"), ("owner", "NULL"), ("lease_until", "NULL"), ("updated_at", "?")),
     fence=True,
 )
-_WAKE = Edge(
+_WAKE = RunEdge(
     name="wake",
     sources=("waiting",),
     targets=("waiting",),
     sets=(("wake_at", "?"), ("updated_at", "?")),
 )
-_NEXT_SESSION = Edge(
+_NEXT_SESSION = RunEdge(
     name="next_session",
     sources=("running",),
     targets=("running",),
     sets=(("session", "?"), ("handoff", "?"), ("updated_at", "?")),
     fence=True,
 )
-_ASK_CANCEL = Edge(
+_ASK_CANCEL = RunEdge(
     name="ask_cancel",
     sources=("running",),
     targets=("running",),
     sets=(("cancel_requested", "1"), ("error", "?"), ("updated_at", "?")),
 )
-_FINISH = Edge(
+_FINISH = RunEdge(
     name="finish",
     sources=("running",),
     targets=("succeeded", "failed", "cancelled"),
@@ -259,7 +260,7 @@ _FINISH = Edge(
     fence=True,
     ends=True,
 )
-_DEAD_LETTER = Edge(
+_DEAD_LETTER = RunEdge(
     name="dead_letter",
     sources=("running",),
     targets=("failed", "cancelled"),
@@ -274,7 +275,7 @@ _DEAD_LETTER = Edge(
     ),
     ends=True,
 )
-_CANCEL = Edge(
+_CANCEL = RunEdge(
     name="cancel",
     sources=("queued", "sleeping", "waiting"),  # running: ask_cancel, its worker ends it
     targets=("cancelled",),
@@ -292,7 +293,7 @@ _CANCEL = Edge(
 # A child created under a parent being cancelled (or gone) in the transaction that
 # inserts it: no worker ever saw it, nobody follows it yet, and its parent is the
 # one ending, so there is nothing to tell, no event and no epoch to move on.
-_CANCEL_AT_BIRTH = Edge(
+_CANCEL_AT_BIRTH = RunEdge(
     name="cancel_at_birth",
     sources=("queued",),
     targets=("cancelled",),
@@ -303,7 +304,7 @@ _CANCEL_AT_BIRTH = Edge(
         ("finished_at", "?"),
     ),
 )
-_RETRY = Edge(
+_RETRY = RunEdge(
     name="retry",
     sources=("failed",),
     targets=("queued",),
@@ -321,7 +322,7 @@ _RETRY = Edge(
     ),
 )
 
-EDGES: Mapping[str, Edge] = {
+RUN_EDGES: Mapping[str, RunEdge] = {
     e.name: e
     for e in (
         _CLAIM,
@@ -383,11 +384,13 @@ def suspend(
         )
         if cur.fetchone():  # the signal beat the wait: wake at once
             wake_at = WAKE_NOW
-    if wake_at == WAKE_NOW:
-        conn._notify(cur, run_id)
     slot = int(t.keeps_slot and t.status == "sleeping")
     params = (t.status, wake_at, t.wait_reason, t.wait_signal, slot, now, run_id, epoch)
     cur.execute(_SUSPEND.update(), params)
+    if cur.rowcount != 1:
+        return False
+    if wake_at == WAKE_NOW:
+        conn._notify(cur, run_id)
     if t.status == "waiting" and wake_at != WAKE_NOW:
         waiting = {"status": "waiting", "wait_reason": t.wait_reason}
         queue_event(cur, run_id, "run.waiting", waiting, now)
@@ -529,6 +532,54 @@ def retry(cur: Cursor, run_id: str, now: float) -> bool:
     cancel requests cleared."""
     cur.execute(_RETRY.update(), (now, run_id))
     return cur.rowcount == 1
+
+
+# -- the table walked -------------------------------------------------------------
+
+# Every column some edge writes, and some no edge may touch: what a walk compares.
+_WALKED = sorted(
+    {c for e in RUN_EDGES.values() for c, _ in e.sets}
+    | {"workflow", "input", "created_at", "parent", "queue", "priority", "version"}
+)
+
+_TAKE: dict[str, Callable[[Connection, Cursor, str, int, dict[str, Any]], object]] = {
+    "claim": lambda conn, cur, rid, epoch, a: claim(cur, rid, **a),
+    "suspend": lambda conn, cur, rid, epoch, a: suspend(conn, cur, rid, epoch, **a),
+    "refuse": lambda conn, cur, rid, epoch, a: refuse(conn, cur, rid, epoch, **a),
+    "release": lambda conn, cur, rid, epoch, a: release(conn, cur, rid, epoch, **a),
+    "wake": lambda conn, cur, rid, epoch, a: wake(conn, cur, rid, **a),
+    "next_session": lambda conn, cur, rid, epoch, a: next_session(cur, rid, epoch, **a),
+    "ask_cancel": lambda conn, cur, rid, epoch, a: ask_cancel(cur, rid, **a),
+    "finish": lambda conn, cur, rid, epoch, a: finish(conn, cur, rid, epoch, **a),
+    "dead_letter": lambda conn, cur, rid, epoch, a: dead_letter(conn, cur, rid, **a),
+    "cancel": lambda conn, cur, rid, epoch, a: cancel(conn, cur, rid, **a),
+    "cancel_at_birth": lambda conn, cur, rid, epoch, a: cancel_at_birth(cur, rid, **a),
+    "retry": lambda conn, cur, rid, epoch, a: retry(cur, rid, **a),
+}
+
+
+def take_edge(
+    store: Connection, edge: str, run_id: str, *, epoch: int | None = None, **args: Any
+) -> tuple[bool, dict[str, Any], dict[str, Any]]:
+    """Take one edge of :data:`RUN_EDGES` for ``run_id`` in a transaction of its own, with
+    ``args`` (its function's keywords; ``epoch``: the one a holder's edge is fenced
+    by, default the run's). For the conformance suite, which walks the table on
+    every store. Returns whether it applied, and the run's row before and after:
+    every column an edge writes, and the numbers of its queued events and signals."""
+
+    def row(cur: Cursor) -> dict[str, Any]:
+        cur.execute(f"SELECT {', '.join(_WALKED)} FROM ms_runs WHERE id = ?", (run_id,))
+        found = dict(zip(_WALKED, cur.fetchone(), strict=True))
+        for table in ("ms_outbox", "ms_signals"):
+            cur.execute(f"SELECT count(*) FROM {table} WHERE run_id = ?", (run_id,))
+            found[table] = int(cur.fetchone()[0])
+        return found
+
+    with store._write() as cur:
+        before = row(cur)
+        held = before["epoch"] if epoch is None else epoch
+        applied = _TAKE[edge](store, cur, run_id, held, args)
+        return applied not in (False, None), before, row(cur)
 
 
 # -- the end of a run --------------------------------------------------------------
