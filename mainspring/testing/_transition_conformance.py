@@ -126,6 +126,8 @@ class TransitionConformance:
         assert set(_ARGS) == set(RUN_EDGES)
         for edge in RUN_EDGES.values():
             assert not edge.writes & edge.clears, edge.name
+            # A holder's edge leaves only from running (its fence says so).
+            assert not edge.fence or edge.sources == ("running",), edge.name
             assert ("status" in edge.writes) == (set(edge.targets) != set(edge.sources))
             if edge.ends:  # every end clears the same columns and moves the fence on
                 assert edge.bumps_epoch and set(edge.targets) <= {
