@@ -34,6 +34,7 @@ from ._records import (
 )
 from ._schedules import CatchUp, ScheduleRecord
 from ._streams import StreamEnd, TokenChunk, TokenKind, TokenPiece, TokenStream
+from ._transitions import RUN_EDGES, RunEdge, take_edge
 from ._url import redact_url
 from ._workers import WORKER_STATES, WorkerBeat, WorkerRecord, WorkerState
 from .sqlite import DatabaseGone, SQLiteStore
@@ -42,6 +43,7 @@ __all__ = [
     "CHILD_SIGNAL_PREFIX",
     "FINISHED",
     "JOURNAL_ROLES",
+    "RUN_EDGES",
     "SCHEMA_VERSION",
     "SCOPES",
     "WAIT_SIGNAL_SEP",
@@ -63,6 +65,7 @@ __all__ = [
     "QueueRecord",
     "RateRow",
     "RateTxn",
+    "RunEdge",
     "RunRecord",
     "RunStatus",
     "RunTransition",
@@ -93,6 +96,7 @@ __all__ = [
     "open_store",
     "redact_url",
     "split_wait_signals",
+    "take_edge",
 ]
 
 

@@ -1,6 +1,8 @@
-"""Child runs in the store: a parent learns of its child's end in the transaction
-that ends the child, and a cancel, or the end, of a run reaches its unfinished
-children.
+"""Child runs in the store: what the end of a run (``_transitions.py``, the one
+place a run ends) needs to tell a parent of its child's end and to reach the
+unfinished children of a run that ends or is cancelled: the signal's name and
+payload, the forks holding a start, the reach of a cascade and the row locks
+taken before it.
 
 A child run (``parent_kind = 'child'``) tells its parent it ended with a signal named
 :func:`child_signal` whose payload is the child's status, output and error, inserted in
@@ -29,17 +31,18 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from .._serde import dumps, loads
-from ._api import queue_event
 from ._connection import Connection, Cursor
-from ._records import FINISHED, WAKE_NOW, StepRecord, split_wait_signals
+from ._records import FINISHED, StepRecord
 
 __all__ = [
     "CHILD_SIGNAL_PREFIX",
+    "ON_CANCEL",
+    "ON_CLOSE",
+    "UNFINISHED",
     "ChildLocked",
-    "cancel_children",
     "child_signal",
     "child_starts",
-    "close_children",
+    "end_payload",
     "forks_holding",
     "lock_children",
     "lock_closed_children",
@@ -47,7 +50,6 @@ __all__ = [
     "retell_parent",
     "share_child_ends",
     "started_child",
-    "tell_parent",
     "told_rows_sql",
 ]
 
@@ -57,9 +59,9 @@ ChildEnd = tuple[str, str | None, str | None]
 CHILD_SIGNAL_PREFIX = "child:"
 
 # The children a cancel of their parent reaches, and those its end reaches.
-_ON_CANCEL = "(parent_close IS NULL OR parent_close = 'cancel')"
-_ON_CLOSE = "parent_close = 'cancel'"
-_UNFINISHED = (
+ON_CANCEL = "(parent_close IS NULL OR parent_close = 'cancel')"
+ON_CLOSE = "parent_close = 'cancel'"
+UNFINISHED = (
     "parent_kind = 'child' AND status NOT IN ('succeeded', 'failed', 'cancelled')"
     " AND cancel_requested = 0"
 )
@@ -68,29 +70,6 @@ _UNFINISHED = (
 def child_signal(child_id: str) -> str:
     """The signal a child run's end is stored as, for its parent."""
     return CHILD_SIGNAL_PREFIX + child_id
-
-
-def tell_parent(
-    conn: Connection, cur: Cursor, run_id: str, now: float, *, forks_only: bool = False
-) -> None:
-    """If ``run_id`` is a child run that has just ended (in this transaction), store
-    its end as a signal for its parent, and for every fork holding its start, and
-    wake each that waits for it. ``forks_only``: not for the parent (a cancel that
-    cascades from it)."""
-    cur.execute(
-        "SELECT parent, parent_step, status, output, error FROM ms_runs"
-        " WHERE id = ? AND parent_kind = 'child'",
-        (run_id,),
-    )
-    row = cur.fetchone()
-    if row is None or row[0] is None or row[2] not in FINISHED:
-        return
-    parent, step, status, output, error = row
-    payload = _end_payload(run_id, (status, output, error))
-    if not forks_only:
-        _tell(conn, cur, parent, run_id, payload, now)
-    for fork, _ in forks_holding(cur, parent, step, run_id):
-        _tell(conn, cur, fork, run_id, payload, now)
 
 
 def child_starts(rows: Iterable[StepRecord]) -> dict[str, StepRecord]:
@@ -107,11 +86,11 @@ def lock_children(
     conn: Connection, cur: Cursor, child_ids: Iterable[str], *, wait: bool = True
 ) -> dict[str, ChildEnd]:
     """Lock the rows of these child runs (before any parent's row: the order a
-    child's end takes; in descending id order, as :func:`cancel_children` does)
+    child's end takes; in descending id order, as ``_transitions.cancel_children`` does)
     and read where each is: ``{id: (status, output, error)}`` of those that exist.
     ``wait=False``, for a caller that holds their parent already: a row another
     transaction holds raises :class:`ChildLocked` rather than being waited for
-    (see :func:`cancel_children`)."""
+    (see ``_transitions.cancel_children``)."""
     lock = conn._row_lock if wait else conn._lock_clause
     found: dict[str, ChildEnd] = {}
     for child in sorted(set(child_ids), reverse=True):
@@ -136,7 +115,7 @@ def share_child_ends(
     """Store, for a new fork whose journal is ``rows``, the end of each child whose
     start it copied and which has ended already (``ends``, read under
     :func:`lock_children`), unless the copy holds the wait that took it. A child
-    still running tells the fork itself when it ends (:func:`tell_parent`)."""
+    still running tells the fork itself when it ends (``_transitions._ended``)."""
     taken = {r.name for r in rows if r.kind == "signal" and r.status == "completed"}
     for child in child_starts(rows):
         end = ends.get(child)
@@ -144,36 +123,15 @@ def share_child_ends(
             continue
         cur.execute(
             "INSERT INTO ms_signals (run_id, name, payload, created_at) VALUES (?, ?, ?, ?)",
-            (fork_id, child_signal(child), _end_payload(child, end), now),
+            (fork_id, child_signal(child), end_payload(child, end), now),
         )
 
 
-def _end_payload(child: str, end: ChildEnd) -> str:
+def end_payload(child: str, end: ChildEnd) -> str:
     """The signal's payload: the child's status, output and error as its row holds them."""
     status, output, error = end
     head = dumps({"run_id": child, "status": status})
     return f'{head[:-1]},"output":{output or "null"},"error":{error or "null"}}}'
-
-
-def _tell(conn: Connection, cur: Cursor, holder: str, child: str, payload: str, now: float) -> None:
-    """Store a child's end for ``holder`` (its parent, or a fork holding its start)
-    and wake it if it waits for it; a finished or missing holder is left alone."""
-    # Locked: a suspend of the holder committing now either sees this signal or is
-    # seen waiting by it (as ``send_signal``).
-    cur.execute(f"SELECT status, wait_signal FROM ms_runs WHERE id = ?{conn._row_lock}", (holder,))
-    found = cur.fetchone()
-    if found is None or found[0] in FINISHED:
-        return
-    name = child_signal(child)
-    cur.execute(
-        "INSERT INTO ms_signals (run_id, name, payload, created_at) VALUES (?, ?, ?, ?)",
-        (holder, name, payload, now),
-    )
-    if found[0] == "waiting" and name in split_wait_signals(found[1]):
-        cur.execute(
-            "UPDATE ms_runs SET wake_at = ?, updated_at = ? WHERE id = ?", (WAKE_NOW, now, holder)
-        )
-        conn._notify(cur, holder)
 
 
 def forks_holding(cur: Cursor, parent: str, step: str | None, child: str) -> list[tuple[str, str]]:
@@ -257,23 +215,15 @@ def retell_parent(cur: Cursor, run_id: str, now: float) -> None:
     for child, end in sorted(ends.items()):
         cur.execute(
             "INSERT INTO ms_signals (run_id, name, payload, created_at) VALUES (?, ?, ?, ?)",
-            (run_id, child_signal(child), _end_payload(child, end), now),
+            (run_id, child_signal(child), end_payload(child, end), now),
         )
 
 
-def close_children(conn: Connection, cur: Cursor, run_id: str, status: str, now: float) -> None:
-    """``run_id`` has just ended with ``status`` (in this transaction): cancel its
-    unfinished children started with ``on_parent_close="cancel"``, as a cancel of
-    it does (their own children too). One indexed lookup when it has none."""
-    error = dumps({"type": "Cancelled", "message": f"its parent run {run_id!r} {status}"})
-    cancel_children(conn, cur, run_id, error, now, on_close=True)
-
-
 def lock_closed_children(conn: Connection, cur: Cursor, run_ids: list[str]) -> None:
-    """Lock the rows :func:`close_children` will write for the ends of ``run_ids``,
+    """Lock the rows ``_transitions.close_children`` will write for the ends of ``run_ids``,
     before the caller locks those runs: the order a child's own end takes (its row,
     then its parent's), so that a parent ending as its child ends never deadlocks.
-    In the order :func:`cancel_children` locks them (a child's children before it,
+    In the order ``_transitions.cancel_children`` locks them (a child's children before it,
     siblings in descending id order: the path from the root, descending), so that
     a parent's end and its cancel, or a cancel of an ancestor, never wait for each
     other in a cycle either. One statement, nothing to read back; nothing to do
@@ -287,9 +237,9 @@ def lock_closed_children(conn: Connection, cur: Cursor, run_ids: list[str]) -> N
     cur.execute(
         "WITH RECURSIVE tree (id, path) AS ("
         " SELECT id, ARRAY[parent, id] FROM ms_runs"
-        f" WHERE parent IN ({', '.join('?' * len(run_ids))}) AND {_ON_CLOSE} AND {_UNFINISHED}"
+        f" WHERE parent IN ({', '.join('?' * len(run_ids))}) AND {ON_CLOSE} AND {UNFINISHED}"
         " UNION ALL SELECT r.id, t.path || r.id FROM ms_runs r JOIN tree t ON r.parent = t.id"
-        f" WHERE {_ON_CANCEL} AND {_UNFINISHED})"
+        f" WHERE {ON_CANCEL} AND {UNFINISHED})"
         " SELECT r.id FROM ms_runs r JOIN tree t ON r.id = t.id ORDER BY t.path DESC"
         f"{conn._row_lock} OF r",
         run_ids,
@@ -297,7 +247,7 @@ def lock_closed_children(conn: Connection, cur: Cursor, run_ids: list[str]) -> N
 
 
 class ChildLocked(Exception):
-    """A child :func:`cancel_children` (or :func:`lock_children`) was told not to
+    """A child ``_transitions.cancel_children`` (or :func:`lock_children`) was told not to
     wait for is locked by another transaction: the caller rolls back (letting go of
     the parent) and starts again."""
 
@@ -308,14 +258,14 @@ def told_rows_sql(ids: str) -> str:
     ``ids`` selects (a condition on ``ms_runs``' ``id``), the rows its end writes
     besides its own: the children its end cancels (with theirs), the parent it
     tells if it is a child, and the forks that may hold a start those ends tell
-    (every fork, and fork of a fork, of those parents: a few more than
-    :func:`tell_parent` finds, which only costs a busy answer). A row may be gone
-    (a pruned parent): join ``ms_runs``."""
+    (every fork, and fork of a fork, of those parents: a few more than the end of
+    a run, ``_transitions._ended``, finds, which only costs a busy answer). A row
+    may be gone (a pruned parent): join ``ms_runs``."""
     return (
         "WITH RECURSIVE tree (root, id) AS ("
         f" SELECT id, id FROM ms_runs WHERE {ids}"
         " UNION ALL SELECT t.root, r.id FROM tree t JOIN ms_runs r ON r.parent = t.id"
-        f" WHERE {_ON_CANCEL} AND {_UNFINISHED}),"
+        f" WHERE {ON_CANCEL} AND {UNFINISHED}),"
         " told (root, id) AS (SELECT root, id FROM tree WHERE id <> root"
         " UNION ALL SELECT t.root, r.parent FROM tree t JOIN ms_runs r ON r.id = t.id"
         " WHERE r.parent_kind = 'child' AND r.parent IS NOT NULL"
@@ -331,9 +281,10 @@ def lock_parents(conn: Connection, cur: Cursor, run_ids: list[str]) -> set[str]:
     the runs of ``run_ids`` one of whose rows was held elsewhere.
 
     For a transaction that holds several runs' rows before it ends some of them (a
-    batch commit, a claim that dead-letters): :func:`tell_parent` (or the cascade of
-    :func:`close_children`) waiting there for a row could close a cycle with another
-    such transaction that holds that row and waits for one this one holds (a
+    batch commit, a claim that dead-letters): the end of a run telling its parent
+    (``_transitions._ended``) or cancelling its children (the cascade of
+    ``_transitions.close_children``) waiting there for a row could close a cycle
+    with another such transaction that holds that row and waits for one this one holds (a
     deadlock on PostgreSQL). With those rows locked here first, it does not wait; a
     run one of whose rows was held is left for later (busy). A transaction that
     holds one run's row may wait for its parent (and the parent's forks after it):
@@ -362,69 +313,3 @@ def lock_parents(conn: Connection, cur: Cursor, run_ids: list[str]) -> set[str]:
         )
         got.update(r[0] for r in cur.fetchall())
     return {root for row, roots in told.items() if row not in got for root in roots}
-
-
-def cancel_children(
-    conn: Connection,
-    cur: Cursor,
-    run_id: str,
-    error: str,
-    now: float,
-    *,
-    on_close: bool = False,
-    wait: bool = True,
-) -> list[tuple[str, str]]:
-    """Cancel the unfinished child runs of ``run_id`` that a cancel of it reaches
-    (``on_close``: that its end reaches), their children first (recursively): a
-    running one is asked to cancel (its worker does at its next step), any other is
-    cancelled at once. Children already asked to cancel are left to their own
-    cascade. Returns ``(child id, status before)``.
-
-    A child's row is locked before its parent's, the order a child's own end takes
-    (its row, then its parent's, then the forks' holding its start, in
-    :func:`tell_parent`; a child cancelled here tells those forks as at any end):
-    the caller locks ``run_id`` after. Siblings go in descending id order, each
-    after its own children, the order :func:`lock_closed_children` and
-    :func:`lock_children` take, so that no two of them wait for each other's
-    rows in a cycle. A caller that holds ``run_id`` already passes
-    ``wait=False``: a child's row held by another transaction (which may be that
-    child's end, waiting for the parent) is not waited for (``SKIP LOCKED``) but
-    raises :class:`ChildLocked`, since waiting there closes a deadlock on
-    PostgreSQL."""
-    cur.execute(
-        f"SELECT id FROM ms_runs WHERE parent = ? AND {_ON_CLOSE if on_close else _ON_CANCEL}"
-        # Descending: the order of lock_closed_children's statement.
-        f" AND {_UNFINISHED} ORDER BY id DESC",
-        (run_id,),
-    )
-    done: list[tuple[str, str]] = []
-    for (child,) in cur.fetchall():
-        done += cancel_children(conn, cur, child, error, now, wait=wait)
-        lock = conn._row_lock if wait else conn._lock_clause
-        cur.execute(f"SELECT status FROM ms_runs WHERE id = ?{lock}", (child,))
-        row = cur.fetchone()
-        if row is None and not wait:
-            # Skipped (an unfinished run is never pruned): held by another transaction.
-            raise ChildLocked(child)
-        if row is None or row[0] in FINISHED:
-            continue
-        if row[0] == "running":
-            cur.execute(
-                "UPDATE ms_runs SET cancel_requested = 1, error = ?, updated_at = ?"
-                " WHERE id = ? AND status = 'running'",
-                (error, now, child),
-            )
-        else:
-            cur.execute(
-                "UPDATE ms_runs SET status = 'cancelled', epoch = epoch + 1,"
-                " cancel_requested = 1, error = ?, finished_at = ?, updated_at = ?,"
-                " owner = NULL, lease_until = NULL, wake_at = NULL, wait_signal = NULL,"
-                " wait_reason = NULL WHERE id = ? AND status = ?",
-                (error, now, now, child, row[0]),
-            )
-            event = {"status": "cancelled", "error": loads(error)}
-            queue_event(cur, child, "run.cancelled", event, now)
-            # The parent is being cancelled; a fork holding the child's start is not.
-            tell_parent(conn, cur, child, now, forks_only=True)
-        done.append((child, row[0]))
-    return done

@@ -1,27 +1,17 @@
 """The journal: fenced commits of many runs' rows and transitions in one
-transaction, and the reads that replay and follow a run."""
+transaction, and the reads that replay and follow a run. The transitions
+themselves, and the fence, are the state machine's (``_transitions.py``)."""
 
 from __future__ import annotations
 
 from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
 
-from .._serde import dumps, loads
-from ._api import queue_event
-from ._children import close_children, lock_closed_children, lock_parents, tell_parent
+from ._children import lock_closed_children, lock_parents
 from ._connection import Connection, Cursor
-from ._records import (
-    FINISHED,
-    WAKE_NOW,
-    RunRecord,
-    RunTransition,
-    RunWrite,
-    StepRecord,
-    WriteResult,
-    split_wait_signals,
-)
+from ._records import FINISHED, RunRecord, RunWrite, StepRecord, WriteResult
 from ._rows import _RUN_COLUMNS, _STEP_COLUMNS, _UPSERT_STEP, _run, _step, _step_params
+from ._transitions import fence_holds, finish, next_session, suspend
 
 __all__ = ["JournalTables", "Snapshot"]
 
@@ -182,7 +172,7 @@ class JournalTables(Connection):
                     results.append(WriteResult(ok=False, busy=busy))
                     continue
                 epoch, cancel, status = fence
-                if epoch != w.epoch or status != "running":
+                if not fence_holds(epoch, status, w.epoch):
                     results.append(self._resent(cur, w, epoch, status))
                     continue
                 if w.run_id in parent_held:
@@ -355,76 +345,18 @@ class JournalTables(Connection):
         return epochs
 
     def _transition(self, cur: Cursor, w: RunWrite, cancel_requested: bool, now: float) -> None:
+        """The run's move its holder commits, by the state machine's edges."""
         t = w.transition
         assert t is not None
-        if t.kind == "finish" and cancel_requested and t.status != "cancelled":
-            # A cancel answered "asked" (the run was running) is honoured by the
-            # finish, read here under the fence: the run ends cancelled, whatever
-            # its workflow returned or raised; its result is discarded.
-            t = _CANCELLED
         if t.kind == "finish":
-            # A cancelled run keeps the reason ``cancel()`` stored with the request.
-            cur.execute(
-                "UPDATE ms_runs SET status = ?, epoch = epoch + 1, output = ?, error = CASE WHEN"
-                " CAST(? AS TEXT) = 'cancelled' AND cancel_requested = 1 AND error IS NOT NULL"
-                " THEN error ELSE ? END,"
-                " finished_at = ?, updated_at = ?, owner = NULL, lease_until = NULL,"
-                " wake_at = NULL, wait_reason = NULL, wait_signal = NULL WHERE id = ?",
-                (t.status, t.output, t.status, t.error, now, now, w.run_id),
-            )
-            if t.status in FINISHED:
-                event = _event_run(t.status, t)
-                if t.status == "cancelled":  # announced with the reason it was stored with
-                    cur.execute("SELECT error FROM ms_runs WHERE id = ?", (w.run_id,))
-                    event["error"] = loads(cur.fetchone()[0])
-                queue_event(cur, w.run_id, f"run.{t.status}", event, now)  # type: ignore[arg-type]
-                tell_parent(self, cur, w.run_id, now)
-                close_children(self, cur, w.run_id, t.status, now)
+            finish(self, cur, w.run_id, w.epoch, t, now, cancel_requested=cancel_requested)
         elif t.kind == "suspend":
-            wake_at = t.wake_at
-            if cancel_requested:
-                wake_at = WAKE_NOW  # let a worker pick it up at once and cancel it
-            elif t.wait_signal is not None:
-                names = split_wait_signals(t.wait_signal)  # any of them wakes the run
-                cur.execute(
-                    "SELECT 1 FROM ms_signals WHERE run_id = ? AND name IN"
-                    f" ({', '.join('?' * len(names))}) AND consumed_at IS NULL LIMIT 1",
-                    (w.run_id, *names),
-                )
-                if cur.fetchone():  # the signal beat the wait: wake at once
-                    wake_at = WAKE_NOW
-            if wake_at == WAKE_NOW:
-                self._notify(cur, w.run_id)
-            cur.execute(
-                "UPDATE ms_runs SET status = ?, wake_at = ?, wait_reason = ?, wait_signal = ?,"
-                " keeps_slot = ?, owner = NULL, lease_until = NULL, updated_at = ? WHERE id = ?",
-                (
-                    t.status,
-                    wake_at,
-                    t.wait_reason,
-                    t.wait_signal,
-                    int(t.keeps_slot and t.status == "sleeping"),
-                    now,
-                    w.run_id,
-                ),
-            )
-            if t.status == "waiting" and wake_at != WAKE_NOW:
-                waiting = {"status": "waiting", "wait_reason": t.wait_reason}
-                queue_event(cur, w.run_id, "run.waiting", waiting, now)
+            suspend(self, cur, w.run_id, w.epoch, t, now, cancel_requested=cancel_requested)
         else:
-            # Set, not incremented: a re-sent continue-as-new leaves the run in the
-            # session the first send opened (same idempotency keys downstream).
-            ending = t.session
-            if ending is None and w.steps:
-                ending = w.steps[0].session
-            if ending is None:
-                cur.execute("SELECT session FROM ms_runs WHERE id = ?", (w.run_id,))
-                ending = int(cur.fetchone()[0])
-            cur.execute(
-                "UPDATE ms_runs SET session = ?, handoff = ?, updated_at = ?"
-                " WHERE id = ? AND session = ?",
-                (ending + 1, t.handoff, now, w.run_id, ending),
-            )
+            session = t.session
+            if session is None and w.steps:
+                session = w.steps[0].session
+            next_session(cur, w.run_id, w.epoch, session=session, handoff=t.handoff, now=now)
 
 
 def _ends(w: RunWrite, *, but: str | None = None) -> bool:
@@ -432,21 +364,6 @@ def _ends(w: RunWrite, *, but: str | None = None) -> bool:
     ``but``, to another status than that one."""
     t = w.transition
     return t is not None and t.kind == "finish" and t.status in FINISHED and t.status != but
-
-
-# How a finish ends a run that was asked to cancel (its error: the one the cancel stored).
-_CANCELLED = RunTransition(
-    kind="finish", status="cancelled", error=dumps({"type": "Cancelled", "message": "cancelled"})
-)
-
-
-def _event_run(status: str, t: RunTransition) -> dict[str, Any]:
-    run: dict[str, Any] = {"status": status}
-    if t.output is not None:
-        run["output"] = loads(t.output)
-    if t.error is not None:
-        run["error"] = loads(t.error)
-    return run
 
 
 def _deepest_first(cur: Cursor, writes: list[tuple[RunWrite, bool]]) -> list[tuple[RunWrite, bool]]:

@@ -1,6 +1,6 @@
 """Claims and leases: how workers take runs, keep them and give them back. A claim
-bumps the run's epoch, the fence every later write of its holder is checked against
-(see ``_journal.py``)."""
+bumps the run's epoch, the fence every later write of its holder is checked against;
+the moves themselves are the state machine's edges (``_transitions.py``)."""
 
 from __future__ import annotations
 
@@ -10,11 +10,13 @@ from typing import Any, ClassVar
 
 from .._serde import dumps, loads
 from ._api import queue_event
-from ._children import close_children, lock_parents, tell_parent
+from ._children import lock_parents
 from ._connection import Cursor
 from ._queues import QueueTables, ready_queues_sql
 from ._records import WAKE_NOW, RunRecord, RunStatus
 from ._rows import _RUN_COLUMNS, _run, _versions_sql
+from ._transitions import RUN_EDGES, dead_letter, fenced, refuse, release
+from ._transitions import claim as claim_run
 from ._workers import WorkerBeat, register
 
 __all__ = ["Heartbeat", "LeaseTables"]
@@ -200,35 +202,25 @@ class LeaseTables(QueueTables):
                             # a child it cancels) is held elsewhere, and this claim
                             # holds other runs: it must not wait. A later claim ends it.
                             continue
-                        cur.execute(
-                            "SELECT cancel_requested, error FROM ms_runs WHERE id = ?", (rid,)
+                        end = dead_letter(
+                            self,
+                            cur,
+                            rid,
+                            recoveries=count,
+                            error=_dead_letter_error(max_recoveries),
+                            now=now,
                         )
-                        asked, reason = cur.fetchone()
-                        # A run asked to cancel ends cancelled, with the cancel's
-                        # reason, as its finish would have ended it; any other is
-                        # dead-lettered.
-                        end = "cancelled" if asked else "failed"
-                        error = reason if asked else _dead_letter_error(max_recoveries)
-                        cur.execute(
-                            # Ending the run moves the fence on: its last holder,
-                            # stalled but alive, must not write into a dead run.
-                            "UPDATE ms_runs SET status = ?, epoch = epoch + 1, error = ?,"
-                            " owner = NULL, lease_until = NULL, recoveries = ?, finished_at = ?,"
-                            " updated_at = ? WHERE id = ?",
-                            (end, error, count, now, now, rid),
-                        )
-                        event = {"status": end, "error": loads(error)}
-                        queue_event(cur, rid, f"run.{end}", event, now)  # type: ignore[arg-type]
-                        tell_parent(self, cur, rid, now)
-                        close_children(self, cur, rid, end, now)
-                        if not asked:
+                        if end == "failed":
                             dead.append((rid, workflow))
                         continue
-                    cur.execute(
-                        "UPDATE ms_runs SET status = 'running', epoch = epoch + 1, owner = ?,"
-                        f" lease_until = {at} + ?, wake_at = NULL, wait_reason = NULL,"
-                        " wait_signal = NULL, recoveries = ?, updated_at = ? WHERE id = ?",
-                        (worker, *at_params, lease_s, count, now, rid),
+                    claim_run(
+                        cur,
+                        rid,
+                        worker=worker,
+                        at=(at, at_params),
+                        lease_s=lease_s,
+                        recoveries=count,
+                        now=now,
                     )
                     claimed.append(rid)
             if not suspect and len(claimed) < limit:
@@ -315,6 +307,8 @@ class LeaseTables(QueueTables):
             params += [*(now_params if "?" in where else []), *wf_params, *one_params, limit]
             before += f" - (SELECT count(*) FROM {name})"
         returned = ", ".join(f"r.{c.strip()}" for c in _RUN_COLUMNS.split(","))
+        # The claim edge's own assignments, with the recoveries counted above.
+        claim_set = RUN_EDGES["claim"].assignments(now_sql, recoveries="p.n")
         sql = (
             f"WITH {', '.join(ctes)},"
             " picked AS (SELECT * FROM expired UNION ALL SELECT * FROM due"
@@ -322,10 +316,8 @@ class LeaseTables(QueueTables):
             # Left to the statement-by-statement claim: dead-letters and suspects.
             " special AS (SELECT count(*) AS k FROM picked"
             " WHERE (recovering AND n > ?) OR n BETWEEN ? AND ?),"
-            " claimed AS (UPDATE ms_runs r SET status = 'running', epoch = r.epoch + 1,"
-            f" owner = ?, lease_until = {now_sql} + ?, wake_at = NULL, wait_reason = NULL,"
-            " wait_signal = NULL, recoveries = p.n, updated_at = ? FROM picked p"
-            " WHERE r.id = p.id AND (SELECT k FROM special) = 0"
+            f" claimed AS (UPDATE ms_runs r SET {claim_set}"
+            " FROM picked p WHERE r.id = p.id AND (SELECT k FROM special) = 0"
             f" RETURNING p.rank, p.ord, {returned})"
             # Runs in queues that may start: per declared queue, two index probes.
             " SELECT s.k, EXISTS (SELECT 1 FROM ms_queues q WHERE"
@@ -365,8 +357,7 @@ class LeaseTables(QueueTables):
                 register(cur, worker, at, at_params)
             for rid, epoch in sorted(runs):
                 cur.execute(
-                    f"UPDATE ms_runs SET lease_until = {at} + ? WHERE id = ? AND epoch = ?"
-                    " AND status = 'running'",
+                    f"UPDATE ms_runs SET lease_until = {at} + ? WHERE id = ? AND {fenced()}",
                     (*at_params, lease_s, rid, epoch),
                 )
                 if cur.rowcount == 0:
@@ -384,15 +375,7 @@ class LeaseTables(QueueTables):
     def release(self, run_id: str, epoch: int, now: float) -> bool:
         """Give a run back (graceful shutdown): queued again, no recovery counted."""
         with self._write() as cur:
-            cur.execute(
-                "UPDATE ms_runs SET status = 'queued', owner = NULL, lease_until = NULL,"
-                " updated_at = ? WHERE id = ? AND epoch = ? AND status = 'running'",
-                (now, run_id, epoch),
-            )
-            released = bool(cur.rowcount)
-            if released:
-                self._notify(cur, run_id)
-            return released
+            return release(self, cur, run_id, epoch, now)
 
     def refuse(
         self,
@@ -426,8 +409,8 @@ class LeaseTables(QueueTables):
         """
         with self._write() as cur:
             cur.execute(
-                "SELECT error, cancel_requested FROM ms_runs WHERE id = ? AND epoch = ?"
-                f" AND status = 'running'{self._row_lock}",
+                f"SELECT error, cancel_requested FROM ms_runs WHERE id = ? AND {fenced()}"
+                f"{self._row_lock}",
                 (run_id, epoch),
             )
             row = cur.fetchone()
@@ -458,15 +441,9 @@ class LeaseTables(QueueTables):
             )
             if row[1]:  # asked to cancel: a worker cancels it at once, with its reason
                 status, wake_at, note = "sleeping", WAKE_NOW, row[0]
-            cur.execute(
-                "UPDATE ms_runs SET status = ?, owner = NULL, lease_until = NULL, wake_at = ?,"
-                " wait_reason = 'replay', wait_signal = NULL, error = ?, updated_at = ?"
-                " WHERE id = ?",
-                (status, wake_at, note, now, run_id),
-            )
-            if status == "sleeping":
-                self._notify(cur, run_id)  # a worker whose code can replay it, at once
-            elif not was_parked:
+            # Sleeping: due at once, for a worker whose code can replay it.
+            refuse(self, cur, run_id, epoch, status=status, wake_at=wake_at, note=note, now=now)
+            if status == "waiting" and not was_parked:
                 waiting = {"status": "waiting", "wait_reason": "replay"}
                 queue_event(cur, run_id, "run.waiting", waiting, now)
             return status

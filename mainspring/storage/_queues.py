@@ -33,6 +33,7 @@ from typing import Any
 from .._errors import ConfigError
 from ._connection import Connection, Cursor
 from ._rows import _versions_sql
+from ._transitions import claim
 
 __all__ = ["QueueRecord", "QueueTables", "check_queue_limits", "ready_queues_sql"]
 
@@ -378,7 +379,16 @@ class QueueTables(Connection):
                         if base - clock > (burst - 1) / rate:
                             break
                         tat = base + 1 / rate
-                    self._start_queued(cur, rid, worker, now, lease_s, at)
+                    # Its recoveries as they are: a takeover is the main claim's.
+                    claim(
+                        cur,
+                        rid,
+                        worker=worker,
+                        at=at,
+                        lease_s=lease_s,
+                        recoveries=recoveries,
+                        now=now,
+                    )
                     claimed.append(rid)
                     if needs_room:  # a back-off sleeper's slot was counted already
                         if free is not None:
@@ -395,20 +405,3 @@ class QueueTables(Connection):
         if rate is not None and tat != float(row[4]):
             cur.execute("UPDATE ms_queues SET tat = ? WHERE name = ?", (tat, name))
         return claimed, suspect
-
-    def _start_queued(
-        self,
-        cur: Cursor,
-        run_id: str,
-        worker: str,
-        now: float,
-        lease_s: float,
-        at: tuple[str, list[Any]],
-    ) -> None:
-        at_sql, at_params = at
-        cur.execute(
-            "UPDATE ms_runs SET status = 'running', epoch = epoch + 1, owner = ?,"
-            f" lease_until = {at_sql} + ?, wake_at = NULL, wait_reason = NULL,"
-            " wait_signal = NULL, updated_at = ? WHERE id = ?",
-            (worker, *at_params, lease_s, now, run_id),
-        )

@@ -1,6 +1,6 @@
 """Runs: submitting, reading and listing them, forking, retrying and cancelling
-(pruning is ``_retention.py``). The state machine's moves that a worker makes
-(claims, leases, commits) are in ``_leases.py`` and ``_journal.py``."""
+(pruning is ``_retention.py``). Every move of a run's status, these included, is an
+edge of the state machine in ``_transitions.py``."""
 
 from __future__ import annotations
 
@@ -8,17 +8,8 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, TypeVar
 
 from .._errors import RunConflict, RunNotFound
-from .._serde import dumps, loads
-from ._api import queue_event
-from ._children import (
-    ChildLocked,
-    cancel_children,
-    child_starts,
-    lock_children,
-    retell_parent,
-    share_child_ends,
-    tell_parent,
-)
+from .._serde import dumps
+from ._children import ChildLocked, child_starts, lock_children, retell_parent, share_child_ends
 from ._connection import Connection, Cursor
 from ._records import FINISHED, ParentClose, RunRecord, StepRecord
 from ._rows import (
@@ -31,6 +22,8 @@ from ._rows import (
     _step_params,
     _versions_sql,
 )
+from ._transitions import ask_cancel, cancel_at_birth, cancel_children, retry
+from ._transitions import cancel as cancel_run
 
 __all__ = ["RunTables"]
 
@@ -133,11 +126,7 @@ class RunTables(Connection):
                 return _checked_workflow(_run(cur.fetchone()), key, workflow), False
             if parent is not None and (held[0] or held[1] in FINISHED):
                 # Started by a parent being cancelled (or gone): born cancelled.
-                cur.execute(
-                    "UPDATE ms_runs SET status = 'cancelled', cancel_requested = 1, error = ?,"
-                    " finished_at = ? WHERE id = ?",
-                    (_cancel_error("its parent run was cancelled"), now, run_id),
-                )
+                cancel_at_birth(cur, run_id, _cancel_error("its parent run was cancelled"), now)
             else:
                 self._notify(cur, run_id)
             cur.execute(f"SELECT {_RUN_COLUMNS} FROM ms_runs WHERE id = ?", (run_id,))
@@ -438,15 +427,7 @@ class RunTables(Connection):
                     " AND status <> 'completed'",
                     (run_id, run.session, from_seq),
                 )
-            cur.execute(
-                "UPDATE ms_runs SET status = 'queued', epoch = epoch + 1, output = NULL,"
-                " error = NULL, finished_at = NULL, owner = NULL, lease_until = NULL,"
-                " wake_at = NULL, wait_reason = NULL, wait_signal = NULL, recoveries = 0,"
-                " cancel_requested = 0, retries = retries + 1, updated_at = ?"
-                " WHERE id = ? AND status = 'failed'",
-                (now, run_id),
-            )
-            if cur.rowcount != 1:  # retried concurrently: raising rolls the delete back
+            if not retry(cur, run_id, now):  # retried concurrently: raising rolls the delete back
                 raise RunConflict(f"run {run_id!r} was retried concurrently", run_id=run_id)
             retell_parent(cur, run_id, now)
             self._notify(cur, run_id)
@@ -518,23 +499,9 @@ class RunTables(Connection):
         # each retry takes a child started within the one before, so it is not reached.
         cancel_children(self, cur, run_id, error, now, wait=last)
         if status == "running":
-            cur.execute(
-                "UPDATE ms_runs SET cancel_requested = 1, error = ?, updated_at = ?"
-                " WHERE id = ? AND status = 'running'",
-                (error, now, run_id),
-            )
+            ask_cancel(cur, run_id, error, now)
             return status
-        cur.execute(
-            "UPDATE ms_runs SET status = 'cancelled', epoch = epoch + 1,"
-            " cancel_requested = 1, error = ?, finished_at = ?, updated_at = ?,"
-            " owner = NULL, lease_until = NULL, wake_at = NULL, wait_signal = NULL,"
-            " wait_reason = NULL WHERE id = ? AND status = ?",
-            (error, now, now, run_id, status),
-        )
-        queue_event(
-            cur, run_id, "run.cancelled", {"status": "cancelled", "error": loads(error)}, now
-        )
-        tell_parent(self, cur, run_id, now)
+        cancel_run(self, cur, run_id, error, now)
         return "cancelled"
 
 

@@ -10,8 +10,9 @@ from typing import Any
 from .._errors import RequestNotFound, RunConflict, RunNotFound
 from .._requests import Request, request_from_row
 from ._connection import Connection, Cursor
-from ._records import FINISHED, WAKE_NOW, SignalRecord, split_wait_signals
+from ._records import FINISHED, SignalRecord, split_wait_signals
 from ._rows import _SIGNAL_COLUMNS, _signal
+from ._transitions import wake
 
 __all__ = ["SignalTables"]
 
@@ -179,9 +180,5 @@ class SignalTables(Connection):
         )
         signal_id = int(cur.fetchone()[0])
         if status == "waiting" and name in split_wait_signals(wait_signal):
-            cur.execute(
-                "UPDATE ms_runs SET wake_at = ?, updated_at = ? WHERE id = ?",
-                (WAKE_NOW, now, run_id),
-            )
-            self._notify(cur, run_id)
+            wake(self, cur, run_id, now)
         return signal_id

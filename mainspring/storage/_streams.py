@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, TypeAlias
 
 from ._connection import Connection, Cursor
+from ._transitions import fenced
 
 __all__ = ["StreamEnd", "StreamTables", "TokenChunk", "TokenKind", "TokenPiece", "TokenStream"]
 
@@ -51,7 +52,7 @@ APPEND_COLUMNS = (
 # commit) when there is one already. Nothing comes back when the fence refuses.
 APPEND_HEAD = (
     "INSERT INTO ms_stream_heads AS h (run_id, pos) SELECT id, ? FROM ms_runs"
-    " WHERE id = ? AND epoch = ? AND status = 'running'"
+    f" WHERE id = ? AND {fenced()}"
     " ON CONFLICT (run_id) DO UPDATE SET pos = h.pos + excluded.pos RETURNING pos"
 )
 

@@ -25,6 +25,7 @@ from ._children import told_rows_sql
 from ._records import RunWrite
 from ._rows import _STEP_COLUMNS, _UPSERT_STEP, _step_params
 from ._streams import APPEND_COLUMNS, APPEND_HEAD
+from ._transitions import fenced
 from ._url import redact_url
 from ._workers import WorkerBeat, register, register_params, register_sql
 
@@ -44,7 +45,8 @@ CHANNEL = "mainspring_wake"
 _MIGRATION_LOCK = 0x6D736D6967726174
 
 
-# The fence of a one-round-trip commit (see ``PostgresStore._fenced``): ordered, so
+# The fence of a one-round-trip commit (see ``PostgresStore._fenced``), spelled by
+# the state machine (``_transitions.fenced``), as every fence here is: ordered, so
 # that concurrent commits lock rows in one order; ``id = ANY`` makes it look the runs
 # up by key rather than scan every running one. The runs of the last parameter must
 # not have been asked to cancel (they end otherwise, see ``not_cancelled``).
@@ -52,8 +54,7 @@ _FENCE = (
     "SELECT coalesce(array_agg(f.id), '{}'), coalesce(array_agg(f.cancel_requested), '{}'),"
     " 1 / CAST(count(*) = %s AS INT) FROM (SELECT r.id, r.cancel_requested FROM ms_runs r"
     " JOIN unnest(CAST(%s AS TEXT[]), CAST(%s AS BIGINT[])) AS h(id, epoch)"
-    " ON r.id = h.id AND r.epoch = h.epoch"
-    " WHERE r.id = ANY(CAST(%s AS TEXT[])) AND r.status = 'running'"
+    f" ON r.id = h.id WHERE r.id = ANY(CAST(%s AS TEXT[])) AND {fenced('r.', 'h.epoch')}"
     " AND (r.cancel_requested = 0 OR NOT r.id = ANY(CAST(%s AS TEXT[])))"
     " ORDER BY r.id FOR UPDATE OF r SKIP LOCKED) f"
 )
@@ -93,9 +94,9 @@ _COMMIT_STEPS = (
     "WITH p AS (SELECT CAST(%s AS JSONB) AS j),"
     " fence AS (SELECT r.id, r.cancel_requested FROM ms_runs r"
     " JOIN jsonb_to_recordset((SELECT j -> 'runs' FROM p)) AS h(id TEXT, epoch BIGINT)"
-    " ON r.id = h.id AND r.epoch = h.epoch"
+    " ON r.id = h.id"
     " WHERE r.id = ANY(ARRAY(SELECT jsonb_array_elements_text(j -> 'ids') FROM p))"
-    " AND r.status = 'running' ORDER BY r.id FOR UPDATE OF r SKIP LOCKED),"
+    f" AND {fenced('r.', 'h.epoch')} ORDER BY r.id FOR UPDATE OF r SKIP LOCKED),"
     " held AS (SELECT jsonb_agg(id) FILTER (WHERE cancel_requested <> 0) AS cancels,"
     " 1 / CAST(count(*) = (SELECT jsonb_array_length(j -> 'ids') FROM p) AS INT) AS one"
     " FROM fence),"
@@ -115,8 +116,8 @@ _COMMIT_STEPS = _COMMIT_STEPS.replace("),{reset}", ")")
 # The same for one run without a reset (every step of a run alone in its worker): a
 # point lookup, no join of the fence against a set (~20 µs of server CPU less).
 _COMMIT_ONE = (
-    "WITH fence AS (SELECT cancel_requested FROM ms_runs WHERE id = %s AND epoch = %s"
-    " AND status = 'running' FOR UPDATE SKIP LOCKED),"
+    "WITH fence AS (SELECT cancel_requested FROM ms_runs WHERE id = %s"
+    f" AND {fenced(epoch='%s')} FOR UPDATE SKIP LOCKED),"
     f" journal AS (INSERT INTO ms_steps ({_STEP_COLUMNS})"
     f" SELECT {', '.join(f's.{c}' for c in _STEP_NAMES)}"
     " FROM jsonb_populate_recordset(NULL::ms_steps, CAST(%s AS JSONB)) s"
@@ -469,12 +470,12 @@ class PostgresStore(Store):
                 f"WITH{reg} held AS (SELECT * FROM unnest(CAST(? AS TEXT[]), CAST(? AS BIGINT[]))"
                 " AS h(id, epoch)),"
                 " mine AS (SELECT r.id FROM ms_runs r JOIN held ON r.id = held.id"
-                " AND r.epoch = held.epoch WHERE r.status = 'running'"
+                f" WHERE {fenced('r.', 'held.epoch')}"
                 " ORDER BY r.id FOR UPDATE OF r SKIP LOCKED),"
                 f" beat AS (UPDATE ms_runs r SET lease_until = {at} + ? FROM mine"
                 " WHERE r.id = mine.id RETURNING r.id, r.cancel_requested)"
                 " SELECT held.id, beat.id IS NOT NULL, beat.cancel_requested,"
-                " r.epoch = held.epoch AND r.status = 'running'"
+                f" {fenced('r.', 'held.epoch')}"
                 " FROM held LEFT JOIN beat ON beat.id = held.id"
                 " LEFT JOIN ms_runs r ON r.id = held.id",
                 (*reg_params, ids, epochs, *at_params, lease_s),
@@ -515,8 +516,8 @@ class PostgresStore(Store):
                     " paths AS (SELECT id, array_agg(node ORDER BY depth DESC) AS path"
                     " FROM up GROUP BY id),"
                     " locked AS MATERIALIZED (SELECT r.id FROM ms_runs r"
-                    " JOIN held ON held.id = r.id AND held.epoch = r.epoch"
-                    " JOIN paths ON paths.id = r.id WHERE r.status = 'running'"
+                    " JOIN held ON held.id = r.id"
+                    f" JOIN paths ON paths.id = r.id WHERE {fenced('r.', 'held.epoch')}"
                     " ORDER BY paths.path DESC FOR UPDATE OF r)"
                     f" UPDATE ms_runs r SET lease_until = {at} + ? FROM locked"
                     " WHERE r.id = locked.id RETURNING r.id, r.cancel_requested",

@@ -33,6 +33,7 @@ from ..storage import (
 )
 from ._queue_conformance import QueueConformance
 from ._stream_conformance import StreamConformance
+from ._transition_conformance import TransitionConformance
 
 __all__ = ["StoreConformance"]
 
@@ -58,7 +59,7 @@ def _step(run_id: str, seq: int, epoch: int, status: str = "completed", **kw: An
     return StepRecord(**fields)
 
 
-class StoreConformance(QueueConformance, StreamConformance):
+class StoreConformance(QueueConformance, StreamConformance, TransitionConformance):
     """Behaviour every :class:`Store` must have. Override :meth:`make_store`."""
 
     @abstractmethod
