@@ -34,6 +34,18 @@ _DESCRIPTION = (
     "(`mainspring keys create`)."
 )
 
+# In the order the OpenAPI document lists their paths (tests/golden/openapi.json).
+_ROUTERS = (
+    health_router,
+    _runs.router,
+    _streams.router,
+    _steering.router,
+    metrics_router,
+    _queues.router,
+    _admin.router,
+    _schedules.router,
+)
+
 
 def create_app(
     app: App,
@@ -98,17 +110,7 @@ def create_app(
         max_stream_s=max_stream_s,
     )
     api.include_router(dashboard_router(app, sessions, secure_cookies=secure_cookies))
-    # In the order the OpenAPI document lists the paths (tests/golden/openapi.json).
-    for router in (
-        health_router,
-        _runs.router,
-        _streams.router,
-        _steering.router,
-        metrics_router,
-        _queues.router,
-        _admin.router,
-        _schedules.router,
-    ):
+    for router in _ROUTERS:
         api.include_router(router)
     return api
 
