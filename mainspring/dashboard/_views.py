@@ -1,146 +1,31 @@
 """Pages of the dashboard. They read the store directly (server-side rendering); every
 action (approve, reject, edit, answer, cancel) is a call to the API from the page, under
-the same key, which the login stores in an HttpOnly, SameSite=Strict cookie."""
+the same key, which the login stores in an HttpOnly, SameSite=Strict cookie.
+
+:func:`dashboard_router` builds the two objects the routes share (:class:`Pages` and
+:class:`~mainspring.dashboard._login.Login`) and registers their methods as the routes:
+each route is a method of a small object rather than a closure of one long function.
+"""
 
 from __future__ import annotations
 
-import json
-import logging
-import secrets
-import threading
-import time
-from collections.abc import Sequence
-from datetime import UTC, datetime
-from pathlib import Path
 from typing import Annotated, Any
-from urllib.parse import parse_qs
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from fastapi import APIRouter, Query, Request
-from fastapi.responses import HTMLResponse, RedirectResponse, Response
-from jinja2 import Environment, FileSystemLoader, select_autoescape
+from fastapi.responses import RedirectResponse, Response
 
 from .. import App, RunNotFound
-from ..serde import loads, public_error
 from ..storage import ApiKey, RunRecord
 from ._chart import usage_chart
+from ._login import COOKIE, Login
+from ._render import page
 from ._sessions import Sessions
-from ._timeline import KINDS, Filters, build_timeline, duration, money
-from ._triage import ago, run_rows, stamp
+from ._timeline import KINDS, Filters, build_timeline
+from ._triage import run_rows
 
 __all__ = ["Sessions", "dashboard_router"]
 
-audit = logging.getLogger("mainspring.auth")
-
-COOKIE = "mainspring_key"
 STATUSES = ("queued", "running", "sleeping", "waiting", "succeeded", "failed", "cancelled")
-_env = Environment(
-    loader=FileSystemLoader(Path(__file__).with_name("templates")),
-    autoescape=select_autoescape(["html"]),
-)
-
-
-class _Failures:
-    """Failed logins in a sliding window, counted per client address and per
-    presented key id (so one address, or one key id from many addresses, is
-    throttled). Only failures count: a valid key is never looked up here."""
-
-    def __init__(self, limit: int, window_s: float) -> None:
-        self.limit = limit
-        self.window_s = window_s
-        self._seen: dict[str, list[float]] = {}
-        self._lock = threading.Lock()
-
-    def _recent(self, who: str, now: float) -> list[float]:
-        kept = [t for t in self._seen.get(who, []) if t > now - self.window_s]
-        if kept:
-            self._seen[who] = kept
-        else:
-            self._seen.pop(who, None)
-        return kept
-
-    def blocked(self, who: Sequence[str], now: float) -> bool:
-        with self._lock:
-            return any(len(self._recent(w, now)) >= self.limit for w in who)
-
-    def add(self, who: Sequence[str], now: float) -> None:
-        with self._lock:
-            for w in who:
-                self._seen[w] = [*self._recent(w, now), now]
-            while len(self._seen) > 100_000:  # a flood of addresses: forget the oldest
-                self._seen.pop(next(iter(self._seen)))
-
-
-def _key_id(token: str) -> str | None:
-    """The public id part of a presented key (never its secret), for the audit log."""
-    parts = token.split("_", 2)
-    return parts[1][:12] if len(parts) == 3 and parts[0] == "msk" else None
-
-
-def _csp(nonce: str) -> str:
-    """The dashboard's Content-Security-Policy: its own origin only, scripts by nonce,
-    never framed."""
-    return (
-        f"default-src 'self'; script-src 'nonce-{nonce}'; style-src 'self' 'unsafe-inline'; "
-        "img-src 'self' data:; connect-src 'self'; object-src 'none'; base-uri 'none'; "
-        "form-action 'self'; frame-ancestors 'none'"
-    )
-
-
-def _when(ts: float | None) -> str:
-    if ts is None:
-        return ""
-    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S")
-
-
-def _zoned(ts: float | None, tz: str) -> str:
-    """A time as a wall time of the IANA zone ``tz`` (``2026-12-08 09:00 CET``); the
-    UTC time when the zone is unknown here."""
-    if ts is None:
-        return ""
-    try:
-        zone = ZoneInfo(tz)
-    except (ZoneInfoNotFoundError, ValueError):
-        return _when(ts) + " UTC"
-    return datetime.fromtimestamp(ts, zone).strftime("%Y-%m-%d %H:%M %Z")
-
-
-def _pretty(text: str | None, limit: int = 4000) -> str:
-    if text is None:
-        return ""
-    try:
-        value = json.dumps(loads(text), indent=2, ensure_ascii=False, default=str)
-    except Exception:
-        value = text
-    return value if len(value) <= limit else value[:limit] + "\n…"
-
-
-def _error_text(text: str | None, admin: bool = False) -> str:
-    """A run's error as shown: the traceback for admins only."""
-    if text is None or admin:
-        return _pretty(text)
-    try:
-        value = public_error(loads(text))
-    except Exception:
-        return _pretty(text)
-    return _pretty(json.dumps(value, ensure_ascii=False, default=str))
-
-
-def _json_text(value: Any) -> str:
-    """A value as readable JSON: apostrophes and non-ASCII as they are (the page
-    escapes HTML), never ``\\u0027``."""
-    return json.dumps(value, indent=2, ensure_ascii=False, default=str)
-
-
-_env.filters["json_text"] = _json_text
-_env.filters["when"] = _when
-_env.filters["zoned"] = _zoned
-_env.filters["error_text"] = _error_text
-_env.filters["pretty"] = _pretty
-_env.filters["duration"] = duration
-_env.filters["money"] = money
-_env.filters["stamp"] = stamp
-_env.filters["ago"] = ago
 
 
 def dashboard_router(
@@ -155,96 +40,69 @@ def dashboard_router(
     (``None``: when the request came over HTTPS). ``login_attempts`` failed logins
     per client address, or per presented key id, within ``login_window_s`` seconds,
     then 429 for further failures until it passes (a valid key always logs in)."""
+    login = Login(
+        app,
+        sessions,
+        secure_cookies=secure_cookies,
+        attempts=login_attempts,
+        window_s=login_window_s,
+    )
+    pages = Pages(app, sessions)
     router = APIRouter(prefix="/ui", include_in_schema=False)
-    failures = _Failures(login_attempts, login_window_s)
+    router.add_api_route("/login", login.login_form, methods=["GET"])
+    router.add_api_route("/login", login.login, methods=["POST"])
+    router.add_api_route("/logout", login.logout, methods=["POST"])
+    router.add_api_route("/", pages.runs, methods=["GET"])
+    router.add_api_route("/workers", pages.workers, methods=["GET"])
+    router.add_api_route("/schedules", pages.schedules, methods=["GET"])
+    router.add_api_route("/runs/{run_id}", pages.run_page, methods=["GET"])
+    router.add_api_route("/runs/{run_id}/timeline", pages.timeline_part, methods=["GET"])
+    router.add_api_route("/runs/{run_id}/panel", pages.panel, methods=["GET"])
+    return router
 
-    def key_of(request: Request) -> ApiKey | None:
+
+def _login_first() -> RedirectResponse:
+    return RedirectResponse("/ui/login", status_code=303)
+
+
+def _can(key: ApiKey) -> dict[str, bool]:
+    """What the page may offer the viewer: buttons for what the key may do."""
+    return {
+        "can_approve": key.allows("approve"),
+        "can_submit": key.allows("submit"),
+        "can_admin": key.allows("admin"),
+    }
+
+
+class Pages:
+    """The pages behind the login; its methods are the routes. A page without a
+    session redirects to the login; a part redrawn by a live page answers 401."""
+
+    def __init__(self, app: App, sessions: Sessions) -> None:
+        self.app = app
+        self.sessions = sessions
+
+    def viewer(self, request: Request) -> ApiKey | None:
+        """The key the request's session stands for, if it may read."""
         token = request.cookies.get(COOKIE)
         if not token:
             return None
-        key_id = sessions.key_id(token, app.clock.now())
-        key = app.get_key(key_id) if key_id is not None else None
+        key_id = self.sessions.key_id(token, self.app.clock.now())
+        key = self.app.get_key(key_id) if key_id is not None else None
         return key if key is not None and key.allows("read") else None
 
-    def page(name: str, *, status_code: int = 200, **context: Any) -> HTMLResponse:
-        # Scripts run only with this response's nonce: an injected <script> does not.
-        nonce = secrets.token_urlsafe(16)
-        html = _env.get_template(name).render(nonce=nonce, **context)
-        return HTMLResponse(
-            html, status_code=status_code, headers={"Content-Security-Policy": _csp(nonce)}
-        )
-
-    def login_first() -> RedirectResponse:
-        return RedirectResponse("/ui/login", status_code=303)
-
-    @router.get("/login")
-    def login_form(error: str | None = None) -> HTMLResponse:
-        return page("login.html", error=error)
-
-    @router.post("/login")
-    async def login(request: Request) -> Response:
-        client = request.client.host if request.client else "?"
-        form = parse_qs((await request.body()).decode(errors="replace"))
-        token = (form.get("key") or [""])[0].strip()
-        # The key is checked before any throttling, on every attempt: a valid key logs
-        # in whatever others failed from its address (everyone behind one NAT), and a
-        # throttled attempt takes the same path as any other (no timing tells them
-        # apart). Keys carry 256 random bits: the throttle bounds noise and load.
-        key = app.verify_key(token) if token else None
-        if key is not None and key.allows("read"):
-            audit.info("dashboard login of key %r (%s) from %s", key.id, key.name, client)
-            response = RedirectResponse("/ui/", status_code=303)
-            secure = request.url.scheme == "https" if secure_cookies is None else secure_cookies
-            response.set_cookie(
-                COOKIE,
-                sessions.start(key.id, app.clock.now()),
-                httponly=True,
-                samesite="strict",
-                secure=secure,
-                max_age=int(sessions.ttl_s),
-                path="/",
-            )
-            return response
-        key_id = _key_id(token)
-        who = [f"address {client}", *([f"key {key_id}"] if key_id else [])]
-        now = time.monotonic()
-        throttled = failures.blocked(who, now)
-        failures.add(who, now)
-        if throttled:
-            audit.warning(
-                "dashboard login refused: too many failures from %s or for key id %r",
-                client,
-                key_id,
-            )
-            return page(
-                "login.html",
-                status_code=429,
-                error="Too many failed logins from this address or with this key; wait a "
-                "minute (a valid key still logs in).",
-            )
-        audit.warning("dashboard login failed from %s (key id %r)", client, key_id)
-        return page("login.html", error="That key is not valid (or lacks the read scope).")
-
-    @router.post("/logout")
-    def logout(request: Request) -> Response:
-        token = request.cookies.get(COOKIE)
-        if token:
-            sessions.end(token)
-        response = RedirectResponse("/ui/login", status_code=303)
-        response.delete_cookie(COOKIE, path="/")
-        return response
-
-    @router.get("/")
     def runs(
+        self,
         request: Request,
         status: str | None = None,
         workflow: Annotated[str | None, Query(max_length=200)] = None,
         q: Annotated[str | None, Query(max_length=200)] = None,
         offset: Annotated[int, Query(ge=0, le=10_000_000)] = 0,
     ) -> Response:
-        key = key_of(request)
+        key = self.viewer(request)
         if key is None:
-            return login_first()
+            return _login_first()
+        app = self.app
         wanted = [status] if status in STATUSES else None
         search = (q or "").strip() or None
         records = app.list_runs(
@@ -280,96 +138,79 @@ def dashboard_router(
             now=now,
         )
 
-    @router.get("/workers")
-    def workers(request: Request) -> Response:
-        key = key_of(request)
+    def workers(self, request: Request) -> Response:
+        key = self.viewer(request)
         if key is None:
-            return login_first()
-        now = app.clock.now()
-        return page("workers.html", key=key, workers=app.store.list_workers(), now=now)
+            return _login_first()
+        now = self.app.clock.now()
+        return page("workers.html", key=key, workers=self.app.store.list_workers(), now=now)
 
-    @router.get("/schedules")
-    def schedules(request: Request) -> Response:
-        key = key_of(request)
+    def schedules(self, request: Request) -> Response:
+        key = self.viewer(request)
         if key is None:
-            return login_first()
+            return _login_first()
         return page(
             "schedules.html",
             key=key,
-            schedules=app.list_schedules(),
+            schedules=self.app.list_schedules(),
             can_admin=key.allows("admin"),
         )
 
-    @router.get("/runs/{run_id}")
-    def run_page(request: Request, run_id: str) -> Response:
-        key = key_of(request)
+    def run_page(self, request: Request, run_id: str) -> Response:
+        key = self.viewer(request)
         if key is None:
-            return login_first()
+            return _login_first()
         try:
-            record = app.get_run(run_id)
+            record = self.app.get_run(run_id)
         except RunNotFound:
             return page("missing.html", key=key, run_id=run_id)
-        trace = app.trace(run_id)
-        timeline = build_timeline(
-            trace.entries, Filters.parse(request.query_params), now=app.clock.now()
-        )
-        diagnosis = app.diagnose(run_id) if record.status in ("failed", "running") else None
+        diagnosis = self.app.diagnose(run_id) if record.status in ("failed", "running") else None
         return page(
             "run.html",
             key=key,
-            run=record,
-            trace=trace,
-            tl=timeline,
-            kinds=KINDS,
+            **self._live(request, run_id),
             findings=diagnosis.findings if diagnosis else (),
-            requests=[] if record.finished else app.requests(run_id),
-            children=app.children(run_id),
-            family=app.family(run_id),
-            chart=usage_chart(timeline.turns),
-            can_approve=key.allows("approve"),
-            can_submit=key.allows("submit"),
-            can_admin=key.allows("admin"),
+            **self._status(record),
+            **_can(key),
         )
 
-    @router.get("/runs/{run_id}/timeline")
-    def timeline_part(request: Request, run_id: str) -> Response:
+    def timeline_part(self, request: Request, run_id: str) -> Response:
         """The timeline alone, redrawn as a live run's steps arrive (same filters)."""
-        key = key_of(request)
-        if key is None:
+        if self.viewer(request) is None:
             return Response(status_code=401)
         try:
-            trace = app.trace(run_id)
+            live = self._live(request, run_id)
         except RunNotFound:
             return Response(status_code=404)
-        timeline = build_timeline(
-            trace.entries, Filters.parse(request.query_params), now=app.clock.now()
-        )
-        return page(
-            "_live.html",
-            run=trace.run,
-            trace=trace,
-            tl=timeline,
-            kinds=KINDS,
-            chart=usage_chart(timeline.turns),
-            family=app.family(run_id),
-        )
+        return page("_live.html", run=live["trace"].run, family=self.app.family(run_id), **live)
 
-    @router.get("/runs/{run_id}/panel")
-    def panel(request: Request, run_id: str) -> Response:
+    def panel(self, request: Request, run_id: str) -> Response:
         """The run's status and pending requests, redrawn when the status changes."""
-        key = key_of(request)
+        key = self.viewer(request)
         if key is None:
             return Response(status_code=401)
-        record: RunRecord = app.get_run(run_id)
-        return page(
-            "_panel.html",
-            run=record,
-            requests=[] if record.finished else app.requests(run_id),
-            children=app.children(run_id),
-            family=app.family(run_id),
-            can_approve=key.allows("approve"),
-            can_submit=key.allows("submit"),
-            can_admin=key.allows("admin"),
-        )
+        return page("_panel.html", **self._status(self.app.get_run(run_id)), **_can(key))
 
-    return router
+    def _live(self, request: Request, run_id: str) -> dict[str, Any]:
+        """What the live part of a run's page shows: its trace, as a filtered
+        timeline, and the usage chart of its model turns."""
+        trace = self.app.trace(run_id)
+        timeline = build_timeline(
+            trace.entries, Filters.parse(request.query_params), now=self.app.clock.now()
+        )
+        return {
+            "trace": trace,
+            "tl": timeline,
+            "kinds": KINDS,
+            "chart": usage_chart(timeline.turns),
+        }
+
+    def _status(self, record: RunRecord) -> dict[str, Any]:
+        """What the run's panel shows: its requests, its children and their costs."""
+        run_id = record.id
+        return {
+            "run": record,
+            "requests": [] if record.finished else self.app.requests(run_id),
+            "children": self.app.children(run_id),
+            "family": self.app.family(run_id),
+        }

@@ -23,9 +23,10 @@ import re
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from .. import App, RunNotFound
+from .. import App, RunNotFound, TokenEvent, TokenFollower
+from ..hitl import Request as HumanRequest
 from ..serde import loads, public_error
-from ..storage import StepRecord
+from ..storage import RunRecord, StepRecord
 
 __all__ = ["event_stream", "parse_event_id", "parse_token_cursor", "runs_stream"]
 
@@ -105,19 +106,13 @@ async def event_stream(
     asked every few seconds and ends the stream when it says no (a revoked key);
     after ``max_s`` seconds the stream ends and the client resumes with
     ``Last-Event-ID`` (no connection is held for ever)."""
-    mark = parse_event_id(last_event_id)
     tokens = await asyncio.to_thread(
         app.follow_tokens, run_id, after=parse_token_cursor(last_event_id)
     )
-
-    def tail() -> str:
-        return f"~t{tokens.cursor}" if tokens.cursor != "0" else ""
-
-    sent: dict[tuple[int, int], str] = {}  # rows past the watermark, as last sent
-    status: str | None = None
-    quiet = 0.0
+    frames = _RunFrames(parse_event_id(last_event_id), tokens, full=full)
     seen_finished = False
     check = _Recheck(still_allowed, max_s)
+    quiet = _Quiet(poll_s)
     yield b"retry: 1000\n\n"
     while True:
         if not await check.allowed():
@@ -125,61 +120,107 @@ async def event_stream(
         try:
             run = await asyncio.to_thread(app.get_run, run_id)
         except RunNotFound:  # pruned while we followed it
-            yield _frame("end", f"{mark[0]}.{mark[1]}~gone{tail()}", {"status": "gone"})
+            yield frames.end("gone")
             return
-        steps = await asyncio.to_thread(app.store.steps_after, run_id, *mark)
+        steps = await asyncio.to_thread(app.store.steps_after, run_id, *frames.mark)
         # Read after the steps: the text of every step seen finished is all here.
         live = await asyncio.to_thread(tokens.poll)
         if run.finished:
             live += tokens.close_open()
-        emitted = bool(live)
-        for t in live:
-            yield _frame(
-                t.sse_event,
-                f"{mark[0]}.{mark[1]}~tok.{t.session}.{t.seq}.{t.attempt}~t{t.cursor}",
-                t.to_json(),
-            )
-        for s in steps:
-            key = (s.session, s.seq)
-            if sent.get(key) != s.status:
-                sent[key] = s.status
-                if s.status != "started" and _follows(mark, key):
-                    mark = key
-                    sent.pop(key, None)
-                yield _frame(
-                    "step",
-                    f"{mark[0]}.{mark[1]}~{s.session}.{s.seq}.{s.status}{tail()}",
-                    _step_data(s, full=full),
-                )
-                emitted = True
-            elif s.status != "started" and _follows(mark, key):
-                mark = key
-                sent.pop(key, None)
-        if run.status != status:
-            status = run.status
-            data: dict[str, Any] = {"status": status, "wait_reason": run.wait_reason}
-            if status == "waiting":
-                pending = await asyncio.to_thread(app.requests, run_id)
-                data["pending_requests"] = [p.to_json() for p in pending]
-            if run.finished:
-                data["output"] = _decode(run.output)
-                data["error"] = _error(run.error, full)
-            yield _frame("status", f"{mark[0]}.{mark[1]}~run.{status}{tail()}", data)
-            emitted = True
+        out = [*frames.tokens(live), *frames.steps(steps)]
+        if run.status != frames.status:
+            waiting = run.status == "waiting"
+            pending = await asyncio.to_thread(app.requests, run_id) if waiting else None
+            out.append(frames.run(run, pending))
+        for frame in out:
+            yield frame
         # A run cancelled in a wait or sleep keeps that row 'started' for good: after
         # one more poll (for rows still being written) the stream ends anyway.
         if run.finished and (not steps_pending(steps) or seen_finished):
-            yield _frame("end", f"{mark[0]}.{mark[1]}~end{tail()}", {"status": run.status})
+            yield frames.end(run.status)
             return
         seen_finished = run.finished
-        if emitted:
-            quiet = 0.0
-        else:
-            quiet += poll_s
-            if quiet >= _KEEPALIVE_S:
-                quiet = 0.0
-                yield b": keep-alive\n\n"
+        if quiet.keep_alive(emitted=bool(out)):
+            yield b": keep-alive\n\n"
         await asyncio.sleep(poll_s)
+
+
+class _RunFrames:
+    """The frames of one run's stream and what they have told the client so far:
+    the watermark ``mark``, the rows past it as last sent, the run's status."""
+
+    def __init__(self, mark: tuple[int, int], tokens: TokenFollower, *, full: bool) -> None:
+        self.mark = mark
+        self.status: str | None = None
+        self._tokens = tokens
+        self._full = full
+        self._sent: dict[tuple[int, int], str] = {}  # rows past the watermark, as last sent
+
+    def _id(self, rest: str) -> str:
+        cursor = self._tokens.cursor
+        tail = f"~t{cursor}" if cursor != "0" else ""
+        return f"{self.mark[0]}.{self.mark[1]}~{rest}{tail}"
+
+    def tokens(self, live: list[TokenEvent]) -> list[bytes]:
+        return [
+            _frame(
+                t.sse_event,
+                f"{self.mark[0]}.{self.mark[1]}~tok.{t.session}.{t.seq}.{t.attempt}~t{t.cursor}",
+                t.to_json(),
+            )
+            for t in live
+        ]
+
+    def steps(self, steps: list[StepRecord]) -> list[bytes]:
+        """A ``step`` frame for each row whose status the client has not seen; the
+        watermark moves over each finished row that follows it."""
+        out = []
+        for s in steps:
+            key = (s.session, s.seq)
+            changed = self._sent.get(key) != s.status
+            if changed:
+                self._sent[key] = s.status
+            if s.status != "started" and _follows(self.mark, key):
+                self.mark = key
+                self._sent.pop(key, None)
+            if changed:
+                rest = f"{s.session}.{s.seq}.{s.status}"
+                out.append(_frame("step", self._id(rest), _step_data(s, full=self._full)))
+        return out
+
+    def run(self, run: RunRecord, pending: list[HumanRequest] | None) -> bytes:
+        """The ``status`` frame of a run whose status changed."""
+        self.status = run.status
+        data: dict[str, Any] = {"status": run.status, "wait_reason": run.wait_reason}
+        if pending is not None:
+            data["pending_requests"] = [p.to_json() for p in pending]
+        if run.finished:
+            data["output"] = _decode(run.output)
+            data["error"] = _error(run.error, self._full)
+        return _frame("status", self._id(f"run.{run.status}"), data)
+
+    def end(self, status: str) -> bytes:
+        rest = "gone" if status == "gone" else "end"
+        return _frame("end", self._id(rest), {"status": status})
+
+
+class _Quiet:
+    """Counts the polls that sent nothing; after ``_KEEPALIVE_S`` of them a comment
+    keeps proxies from closing the idle connection."""
+
+    def __init__(self, poll_s: float) -> None:
+        self._poll_s = poll_s
+        self._quiet = 0.0
+
+    def keep_alive(self, *, emitted: bool) -> bool:
+        if emitted:
+            self._quiet = 0.0
+            return False
+        self._quiet += self._poll_s
+        if self._quiet >= _KEEPALIVE_S:
+            self._quiet = 0.0
+            return True
+        return False
 
 
 class _Recheck:
@@ -235,7 +276,7 @@ async def runs_stream(
         after = app.clock.now()
     if not math.isfinite(after) or after < 0:  # "inf" or "nan" would never match a row
         after = app.clock.now()
-    quiet = 0.0
+    quiet = _Quiet(poll_s)
     yield b"retry: 2000\n\n"
     while True:
         if not await check.allowed():
@@ -252,11 +293,6 @@ async def runs_stream(
                 "updated_at": run.updated_at,
             }
             yield _frame("run", repr(run.updated_at), data)
-        if changed:
-            quiet = 0.0
-        else:
-            quiet += poll_s
-            if quiet >= _KEEPALIVE_S:
-                quiet = 0.0
-                yield b": keep-alive\n\n"
+        if quiet.keep_alive(emitted=bool(changed)):
+            yield b": keep-alive\n\n"
         await asyncio.sleep(poll_s)

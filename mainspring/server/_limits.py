@@ -38,48 +38,17 @@ class BodySizeLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        for name, value in scope.get("headers", ()):
-            if name == b"content-length":
-                try:
-                    too_large = int(value) > self.max_bytes
-                except ValueError:
-                    too_large = False
-                if too_large:
-                    await self._reject(send)
-                    return
-        seen = 0
-        started = False
-        done = False
-
-        async def limited() -> Message:
-            nonlocal seen, done
-            if done:  # the body is in: the next receive waits for a disconnect, untimed
-                return await receive()
-            try:
-                message = await asyncio.wait_for(receive(), self.timeout_s)
-            except TimeoutError:
-                raise _TooSlow(self.timeout_s) from None
-            if message["type"] != "http.request" or not message.get("more_body", False):
-                done = True
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.max_bytes:
-                    raise _TooLarge(self.max_bytes)
-            return message
-
-        async def tracking(message: Message) -> None:
-            nonlocal started
-            if message["type"] == "http.response.start":
-                started = True
-            await send(message)
-
+        if self._declared_too_large(scope):
+            await self._reject(send)
+            return
+        body = _Metered(receive, send, max_bytes=self.max_bytes, timeout_s=self.timeout_s)
         try:
-            await self.app(scope, limited, tracking)
+            await self.app(scope, body.receive, body.send)
         except _TooLarge:
-            if not started:
+            if not body.started:
                 await self._reject(send)
         except _TooSlow:
-            if not started:
+            if not body.started:
                 await self._reject(
                     send,
                     408,
@@ -87,8 +56,58 @@ class BodySizeLimit:
                     f"the request body paused for more than {self.timeout_s:g} s",
                 )
 
+    def _declared_too_large(self, scope: Scope) -> bool:
+        """Whether a Content-Length alone is over the cap (one that is not a number
+        is left to the count as the body streams in)."""
+        return any(
+            name == b"content-length" and _length(value) > self.max_bytes
+            for name, value in scope.get("headers", ())
+        )
+
     async def _reject(
         self, send: Send, status: int = 413, kind: str = "too_large", message: str = ""
     ) -> None:
         message = message or f"the request body is larger than {self.max_bytes} bytes"
         await send_json_error(send, status, kind, message)
+
+
+def _length(value: bytes) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        return -1
+
+
+class _Metered:
+    """One request's ``receive`` and ``send``, wrapped: the body is counted and timed
+    as it comes in, and whether the response has started is noted (after that, an
+    error can no longer be answered)."""
+
+    def __init__(self, receive: Receive, send: Send, *, max_bytes: int, timeout_s: float) -> None:
+        self._receive = receive
+        self._send = send
+        self._max_bytes = max_bytes
+        self._timeout_s = timeout_s
+        self._seen = 0
+        self._done = False
+        self.started = False
+
+    async def receive(self) -> Message:
+        if self._done:  # the body is in: the next receive waits for a disconnect, untimed
+            return await self._receive()
+        try:
+            message = await asyncio.wait_for(self._receive(), self._timeout_s)
+        except TimeoutError:
+            raise _TooSlow(self._timeout_s) from None
+        if message["type"] != "http.request" or not message.get("more_body", False):
+            self._done = True
+        if message["type"] == "http.request":
+            self._seen += len(message.get("body", b""))
+            if self._seen > self._max_bytes:
+                raise _TooLarge(self._max_bytes)
+        return message
+
+    async def send(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            self.started = True
+        await self._send(message)

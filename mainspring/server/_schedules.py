@@ -2,17 +2,16 @@
 a schedule starts runs for everyone, so stopping it is an operator's decision, like
 managing webhooks)."""
 
-# No ``from __future__ import annotations``: FastAPI reads the routes' annotations
-# (the key dependencies passed in) at runtime.
-from typing import Any
-
-from fastapi import FastAPI
+# No ``from __future__ import annotations``: FastAPI reads the routes' annotations.
+from fastapi import APIRouter
 from pydantic import BaseModel, Field
 
-from .. import App
 from ..storage import ScheduleRecord
+from ._context import Admin, Ctx, Read, responses
 
-__all__ = ["ScheduleOut", "add_schedule_routes"]
+__all__ = ["ScheduleOut", "router"]
+
+router = APIRouter(tags=["schedules"])
 
 
 class ScheduleOut(BaseModel):
@@ -34,34 +33,20 @@ def _out(record: ScheduleRecord) -> ScheduleOut:
     return ScheduleOut(**record.summary())
 
 
-def add_schedule_routes(api: FastAPI, app: App, *, read: Any, admin: Any, responses: Any) -> None:
-    """Add ``GET /schedules`` and ``POST /schedules/{name}/pause|resume`` to ``api``;
-    ``read`` and ``admin`` are the key dependencies of those scopes."""
+@router.get("/schedules", response_model=list[ScheduleOut], responses=responses())
+def list_schedules(_key: Read, ctx: Ctx) -> list[ScheduleOut]:
+    """Every schedule the workers have stored, by name."""
+    return [_out(s) for s in ctx.app.list_schedules()]
 
-    @api.get(
-        "/schedules", response_model=list[ScheduleOut], tags=["schedules"], responses=responses()
-    )
-    def list_schedules(_key: read) -> list[ScheduleOut]:
-        """Every schedule the workers have stored, by name."""
-        return [_out(s) for s in app.list_schedules()]
 
-    @api.post(
-        "/schedules/{name}/pause",
-        response_model=ScheduleOut,
-        tags=["schedules"],
-        responses=responses(404),
-    )
-    def pause_schedule(name: str, _key: admin) -> ScheduleOut:
-        """Stop the schedule from starting runs, on every worker, until resumed."""
-        return _out(app.pause_schedule(name))
+@router.post("/schedules/{name}/pause", response_model=ScheduleOut, responses=responses(404))
+def pause_schedule(name: str, _key: Admin, ctx: Ctx) -> ScheduleOut:
+    """Stop the schedule from starting runs, on every worker, until resumed."""
+    return _out(ctx.app.pause_schedule(name))
 
-    @api.post(
-        "/schedules/{name}/resume",
-        response_model=ScheduleOut,
-        tags=["schedules"],
-        responses=responses(404),
-    )
-    def resume_schedule(name: str, _key: admin) -> ScheduleOut:
-        """Let the schedule start runs again from its next time after now; the times
-        that passed while it was paused start nothing."""
-        return _out(app.resume_schedule(name))
+
+@router.post("/schedules/{name}/resume", response_model=ScheduleOut, responses=responses(404))
+def resume_schedule(name: str, _key: Admin, ctx: Ctx) -> ScheduleOut:
+    """Let the schedule start runs again from its next time after now; the times
+    that passed while it was paused start nothing."""
+    return _out(ctx.app.resume_schedule(name))

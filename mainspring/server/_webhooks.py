@@ -84,11 +84,8 @@ def verify_standard_webhook(
 ) -> bool:
     """Check a delivery's Standard Webhooks signature (``webhook-signature`` may list
     several, space-separated). Rejects a timestamp more than ``tolerance_s`` off."""
-    try:
-        sent = int(timestamp)
-    except ValueError:
-        return False
-    if abs((time.time() if now is None else now) - sent) > tolerance_s:
+    sent = _fresh(timestamp, tolerance_s, now)
+    if sent is None:
         return False
     expected = sign_standard_webhook(secret, event_id, sent, body)
     return any(hmac.compare_digest(expected, given) for given in signature.split())
@@ -105,13 +102,21 @@ def verify_webhook(
 ) -> bool:
     """Check a delivery's signature (for receivers). Rejects a timestamp more than
     ``tolerance_s`` from ``now``, so a captured delivery cannot be replayed later."""
+    sent = _fresh(timestamp, tolerance_s, now)
+    if sent is None:
+        return False
+    return hmac.compare_digest(sign_webhook(secret, sent, body), signature)
+
+
+def _fresh(timestamp: str, tolerance_s: float, now: float | None) -> int | None:
+    """A delivery's timestamp, if it is a number within ``tolerance_s`` of ``now``."""
     try:
         sent = int(timestamp)
     except ValueError:
-        return False
+        return None
     if abs((time.time() if now is None else now) - sent) > tolerance_s:
-        return False
-    return hmac.compare_digest(sign_webhook(secret, sent, body), signature)
+        return None
+    return sent
 
 
 class WebhookDispatcher:
