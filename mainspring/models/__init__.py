@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING, Any
 from .._errors import ConfigError
 from ._base import Model
 from ._common import estimate_input_tokens, estimate_tokens, reset_seconds
+from ._stepnames import model_step_name as model_step_name
+from ._stepnames import without_endpoint as without_endpoint
 from ._types import (
     AssistantMessage,
     FinishReason,
