@@ -72,10 +72,10 @@ def test_errors_keep_the_module_the_journal_records() -> None:
 
 
 def test_values_of_moved_classes_round_trip() -> None:
+    assert pickle.loads(pickle.dumps(ms.FakeClock(5.0))).now() == 5.0
     values: list[Any] = [
-        ms.FakeClock(5.0),
         ms.RetryPolicy(max_attempts=3),
-        ms.Limits(max_turns=4),
+        ms.Limits(max_steps=4),
         ms.ContextPolicy(),
         ms.models.UserMessage(content="hi"),
     ]
