@@ -3,6 +3,19 @@
 The public names are all here; everything else is private and may change.
 """
 
+from . import (
+    agent,
+    context,
+    hitl,
+    journal,
+    limits,
+    models,
+    observability,
+    serde,
+    storage,
+    tools,
+    worker,
+)
 from ._app import App, Queue, RunHandle, Schedule, TokenEvent, TokenFollower
 from ._clock import Clock, FakeClock, SystemClock
 from ._errors import (
@@ -46,6 +59,7 @@ from ._errors import (
     ValidationFailed,
     WaitTimeout,
 )
+from ._home import publish
 from .agent import Agent, AgentResult, AgentState, call_model
 from .context import ContextPolicy
 from .hitl import Approval, Request
@@ -163,3 +177,12 @@ __all__ = [
     "current_step",
     "tool",
 ]
+
+# Users see mainspring.App, not mainspring._app._core.App (see _home.py); then the
+# floors' own public names, which users import from their subpackage.
+publish(__name__, __all__)
+for _floor in (agent, context, hitl, journal, limits, models, observability, storage, tools):
+    publish(_floor.__name__, _floor.__all__)
+publish(serde.__name__, serde.__all__)
+publish(worker.__name__, worker.__all__)
+del _floor

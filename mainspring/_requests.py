@@ -15,7 +15,17 @@ from typing import Any, Literal
 
 from ._errors import InvalidAnswer
 
-__all__ = ["Approval", "Decision", "Request", "RequestKind", "answer_payload", "approval_from"]
+__all__ = [
+    "Approval",
+    "Decision",
+    "OnTimeout",
+    "Request",
+    "RequestKind",
+    "answer_payload",
+    "approval_from",
+    "request_from_row",
+    "request_meta",
+]
 
 RequestKind = Literal["approval", "question"]
 Decision = Literal["approve", "reject", "edit"]

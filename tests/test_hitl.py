@@ -320,7 +320,7 @@ async def test_a_budget_edit_not_above_what_is_used_is_refused(fapp: ms.App) -> 
 
 
 def test_a_raw_signal_without_a_decision_does_not_approve() -> None:
-    from mainspring.hitl import approval_from
+    from mainspring._requests import approval_from
 
     assert not approval_from({}).approved
     assert not approval_from({"reason": "looks fine"}).approved

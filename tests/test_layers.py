@@ -28,8 +28,10 @@ def _plant(tmp_path: Path, files: dict[str, str]) -> list[Violation]:
     base = {
         "__init__.py": "",
         "_errors.py": "class E(Exception):\n    pass\n",
-        "storage/__init__.py": "from ._base import Store\n",
-        "storage/_base.py": "class Store:\n    def _write(self) -> None: ...\n",
+        "storage/__init__.py": "from ._base import Store\nfrom ._base import Cursor as Cursor\n"
+        '__all__ = ["Store"]\n__internal__ = ("Cursor",)\n',
+        "storage/_base.py": "class Store:\n    def _write(self) -> None: ...\n"
+        "class Cursor:\n    pass\n",
         "journal/__init__.py": "from ._context import RunContext\n",
         "journal/_context.py": "from ..storage import Store\nclass RunContext:\n    pass\n",
         "server/__init__.py": "",
@@ -43,6 +45,22 @@ def _plant(tmp_path: Path, files: dict[str, str]) -> list[Violation]:
 
 def test_a_clean_package_passes(tmp_path: Path) -> None:
     assert _plant(tmp_path, {}) == []
+
+
+def test_floors_use_internal_names_and_their_own_privates(tmp_path: Path) -> None:
+    """A floor may take an internal name; a private name spelled like another part's
+    is the reader's own where its receiver is shown to be one of its classes."""
+    found = _plant(
+        tmp_path,
+        {
+            "journal/_x.py": "from ..storage import Cursor\n"
+            "class Mine:\n    def __init__(self) -> None:\n        self._write = 1\n"
+            "    def go(self) -> int:\n        return self._write\n"
+            "def f(mine: Mine) -> int:\n    return mine._write\n"
+            "def g() -> int:\n    made = Mine()\n    return made._write\n",
+        },
+    )
+    assert found == []
 
 
 @pytest.mark.parametrize(
@@ -72,6 +90,47 @@ def test_a_clean_package_passes(tmp_path: Path) -> None:
         pytest.param(
             {"journal/_x.py": "def f(store):\n    return store._write()\n"},
             "private", "store._write", id="private-attribute",
+        ),
+        pytest.param(
+            {"journal/_x.py": "from ..storage import Store\n"
+             "def _write() -> None: ...\n"
+             "def f(store: Store) -> None:\n    store._write()\n"},
+            "private", "store._write", id="private-attribute-spelled-like-our-own",
+        ),
+        pytest.param(
+            {"journal/_x.py": "def _write() -> None: ...\n"
+             "def f(store) -> None:\n    store._write()\n"},
+            "private", "store._write", id="private-attribute-of-an-unknown-receiver",
+        ),
+        pytest.param(
+            {"journal/_x.py": "from ..storage import Store\n"
+             "class Mine(Store):\n    def _write(self) -> None: ...\n"
+             "class Theirs(Store):\n    def go(self) -> None:\n        self._write()\n"},
+            "private", "self._write", id="private-attribute-inherited-from-another-part",
+        ),
+        pytest.param(
+            {"server/_x.py": "from ..storage import Cursor\n"},
+            "internal", "mainspring.storage.Cursor, internal to floors", id="edge-uses-internal",
+        ),
+        pytest.param(
+            {"server/_x.py": "import mainspring as ms\nx = ms.storage.Cursor\n"},
+            "internal", "mainspring.storage.Cursor", id="edge-uses-internal-by-attribute",
+        ),
+        pytest.param(
+            {"journal/_x.py": "from ..storage import Hidden\n",
+             "storage/_base.py": "class Store:\n    pass\nclass Cursor:\n    pass\n"
+             "class Hidden:\n    pass\n"},
+            "exports", "does not export", id="name-not-exported",
+        ),
+        pytest.param(
+            {"storage/__init__.py": "from ._base import Store\n"
+             '__all__ = ["Store"]\n__internal__ = ("Store",)\n'},
+            "exports", "as public and internal", id="name-both-public-and-internal",
+        ),
+        pytest.param(
+            {"storage/__init__.py": "from ._base import Store\n"
+             '__all__ = ["Store"]\n__internal__ = ("Cursor",)\n'},
+            "exports", "never binds it", id="internal-name-not-bound",
         ),
         pytest.param(
             {"server/_x.py": "from .._errors import E\n"},
@@ -108,5 +167,7 @@ PUBLIC: dict[str, list[str]] = json.loads(
 def test_public_subpackage_exports_are_pinned(package: str) -> None:
     module = importlib.import_module(f"mainspring.{package}")
     assert sorted(module.__all__) == PUBLIC[package]
-    for name in module.__all__:
+    internal = getattr(module, "__internal__", ())
+    assert not set(internal) & set(module.__all__)
+    for name in [*module.__all__, *internal]:
         assert hasattr(module, name), f"mainspring.{package}.{name}"

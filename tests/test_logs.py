@@ -21,7 +21,8 @@ import pytest
 from _stack import ROOT, Stack, until
 
 import mainspring as ms
-from mainspring.observability import RedactingFilter, redact_log_text
+from mainspring.observability import RedactingFilter
+from mainspring.observability._logs import redact_log_text
 from mainspring.testing import FakeOpenAIServer
 
 SECRETS = ("hookuser", "HOOKPASSWORD", "QUERYTOKEN", "SIGVALUE")

@@ -6,6 +6,7 @@ was part of the name still replay, and ``doctor`` explains a NondeterminismError
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -13,8 +14,9 @@ import pytest
 
 import mainspring as ms
 import mainspring.agent._call as loop  # where a model call names its step
-from mainspring._stepnames import same_step_name, without_endpoint
-from mainspring.models import OpenAIModel
+from mainspring.journal import Committer
+from mainspring.journal._cursor import _same_name  # replay's comparison of names
+from mainspring.models import OpenAIModel, without_endpoint
 from mainspring.testing import FakeOpenAIServer
 
 MODELS: list[OpenAIModel] = []
@@ -113,12 +115,24 @@ async def test_a_journal_that_named_the_endpoint_still_replays(
         second.close()
 
 
-def test_only_an_endpoint_suffix_is_forgiven() -> None:
-    assert same_step_name("model:openai:m@https://gw.example/v1", "model:openai:m")
-    assert same_step_name("model:anthropic:claude@20240620", "model:anthropic:claude@20240620")
-    assert not same_step_name("model:openai:m@https://gw.example/v1", "model:openai:other")
-    assert not same_step_name("tool:a@http://x", "tool:a")  # only model steps carried URLs
+def test_only_an_endpoint_suffix_is_forgiven(tmp_path: Path) -> None:
+    """The journal compares names through what the App's engine was given: the models
+    floor's ``without_endpoint`` (the journal itself knows nothing of model names)."""
+    app = ms.App(f"sqlite:///{tmp_path / 'names.db'}")
+    with ThreadPoolExecutor(1) as threads:
+        engine = app.engine(Committer(app.store, app.clock), threads)
+
+    def same(journaled: str, asked: str) -> bool:
+        return _same_name(engine, journaled, asked)
+
+    assert same("model:openai:m@https://gw.example/v1", "model:openai:m")
+    assert same("model:anthropic:claude@20240620", "model:anthropic:claude@20240620")
+    assert not same("model:openai:m@https://gw.example/v1", "model:openai:other")
+    assert not same("tool:a@http://x", "tool:a")  # only model steps carried URLs
     assert without_endpoint("model:vertex:claude@2024@http://x") == "model:vertex:claude@2024"
+    engine.canonical_step_name = None  # an engine without the models floor's mapping
+    assert not same("model:openai:m@https://gw.example/v1", "model:openai:m")
+    app.close()
 
 
 async def test_doctor_names_a_nondeterminism_error_and_what_to_do(tmp_path: Path) -> None:

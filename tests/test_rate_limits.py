@@ -21,10 +21,9 @@ from mainspring.limits import (
     RateLimits,
     StoreRateLimiter,
     load_rate_limits,
-    observed_limits,
-    observed_resets,
 )
 from mainspring.limits._rate import BucketState, book, charges_of, quantile, settle, tighten
+from mainspring.limits._shared import observed_limits, observed_resets
 from mainspring.limits._table import RateTable
 from mainspring.models import ModelResponse, Usage
 from mainspring.storage import open_store

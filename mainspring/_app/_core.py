@@ -36,7 +36,7 @@ from ..limits import (
     RateLimits,
     load_rate_limits,
 )
-from ..models import Model
+from ..models import Model, without_endpoint
 from ..observability import MetricsCollector, Redactor, Telemetry, Usage, parse_traceparent
 from ..storage import RunRecord, Store, open_store, redact_url
 from ..tools import Effect, Tool, ToolRegistry, Validator
@@ -420,6 +420,7 @@ class App(Admin, Agents, Children, Lineage, MCPServers, Observe, Queues, Schedul
             # telemetry outermost: it times the attempt as the step's policy sees it
             interceptors=(self.telemetry, *self.interceptors),
             children=self,
+            canonical_step_name=without_endpoint,
         )
         committer.observers.append(self.telemetry.committed)
         self._trace_from_environment()

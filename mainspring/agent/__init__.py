@@ -3,21 +3,21 @@ policies that wrap its tool and model calls."""
 
 from ._builtin import Allowlist, ApprovalRequired, ProviderRefusal, ToolCallBudget, ValidArguments
 from ._call import call_model
-from ._delegate import AgentTool, AgentWorkflow
+from ._delegate import AgentTool
+from ._delegate import AgentWorkflow as AgentWorkflow
 from ._guard import LoopGuard
-from ._loop import Agent, CompletionValidator
+from ._loop import Agent
+from ._loop import CompletionValidator as CompletionValidator
 from ._policy import ModelCall, ModelNext, Policy, ToolAdmitNext, ToolNext, ToolOutcome, ToolUse
-from ._state import AgentResult, AgentState, PlanItem
+from ._state import AgentResult, PlanItem
+from ._state import AgentState as AgentState
 
 __all__ = [
     "Agent",
     "AgentResult",
-    "AgentState",
     "AgentTool",
-    "AgentWorkflow",
     "Allowlist",
     "ApprovalRequired",
-    "CompletionValidator",
     "LoopGuard",
     "ModelCall",
     "ModelNext",
@@ -32,3 +32,10 @@ __all__ = [
     "ValidArguments",
     "call_model",
 ]
+
+# For the floors above (see docs/architecture.md, "Layers"), never for users:
+__internal__ = (
+    "AgentState",
+    "AgentWorkflow",
+    "CompletionValidator",
+)

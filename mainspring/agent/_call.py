@@ -45,7 +45,6 @@ from .._errors import (
     StoreError,
     StoreUnavailable,
 )
-from .._stepnames import model_step_name
 from ..context import counter_for
 from ..hitl import approval
 from ..journal import RetryPolicy, RunContext, SimulatedCrash, current_step
@@ -66,6 +65,7 @@ from ..models import (
     ModelSettings,
     ToolCallDelta,
     ToolSpec,
+    model_step_name,
     resolve_model,
 )
 

@@ -6,16 +6,22 @@ lists what is asked; the answer arrives through the HTTP API, ``mainspring
 approve``/``answer`` or :meth:`App.answer`, on any worker, after any restart.
 """
 
-from .._requests import Approval, Decision, Request, RequestKind, answer_payload, approval_from
-from ._wait import approval, ask
+from .._requests import Approval, Request, RequestKind
+from .._requests import Decision as Decision
+from .._requests import answer_payload as answer_payload
+from ._wait import approval as approval
+from ._wait import ask as ask
 
 __all__ = [
     "Approval",
-    "Decision",
     "Request",
     "RequestKind",
+]
+
+# For the floors above (see docs/architecture.md, "Layers"), never for users:
+__internal__ = (
+    "Decision",
     "answer_payload",
     "approval",
-    "approval_from",
     "ask",
-]
+)

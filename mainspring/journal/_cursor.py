@@ -27,7 +27,6 @@ from .._errors import (
     StoreUnavailable,
 )
 from .._serde import dumps, loads
-from .._stepnames import same_step_name
 from ..storage import RunRecord, RunTransition, RunWrite, StepKind, StepRecord, StepStatus
 from ._control import _Closed, _ContinueAsNew, _EngineFailure, _Release, _Suspend
 from ._engine import Engine, RunControl
@@ -41,6 +40,16 @@ _SETTLE_S = 10.0
 
 # A wait that cannot complete in this execution: (signal, wake_at, reason).
 Parked = tuple[str | None, float | None, str]
+
+
+def _same_name(engine: Engine, journaled: str, asked: str) -> bool:
+    """Whether a journaled step name and the one the workflow asks for are the same
+    step: equal, or equal once the floor that names steps maps the journaled one to
+    today's spelling (the engine's ``canonical_step_name``)."""
+    if journaled == asked:
+        return True
+    canonical = engine.canonical_step_name
+    return canonical is not None and canonical(journaled) == asked
 
 
 def _nothing() -> None:
@@ -133,7 +142,7 @@ class Cursor:
         first = self.seq + 1
         seq = self.seq = self.next_seq()
         rec = self.journal.get(seq)
-        if rec is not None and (rec.kind != kind or not same_step_name(rec.name, name)):
+        if rec is not None and (rec.kind != kind or not _same_name(self.engine, rec.name, name)):
             passed = [self.journal[s].name for s in range(first, seq)]
             took = (
                 f"; the run took the change(s) {', '.join(map(repr, passed))} just before, "

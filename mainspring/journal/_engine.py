@@ -95,6 +95,11 @@ class Engine:
     # frozen between a step's intent and its function, and thawed after another took
     # the run over, starts nothing of a run it no longer holds.
     lease_s: float | None = None
+    # A journaled step name -> the name the same step has today (None: names are only
+    # ever equal). The journal knows nothing of what a step name means: the floor that
+    # names steps supplies this (the App passes the models floor's ``without_endpoint``,
+    # which maps a model step's older ``model:P:M@<url>`` spelling to ``model:P:M``).
+    canonical_step_name: Callable[[str], str] | None = None
 
 
 @dataclass(slots=True)

@@ -2,14 +2,7 @@
 
 from ._budget import PRICES, Limits, Price, cost_usd, price_of
 from ._rate import Booking, Cost, RateLimit, RateLimiter
-from ._shared import (
-    BoundRateLimits,
-    RateLimits,
-    StoreRateLimiter,
-    load_rate_limits,
-    observed_limits,
-    observed_resets,
-)
+from ._shared import BoundRateLimits, RateLimits, StoreRateLimiter, load_rate_limits
 
 __all__ = [
     "PRICES",
@@ -24,7 +17,5 @@ __all__ = [
     "StoreRateLimiter",
     "cost_usd",
     "load_rate_limits",
-    "observed_limits",
-    "observed_resets",
     "price_of",
 ]

@@ -23,7 +23,11 @@ from typing import TYPE_CHECKING, Any
 
 from .._errors import ConfigError
 from ._base import Model
-from ._common import estimate_input_tokens, estimate_tokens, reset_seconds
+from ._common import estimate_input_tokens as estimate_input_tokens
+from ._common import estimate_tokens
+from ._common import reset_seconds as reset_seconds
+from ._stepnames import model_step_name as model_step_name
+from ._stepnames import without_endpoint as without_endpoint
 from ._types import (
     AssistantMessage,
     FinishReason,
@@ -66,12 +70,18 @@ __all__ = [
     "ToolSpec",
     "Usage",
     "UserMessage",
-    "estimate_input_tokens",
     "estimate_tokens",
     "parse_model_spec",
+]
+
+# For the floors above (see docs/architecture.md, "Layers"), never for users:
+__internal__ = (
+    "estimate_input_tokens",
+    "model_step_name",
     "reset_seconds",
     "resolve_model",
-]
+    "without_endpoint",
+)
 
 PROVIDERS = ("openai", "anthropic")
 

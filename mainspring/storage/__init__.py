@@ -6,98 +6,116 @@ from __future__ import annotations
 from urllib.parse import urlsplit
 
 from .._errors import ConfigError
-from ._api import SCOPES, WEBHOOK_EVENTS, ApiKey, Delivery, Scope, Webhook, WebhookEvent
-from ._base import Cursor, Heartbeat, KeptRun, PruneResult, Snapshot, Store
+from ._api import SCOPES, WEBHOOK_EVENTS, ApiKey, Delivery, Scope, Webhook
+from ._api import WebhookEvent as WebhookEvent
+from ._base import Cursor as Cursor
+from ._base import Heartbeat as Heartbeat
+from ._base import KeptRun, PruneResult, Snapshot, Store
 from ._checkpoints import CheckpointRow, CheckpointWrite
-from ._children import CHILD_SIGNAL_PREFIX, child_signal
+from ._children import CHILD_SIGNAL_PREFIX as CHILD_SIGNAL_PREFIX
+from ._children import child_signal as child_signal
 from ._migrations import LATEST as SCHEMA_VERSION
-from ._queues import QueueRecord, check_queue_limits
-from ._rates import RateRow, RateTxn
+from ._queues import QueueRecord as QueueRecord
+from ._queues import check_queue_limits as check_queue_limits
+from ._rates import RateRow as RateRow
+from ._rates import RateTxn as RateTxn
 from ._records import (
     FINISHED,
-    JOURNAL_ROLES,
-    WAIT_SIGNAL_SEP,
     WAKE_NOW,
     JournalRole,
-    ParentClose,
     RunRecord,
     RunStatus,
-    RunTransition,
-    RunWrite,
     SignalRecord,
-    StepKind,
     StepRecord,
-    StepStatus,
-    WriteResult,
-    join_wait_signals,
-    split_wait_signals,
 )
-from ._schedules import CatchUp, ScheduleRecord
-from ._streams import StreamEnd, TokenChunk, TokenKind, TokenPiece, TokenStream
-from ._transitions import RUN_EDGES, RunEdge, take_edge
+from ._records import JOURNAL_ROLES as JOURNAL_ROLES
+from ._records import WAIT_SIGNAL_SEP as WAIT_SIGNAL_SEP
+from ._records import ParentClose as ParentClose
+from ._records import RunTransition as RunTransition
+from ._records import RunWrite as RunWrite
+from ._records import StepKind as StepKind
+from ._records import StepStatus as StepStatus
+from ._records import WriteResult as WriteResult
+from ._records import join_wait_signals as join_wait_signals
+from ._records import split_wait_signals as split_wait_signals
+from ._schedules import CatchUp as CatchUp
+from ._schedules import ScheduleRecord
+from ._streams import StreamEnd as StreamEnd
+from ._streams import TokenChunk as TokenChunk
+from ._streams import TokenKind as TokenKind
+from ._streams import TokenPiece as TokenPiece
+from ._streams import TokenStream
+from ._transitions import RUN_EDGES as RUN_EDGES
+from ._transitions import RunEdge as RunEdge
+from ._transitions import take_edge as take_edge
 from ._url import redact_url
 from ._workers import WORKER_STATES, WorkerBeat, WorkerRecord, WorkerState
-from .sqlite import DatabaseGone, SQLiteStore
+from .sqlite import DatabaseGone as DatabaseGone
+from .sqlite import SQLiteStore
 
 __all__ = [
-    "CHILD_SIGNAL_PREFIX",
     "FINISHED",
-    "JOURNAL_ROLES",
-    "RUN_EDGES",
     "SCHEMA_VERSION",
     "SCOPES",
-    "WAIT_SIGNAL_SEP",
     "WAKE_NOW",
     "WEBHOOK_EVENTS",
     "WORKER_STATES",
     "ApiKey",
-    "CatchUp",
     "CheckpointRow",
     "CheckpointWrite",
-    "Cursor",
-    "DatabaseGone",
     "Delivery",
-    "Heartbeat",
     "JournalRole",
     "KeptRun",
-    "ParentClose",
     "PruneResult",
-    "QueueRecord",
-    "RateRow",
-    "RateTxn",
-    "RunEdge",
     "RunRecord",
     "RunStatus",
-    "RunTransition",
-    "RunWrite",
     "SQLiteStore",
     "ScheduleRecord",
     "Scope",
     "SignalRecord",
     "Snapshot",
-    "StepKind",
     "StepRecord",
-    "StepStatus",
     "Store",
+    "TokenStream",
+    "Webhook",
+    "WorkerBeat",
+    "WorkerRecord",
+    "WorkerState",
+    "open_store",
+    "redact_url",
+]
+
+# For the floors above (see docs/architecture.md, "Layers"), never for users:
+__internal__ = (
+    "CHILD_SIGNAL_PREFIX",
+    "CatchUp",
+    "Cursor",
+    "DatabaseGone",
+    "Heartbeat",
+    "JOURNAL_ROLES",
+    "ParentClose",
+    "QueueRecord",
+    "RUN_EDGES",
+    "RateRow",
+    "RateTxn",
+    "RunEdge",
+    "RunTransition",
+    "RunWrite",
+    "StepKind",
+    "StepStatus",
     "StreamEnd",
     "TokenChunk",
     "TokenKind",
     "TokenPiece",
-    "TokenStream",
-    "Webhook",
+    "WAIT_SIGNAL_SEP",
     "WebhookEvent",
-    "WorkerBeat",
-    "WorkerRecord",
-    "WorkerState",
     "WriteResult",
     "check_queue_limits",
     "child_signal",
     "join_wait_signals",
-    "open_store",
-    "redact_url",
     "split_wait_signals",
     "take_edge",
-]
+)
 
 
 def open_store(url: str) -> Store:

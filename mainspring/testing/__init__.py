@@ -4,6 +4,7 @@ wire protocols on 127.0.0.1, a fault-injecting store wrapper, the engine's invar
 written once, and the Store conformance suite (``mainspring.testing.conformance``)."""
 
 from .._clock import FakeClock
+from .._home import publish
 from ..journal import SimulatedCrash
 from ..models.faulty import FaultProfile, FaultyModel
 from ..models.scripted import ScriptedModel
@@ -37,3 +38,5 @@ __all__ = [
     "check_invariants",
     "commits_with",
 ]
+
+publish(__name__, __all__)  # users see mainspring.testing.FaultyStore (see _home.py)

@@ -173,7 +173,7 @@ class _Handler(BaseHTTPRequestHandler):
             body=body,
             at=self.server.owner.now(),
         )
-        owner = self.server.owner
+        owner: FakeProviderServer = self.server.owner
         try:
             wire = owner._respond(request)
         except Exception as exc:  # a test's reply function failed: say so, in the wire shape
@@ -202,7 +202,7 @@ class _Handler(BaseHTTPRequestHandler):
         for name, value in wire.headers.items():
             self.send_header(name, value)
         self.end_headers()
-        owner = self.server.owner
+        owner: FakeProviderServer = self.server.owner
         gap = owner.stream_gap_s
         with owner._lock:
             cut, owner.stream_cut_after = owner.stream_cut_after, None

@@ -8,34 +8,43 @@ enforces each agent's allowlist. A :class:`Toolset` offers tools known only when
 run starts: :class:`MCPToolset`, the tools of an MCP server.
 """
 
-from ._arguments import describe_errors, parse_arguments
-from ._context import Effect, ToolContext, ToolDeps
-from ._decorator import tool
-from ._mcp import IDEMPOTENCY_META_KEY, MCPTool, MCPToolError, MCPToolset, effect_of
-from ._output import OutputSchema
+from ._arguments import describe_errors as describe_errors
+from ._arguments import parse_arguments as parse_arguments
+from ._context import Effect as Effect
+from ._context import ToolContext as ToolContext
+from ._context import ToolDeps as ToolDeps
+from ._decorator import tool as tool
+from ._mcp import IDEMPOTENCY_META_KEY, MCPTool, MCPToolError, effect_of
+from ._mcp import MCPToolset as MCPToolset
+from ._output import OutputSchema as OutputSchema
 from ._registry import ToolRegistry
-from ._tool import Tool, Validator, mark_step_effect, step_effect, tool_of
+from ._tool import Tool, mark_step_effect, step_effect, tool_of
+from ._tool import Validator as Validator
 from ._toolset import ToolList, Toolset
 
 __all__ = [
     "IDEMPOTENCY_META_KEY",
-    "Effect",
     "MCPTool",
     "MCPToolError",
-    "MCPToolset",
-    "OutputSchema",
     "Tool",
-    "ToolContext",
-    "ToolDeps",
     "ToolList",
     "ToolRegistry",
     "Toolset",
-    "Validator",
-    "describe_errors",
     "effect_of",
     "mark_step_effect",
-    "parse_arguments",
     "step_effect",
-    "tool",
     "tool_of",
 ]
+
+# For the floors above (see docs/architecture.md, "Layers"), never for users:
+__internal__ = (
+    "Effect",
+    "MCPToolset",
+    "OutputSchema",
+    "ToolContext",
+    "ToolDeps",
+    "Validator",
+    "describe_errors",
+    "parse_arguments",
+    "tool",
+)

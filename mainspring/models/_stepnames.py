@@ -6,13 +6,17 @@ Before this rule, the OpenAI and Anthropic adapters put their endpoint in the na
 (``model:openai:gpt-4.1-mini@http://127.0.0.1:8080/v1``), so moving the endpoint broke
 every run in flight. Journals written then still replay: a journaled model step whose
 name is the current one plus ``@<scheme>://...`` is the same step.
+
+This is the models floor's knowledge: the journal knows nothing of models. The App hands
+:func:`without_endpoint` to its engine (``Engine.canonical_step_name``), through which
+replay compares a journaled name with the one the workflow asks for.
 """
 
 from __future__ import annotations
 
 import re
 
-__all__ = ["model_step_name", "same_step_name", "without_endpoint"]
+__all__ = ["model_step_name", "without_endpoint"]
 
 # "@" then a URL scheme: a model id may hold an "@" (Vertex's "claude-3-5@20240620"),
 # never "@scheme://".
@@ -30,8 +34,3 @@ def without_endpoint(name: str) -> str:
         return name
     found = _ENDPOINT.search(name)
     return name[: found.start()] if found else name
-
-
-def same_step_name(journaled: str, asked: str) -> bool:
-    """Whether a journaled step name and the one the workflow asks for are the same step."""
-    return journaled == asked or without_endpoint(journaled) == asked
