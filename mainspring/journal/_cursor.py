@@ -43,6 +43,8 @@ class Cursor:
         self.epoch = run.epoch
         self.engine = engine
         self.life = life
+        # The engine's clock, read several times a step: bound once.
+        self.now: Callable[[], float] = engine.clock.now
         self.journal = {rec.seq: rec for rec in journal}
         self.last_journaled = max(self.journal, default=-1)
         self.seq = -1
@@ -65,9 +67,6 @@ class Cursor:
     @property
     def is_replaying(self) -> bool:
         return self.seq < self.last_journaled
-
-    def now(self) -> float:
-        return self.engine.clock.now()
 
     def where(self, seq: int, name: str) -> str:
         return f"{self.session}:{seq} {name!r}"
@@ -92,9 +91,13 @@ class Cursor:
         once every run that predates it had finished, and the steps after the marker
         are the patched code's, which the code asks for now (and checks, by name).
         """
-        first = self.seq + 1
-        seq = self.seq = self.next_seq()
-        rec = self.journal.get(seq)
+        first = seq = self.seq + 1
+        journal = self.journal
+        rec = journal.get(seq)
+        while rec is not None and rec.kind == "patch":  # as next_seq, inline: every call
+            seq += 1
+            rec = journal.get(seq)
+        self.seq = seq
         if rec is not None and (rec.kind != kind or not same_step_name(rec.name, name)):
             passed = [self.journal[s].name for s in range(first, seq)]
             took = (
@@ -311,15 +314,16 @@ class Cursor:
         self._committed(sent, write, result.cancel_requested)
         self.proven_at = sent_at
 
-    async def prove(self, intent: StepRecord) -> None:
-        """Before a step function starts: if the run was last proven this execution's
-        more than half a lease ago (the process was frozen or starved since its
-        ``intent`` row was committed), send that row through the fence again, so that
-        a run taken over meanwhile is found lost (an :class:`_EngineFailure`) before
-        anything of it runs here."""
+    def stale(self) -> bool:
+        """Whether the run was last proven this execution's more than half a lease ago
+        (the process was frozen or starved since): see :meth:`prove`."""
         lease = self.engine.lease_s
-        if lease is None or self.now() - self.proven_at <= lease / 2:
-            return
+        return lease is not None and self.now() - self.proven_at > lease / 2
+
+    async def prove(self, intent: StepRecord) -> None:
+        """Before a step function starts, once :meth:`stale`: send its ``intent`` row
+        through the fence again, so that a run taken over meanwhile is found lost (an
+        :class:`_EngineFailure`) before anything of it runs here."""
         self.put(intent)
         await self.commit()
 

@@ -6,10 +6,16 @@ each refusing (:class:`IllegalTransition`) a state it cannot come from (:data:`E
 is the table; a test walks it)::
 
     running ──decide──▶ closing ──settle──▶ closed
-       │  ▲                ▲                  ▲
-  park │  │ wake          interrupt           │ drop (from any state)
-       ▼  │                │                  │
-    parked ──sleep──▶ dormant ─────────────────┘
+      │     ▲             ▲
+     park  wake       interrupt
+      ▼     │             │
+    parked ─┼─────────────┘
+      │     │
+     sleep  │
+      ▼     │
+    dormant ┘
+
+``settle`` also leads to closed from running and parked, and ``drop`` from any state.
 
 - **running**: workflow code uses the context; nothing is decided yet.
 - **closing**: how the execution ends is decided (:attr:`Lifecycle.stop`: a suspension,
@@ -205,7 +211,9 @@ class Lifecycle:
             if not self._steps_done.done():
                 self._steps_done.set_result(None)
             self._steps_done = None
-        self.touch()
+        self.activity += 1  # touch(), inline: once a step
+        if self.parked:
+            self._on_parked_activity()
 
     def busy_began(self) -> None:
         """A commit or a short sleep of workflow code began: the run does not suspend
@@ -214,7 +222,9 @@ class Lifecycle:
 
     def busy_ended(self) -> None:
         self.busy -= 1
-        self.touch()
+        self.activity += 1  # touch(), inline: once a commit
+        if self.parked:
+            self._on_parked_activity()
 
     def leave(self, ended: Callable[[], Awaitable[None]]) -> None:
         """A step attempt the engine stopped still runs on its thread: ``ended``

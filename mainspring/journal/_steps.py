@@ -220,7 +220,8 @@ class Steps:
         life.step_began()
         step.thread = None
         try:
-            await cur.prove(started)  # frozen since its intent? still ours?
+            if cur.stale():  # frozen since its intent? still ours?
+                await cur.prove(started)
             interceptors = cur.engine.interceptors
             if interceptors:
                 call = StepCall(info=info, fn=step.fn, args=step.args, kwargs=step.kwargs)
