@@ -240,10 +240,11 @@ async def _until_suspended(ex: Execution, control: RunControl) -> RunTransition 
     life = ex.life
     while not ex.task.done():
         parking = life.parking
+        # Parked: at once to the check below (also after the worker's interruption).
         # Once the execution is closing, only the task's end is awaited.
-        waits = (
-            (ex.task, parking) if parking is not None and life.state == "running" else (ex.task,)
-        )
+        waits: tuple[asyncio.Future[Any], ...] = (ex.task,)
+        if parking is not None and life.state in ("running", "parked"):
+            waits = (ex.task, parking)
         try:
             await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
         except asyncio.CancelledError:
