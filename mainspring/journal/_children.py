@@ -149,7 +149,7 @@ def start_child(
         )
     workflow = starter.child_workflow(target)
     name = f"child:{workflow.name}"
-    cur.boundary()
+    cur.life.boundary()
     seq = cur.take("step", name)
     rec = cur.journal.get(seq) or cur.pending.get(seq)
     if rec is not None and rec.status == "completed":
@@ -166,11 +166,11 @@ def start_child(
             on_parent_close=on_parent_close,
         )
     except (StoreUnavailable, StoreError) as exc:
-        raise cur.fail(exc) from exc
+        raise cur.life.fail(exc) from exc
     now = cur.now()
     output = dumps({"run_id": child_id})
     row = cur.new(seq, "step", name, status="completed", output=output, finished_at=now)
     row.role = "child"
     cur.put(row)
-    cur.touch()
+    cur.life.touch()
     return ChildHandle(waits, workflow, child_id)

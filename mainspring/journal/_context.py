@@ -25,12 +25,11 @@ from .._clock import Clock
 from .._errors import ApprovalRejected
 from .._requests import Approval, RequestKind
 from .._serde import dumps, loads
-from ..storage import JournalRole, ParentClose, RunRecord, StepRecord, Store
+from ..storage import JournalRole, ParentClose, RunRecord, Store
 from . import _patches
 from ._children import ChildHandle, start_child
 from ._control import SimulatedCrash, _ContinueAsNew
 from ._cursor import Cursor
-from ._engine import Engine, RunControl
 from ._live import TokenWriter
 from ._retry import RetryPolicy
 from ._stepinfo import StepInfo, current_step
@@ -54,20 +53,13 @@ class RunContext:
             ``None`` in session 0.
     """
 
-    def __init__(
-        self,
-        *,
-        run: RunRecord,
-        journal: list[StepRecord],
-        engine: Engine,
-        control: RunControl,
-    ) -> None:
+    def __init__(self, *, run: RunRecord, cursor: Cursor) -> None:
         self.run_id = run.id
         self.workflow = run.workflow
         self.session = run.session
         self.handoff: Any = loads(run.handoff)
-        self._engine = engine
-        self._cursor = Cursor(run=run, journal=journal, engine=engine, control=control)
+        self._engine = cursor.engine
+        self._cursor = cursor
         self._waits = Waits(self._cursor)
         self._steps = Steps(self._cursor, self._waits)
 
@@ -482,5 +474,6 @@ class RunContext:
         incremented and ``ctx.handoff`` set to this value; replay never reads an
         older session's journal, so a run of any length stays cheap to recover.
         """
-        self._cursor.boundary()
-        raise self._cursor.set_stop(_ContinueAsNew(dumps(handoff, what="hand-off")))
+        life = self._cursor.life
+        life.boundary()
+        raise life.decide(_ContinueAsNew(dumps(handoff, what="hand-off")))

@@ -5,41 +5,30 @@ journaled record at that number answers it; a different kind or name there is
 :class:`NondeterminismError`. New rows are buffered (:meth:`Cursor.put`) and committed
 together with the next intent row, in one fenced transaction (:meth:`Cursor.flush`).
 
-The cursor also holds what every part of the context shares about this execution:
-how it ends once the engine has decided (:attr:`Cursor.stop`), the tasks using the
-context, the step functions running and the commits in flight.
+The cursor keeps the position, the lookup, the buffer and the flush. Everything else
+about the execution (how it ends, its tasks, its steps running, its parked waits) is
+its :class:`~._lifecycle.Lifecycle`'s, which the cursor tells what a commit found.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 from .._errors import (
-    Cancelled,
     LeaseLost,
-    MainspringError,
     NondeterminismError,
     StoreError,
     StoreUnavailable,
 )
 from .._serde import dumps, loads
 from ..storage import RunRecord, RunTransition, RunWrite, StepKind, StepRecord, StepStatus
-from ._control import _Closed, _ContinueAsNew, _EngineFailure, _Release, _Suspend
-from ._engine import Engine, RunControl
+from ._engine import Engine
+from ._lifecycle import Lifecycle
 
-__all__ = ["Cursor", "Parked"]
-
-log = logging.getLogger("mainspring.journal")
-
-# How long a finished run's leftover tasks may take to obey their cancellation.
-_SETTLE_S = 10.0
-
-# A wait that cannot complete in this execution: (signal, wake_at, reason).
-Parked = tuple[str | None, float | None, str]
+__all__ = ["Cursor"]
 
 
 def _same_name(engine: Engine, journaled: str, asked: str) -> bool:
@@ -52,69 +41,41 @@ def _same_name(engine: Engine, journaled: str, asked: str) -> bool:
     return canonical is not None and canonical(journaled) == asked
 
 
-def _nothing() -> None:
-    return None
-
-
 class Cursor:
     """The records of one session as one execution reads and extends them."""
 
     def __init__(
-        self, *, run: RunRecord, journal: list[StepRecord], engine: Engine, control: RunControl
+        self, *, run: RunRecord, journal: list[StepRecord], engine: Engine, life: Lifecycle
     ) -> None:
         self.run_id = run.id
         self.session = run.session
         self.epoch = run.epoch
         self.engine = engine
-        self.control = control
+        self.life = life
+        # The engine's clock, read several times a step: bound once.
+        self.now: Callable[[], float] = engine.clock.now
         self.journal = {rec.seq: rec for rec in journal}
         self.last_journaled = max(self.journal, default=-1)
         self.seq = -1
         self.pending: dict[int, StepRecord] = {}
         self.consume: list[tuple[int, str]] = []
-        self.cancel = run.cancel_requested
         self.reset_recoveries = run.recoveries > 0
         # When the run was last proven this execution's: claimed, or a commit the
         # fence let through (see Engine.lease_s).
         self.proven_at = engine.clock.now()
-        # How this execution ends, once the engine has decided (a suspension, a lost
-        # lease, a store outage, a cancel, the run's outcome): every later use of the
-        # context raises it again, whatever the workflow did with the first one.
-        self.stop: BaseException | None = None
-        # The run is being finished (not suspended, released or continued) while step
-        # attempts may still run: those are cancelled and journaled as such.
-        self.ending = False
-        try:
-            self.main: asyncio.Task[Any] | None = asyncio.current_task()
-        except RuntimeError:  # made outside an event loop
-            self.main = None
-        self.tasks: set[asyncio.Task[Any]] = set()  # other tasks that used the context
-        self.running = 0  # step functions executing now (more than one under gather)
-        # The seq of the last model call that returned (live or replayed): the turn the
-        # steps after it belong to, for traces (StepInfo.turn).
-        self.turn: int | None = None
-        self.no_steps = asyncio.Event()  # set while no step function runs
-        self.no_steps.set()
-        self.busy = 0  # commits (and short sleeps) in flight from workflow code
-        self.activity = 0  # bumped by every use of the context
-        self.cancelled_main = False  # the context cancelled the main task to suspend
-        # Waits that cannot complete in this execution, by key (a wait's seq, or a
-        # negative number for a sleep). The run suspends once nothing else can happen.
-        self.parked: dict[int, Parked] = {}
-        # Called on activity while some wait is parked (the waits watch for quiet).
-        self.on_parked_activity: Callable[[], None] = _nothing
-        # Step attempts the engine stopped while their sync function still ran on a
-        # thread: each journals how its thread ended before the run's outcome commits.
-        self.leftovers: list[Callable[[], Awaitable[None]]] = []
+
+    def reclaim(self, run: RunRecord) -> None:
+        """Go on at ``run``'s claim (a sticky execution woken): its epoch fences what
+        this cursor commits from now on."""
+        self.epoch = run.epoch
+        self.reset_recoveries = run.recoveries > 0
+        self.proven_at = self.now()  # just claimed
 
     # -- position ---------------------------------------------------------------------
 
     @property
     def is_replaying(self) -> bool:
         return self.seq < self.last_journaled
-
-    def now(self) -> float:
-        return self.engine.clock.now()
 
     def where(self, seq: int, name: str) -> str:
         return f"{self.session}:{seq} {name!r}"
@@ -139,9 +100,13 @@ class Cursor:
         once every run that predates it had finished, and the steps after the marker
         are the patched code's, which the code asks for now (and checks, by name).
         """
-        first = self.seq + 1
-        seq = self.seq = self.next_seq()
-        rec = self.journal.get(seq)
+        first = seq = self.seq + 1
+        journal = self.journal
+        rec = journal.get(seq)
+        while rec is not None and rec.kind == "patch":  # as next_seq, inline: every call
+            seq += 1
+            rec = journal.get(seq)
+        self.seq = seq
         if rec is not None and (rec.kind != kind or not _same_name(self.engine, rec.name, name)):
             passed = [self.journal[s].name for s in range(first, seq)]
             took = (
@@ -150,7 +115,7 @@ class Cursor:
                 if passed
                 else ""
             )
-            raise self.fail(
+            raise self.life.fail(
                 NondeterminismError(
                     f"replay expected {rec.kind} {rec.name!r} at position {seq} of session "
                     f"{self.session} but the workflow asked for {kind} {name!r}: the "
@@ -161,41 +126,10 @@ class Cursor:
             )
         return seq
 
-    # -- the execution's state --------------------------------------------------------
-
-    def boundary(self) -> None:
-        """Every use of the context passes here: raise how the execution ends, if that
-        is decided, and note the task and the activity."""
-        if self.stop is not None:
-            raise self.stop
-        task = asyncio.current_task()
-        if task is not self.main and task is not None:
-            if len(self.tasks) > 256:  # a long run of many gathers: forget the done ones
-                self.tasks = {t for t in self.tasks if not t.done()}
-            self.tasks.add(task)
-        self.activity += 1
-        if self.cancel:
-            raise self.set_stop(Cancelled(self.run_id))
-        if self.control.draining:
-            raise self.set_stop(_Release())
-
-    def touch(self) -> None:
-        """Note activity (a step or a commit ended)."""
-        self.activity += 1
-        if self.parked:
-            self.on_parked_activity()
-
-    def set_stop(self, stop: BaseException) -> BaseException:
-        """Decide how this execution ends (the first decision stands) and return it."""
-        if self.stop is None:
-            self.stop = stop
-        return self.stop
-
-    def fail(self, error: MainspringError) -> _EngineFailure:
-        """An engine failure, as workflow code must see it (see :class:`_EngineFailure`)."""
-        failure = _EngineFailure(error)
-        self.set_stop(failure)
-        return failure
+    def consumed(self, signal_id: int, at: str) -> None:
+        """A wait took the stored signal ``signal_id`` (at ``session:seq``): consumed in
+        the next commit, and skipped by the other waits until then."""
+        self.consume.append((signal_id, at))
 
     # -- records ----------------------------------------------------------------------
 
@@ -260,7 +194,7 @@ class Cursor:
 
     def record(self, kind: StepKind, make: Callable[[], Any]) -> Any:
         """A journaled value (``now``, ``uuid``, ``random``): made once, then replayed."""
-        self.boundary()
+        self.life.boundary()
         seq = self.take(kind, kind)
         rec = self.journal.get(seq)
         if rec is not None:
@@ -281,7 +215,7 @@ class Cursor:
         Markers of other changes met first are passed over (patches removed since);
         if nothing but such markers lies ahead, this is a first execution from there.
         """
-        self.boundary()
+        self.life.boundary()
         probe = self.seq + 1
         while (rec := self.journal.get(probe)) is not None and rec.kind == "patch":
             if rec.name == change_id:
@@ -308,16 +242,16 @@ class Cursor:
     async def commit(self) -> None:
         """Flush on behalf of workflow code. A store that stays down or a lost lease
         becomes an :class:`_EngineFailure`, which ``except Exception`` cannot catch."""
-        if self.stop is not None:
-            raise self.stop
-        self.busy += 1
+        life = self.life
+        if life.stop is not None:
+            raise life.stopped()
+        life.busy_began()
         try:
             await self.flush()
         except (StoreUnavailable, StoreError, LeaseLost) as exc:
-            raise self.fail(exc) from exc
+            raise life.fail(exc) from exc
         finally:
-            self.busy -= 1
-            self.touch()
+            life.busy_ended()
 
     def _redacted(self, transition: RunTransition) -> RunTransition:
         redact = self.engine.redact
@@ -389,15 +323,16 @@ class Cursor:
         self._committed(sent, write, result.cancel_requested)
         self.proven_at = sent_at
 
-    async def prove(self, intent: StepRecord) -> None:
-        """Before a step function starts: if the run was last proven this execution's
-        more than half a lease ago (the process was frozen or starved since its
-        ``intent`` row was committed), send that row through the fence again, so that
-        a run taken over meanwhile is found lost (an :class:`_EngineFailure`) before
-        anything of it runs here."""
+    def stale(self) -> bool:
+        """Whether the run was last proven this execution's more than half a lease ago
+        (the process was frozen or starved since): see :meth:`prove`."""
         lease = self.engine.lease_s
-        if lease is None or self.now() - self.proven_at <= lease / 2:
-            return
+        return lease is not None and self.now() - self.proven_at > lease / 2
+
+    async def prove(self, intent: StepRecord) -> None:
+        """Before a step function starts, once :meth:`stale`: send its ``intent`` row
+        through the fence again, so that a run taken over meanwhile is found lost (an
+        :class:`_EngineFailure`) before anything of it runs here."""
         self.put(intent)
         await self.commit()
 
@@ -413,45 +348,6 @@ class Cursor:
             self.consume = [c for c in self.consume if c not in consumed]
         if write.reset_recoveries:
             self.reset_recoveries = False
-            self.control.progressed = True
+            self.life.control.progressed = True
         if cancel:
-            self.cancel = True
-
-    # -- the end ----------------------------------------------------------------------
-
-    async def leftovers_ended(self) -> None:
-        """Wait for the threads of step attempts the engine stopped (each until its
-        step's timeout) and buffer how each ended, before the run's outcome commits:
-        no step of a finished run is still running (but past its timeout)."""
-        leftovers, self.leftovers = self.leftovers, []
-        if leftovers:
-            await asyncio.gather(*(ended() for ended in leftovers))
-
-    async def settle(self) -> None:
-        """Before the run's outcome is committed: no task may act for it any more.
-
-        On a release or a new session, step functions already running finish first
-        (their ends are journaled with the transition); then every other task that
-        used the context is cancelled and awaited, so none can write into the
-        finished (or suspended) run.
-        """
-        patient = isinstance(self.stop, _Release | _ContinueAsNew)
-        self.ending = not patient and not isinstance(self.stop, _Suspend)
-        self.set_stop(_Closed())
-        me = asyncio.current_task()
-        try:
-            if patient and self.running:
-                await self.no_steps.wait()
-        finally:  # even if the worker stops waiting (shutdown grace over): cancel them
-            others = [t for t in self.tasks if t is not me and not t.done()]
-            for task in others:
-                task.cancel()
-        if others:
-            _, pending = await asyncio.wait(others, timeout=_SETTLE_S)
-            if pending:
-                log.warning(
-                    "run %s: %d task(s) ignored their cancellation; they can no longer "
-                    "write to the run",
-                    self.run_id,
-                    len(pending),
-                )
+            self.life.cancel_asked()

@@ -17,6 +17,7 @@ from ._context import RunContext
 from ._control import SimulatedCrash, _ContinueAsNew, _EngineFailure, _Release, _Suspend, error_json
 from ._cursor import Cursor
 from ._engine import Engine, RunControl
+from ._lifecycle import Lifecycle
 from ._sticky import Execution
 from ._tasks import TaskExit, guard_workflow_tasks, in_workflow
 from ._workflow import Workflow
@@ -91,16 +92,15 @@ async def _execute(
                 safe_str(exc),
             )
             return "abandoned"
-        ctx = RunContext(run=run, journal=journal, engine=engine, control=control)
-        cur = ctx._cursor
-        raised, result = await _run_workflow(workflow, ctx, run)
+        cur = Cursor(run=run, journal=journal, engine=engine, life=Lifecycle(run, control))
+        raised, result = await _run_workflow(workflow, RunContext(run=run, cursor=cur), run)
         if isinstance(raised, SimulatedCrash):
             log.info("run %s: simulated crash; nothing more is written", run.id)
             return "abandoned"  # as if the process died here: the lease will expire
         task = asyncio.current_task()
-        if cur.cancelled_main and task is not None:
+        if cur.life.cancelled_main and task is not None:
             task.uncancel()  # the context cancelled this task itself, to suspend the run
-        ended = await _end(engine, run, workflow, control, cur, raised, result)
+        ended = await _end(engine, run, workflow, cur, raised, result)
         if isinstance(ended, str):
             return ended
         run = ended
@@ -110,18 +110,19 @@ async def _end(
     engine: Engine,
     run: RunRecord,
     workflow: Workflow[Any, Any],
-    control: RunControl,
     cur: Cursor,
     raised: BaseException | None,
     result: Any,
 ) -> Outcome | RunRecord:
     """Commit how the workflow's execution ended: the outcome, or the run record of
     the next session (a continue-as-new)."""
+    life = cur.life
+    control = life.control
     # What the engine decided stands, whatever the workflow did with it (swallowed
     # by `except BaseException`, or returned a value after it).
-    stop = cur.stop
+    stop = life.stop
     with contextlib.suppress(asyncio.CancelledError):  # control.reason says why
-        await cur.settle()
+        await life.settle()
     if control.reason == "lost":
         log.warning("run %s: lease lost (epoch %s); stopping without writing", run.id, run.epoch)
         return "lost"
@@ -139,7 +140,7 @@ async def _end(
     transition, outcome = decided
     control.committing = True  # a cancel asked now is the store's to honour
     try:
-        await cur.leftovers_ended()  # steps the end stopped, still on their threads
+        await life.leftovers_ended()  # steps the end stopped, still on their threads
         await cur.flush(transition)
     except LeaseLost as exc:
         _refused(run, transition, exc)
@@ -149,7 +150,7 @@ async def _end(
         return "abandoned"
     finally:
         control.committing = False
-    if transition.kind == "finish" and cur.cancel and outcome != "cancelled":
+    if transition.kind == "finish" and life.cancel and outcome != "cancelled":
         # Asked to cancel before its end committed: the store ended it cancelled.
         log.info(
             "run %s: cancelled before it could end %s; its result is discarded", run.id, outcome
@@ -202,13 +203,14 @@ async def _sessions(
                     safe_str(exc),
                 )
                 return "abandoned"
-            ctx = RunContext(run=run, journal=journal, engine=engine, control=control)
-            ctx._waits.keep = asyncio.get_running_loop().create_future()
+            life = Lifecycle(run, control, sticky=True)
+            cur = Cursor(run=run, journal=journal, engine=engine, life=life)
+            ctx = RunContext(run=run, cursor=cur)
             task = asyncio.create_task(
                 _run_workflow(workflow, ctx, run), name=f"mainspring-workflow-{run.id}"
             )
-            ctx._cursor.main = task
-            ex = Execution(ctx, task, run, workflow)
+            life.adopt(task)
+            ex = Execution(ctx, cur, task, run, workflow)
         cur = ex.cur
         try:
             kept = await _until_suspended(ex, control)
@@ -225,7 +227,7 @@ async def _sessions(
         if isinstance(raised, SimulatedCrash):
             log.info("run %s: simulated crash; nothing more is written", run.id)
             return "abandoned"  # as if the process died here: the lease will expire
-        ended = await _end(engine, ex.run, workflow, control, cur, raised, result)
+        ended = await _end(engine, ex.run, workflow, cur, raised, result)
         if isinstance(ended, str):
             return ended
         run, ex = ended, None
@@ -235,29 +237,28 @@ async def _until_suspended(ex: Execution, control: RunControl) -> RunTransition 
     """Wait for the workflow's task to end (``None``) or for it to suspend in a way
     that keeps it (the suspension). The worker's interruptions are passed on to the
     workflow's task, as if it ran in the worker's own task."""
-    keep = ex.waits.keep
-    assert keep is not None
+    life = ex.life
     while not ex.task.done():
+        parking = life.parking
+        # Parked: at once to the check below (also after the worker's interruption).
+        # Once the execution is closing, only the task's end is awaited.
+        waits: tuple[asyncio.Future[Any], ...] = (ex.task,)
+        if parking is not None and life.state in ("running", "parked"):
+            waits = (ex.task, parking)
         try:
-            await asyncio.wait((ex.task, keep), return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
         except asyncio.CancelledError:
             ex.task.cancel()  # control.reason says why; the workflow sees it where it is
             continue
-        if keep.done() and not ex.task.done():
-            transition = keep.result()
-            dormant = ex.waits.dormant
-            if (
-                control.reason is None
-                and dormant is not None
-                and ex.cur.stop is dormant
-                and dormant.__traceback__ is None  # nothing met it: nothing moved on
-            ):
+        if life.state == "parked" and not ex.task.done():
+            assert parking is not None
+            transition = parking.result()
+            if control.reason is None and life.intact:  # nothing moved on meanwhile
                 return transition
             # Interrupted meanwhile: suspend as without stickiness (control.reason,
             # read first by the end, says how the run leaves).
-            ex.cur.stop = _Suspend(transition)  # in place of the dormant marker
+            life.interrupt(transition)
             ex.task.cancel()
-            ex.waits.keep = keep = asyncio.get_running_loop().create_future()
     return None
 
 
@@ -267,7 +268,7 @@ async def _keep(
     """Commit the suspension and hand the live execution to the worker."""
     cur = ex.cur
     ex.sleep(transition)  # dormant first: nothing else may use the context meanwhile
-    control = cur.control
+    control = ex.life.control
     control.committing = True  # a cancel asked now is the store's to honour
     try:
         await cur.flush(transition)
@@ -403,7 +404,8 @@ async def _refuse(
 
 
 async def _release(engine: Engine, cur: Cursor, run: RunRecord) -> Outcome:
-    cur.control.committing = True  # a cancel asked now: the next claim carries it out
+    control = cur.life.control
+    control.committing = True  # a cancel asked now: the next claim carries it out
     try:
         await cur.flush()
         engine.store.release(run.id, run.epoch, engine.clock.now())
@@ -413,7 +415,7 @@ async def _release(engine: Engine, cur: Cursor, run: RunRecord) -> Outcome:
     except (StoreUnavailable, StoreError):
         return "abandoned"
     finally:
-        cur.control.committing = False
+        control.committing = False
     return "released"
 
 

@@ -39,7 +39,7 @@ def deprecate_patch(cur: Cursor, change_id: str) -> None:
     """The change is the only code now: keep its marker, refuse runs from before it."""
     _check_id(change_id, "deprecate_patch")
     if cur.patch(change_id, 1) is None:
-        raise cur.fail(
+        raise cur.life.fail(
             NondeterminismError(
                 f"this run started before the change {change_id!r}, whose old code was "
                 f"removed (ctx.deprecate_patch({change_id!r})): finish such runs under "
@@ -68,7 +68,7 @@ def version(cur: Cursor, change_id: str, min_supported: int, max_supported: int)
     found = cur.patch(change_id, max_supported)
     taken = BEFORE if found is None else found
     if not min_supported <= taken <= max_supported:
-        raise cur.fail(
+        raise cur.life.fail(
             NondeterminismError(
                 f"this run is on version {taken} of the change {change_id!r}, but the code "
                 f"supports versions {min_supported} to {max_supported} only: finish such "

@@ -77,7 +77,11 @@ class Steps:
 
     def __init__(self, cur: Cursor, waits: Waits) -> None:
         self.cur = cur
+        self.life = cur.life
         self.waits = waits
+        # The seq of the last model call that returned (live or replayed): the turn the
+        # steps after it belong to, for traces (StepInfo.turn).
+        self.turn: int | None = None
 
     async def run(
         self,
@@ -100,14 +104,14 @@ class Steps:
                 "function named role is passed with functools.partial(fn, role=...))"
             )
         cur = self.cur
-        cur.boundary()
+        self.life.boundary()
         step_name = name or getattr(fn, "__qualname__", None) or repr(fn)
         seq = cur.take("step", step_name)
         rec = cur.journal.get(seq)
         is_coro, ret_type = _fn_info(fn)
         if rec is not None and rec.status == "completed":
             if role == "model":
-                cur.turn = seq
+                self.turn = seq
             return decode(rec.output, ret_type, what=f"journaled output of {step_name!r}")
         if retry is None:
             retry = cur.engine.default_retry if mode == "at_least_once" else RetryPolicy.never()
@@ -121,7 +125,7 @@ class Steps:
             error, output, value = await self._attempt(step, started)
             if error is None:
                 if role == "model":
-                    cur.turn = seq
+                    self.turn = seq
                 return await self._complete(step, started, output, value)
             await self._attempt_failed(step, started, error)
             step.attempt += 1
@@ -210,13 +214,14 @@ class Steps:
             name=step.name,
             attempt=step.attempt,
             role=step.role,
-            turn=cur.turn,
+            turn=self.turn,
         )
-        cur.running += 1
-        cur.no_steps.clear()
+        life = self.life
+        life.step_began()
         step.thread = None
         try:
-            await cur.prove(started)  # frozen since its intent? still ours?
+            if cur.stale():  # frozen since its intent? still ours?
+                await cur.prove(started)
             interceptors = cur.engine.interceptors
             if interceptors:
                 call = StepCall(info=info, fn=step.fn, args=step.args, kwargs=step.kwargs)
@@ -236,10 +241,7 @@ class Steps:
                 raise
             return exc, "", None
         finally:
-            cur.running -= 1
-            if not cur.running:
-                cur.no_steps.set()
-            cur.touch()
+            life.step_ended()
 
     async def _invoke(self, step: _Step, info: StepInfo) -> Any:
         fn, args, kwargs, timeout = step.fn, step.args, step.kwargs, step.timeout
@@ -280,7 +282,7 @@ class Steps:
             return True
         if isinstance(exc, asyncio.CancelledError):
             task = asyncio.current_task()
-            return self.cur.stop is not None or (task is not None and task.cancelling() > 0)
+            return self.life.stop is not None or (task is not None and task.cancelling() > 0)
         return False
 
     def _cancelled(self, step: _Step, started: StepRecord, info: StepInfo) -> None:
@@ -292,11 +294,11 @@ class Steps:
         :meth:`_thread_ended`), so that nothing of a finished run is still running
         and the journal never says an effect did not happen when it did. A
         coroutine stops where it awaits: journaled cancelled when the run ends."""
-        cur = self.cur
+        life = self.life
         thread = step.thread
-        if thread is not None and (cur.stop is not None or cur.control.reason is not None):
-            cur.leftovers.append(functools.partial(self._thread_ended, step, started, thread, info))
-        elif cur.ending:
+        if thread is not None and (life.stop is not None or life.control.reason is not None):
+            life.leave(functools.partial(self._thread_ended, step, started, thread, info))
+        elif life.ending:
             self._cancelled_by_end(step, started)
 
     async def _thread_ended(
@@ -357,7 +359,7 @@ class Steps:
     async def _complete(self, step: _Step, started: StepRecord, output: str, value: Any) -> Any:
         cur = self.cur
         done = cur.put(started, status="completed", output=output, finished_at=cur.now())
-        if step.mode == "at_most_once" or cur.running:
+        if step.mode == "at_most_once" or self.life.running:
             # at_most_once: its end must never be in doubt. Other steps still running
             # in parallel: don't let a crash in one of them cost this one's result.
             await cur.commit()

@@ -11,22 +11,21 @@ new epoch and its parked waits wake and check again, exactly as a replay reachin
 them would. Anything else (a takeover, an eviction, a restart, a mismatch) drops
 the execution and the run is replayed.
 
-While kept, the execution is *dormant*: its ``stop`` is a :class:`_Closed` marker,
-so that a task of the workflow still doing something of its own cannot use the
-context (it would be fenced anyway: the run is not running at that epoch). If it
-tried, or the workflow's task ended meanwhile, the execution is spoiled and is
-replayed instead.
+While kept, the execution is *dormant* (see :mod:`._lifecycle`): every use of the
+context meets a :class:`_Closed` marker, so that a task of the workflow still doing
+something of its own cannot use it (it would be fenced anyway: the run is not running
+at that epoch). If it tried, or the workflow's task ended meanwhile, the execution is
+spoiled and is replayed instead.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from typing import Any
 
 from ..storage import RunRecord, RunTransition
 from ._context import RunContext
-from ._control import _Closed
+from ._cursor import Cursor
 from ._engine import RunControl
 from ._workflow import Workflow
 
@@ -42,32 +41,35 @@ class Execution:
 
     Made by :func:`~mainspring.journal.execute` when stickiness is on; a worker
     keeps the ones that suspended and passes one back to ``execute`` to resume it.
+    Its state is its lifecycle's (``life``); this is the worker's handle on it.
     """
 
     def __init__(
         self,
         ctx: RunContext,
+        cur: Cursor,
         task: asyncio.Task[tuple[BaseException | None, Any]],
         run: RunRecord,
         workflow: Workflow[Any, Any],
     ) -> None:
         self.ctx = ctx
-        self.cur = ctx._cursor
-        self.waits = ctx._waits
+        self.cur = cur
+        self.life = cur.life
         self.task = task
         self.run = run
         self.workflow = workflow
         self.wake_at: float | None = None  # of the suspension it is kept at
         self.transition: RunTransition | None = None
-        self._dormant: _Closed | None = None
-        self._activity = -1
-        self.dropped = False
         self.kept_bytes = 0  # as counted by whoever keeps it
         self._size = -1
 
     @property
     def run_id(self) -> str:
         return self.run.id
+
+    @property
+    def dropped(self) -> bool:
+        return self.life.dropped
 
     @property
     def size(self) -> int:
@@ -80,65 +82,34 @@ class Execution:
 
     def sleep(self, transition: RunTransition) -> None:
         """Go dormant at a suspension about to be committed (the waits decided it and
-        closed the context meanwhile): the context refuses every use until :meth:`wake`."""
+        parked the execution meanwhile): the context refuses every use until :meth:`wake`."""
         self.transition = transition
         self.wake_at = transition.wake_at
-        self._dormant = self.waits.dormant
-        self._activity = self.waits.dormant_activity
+        self.life.sleep()
 
     def fits(self, run: RunRecord) -> bool:
         """Whether ``run`` (just claimed) can resume this execution: nobody else held,
         re-opened or wrote the run since it suspended, and the execution is intact."""
         cur = self.cur
         return (
-            not self.dropped
-            and run.id == self.run.id
+            run.id == self.run.id
             and run.workflow == self.run.workflow
             and run.session == cur.session
             and run.epoch == cur.epoch + 1
-            and self._dormant is not None
-            and cur.stop is self._dormant
-            and self._dormant.__traceback__ is None  # nothing tried to use the context
-            and cur.activity == self._activity
+            and self.life.resumable()  # dormant, and nothing used the context since
             and not cur.pending
             and not cur.consume
             and not self.task.done()
-            and bool(self.waits.wakers)
         )
 
     def wake(self, run: RunRecord, control: RunControl) -> None:
         """Resume at ``run``'s epoch: the parked waits check again, in journal order."""
-        cur = self.cur
         self.run = run
-        cur.epoch = run.epoch
-        cur.control = control
-        cur.cancel = run.cancel_requested
-        cur.reset_recoveries = run.recoveries > 0
-        cur.proven_at = cur.now()  # just claimed
-        cur.stop = None
-        self._dormant = None
-        self.waits.dormant = None
         self.transition = None
-        self.waits.wake()
+        self.cur.reclaim(run)
+        self.life.wake(run, control)
 
     def drop(self) -> None:
         """End the kept execution: nothing it does can reach the run any more (it is
         closed, and its epoch is fenced off), and its tasks are cancelled."""
-        if self.dropped:
-            return
-        self.dropped = True
-        cur = self.cur
-        cur.set_stop(_Closed())
-        cur.ending = False
-        for task in [self.task, *cur.tasks]:
-            if not task.done():
-                task.cancel()
-        self.task.add_done_callback(_quiet)
-        for task in cur.tasks:
-            task.add_done_callback(_quiet)
-
-
-def _quiet(task: asyncio.Task[Any]) -> None:
-    """Retrieve a dropped task's end, so that asyncio does not log it as lost."""
-    with contextlib.suppress(BaseException):
-        task.exception()
+        self.life.drop()

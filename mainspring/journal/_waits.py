@@ -17,7 +17,7 @@ from .._requests import Approval, OnTimeout, RequestKind, approval_from, request
 from .._serde import dumps, loads
 from .._signals import is_request_signal
 from ..storage import WAIT_SIGNAL_SEP, RunTransition, StepRecord, join_wait_signals
-from ._control import _Closed, _Suspend
+from ._control import _Suspend
 from ._cursor import Cursor
 
 __all__ = ["MISSING", "Waits"]
@@ -37,28 +37,19 @@ class Waits:
 
     def __init__(self, cur: Cursor) -> None:
         self.cur = cur
+        self.life = cur.life
         self._sleeps = 0
         self._slot_keys: set[int] = set()  # parked back-offs, which keep a queue slot
         self._quiet_seen = -1
         self._quiet_rounds = 0
         self._quiet_polling = False
-        cur.on_parked_activity = self._watch
-        # Sticky executions (see ._sticky): while set, a suspension is decided by
-        # resolving this future (the executor commits it and keeps the execution)
-        # and the parked waits await their wakers instead of raising through the
-        # workflow.
-        self.keep: asyncio.Future[RunTransition] | None = None
-        self.wakers: dict[int, asyncio.Future[None]] = {}
-        # Set with ``keep``'s result: the stop every use of the context meets from then
-        # on (as a replay's would meet the suspension), and the activity count then.
-        self.dormant: _Closed | None = None
-        self.dormant_activity = -1
+        self.life.watch(self._watch)
 
     # -- time -------------------------------------------------------------------------
 
     async def sleep(self, seconds: float) -> None:
         cur = self.cur
-        cur.boundary()
+        self.life.boundary()
         seq = cur.take("sleep", "sleep")
         rec = cur.journal.get(seq)
         if rec is not None:
@@ -75,20 +66,19 @@ class Waits:
         """Wait until ``wake_at`` (journaling nothing): inline when it is near, else
         parked, so that the run suspends and wakes on time. ``keeps_slot``: a retry
         back-off; a run whose every parked wait is one keeps its queue slot."""
-        cur = self.cur
+        cur, life = self.cur, self.life
         while True:  # a sticky execution's parked sleep checks again when it wakes
             delay = wake_at - cur.now()
             if delay <= 0:
                 return
             if delay <= cur.engine.inline_wait_s:
                 await cur.commit()
-                cur.busy += 1  # a short sleep is activity: the run does not suspend under it
+                life.busy_began()  # a short sleep is activity: the run does not suspend under it
                 try:
                     await cur.engine.clock.sleep(delay)
                 finally:
-                    cur.busy -= 1
-                    cur.touch()
-                cur.boundary()
+                    life.busy_ended()
+                life.boundary()
                 return
             self._sleeps += 1  # parked sleeps take negative keys: seqs are for waits
             key = -self._sleeps
@@ -166,7 +156,7 @@ class Waits:
         if WAIT_SIGNAL_SEP in signal:
             raise ValueError(f"a signal name cannot contain {WAIT_SIGNAL_SEP!r}: {signal!r}")
         cur = self.cur
-        cur.boundary()
+        self.life.boundary()
         seq = cur.take("signal", signal)
         rec = cur.journal.get(seq)
         if rec is not None and rec.status == "completed":
@@ -200,7 +190,7 @@ class Waits:
         try:
             found = cur.engine.store.next_signal(cur.run_id, signal, skip=taken)
         except (StoreUnavailable, StoreError) as exc:
-            raise cur.fail(exc) from exc
+            raise self.life.fail(exc) from exc
         if found is not None:
             done = cur.put(
                 rec,
@@ -208,7 +198,7 @@ class Waits:
                 output="{" + meta + '"signal":' + found.payload + "}",
                 finished_at=cur.now(),
             )
-            cur.consume.append((found.id, f"{cur.session}:{rec.seq}"))
+            cur.consumed(found.id, f"{cur.session}:{rec.seq}")
             await cur.commit()
             return done
         if rec.wake_at is not None and cur.now() >= rec.wake_at:
@@ -225,7 +215,7 @@ class Waits:
         try:
             await self._park(rec.seq, signal, rec.wake_at, reason or f"signal:{signal}")
         except asyncio.CancelledError:
-            if cur.stop is None:  # the workflow cancelled it (the loser of a race)
+            if self.life.stop is None:  # the workflow cancelled it (the loser of a race)
                 meta = "" if rec.output is None else rec.output[1:-1] + ","
                 cur.put(
                     rec,
@@ -266,46 +256,44 @@ class Waits:
         wait_for("b"))`` is parked, and an ``asyncio.wait`` whose other wait just
         completed gets to see it first.
         """
-        cur = self.cur
-        cur.parked[key] = (signal, wake_at, reason)
+        life = self.life
+        waker = life.park_wait(key, (signal, wake_at, reason))
         try:
             alone = (
-                asyncio.current_task() is cur.main
-                and not cur.running
-                and not cur.busy
-                and all(t.done() for t in cur.tasks)
+                asyncio.current_task() is life.main
+                and not life.running
+                and not life.busy
+                and all(t.done() for t in life.tasks)
             )
-            if self.keep is not None:
-                waker = self.wakers[key] = asyncio.get_running_loop().create_future()
+            if waker is not None:
                 if alone:
                     self._suspend_now()
                 else:
-                    cur.touch()
+                    life.touch()
                 await waker
-                cur.boundary()  # as a replay reaching this wait: cancelled, draining
+                life.boundary()  # as a replay reaching this wait: cancelled, draining
                 return
             if alone:
-                raise cur.set_stop(_Suspend(self._suspension()))
-            cur.touch()
+                raise life.decide(_Suspend(self._suspension()))
+            life.touch()
             await self._forever()
         finally:
-            del cur.parked[key]
-            self.wakers.pop(key, None)
+            life.unpark_wait(key)
 
     def _watch(self) -> None:
         """Activity while some wait is parked: start watching for quiet."""
-        if not self._quiet_polling and self.cur.stop is None:
+        if not self._quiet_polling and self.life.stop is None:
             self._quiet_polling = True
             self._quiet_rounds = 0
             asyncio.get_running_loop().call_soon(self._check_quiet)
 
     def _check_quiet(self) -> None:
-        cur = self.cur
-        if cur.stop is not None or not cur.parked or cur.running or cur.busy:
+        life = self.life
+        if life.stop is not None or not life.parked or life.running or life.busy:
             self._quiet_polling = False  # a step or commit ends with touch(): watch again
             return
-        if cur.activity != self._quiet_seen:
-            self._quiet_seen = cur.activity
+        if life.activity != self._quiet_seen:
+            self._quiet_seen = life.activity
             self._quiet_rounds = 0
         else:
             self._quiet_rounds += 1
@@ -316,36 +304,18 @@ class Waits:
         asyncio.get_running_loop().call_soon(self._check_quiet)
 
     def _suspend_now(self) -> None:
-        cur = self.cur
-        keep = self.keep
-        if keep is not None and cur.stop is None:
-            if not keep.done():
-                # From here on nothing may use the context: it is as suspended.
-                self.dormant = _Closed()
-                self.dormant_activity = cur.activity
-                cur.stop = self.dormant
-                keep.set_result(self._suspension())
+        life = self.life
+        if life.parking is not None and life.state == "running":
+            # Sticky: from here on nothing may use the context; it is as suspended.
+            life.park(self._suspension())
             return
-        cur.set_stop(_Suspend(self._suspension()))
-        if cur.main is not None and not cur.main.done():
-            cur.cancelled_main = True
-            cur.main.cancel()
-        for task in cur.tasks:
-            task.cancel()
-
-    def wake(self) -> None:
-        """Resume a sticky execution: every parked wait checks again, in key order
-        (sleeps, then waits in journal order, as a replay would reach them)."""
-        self.keep = asyncio.get_running_loop().create_future()
-        for key in sorted(self.wakers):
-            waker = self.wakers[key]
-            if not waker.done():
-                waker.set_result(None)
+        life.decide(_Suspend(self._suspension()))
+        life.cancel_tasks()
 
     def _suspension(self) -> RunTransition:
         """One suspension for every parked wait: any of their signals wakes the run, and
         so does the earliest of their deadlines."""
-        parked = self.cur.parked
+        parked = self.life.parked
         waits = [parked[key] for key in sorted(parked)]
         signals = list(dict.fromkeys(s for s, _, _ in waits if s is not None))
         deadlines = [w for _, w, _ in waits if w is not None]
