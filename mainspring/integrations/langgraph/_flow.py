@@ -38,6 +38,7 @@ from ._models import ModelCalls
 from ._run import ASK, EXECUTION, Execution, NodeSpec
 from ._saver import MainspringSaver
 from ._serde import decode, encode
+from ._tasks import TaskCalls, TaskResults, task_policy
 
 __all__ = ["DurableGraph", "InterruptKind", "durable"]
 
@@ -239,7 +240,21 @@ def _wrap(
         nodes[node_name] = node.copy(
             {"bound": _node_runnable(spec), "retry_policy": None, "timeout": None, "subgraphs": []}
         )
-    return graph.copy({"nodes": nodes, "checkpointer": None, "retry_policy": ()})
+    # @task calls inside a node keep their results as they complete (._tasks).
+    return graph.copy(
+        {
+            "nodes": nodes,
+            "checkpointer": None,
+            "retry_policy": (),
+            "cache": TaskResults(_task_calls, graph.cache),
+            "cache_policy": task_policy(_task_calls, graph.cache_policy),
+        }
+    )
+
+
+def _task_calls() -> TaskCalls | None:
+    ex = EXECUTION.get()
+    return None if ex is None else ex.task_calls
 
 
 def _node_runnable(spec: NodeSpec) -> RunnableLambda[Any, Any]:
@@ -325,6 +340,7 @@ async def _drive(
         limits=options.limits,
         started=ctx.now().timestamp(),
         loop_repeats=options.loop_repeats,
+        task_calls=TaskCalls(ctx),
     )
     token = EXECUTION.set(execution)
     try:

@@ -35,11 +35,21 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.errors import GraphInterrupt, ParentCommand
 from langgraph.types import interrupt
 
-from ... import BudgetExceeded, Clock, ConfigError, Limits, LoopDetected, RunContext, Workflow
+from ... import (
+    BudgetExceeded,
+    Clock,
+    ConfigError,
+    Limits,
+    LoopDetected,
+    RunContext,
+    Workflow,
+    current_step,
+)
 from ... import RetryPolicy as MsRetry
 from ...storage import JournalRole
 from ._models import NodeUsage, current_usage
 from ._serde import decode, encode
+from ._tasks import TaskCalls
 
 __all__ = ["ASK", "EXECUTION", "Execution", "NodeSpec"]
 
@@ -89,6 +99,7 @@ class Execution:
     tasks: dict[str, _Task] = field(default_factory=dict)
     recent: deque[str] = field(default_factory=lambda: deque(maxlen=12))
     loops: int = 0
+    task_calls: TaskCalls | None = None  # its nodes' @task calls (``._tasks``)
 
     # -- a node ------------------------------------------------------------------------
 
@@ -105,6 +116,8 @@ class Execution:
         live: list[GraphInterrupt] = []
 
         async def body() -> dict[str, Any]:
+            if self.task_calls is not None:  # an attempt: its @task calls count from 0
+                self.task_calls.attempt(current_step().idempotency_key)
             usage = NodeUsage(store=self.ctx.store, clock=self.clock)
             token = current_usage().set(usage)
             try:
