@@ -640,10 +640,17 @@ def test_duplicate_names_are_a_config_error() -> None:
 
 
 def test_public_names_are_pinned() -> None:
+    # What users import from mainspring.tools; the rest reach them as mainspring.tool,
+    # mainspring.ToolContext, ... (the floors above import them from __internal__).
     assert set(mainspring.tools.__all__) == {
-        "Effect", "OutputSchema", "Tool", "ToolContext", "ToolDeps", "ToolRegistry",
-        "Validator", "tool", "describe_errors", "parse_arguments", "tool_of",
-        "Toolset", "ToolList", "MCPToolset", "MCPTool", "MCPToolError", "effect_of",
-        "IDEMPOTENCY_META_KEY", "mark_step_effect", "step_effect",
+        "Tool", "ToolRegistry", "tool_of", "Toolset", "ToolList", "MCPTool",
+        "MCPToolError", "effect_of", "IDEMPOTENCY_META_KEY", "mark_step_effect",
+        "step_effect",
     }  # fmt: skip
+    assert set(mainspring.tools.__internal__) == {
+        "Effect", "OutputSchema", "ToolContext", "ToolDeps", "Validator", "tool",
+        "describe_errors", "parse_arguments", "MCPToolset",
+    }  # fmt: skip
+    for name in ("tool", "ToolContext", "Effect"):
+        assert getattr(mainspring, name) is getattr(mainspring.tools, name)
     assert isinstance(send_email, Tool)

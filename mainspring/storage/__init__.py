@@ -6,8 +6,7 @@ from __future__ import annotations
 from urllib.parse import urlsplit
 
 from .._errors import ConfigError
-from ._api import SCOPES, WEBHOOK_EVENTS, ApiKey, Delivery, Scope, Webhook
-from ._api import WebhookEvent as WebhookEvent
+from ._api import SCOPES, WEBHOOK_EVENTS, ApiKey, Delivery, Scope, Webhook, WebhookEvent
 from ._base import Cursor as Cursor
 from ._base import Heartbeat as Heartbeat
 from ._base import KeptRun, PruneResult, Snapshot, Store
@@ -78,6 +77,7 @@ __all__ = [
     "Store",
     "TokenStream",
     "Webhook",
+    "WebhookEvent",
     "WorkerBeat",
     "WorkerRecord",
     "WorkerState",
@@ -108,7 +108,6 @@ __internal__ = (
     "TokenKind",
     "TokenPiece",
     "WAIT_SIGNAL_SEP",
-    "WebhookEvent",
     "WriteResult",
     "check_queue_limits",
     "child_signal",
