@@ -17,6 +17,7 @@ from ._rows import (
     _RUN_SUMMARY_COLUMNS,
     _STEP_COLUMNS,
     _UPSERT_STEP,
+    _claimable_sql,
     _run,
     _step,
     _step_params,
@@ -236,16 +237,7 @@ class RunTables(Connection):
         """The earliest ``wake_at`` of a sleeping or waiting run (of these workflows,
         and code versions as :meth:`claim` takes them, but the runs in ``skip``):
         when a worker next has something to claim that nobody needs to send."""
-        names = list(workflows) if workflows is not None else None
-        wf_sql = f" AND workflow IN ({', '.join('?' * len(names))})" if names else ""
-        params: list[Any] = list(names or [])
-        if versions is not None:
-            v_sql, v_params = _versions_sql(versions)
-            wf_sql += f" AND {v_sql}"
-            params += v_params
-        if skip:
-            wf_sql += f" AND id NOT IN ({', '.join('?' * len(skip))})"
-            params += sorted(skip)
+        wf_sql, params = _claimable_sql(workflows, versions, skip)
         with self._read() as cur:
             cur.execute(
                 "SELECT MIN(wake_at) FROM ms_runs WHERE status IN ('sleeping', 'waiting')"
