@@ -334,18 +334,7 @@ class RunTables(Connection):
             row = cur.fetchone()
             if row is None:
                 raise RunNotFound(f"cannot fork: no run {source.id!r}")
-            if session == row[0]:
-                handoff = row[1]
-            elif session == source.session:
-                handoff = source.handoff  # the caller's record is of that session
-            elif session == 0:
-                handoff = None
-            else:
-                raise RunConflict(
-                    f"cannot fork run {source.id!r} from session {session}: its hand-off is "
-                    f"not kept (the run is in session {row[0]})",
-                    run_id=source.id,
-                )
+            handoff = _fork_handoff(source, session, now_session=row[0], now_handoff=row[1])
             cur.execute(
                 "INSERT INTO ms_runs (id, workflow, status, input, session, handoff,"
                 " created_at, updated_at, parent, parent_step, parent_kind, version, queue,"
@@ -518,3 +507,26 @@ class _TooLate(Exception):
 
 def _cancel_error(reason: str | None) -> str:
     return dumps({"type": "Cancelled", "message": reason or "cancelled"})
+
+
+def _fork_handoff(
+    source: RunRecord, session: int, *, now_session: int, now_handoff: str | None
+) -> str | None:
+    """The hand-off a fork from ``source``'s ``session`` starts with: the run's own
+    if it is still in that session (``now_*``: its row as the fork holds it), the
+    caller's record's if that record is of that session, none for session 0.
+
+    Raises:
+        RunConflict: any other session's hand-off is not kept.
+    """
+    if session == now_session:
+        return now_handoff
+    if session == source.session:
+        return source.handoff  # the caller's record is of that session
+    if session == 0:
+        return None
+    raise RunConflict(
+        f"cannot fork run {source.id!r} from session {session}: its hand-off is "
+        f"not kept (the run is in session {now_session})",
+        run_id=source.id,
+    )
