@@ -16,7 +16,6 @@ from ._queues import ClaimTerms, QueueTables, ready_queues_sql
 from ._records import WAKE_NOW, RunRecord, RunStatus
 from ._rows import _RUN_COLUMNS, _claimable_sql, _run
 from ._transitions import RUN_EDGES, dead_letter, fenced, refuse, release
-from ._transitions import claim as claim_run
 from ._workers import WorkerBeat, register
 
 __all__ = ["Heartbeat", "LeaseTables"]
@@ -208,15 +207,7 @@ class LeaseTables(QueueTables):
                 now=terms.now,
             )
             return "dead" if end == "failed" else "left"
-        claim_run(
-            cur,
-            rid,
-            worker=terms.worker,
-            at=terms.at,
-            lease_s=terms.lease_s,
-            recoveries=count,
-            now=terms.now,
-        )
+        terms.take(cur, rid, count)
         return "suspect" if suspect else "claimed"
 
     def _records(self, cur: Cursor, ids: list[str]) -> list[RunRecord]:
