@@ -23,8 +23,8 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final
 
-from .. import ConfigError, MainspringError, StepTimeout, TransientError
-from ..journal import StepCall, StepInfo, StepInterceptor
+from .. import ConfigError, MainspringError, StepInfo, StepTimeout, TransientError
+from ..journal import StepCall, StepInterceptor
 from ..models import ModelResponse, ToolCall
 from ..tools import ToolRegistry, step_effect, tool_of
 from ._chain import InstantClock, _Draws
