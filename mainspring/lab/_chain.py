@@ -25,7 +25,7 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from .. import App, RunFailed, StepTimeout, TransientError
 from ..journal import RetryPolicy, RunContext, current_step
@@ -185,36 +185,62 @@ def _plain_trial(
     tries = 1 if policy == "naive" else p.retries + 1
     value = 1
     for stage in range(steps):
-        # the model call
-        for attempt in range(1, tries + 1):
-            fault = _model_fault(d, p, task, rep, stage, attempt)
-            _spend(out, p, fault)
-            if fault == "timeout":
-                out.sim_s += p.timeout_s
-            if fault is None or fault == "malformed":
-                if fault == "malformed" and out.corrupt_at is None:
-                    out.corrupt_at = stage  # nobody checks the output: it flows on
-                value = value + 1 if fault is None else -1
-                out.recoveries += attempt - 1
-                break
-            if attempt == tries:
-                out.cause, out.steps_done = fault, stage
-                return out
-        # the tool call
-        for attempt in range(1, tries + 1):
-            tfault, after = _tool_fault(d, p, task, rep, stage, attempt)
-            if tfault is None or after:
-                ledger.apply((task, rep, stage), None)  # no idempotency key
-            if tfault == "worker_crash":
-                out.cause, out.steps_done = "worker_crash", stage  # the script is gone
-                return out
-            if tfault is None:
-                out.recoveries += attempt - 1
-                break
-            if attempt == tries:
-                out.cause, out.steps_done = "tool_failure", stage
-                return out
+        answer = _plain_model_call(out, d, p, (task, rep, stage), tries)
+        if answer == "failed":
+            return out
+        value = value + 1 if answer == "ok" else -1
+        if not _plain_tool_call(out, d, p, (task, rep, stage), tries, ledger):
+            return out
     return _judge(out, value, steps)
+
+
+def _plain_model_call(
+    out: TrialOutcome, d: _Draws, p: LabProfile, at: tuple[int, int, int], tries: int
+) -> Literal["ok", "malformed", "failed"]:
+    """A plain loop's model call at stage ``at`` (task, repeat, stage), tried up to
+    ``tries`` times: answered (``"malformed"``: wrongly, and nobody checks), or
+    ``"failed"`` with the cause in ``out``."""
+    task, rep, stage = at
+    for attempt in range(1, tries + 1):
+        fault = _model_fault(d, p, task, rep, stage, attempt)
+        _spend(out, p, fault)
+        if fault == "timeout":
+            out.sim_s += p.timeout_s
+        if fault is None or fault == "malformed":
+            if fault == "malformed" and out.corrupt_at is None:
+                out.corrupt_at = stage  # nobody checks the output: it flows on
+            out.recoveries += attempt - 1
+            return "ok" if fault is None else "malformed"
+        if attempt == tries:
+            out.cause, out.steps_done = fault, stage
+    return "failed"
+
+
+def _plain_tool_call(
+    out: TrialOutcome,
+    d: _Draws,
+    p: LabProfile,
+    at: tuple[int, int, int],
+    tries: int,
+    ledger: _Ledger,
+) -> bool:
+    """A plain loop's tool call at stage ``at``, tried up to ``tries`` times, each
+    effect applied with no idempotency key; ``False``: it failed (the cause in
+    ``out``)."""
+    task, rep, stage = at
+    for attempt in range(1, tries + 1):
+        tfault, after = _tool_fault(d, p, task, rep, stage, attempt)
+        if tfault is None or after:
+            ledger.apply(at, None)  # no idempotency key
+        if tfault == "worker_crash":
+            out.cause, out.steps_done = "worker_crash", stage  # the script is gone
+            return False
+        if tfault is None:
+            out.recoveries += attempt - 1
+            return True
+        if attempt == tries:
+            out.cause, out.steps_done = "tool_failure", stage
+    return False
 
 
 def _judge(out: TrialOutcome, value: int, steps: int) -> TrialOutcome:

@@ -23,7 +23,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final
 
-from .. import ConfigError, MainspringError, StepTimeout, TransientError
+from .. import ConfigError, MainspringError, StepInfo, StepTimeout, TransientError
 from ..journal import StepCall, StepInterceptor
 from ..models import ModelResponse, ToolCall
 from ..tools import ToolRegistry, step_effect, tool_of
@@ -120,14 +120,30 @@ class FaultHook(StepInterceptor):
         info = call.info
         if info.role in ("rate", "wait"):  # the rate limiter's bookkeeping, not work
             return await proceed()
-        key, attempt = info.idempotency_key, info.attempt
-        where = (info.session, info.seq)
         model = info.role == "model"
-        fault, after = self._draw(model, where, attempt)
+        fault, after = self._draw(model, (info.session, info.seq), info.attempt)
+        self._strike_before(info, fault, after, model)
+        result = await self._perform(call, proceed, model)
+        if model:
+            result = self._model_answer(result, fault, info.attempt)
+        else:
+            self._effect(call, info.idempotency_key)
+        if fault == "worker_crash":
+            self._crash()
+        if fault == "tool_failure":
+            raise self._error(fault, info.name, info.attempt)
+        self._completed(info, fault)
+        return result
+
+    def _strike_before(
+        self, info: StepInfo, fault: FailureCause | None, after: bool, model: bool
+    ) -> None:
+        """Note the fault drawn for this attempt, and strike what comes before the
+        step's function runs: a crash, or an error in the function's place."""
         if fault is not None:
             self.last = fault
             if fault != "malformed":  # a garbled reply still completes its step
-                self.final[key] = fault
+                self.final[info.idempotency_key] = fault
         if fault == "worker_crash" and not after:
             self._crash()
         if fault in ("model_error", "step_error", "timeout", "correlated") or (
@@ -137,20 +153,20 @@ class FaultHook(StepInterceptor):
                 self.calls += 1
             if fault == "timeout":
                 self.clock.jump(self.p.timeout_s)
-            raise self._error(fault, info.name, attempt)
+            raise self._error(fault, info.name, info.attempt)
+
+    async def _perform(
+        self, call: StepCall, proceed: Callable[[], Awaitable[Any]], model: bool
+    ) -> Any:
+        """The step's function, or the stub that stands in for a tool's effect."""
         stub = None if model else self._stub(call)
         if stub is not None:
-            result = stub(dict(call.args[0]) if call.args else {})  # no real effect
-        else:
-            result = await proceed()
-        if model:
-            result = self._model_answer(result, fault, attempt)
-        else:
-            self._effect(call, key)
-        if fault == "worker_crash":
-            self._crash()
-        if fault == "tool_failure":
-            raise self._error(fault, info.name, attempt)
+            return stub(dict(call.args[0]) if call.args else {})  # no real effect
+        return await proceed()
+
+    def _completed(self, info: StepInfo, fault: FailureCause | None) -> None:
+        """An attempt that completed its step (``fault``: ``"malformed"`` or none)."""
+        key = info.idempotency_key
         self.final[key] = None
         if fault != "malformed":
             self.last = None
@@ -158,8 +174,7 @@ class FaultHook(StepInterceptor):
             self.done.add(key)
             self.names.append(info.name)
             self.roles.append(info.role)
-        self.recoveries += attempt > 1
-        return result
+        self.recoveries += info.attempt > 1
 
     # -- helpers -------------------------------------------------------------------
 

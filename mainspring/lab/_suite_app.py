@@ -23,7 +23,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from .. import App, Limits, RetryPolicy, Tool, ToolContext, models
+from .. import App, Limits, RetryPolicy, Tool, ToolContext, models, tool
 from ..models import Message, Model, ModelResponse, ModelSettings, ToolSpec, UserMessage
 from ..storage import Store, open_store
 from ..testing import FaultyStore
@@ -134,6 +134,99 @@ def _call(ctx: ToolContext, tool: str, **arguments: int | str) -> dict[str, Any]
     return w.call(w.label_for(ctx.run_id), tool, arguments, ctx.idempotency_key)
 
 
+@tool
+def progress(*, ctx: ToolContext) -> dict[str, Any]:
+    """What is left to do: the next action and its item."""
+    return _call(ctx, "progress")
+
+
+@tool
+def validate(record: int, *, ctx: ToolContext) -> dict[str, Any]:
+    """Validate one record."""
+    return _call(ctx, "validate", record=record)
+
+
+@tool(effect="write")
+def write(record: int, *, ctx: ToolContext) -> dict[str, Any]:
+    """Write one validated record to the new store."""
+    return _call(ctx, "write", record=record)
+
+
+@tool(effect="write", requires_approval=True)
+def checkpoint(upto: int, *, ctx: ToolContext) -> dict[str, Any]:
+    """Ask a reviewer to approve the writes so far."""
+    return _call(ctx, "checkpoint", upto=upto)
+
+
+@tool
+def open_ticket(ticket: int, *, ctx: ToolContext) -> dict[str, Any]:
+    """Open a ticket and read it."""
+    return _call(ctx, "open_ticket", ticket=ticket)
+
+
+@tool(effect="irreversible")
+def refund(ticket: int, *, ctx: ToolContext) -> dict[str, Any]:
+    """Refund a ticket (irreversible)."""
+    return _call(ctx, "refund", ticket=ticket)
+
+
+@tool(effect="write")
+def close_ticket(ticket: int, *, ctx: ToolContext) -> dict[str, Any]:
+    """Close a ticket."""
+    return _call(ctx, "close_ticket", ticket=ticket)
+
+
+@tool
+def compare(first: int, last: int, *, ctx: ToolContext) -> dict[str, Any]:
+    """Compare entries first..last (inclusive) of ledgers A and B."""
+    return _call(ctx, "compare", first=first, last=last)
+
+
+@tool(effect="write")
+def post(entry: int, amount: int, *, ctx: ToolContext) -> dict[str, Any]:
+    """Post an adjusting entry of amount cents to entry of ledger B."""
+    return _call(ctx, "post", entry=entry, amount=amount)
+
+
+@tool
+def search(fact: int, *, ctx: ToolContext) -> dict[str, Any]:
+    """Search for a fact; returns its source."""
+    return _call(ctx, "search", fact=fact)
+
+
+@tool
+def read(source: int, *, ctx: ToolContext) -> dict[str, Any]:
+    """Read a source; returns its fact."""
+    return _call(ctx, "read", source=source)
+
+
+@tool(effect="write")
+def handoff(notes: str, *, ctx: ToolContext) -> dict[str, Any]:
+    """End the session: store its notes for the next one."""
+    return _call(ctx, "handoff", notes=notes)
+
+
+@tool
+def resume(session: int, *, ctx: ToolContext) -> dict[str, Any]:
+    """Start a session from the notes so far."""
+    return _call(ctx, "resume", session=session)
+
+
+@tool(effect="write")
+def report(facts: str, *, ctx: ToolContext) -> dict[str, Any]:
+    """Report every fact gathered (the final answer)."""
+    return _call(ctx, "report", facts=facts)
+
+
+# Each task's agent and the tools it may call (its world answers them).
+_TASK_TOOLS: dict[str, list[Tool[Any, Any]]] = {
+    "migrate": [progress, validate, write, checkpoint],
+    "support": [progress, open_ticket, refund, close_ticket],
+    "reconcile": [progress, compare, post],
+    "research": [progress, search, read, handoff, resume, report],
+}
+
+
 def build_app(url: str | None = None, *, kill_points: bool | None = None) -> App:
     """The suite's App over ``url`` (``MAINSPRING_DATABASE_URL`` when None): the tasks'
     agents on mainspring's defaults but for a step budget sized to the task.
@@ -142,93 +235,9 @@ def build_app(url: str | None = None, *, kill_points: bool | None = None) -> App
         kill_points: wrap the store with the ``"commit"`` kill point (``None``: in a
             suite worker, where ``MAINSPRING_SUITE_WORLD`` is set). Never in the harness.
     """
-    if kill_points is None:
-        kill_points = "MAINSPRING_SUITE_WORLD" in os.environ
-    where: str | Store | None = url
-    if kill_points:
-        _watch_harness()  # a worker of a harness that is gone exits
-        before = os.environ.get("MAINSPRING_SUITE_KILL_BEFORE_COMMIT") == "1"
-        where = _KillingStore(
-            open_store(url or os.environ["MAINSPRING_DATABASE_URL"]), before=before
-        )
-    suite = App(where, max_recoveries=1000, poll_interval_s=0.05, lease_s=2.0)
-
-    @suite.tool
-    def progress(*, ctx: ToolContext) -> dict[str, Any]:
-        """What is left to do: the next action and its item."""
-        return _call(ctx, "progress")
-
-    @suite.tool
-    def validate(record: int, *, ctx: ToolContext) -> dict[str, Any]:
-        """Validate one record."""
-        return _call(ctx, "validate", record=record)
-
-    @suite.tool(effect="write")
-    def write(record: int, *, ctx: ToolContext) -> dict[str, Any]:
-        """Write one validated record to the new store."""
-        return _call(ctx, "write", record=record)
-
-    @suite.tool(effect="write", requires_approval=True)
-    def checkpoint(upto: int, *, ctx: ToolContext) -> dict[str, Any]:
-        """Ask a reviewer to approve the writes so far."""
-        return _call(ctx, "checkpoint", upto=upto)
-
-    @suite.tool
-    def open_ticket(ticket: int, *, ctx: ToolContext) -> dict[str, Any]:
-        """Open a ticket and read it."""
-        return _call(ctx, "open_ticket", ticket=ticket)
-
-    @suite.tool(effect="irreversible")
-    def refund(ticket: int, *, ctx: ToolContext) -> dict[str, Any]:
-        """Refund a ticket (irreversible)."""
-        return _call(ctx, "refund", ticket=ticket)
-
-    @suite.tool(effect="write")
-    def close_ticket(ticket: int, *, ctx: ToolContext) -> dict[str, Any]:
-        """Close a ticket."""
-        return _call(ctx, "close_ticket", ticket=ticket)
-
-    @suite.tool
-    def compare(first: int, last: int, *, ctx: ToolContext) -> dict[str, Any]:
-        """Compare entries first..last (inclusive) of ledgers A and B."""
-        return _call(ctx, "compare", first=first, last=last)
-
-    @suite.tool(effect="write")
-    def post(entry: int, amount: int, *, ctx: ToolContext) -> dict[str, Any]:
-        """Post an adjusting entry of amount cents to entry of ledger B."""
-        return _call(ctx, "post", entry=entry, amount=amount)
-
-    @suite.tool
-    def search(fact: int, *, ctx: ToolContext) -> dict[str, Any]:
-        """Search for a fact; returns its source."""
-        return _call(ctx, "search", fact=fact)
-
-    @suite.tool
-    def read(source: int, *, ctx: ToolContext) -> dict[str, Any]:
-        """Read a source; returns its fact."""
-        return _call(ctx, "read", source=source)
-
-    @suite.tool(effect="write")
-    def handoff(notes: str, *, ctx: ToolContext) -> dict[str, Any]:
-        """End the session: store its notes for the next one."""
-        return _call(ctx, "handoff", notes=notes)
-
-    @suite.tool
-    def resume(session: int, *, ctx: ToolContext) -> dict[str, Any]:
-        """Start a session from the notes so far."""
-        return _call(ctx, "resume", session=session)
-
-    @suite.tool(effect="write")
-    def report(facts: str, *, ctx: ToolContext) -> dict[str, Any]:
-        """Report every fact gathered (the final answer)."""
-        return _call(ctx, "report", facts=facts)
-
-    tools: dict[str, list[Tool[Any, Any]]] = {
-        "migrate": [progress, validate, write, checkpoint],
-        "support": [progress, open_ticket, refund, close_ticket],
-        "reconcile": [progress, compare, post],
-        "research": [progress, search, read, handoff, resume, report],
-    }
+    suite = App(
+        _suite_store(url, kill_points), max_recoveries=1000, poll_interval_s=0.05, lease_s=2.0
+    )
     max_steps = int(os.environ.get("MAINSPRING_SUITE_MAX_STEPS", "100"))
     attempts = os.environ.get("MAINSPRING_SUITE_MODEL_ATTEMPTS")
     retry = RetryPolicy(max_attempts=int(attempts)) if attempts else None
@@ -239,11 +248,23 @@ def build_app(url: str | None = None, *, kill_points: bool | None = None) -> App
             name,
             model=model,
             instructions=spec.instructions,
-            tools=tools[name],
+            tools=_TASK_TOOLS[name],
             limits=Limits(max_steps=max_steps),
             model_retry=retry,
         )
     return suite
+
+
+def _suite_store(url: str | None, kill_points: bool | None) -> str | Store | None:
+    """What the suite's App opens: ``url``, or (with kill points) the store it names
+    wrapped with the ``"commit"`` kill point."""
+    if kill_points is None:
+        kill_points = "MAINSPRING_SUITE_WORLD" in os.environ
+    if not kill_points:
+        return url
+    _watch_harness()  # a worker of a harness that is gone exits
+    before = os.environ.get("MAINSPRING_SUITE_KILL_BEFORE_COMMIT") == "1"
+    return _KillingStore(open_store(url or os.environ["MAINSPRING_DATABASE_URL"]), before=before)
 
 
 _built: list[App] = []

@@ -16,12 +16,12 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from .. import ConfigError, MainspringError
+from .. import App, ConfigError, MainspringError
 from ._suite_app import build_app
 from ._suite_faults import HARNESS_PID_ENV
 from ._tasks import SuiteWorld
@@ -184,13 +184,7 @@ def drive_mainspring(
     ``other``: the workers run that App (an :class:`AppContender`) instead of the
     suite's agents."""
     url = f"sqlite:///{cell.where / 'suite.db'}"
-    env = {**cell.env, "MAINSPRING_DATABASE_URL": url}
-    if other is not None and other.pythonpath:
-        env["PYTHONPATH"] = os.pathsep.join([*other.pythonpath, env.get("PYTHONPATH", "")])
-    if model_attempts is not None:
-        env["MAINSPRING_SUITE_MODEL_ATTEMPTS"] = str(model_attempts)
-    if kill_before_commit:
-        env["MAINSPRING_SUITE_KILL_BEFORE_COMMIT"] = "1"
+    env = _worker_env(cell, url, model_attempts, kill_before_commit, other)
     app = build_app(url, kill_points=False)
     try:
         runs: dict[str, str] = {}
@@ -217,13 +211,7 @@ def drive_mainspring(
             while not all(app.get_run(r).finished for r in runs):
                 if time.monotonic() > deadline:
                     break
-                for request in app.requests():
-                    if request.run_id in runs:
-                        # One answered already, or whose run moved on, is left alone.
-                        with contextlib.suppress(MainspringError):
-                            app.answer(
-                                request.run_id, request.id, decision="approve", by="reviewer"
-                            )
+                _approve(app, runs)
                 cell.review()
                 next_kill = cell.external_kill(procs, next_kill)
                 for i, proc in enumerate(procs):
@@ -231,77 +219,118 @@ def drive_mainspring(
                         procs[i] = spawn()
                 time.sleep(0.05)
         finally:
-            for proc in procs:
-                if proc.poll() is None:
-                    proc.kill()
-                proc.wait(30)
-        outcome: dict[str, str | None] = {}
-        for run_id, label in runs.items():
-            record = app.get_run(run_id)
-            if record.status == "succeeded":
-                outcome[label] = None
-            elif not record.finished:
-                outcome[label] = (
-                    f"run {run_id} did not finish within {cell.timeout_s:g}s (logs in {cell.where})"
-                )
-            else:
-                outcome[label] = f"run {run_id} ended {record.status}: {record.error}"
-        return outcome
+            _stop(procs)
+        return {label: _run_outcome(app, run_id, cell) for run_id, label in runs.items()}
     finally:
         app.close()
+
+
+def _worker_env(
+    cell: CellDrive,
+    url: str,
+    model_attempts: int | None,
+    kill_before_commit: bool,
+    other: AppContender | None,
+) -> dict[str, str]:
+    """The environment of the cell's worker processes: the cell's, with the suite's
+    store and the options that the suite's App reads from it (``_suite_app.py``)."""
+    env = {**cell.env, "MAINSPRING_DATABASE_URL": url}
+    if other is not None and other.pythonpath:
+        env["PYTHONPATH"] = os.pathsep.join([*other.pythonpath, env.get("PYTHONPATH", "")])
+    if model_attempts is not None:
+        env["MAINSPRING_SUITE_MODEL_ATTEMPTS"] = str(model_attempts)
+    if kill_before_commit:
+        env["MAINSPRING_SUITE_KILL_BEFORE_COMMIT"] = "1"
+    return env
+
+
+def _approve(app: App, runs: dict[str, str]) -> None:
+    """The scripted reviewer: approve every open request of the cell's runs."""
+    for request in app.requests():
+        if request.run_id in runs:
+            # One answered already, or whose run moved on, is left alone.
+            with contextlib.suppress(MainspringError):
+                app.answer(request.run_id, request.id, decision="approve", by="reviewer")
+
+
+def _run_outcome(app: App, run_id: str, cell: CellDrive) -> str | None:
+    """How a run ended: ``None`` when it succeeded, else why not."""
+    record = app.get_run(run_id)
+    if record.status == "succeeded":
+        return None
+    if not record.finished:
+        return f"run {run_id} did not finish within {cell.timeout_s:g}s (logs in {cell.where})"
+    return f"run {run_id} ended {record.status}: {record.error}"
+
+
+def _stop(procs: Iterable[subprocess.Popen[bytes]]) -> None:
+    """Kill what still runs of a contender's processes and reap them all."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(30)
 
 
 def drive_runners(cell: CellDrive, contender: RunnerContender) -> dict[str, str | None]:
     """Play the cell with a runner script: one process per run, at most ``workers`` at
     once, a SIGKILLed one started again."""
-    state = cell.where / "state"
     queue = list(cell.labels)
-    running: dict[str, subprocess.Popen[bytes]] = {}
-    restarts = dict.fromkeys(cell.labels, 0)
-    outcome: dict[str, str | None] = {}
-
-    def spawn(label: str) -> subprocess.Popen[bytes]:
-        (state / label).mkdir(parents=True, exist_ok=True)
-        argv = [*contender.argv_prefix, "--task", cell.task, "--label", label]
-        argv += ["--world", cell.world.path, "--state", str(state / label)]
-        argv += ["--max-steps", str(cell.max_steps)]
-        return _spawn(argv, cell.env, cell.where / f"{label}.log")
-
+    runners = _Runners(cell, contender)
     next_kill, deadline = cell.kill_every, time.monotonic() + cell.timeout_s
     try:
-        while queue or running:
+        while queue or runners.running:
             if time.monotonic() > deadline:
-                for label in [*running, *queue]:
-                    outcome[label] = f"did not finish within {cell.timeout_s:g}s"
+                for label in [*runners.running, *queue]:
+                    runners.outcome[label] = f"did not finish within {cell.timeout_s:g}s"
                 break
             cell.review()
-            next_kill = cell.external_kill(list(running.values()), next_kill)
-            for label, proc in list(running.items()):
-                code = proc.poll()
-                if code is None:
-                    continue
-                del running[label]
-                if code == -signal.SIGKILL:
-                    restarts[label] += 1
-                    if restarts[label] <= contender.max_restarts:
-                        running[label] = spawn(label)
-                        continue
-                    outcome[label] = f"killed more than {contender.max_restarts} times"
-                elif code == 0:
-                    outcome[label] = None
-                else:
-                    log = cell.where / f"{label}.log"
-                    outcome[label] = f"runner exited {code}: {_tail(log)}"
-            while queue and len(running) < cell.workers:
-                label = queue.pop(0)
-                running[label] = spawn(label)
+            next_kill = cell.external_kill(list(runners.running.values()), next_kill)
+            runners.reap()
+            while queue and len(runners.running) < cell.workers:
+                runners.spawn(queue.pop(0))
             time.sleep(0.05)
     finally:
-        for proc in running.values():
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait(30)
-    return outcome
+        _stop(runners.running.values())
+    return runners.outcome
+
+
+class _Runners:
+    """A runner contender's processes in one cell: those running by label, how often
+    each was SIGKILLed and started again, and how each run ended."""
+
+    def __init__(self, cell: CellDrive, contender: RunnerContender) -> None:
+        self.cell, self.contender = cell, contender
+        self.running: dict[str, subprocess.Popen[bytes]] = {}
+        self.restarts = dict.fromkeys(cell.labels, 0)
+        self.outcome: dict[str, str | None] = {}
+
+    def spawn(self, label: str) -> None:
+        cell, state = self.cell, self.cell.where / "state"
+        (state / label).mkdir(parents=True, exist_ok=True)
+        argv = [*self.contender.argv_prefix, "--task", cell.task, "--label", label]
+        argv += ["--world", cell.world.path, "--state", str(state / label)]
+        argv += ["--max-steps", str(cell.max_steps)]
+        self.running[label] = _spawn(argv, cell.env, cell.where / f"{label}.log")
+
+    def reap(self) -> None:
+        """Take in the runners that exited: a SIGKILLed one starts again (up to
+        ``max_restarts`` times), any other exit is its run's outcome."""
+        for label, proc in list(self.running.items()):
+            code = proc.poll()
+            if code is None:
+                continue
+            del self.running[label]
+            if code == -signal.SIGKILL:
+                self.restarts[label] += 1
+                if self.restarts[label] <= self.contender.max_restarts:
+                    self.spawn(label)
+                    continue
+                self.outcome[label] = f"killed more than {self.contender.max_restarts} times"
+            elif code == 0:
+                self.outcome[label] = None
+            else:
+                log = self.cell.where / f"{label}.log"
+                self.outcome[label] = f"runner exited {code}: {_tail(log)}"
 
 
 def child_env(base_url: str, client_timeout_s: float) -> dict[str, str]:

@@ -158,16 +158,23 @@ class ResearchWorld(TaskWorld):
         if phase == "handed":
             return {"ok": False, "error": f"session {session} is handed off: resume first"}
         if tool == "report":
-            facts = str(args["facts"])
-            self.conn().execute(
-                "UPDATE research_runs SET report = COALESCE(report || '; ', '') || ?"
-                " WHERE label = ?",
-                (facts, label),
-            )
-            return {"ok": True, "reported": len(_facts(facts))}
+            return self._report(label, str(args["facts"]))
         if calls >= RESEARCH.session_calls:
             return {"ok": False, "error": f"session {session}'s context is full: hand off"}
         self.conn().execute("UPDATE research_runs SET calls = calls + 1 WHERE label = ?", (label,))
+        return self._look(label, tool, args, n)
+
+    def _report(self, label: str, facts: str) -> dict[str, Any]:
+        """The final answer, a batch at a time: appended to the run's report."""
+        self.conn().execute(
+            "UPDATE research_runs SET report = COALESCE(report || '; ', '') || ? WHERE label = ?",
+            (facts, label),
+        )
+        return {"ok": True, "reported": len(_facts(facts))}
+
+    def _look(self, label: str, tool: str, args: dict[str, Any], n: int) -> dict[str, Any]:
+        """A ``search`` (a fact's source) or a ``read`` (a source's fact) in this
+        session's context, of the run's ``n`` facts."""
         value = int(args["fact"] if tool == "search" else args["source"])
         fact = value if tool == "search" else (value - 1) // 2
         if not 0 <= fact < n or (tool == "read" and _source(fact) != value):

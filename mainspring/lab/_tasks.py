@@ -262,47 +262,74 @@ def decide(
         last_result: the content of the last message when it is a tool result.
         last_call: the last call the model made ``(tool, arguments)``, if any.
     """
-    nxt: dict[str, Any] | None = None
-    if last_result is not None:
-        try:
-            parsed = json.loads(last_result)
-            nxt = parsed.get("next") if isinstance(parsed, dict) else None
-        except ValueError:
-            nxt = None
-    if not isinstance(nxt, dict) or "action" not in nxt:
+    nxt = _next_action(last_result)
+    if nxt is None:
         return "progress", "{}", None  # lost track: ask the world
     action = str(nxt["action"])
     if action == "finish":
         return "finish", json.dumps({"answer": "done"}), None
     args = {k: v for k, v in nxt.items() if k != "action"}
-    arg = next(iter(args), "")  # the first argument names the item
-    value = args.get(arg)
+    kind = _drawn_error(rng, rates)
+    wrong = None if kind is None else _wrong_call(spec, kind, action, args, last_call, rng)
+    return wrong if wrong is not None else (action, json.dumps(args), None)
+
+
+def _next_action(last_result: str | None) -> dict[str, Any] | None:
+    """The next action the world named in the last tool result (``"next"``, with an
+    ``"action"``); ``None``: the last message names none."""
+    if last_result is None:
+        return None
+    try:
+        parsed = json.loads(last_result)
+    except ValueError:
+        return None
+    nxt = parsed.get("next") if isinstance(parsed, dict) else None
+    return nxt if isinstance(nxt, dict) and "action" in nxt else None
+
+
+def _drawn_error(rng: random.Random, rates: PolicyRates) -> str | None:
+    """The kind of error this call is drawn to make (one draw against the rates laid
+    end to end), or ``None``."""
     draw, edge = rng.random(), 0.0
     for kind, rate in rates.items():
         edge += rate
-        if draw >= edge:
-            continue
-        if kind == "malformed" and arg:
-            wrong = f"item {value}" if isinstance(value, int) else len(str(value))
-            bad = rng.choice([f'{{"{arg}": ', json.dumps({**args, arg: wrong})])
-            return action, bad, kind
-        if kind == "wrong_tool":
-            others = [t.name for t in spec.tools if t.name not in (action, "progress")]
-            return rng.choice(others), json.dumps(args), kind
-        # A keyed call (deduplicated by idempotency key only) is never repeated on
-        # purpose: a second one is a second effect, which no runtime can undo.
-        if kind == "repeat" and last_call is not None and not _keyed(spec, last_call[0]):
-            return last_call[0], last_call[1], kind
-        if (
-            kind == "forget"
-            and isinstance(value, int)
-            and value > 0
-            and arg != "upto"
-            and not _keyed(spec, action)
-        ):
-            return action, json.dumps({**args, arg: rng.randrange(value)}), kind
-        break
-    return action, json.dumps(args), None
+        if draw < edge:
+            return kind
+    return None
+
+
+def _wrong_call(
+    spec: TaskSpec,
+    kind: str,
+    action: str,
+    args: dict[str, Any],
+    last_call: tuple[str, str] | None,
+    rng: random.Random,
+) -> tuple[str, str, str | None] | None:
+    """The call that makes the error ``kind`` instead of ``action(args)``; ``None``
+    where this kind cannot be made of that call (then the call is made right)."""
+    arg = next(iter(args), "")  # the first argument names the item
+    value = args.get(arg)
+    if kind == "malformed" and arg:
+        wrong = f"item {value}" if isinstance(value, int) else len(str(value))
+        bad = rng.choice([f'{{"{arg}": ', json.dumps({**args, arg: wrong})])
+        return action, bad, kind
+    if kind == "wrong_tool":
+        others = [t.name for t in spec.tools if t.name not in (action, "progress")]
+        return rng.choice(others), json.dumps(args), kind
+    # A keyed call (deduplicated by idempotency key only) is never repeated on
+    # purpose: a second one is a second effect, which no runtime can undo.
+    if kind == "repeat" and last_call is not None and not _keyed(spec, last_call[0]):
+        return last_call[0], last_call[1], kind
+    if (
+        kind == "forget"
+        and isinstance(value, int)
+        and value > 0
+        and arg != "upto"
+        and not _keyed(spec, action)
+    ):
+        return action, json.dumps({**args, arg: rng.randrange(value)}), kind
+    return None
 
 
 def _keyed(spec: TaskSpec, tool: str) -> bool:

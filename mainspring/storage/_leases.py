@@ -6,17 +6,16 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from .._serde import dumps, loads
 from ._api import queue_event
 from ._children import lock_parents
 from ._connection import Cursor
-from ._queues import QueueTables, ready_queues_sql
+from ._queues import ClaimTerms, QueueTables, ready_queues_sql
 from ._records import WAKE_NOW, RunRecord, RunStatus
-from ._rows import _RUN_COLUMNS, _run, _versions_sql
+from ._rows import _RUN_COLUMNS, _claimable_sql, _run
 from ._transitions import RUN_EDGES, dead_letter, fenced, refuse, release
-from ._transitions import claim as claim_run
 from ._workers import WorkerBeat, register
 
 __all__ = ["Heartbeat", "LeaseTables"]
@@ -92,155 +91,124 @@ class LeaseTables(QueueTables):
         if limit <= 0:
             return []
         names = list(workflows) if workflows is not None else None
-        wf_sql = f" AND workflow IN ({', '.join('?' * len(names))})" if names else ""
-        wf_params: list[Any] = list(names) if names else []
-        one_sql, one_params = "", []  # what a claim by id checks beside runnability
-        if versions is not None:
-            v_sql, v_params = _versions_sql(versions)
-            one_sql, one_params = f" AND {v_sql}", v_params
-            wf_sql += one_sql
-            wf_params += v_params
-        if skip:
-            avoided = sorted(skip)
-            s_sql = f" AND id NOT IN ({', '.join('?' * len(avoided))})"
-            one_sql, one_params = one_sql + s_sql, [*one_params, *avoided]
-            wf_sql += s_sql
-            wf_params += avoided
-        lock = self._lock_clause
-        at, at_params = self._clock(now, db_clock)
-        queries: list[tuple[str, list[Any]]]
-        if run_id is not None:
-            queries = [
-                (
-                    # A run in a queue starts (or wakes) only within its queue's limits:
-                    # _claim_queued below, not here. Its takeover keeps its slot.
-                    "SELECT id, status, recoveries, workflow FROM ms_runs WHERE id = ? AND"
-                    " (((status = 'queued' OR (status IN ('sleeping', 'waiting')"
-                    f" AND wake_at <= {at})) AND queue IS NULL)"
-                    f" OR (status = 'running' AND lease_until < {at})){one_sql}{lock}",
-                    [run_id, *at_params, *at_params, *one_params],
-                )
-            ]
-        else:
-            queries = [
-                (
-                    "SELECT id, status, recoveries, workflow FROM ms_runs WHERE status = 'running'"
-                    f" AND lease_until < {at}{wf_sql} ORDER BY lease_until LIMIT ?{lock}",
-                    [*at_params, *wf_params],
-                ),
-                (
-                    "SELECT id, status, recoveries, workflow FROM ms_runs WHERE status IN"
-                    f" ('sleeping', 'waiting') AND wake_at <= {at} AND queue IS NULL{wf_sql}"
-                    " ORDER BY wake_at"
-                    f" LIMIT ?{lock}",
-                    [*at_params, *wf_params],
-                ),
-                (
-                    "SELECT id, status, recoveries, workflow FROM ms_runs WHERE status = 'queued'"
-                    f" AND queue IS NULL{wf_sql} ORDER BY created_at LIMIT ?{lock}",
-                    [*wf_params],
-                ),
-            ]
+        one = _claimable_sql(None, versions, skip)  # what a claim by id checks beside runnability
+        at = self._clock(now, db_clock)
+        terms = ClaimTerms(
+            worker=worker,
+            now=now,
+            lease_s=lease_s,
+            at=at,
+            wf=_claimable_sql(names, versions, skip),
+            max_recoveries=max_recoveries,
+            isolate_after=isolate_after,
+            run_id=run_id,
+        )
         if names == []:
             return []
         if self._claim_returning:
-            found = self._claim_at_once(
-                worker=worker,
-                now=now,
-                lease_s=lease_s,
-                limit=limit,
-                wf=(wf_sql, wf_params),
-                max_recoveries=max_recoveries,
-                run_id=run_id,
-                isolate_after=isolate_after,
-                at=(at, at_params),
-            )
-            if found is not None:
-                runs, in_queues = found
-                left = limit - len(runs)
-                if not in_queues or left <= 0:
-                    return runs
-                with self._write() as cur:
-                    ids = self._claim_queued(
-                        cur,
-                        worker=worker,
-                        now=now,
-                        lease_s=lease_s,
-                        left=left,
-                        wf=(wf_sql, wf_params),
-                        run_id=run_id,
-                        at=(at, at_params),
-                        isolate_after=isolate_after,
-                        max_recoveries=max_recoveries,
-                        alone=alone and not runs,
-                    )
-                    return runs + self._records(cur, ids)
-        claimed: list[str] = []
+            runs = self._claim_returning_first(terms, limit=limit, alone=alone)
+            if runs is not None:
+                return runs
         dead: list[tuple[str, str]] = []
-        suspect = False
         with self._write() as cur:
-            for sql, params in queries:
-                left = limit - len(claimed)
-                if left <= 0 or suspect:
-                    break
-                if run_id is None:
-                    params = [*params, left]
-                cur.execute(sql, params)
-                for rid, status, recoveries, workflow in cur.fetchall():
-                    if suspect:
-                        break
-                    recovering = status == "running"
-                    count = recoveries + 1 if recovering else recoveries
-                    if isolate_after is not None and isolate_after <= count <= max_recoveries:
-                        # A suspect runs alone: left for a caller that holds nothing.
-                        if not alone or claimed:
-                            continue
-                        suspect = True
-                    if recovering and count > max_recoveries:
-                        if lock_parents(self, cur, [rid]):
-                            # A row its end writes (its parent or a fork it tells,
-                            # a child it cancels) is held elsewhere, and this claim
-                            # holds other runs: it must not wait. A later claim ends it.
-                            continue
-                        end = dead_letter(
-                            self,
-                            cur,
-                            rid,
-                            recoveries=count,
-                            error=_dead_letter_error(max_recoveries),
-                            now=now,
-                        )
-                        if end == "failed":
-                            dead.append((rid, workflow))
-                        continue
-                    claim_run(
-                        cur,
-                        rid,
-                        worker=worker,
-                        at=(at, at_params),
-                        lease_s=lease_s,
-                        recoveries=count,
-                        now=now,
-                    )
-                    claimed.append(rid)
+            claimed, suspect = self._claim_runnable(
+                cur, terms, _runnable_queries(terms, one, self._lock_clause), limit, alone, dead
+            )
             if not suspect and len(claimed) < limit:
                 claimed += self._claim_queued(
-                    cur,
-                    worker=worker,
-                    now=now,
-                    lease_s=lease_s,
-                    left=limit - len(claimed),
-                    wf=(wf_sql, wf_params),
-                    run_id=run_id,
-                    at=(at, at_params),
-                    isolate_after=isolate_after,
-                    max_recoveries=max_recoveries,
-                    alone=alone and not claimed,
+                    cur, terms, left=limit - len(claimed), alone=alone and not claimed
                 )
             records = self._records(cur, claimed)
         if dead_lettered is not None:
             dead_lettered.extend(dead)  # committed: the write block is left
         return records
+
+    def _claim_returning_first(
+        self, terms: ClaimTerms, *, limit: int, alone: bool
+    ) -> list[RunRecord] | None:
+        """The claim as :meth:`_claim_at_once`, then runs in queues if any may start
+        and ``limit`` leaves room; ``None``: a candidate is a suspect or is to be
+        dead-lettered, which the statement-by-statement claim handles."""
+        found = self._claim_at_once(terms, limit=limit)
+        if found is None:
+            return None
+        runs, in_queues = found
+        left = limit - len(runs)
+        if not in_queues or left <= 0:
+            return runs
+        with self._write() as cur:
+            ids = self._claim_queued(cur, terms, left=left, alone=alone and not runs)
+            return runs + self._records(cur, ids)
+
+    def _claim_runnable(
+        self,
+        cur: Cursor,
+        terms: ClaimTerms,
+        queries: list[tuple[str, list[Any]]],
+        limit: int,
+        alone: bool,
+        dead: list[tuple[str, str]],
+    ) -> tuple[list[str], bool]:
+        """Claim, statement by statement, the runnable runs outside queues (and
+        takeovers in them), in the order of ``queries``; dead-letter those recovered
+        too often (appended to ``dead``). Returns the ids claimed and whether one is a
+        suspect (then it is the only one)."""
+        claimed: list[str] = []
+        for sql, params in queries:
+            left = limit - len(claimed)
+            if left <= 0:
+                break
+            if terms.run_id is None:
+                params = [*params, left]
+            cur.execute(sql, params)
+            for rid, status, recoveries, workflow in cur.fetchall():
+                taken = self._take_runnable(
+                    cur, terms, rid, status, recoveries, sole=alone and not claimed
+                )
+                if taken == "dead":
+                    dead.append((rid, workflow))
+                elif taken != "left":
+                    claimed.append(rid)
+                if taken == "suspect":
+                    return claimed, True
+        return claimed, False
+
+    def _take_runnable(
+        self,
+        cur: Cursor,
+        terms: ClaimTerms,
+        rid: str,
+        status: str,
+        recoveries: int,
+        *,
+        sole: bool,
+    ) -> Literal["claimed", "suspect", "dead", "left"]:
+        """Claim one candidate, or dead-letter it when its recoveries run out.
+        ``sole``: nothing is claimed yet and the caller executes nothing else, so a
+        suspect may be taken. ``"left"``: neither (a suspect for another caller, a
+        run whose end must wait, a dead-letter that did not fail the run)."""
+        recovering = status == "running"
+        count = recoveries + 1 if recovering else recoveries
+        suspect = terms.suspect(count)
+        if suspect and not sole:
+            return "left"  # a suspect runs alone: left for a caller that holds nothing
+        if recovering and count > terms.max_recoveries:
+            if lock_parents(self, cur, [rid]):
+                # A row its end writes (its parent or a fork it tells, a child it
+                # cancels) is held elsewhere, and this claim holds other runs: it
+                # must not wait. A later claim ends it.
+                return "left"
+            end = dead_letter(
+                self,
+                cur,
+                rid,
+                recoveries=count,
+                error=_dead_letter_error(terms.max_recoveries),
+                now=terms.now,
+            )
+            return "dead" if end == "failed" else "left"
+        terms.take(cur, rid, count)
+        return "suspect" if suspect else "claimed"
 
     def _records(self, cur: Cursor, ids: list[str]) -> list[RunRecord]:
         """The claimed runs' records, in claim order."""
@@ -253,17 +221,7 @@ class LeaseTables(QueueTables):
         return [by_id[rid] for rid in ids]
 
     def _claim_at_once(
-        self,
-        *,
-        worker: str,
-        now: float,
-        lease_s: float,
-        limit: int,
-        wf: tuple[str, list[Any]],
-        max_recoveries: int,
-        run_id: str | None,
-        isolate_after: int | None,
-        at: tuple[str, list[Any]],
+        self, terms: ClaimTerms, *, limit: int
     ) -> tuple[list[RunRecord], bool] | None:
         """The usual claim as one ``UPDATE ... RETURNING`` (one round trip): the
         candidates in claim order (expired leases by ``lease_until``, then due
@@ -276,8 +234,9 @@ class LeaseTables(QueueTables):
         Runs in queues are left out but for takeovers (they keep their slot); the
         flag returned with the runs says whether any of them may start now, for
         :meth:`_claim_queued`."""
-        wf_sql, wf_params = wf
-        now_sql, now_params = at
+        wf_sql, wf_params = terms.wf
+        now_sql, now_params = terms.at
+        run_id = terms.run_id
         one = " AND id = ?" if run_id is not None else ""
         one_params = [run_id] if run_id is not None else []
         lock = self._lock_clause
@@ -324,8 +283,9 @@ class LeaseTables(QueueTables):
             f" {ready_queues_sql(wf_sql + one, woken)}),"
             " c.* FROM special s LEFT JOIN claimed c ON TRUE ORDER BY c.rank, c.ord"
         )
-        isolate = isolate_after if isolate_after is not None else max_recoveries + 1
-        params += [max_recoveries, isolate, max_recoveries, worker, *now_params, lease_s, now]
+        most = terms.max_recoveries
+        isolate = terms.isolate_after if terms.isolate_after is not None else most + 1
+        params += [most, isolate, most, terms.worker, *now_params, terms.lease_s, terms.now]
         params += [*wf_params, *one_params, *now_params, *wf_params, *one_params]
         with self._autocommit() as cur:
             cur.execute(sql, params)
@@ -447,6 +407,49 @@ class LeaseTables(QueueTables):
                 waiting = {"status": "waiting", "wait_reason": "replay"}
                 queue_event(cur, run_id, "run.waiting", waiting, now)
             return status
+
+
+def _runnable_queries(
+    terms: ClaimTerms, one: tuple[str, list[Any]], lock: str
+) -> list[tuple[str, list[Any]]]:
+    """The statements that find a claim's candidates outside queues (and takeovers in
+    them), in claim order, each to be given the room left as its ``LIMIT``; a claim by
+    id is one statement that checks ``one`` (versions, runs to skip) beside
+    runnability."""
+    at, at_params = terms.at
+    wf_sql, wf_params = terms.wf
+    one_sql, one_params = one
+    if terms.run_id is not None:
+        return [
+            (
+                # A run in a queue starts (or wakes) only within its queue's limits:
+                # _claim_queued, not here. Its takeover keeps its slot.
+                "SELECT id, status, recoveries, workflow FROM ms_runs WHERE id = ? AND"
+                " (((status = 'queued' OR (status IN ('sleeping', 'waiting')"
+                f" AND wake_at <= {at})) AND queue IS NULL)"
+                f" OR (status = 'running' AND lease_until < {at})){one_sql}{lock}",
+                [terms.run_id, *at_params, *at_params, *one_params],
+            )
+        ]
+    return [
+        (
+            "SELECT id, status, recoveries, workflow FROM ms_runs WHERE status = 'running'"
+            f" AND lease_until < {at}{wf_sql} ORDER BY lease_until LIMIT ?{lock}",
+            [*at_params, *wf_params],
+        ),
+        (
+            "SELECT id, status, recoveries, workflow FROM ms_runs WHERE status IN"
+            f" ('sleeping', 'waiting') AND wake_at <= {at} AND queue IS NULL{wf_sql}"
+            " ORDER BY wake_at"
+            f" LIMIT ?{lock}",
+            [*at_params, *wf_params],
+        ),
+        (
+            "SELECT id, status, recoveries, workflow FROM ms_runs WHERE status = 'queued'"
+            f" AND queue IS NULL{wf_sql} ORDER BY created_at LIMIT ?{lock}",
+            [*wf_params],
+        ),
+    ]
 
 
 def _dead_letter_error(max_recoveries: int) -> str:

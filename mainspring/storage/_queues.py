@@ -32,10 +32,10 @@ from typing import Any
 
 from .._errors import ConfigError
 from ._connection import Connection, Cursor
-from ._rows import _versions_sql
+from ._rows import _claimable_sql
 from ._transitions import claim
 
-__all__ = ["QueueRecord", "QueueTables", "check_queue_limits", "ready_queues_sql"]
+__all__ = ["ClaimTerms", "QueueRecord", "QueueTables", "check_queue_limits", "ready_queues_sql"]
 
 # The runs of a queue that wait for a slot: fresh ones, and woken ones (their wake
 # time has come).
@@ -194,15 +194,7 @@ class QueueTables(Connection):
         names = list(workflows) if workflows is not None else None
         if names == []:
             return False
-        wf_sql = ""
-        params: list[Any] = []
-        if names:
-            wf_sql += f" AND workflow IN ({', '.join('?' * len(names))})"
-            params += names
-        if versions is not None:
-            v_sql, v_params = _versions_sql(versions)
-            wf_sql += f" AND {v_sql}"
-            params += v_params
+        wf_sql, params = _claimable_sql(names, versions)
         with self._read() as cur:
             cur.execute(
                 "SELECT 1 FROM ms_queues q WHERE (SELECT id FROM ms_runs WHERE queue = q.name"
@@ -212,34 +204,20 @@ class QueueTables(Connection):
             )
             return cur.fetchone() is not None
 
-    def _claim_queued(
-        self,
-        cur: Cursor,
-        *,
-        worker: str,
-        now: float,
-        lease_s: float,
-        left: int,
-        wf: tuple[str, list[Any]],
-        run_id: str | None,
-        at: tuple[str, list[Any]],
-        isolate_after: int | None,
-        max_recoveries: int,
-        alone: bool,
-    ) -> list[str]:
+    def _claim_queued(self, cur: Cursor, terms: ClaimTerms, *, left: int, alone: bool) -> list[str]:
         """Start up to ``left`` runs of queues within their limits, in ``cur``'s
         transaction; their ids, in claim order. ``alone``: the claim took nothing
         else and its caller executes nothing (a suspect may be taken, then alone)."""
-        wf_sql, wf_params = wf
-        at_sql, at_params = at
+        wf_sql, wf_params = terms.wf
+        at_sql, at_params = terms.at
         woken = _WOKEN.format(at=at_sql)
-        if run_id is not None:
+        if terms.run_id is not None:
             # A claim by id starts its run only in its turn: when no run of its queue
             # that this claim could start comes before it.
             cur.execute(
                 f"SELECT queue FROM ms_runs WHERE id = ? AND queue IS NOT NULL"
                 f" AND ({_FRESH} OR ({woken})){wf_sql}",
-                [run_id, *at_params, *wf_params],
+                [terms.run_id, *at_params, *wf_params],
             )
             names = [r[0] for r in cur.fetchall()]
             left = min(left, 1)
@@ -267,51 +245,62 @@ class QueueTables(Connection):
             row = cur.fetchone()
             if row is None:  # held by another claim: its holder starts its runs now
                 continue
-            got, suspect = self._claim_from_queue(
-                cur,
-                name,
-                row,
-                worker=worker,
-                now=now,
-                lease_s=lease_s,
-                left=left - len(claimed),
-                wf=(wf_sql, wf_params),
-                at=at,
-                isolate_after=isolate_after,
-                max_recoveries=max_recoveries,
-                alone=alone and not claimed,
-                only=run_id,
+            start = _QueueStart(
+                terms, name, row, left=left - len(claimed), alone=alone and not claimed
             )
-            claimed += got
-            if suspect:
+            claimed += start.run(cur, self._lock_clause)
+            if start.suspect:
                 break
         return claimed
 
-    def _claim_from_queue(
-        self,
-        cur: Cursor,
-        name: str,
-        row: Sequence[Any],
-        *,
-        worker: str,
-        now: float,
-        lease_s: float,
-        left: int,
-        wf: tuple[str, list[Any]],
-        at: tuple[str, list[Any]],
-        isolate_after: int | None,
-        max_recoveries: int,
-        alone: bool,
-        only: str | None = None,
-    ) -> tuple[list[str], bool]:
-        """Start runs of the queue ``name`` (whose row the caller holds) within its
-        limits: woken runs first, then fresh ones, each by priority then age
-        (``only``: that run, if it is the first to start). Returns the ids and
-        whether a suspect was taken (then nothing else)."""
-        concurrency, per_key, rate, burst, tat, db_now = row
-        clock = float(db_now)
-        wf_sql, wf_params = wf
-        at_sql, at_params = at
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClaimTerms:
+    """One claim's terms, as each part of it (runs outside queues, each queue)
+    applies them: who takes the runs and for how long, by which clock, which runs
+    it may take, and when a recovering run is a suspect.
+
+    Attributes:
+        at: the SQL for "now" in lease arithmetic and its parameters.
+        wf: conditions (`` AND ...``) on the runs it may take and their parameters:
+            workflows, code versions, runs to skip.
+        run_id: a claim of that run only.
+    """
+
+    worker: str
+    now: float
+    lease_s: float
+    at: tuple[str, list[Any]]
+    wf: tuple[str, list[Any]]
+    max_recoveries: int
+    isolate_after: int | None
+    run_id: str | None
+
+    def suspect(self, recoveries: int) -> bool:
+        """Whether a run recovered ``recoveries`` times in a row without progress is a
+        suspect: its step may be what kills workers, so it runs alone."""
+        return self.isolate_after is not None and (
+            self.isolate_after <= recoveries <= self.max_recoveries
+        )
+
+    def take(self, cur: Cursor, run_id: str, recoveries: int) -> None:
+        """Claim ``run_id`` (the claim edge), with ``recoveries`` as it is to be."""
+        claim(
+            cur,
+            run_id,
+            worker=self.worker,
+            at=self.at,
+            lease_s=self.lease_s,
+            recoveries=recoveries,
+            now=self.now,
+        )
+
+
+class _Slots:
+    """A queue's slots as one claim sees and takes them: how many are free
+    (``None``: no concurrency limit) and how many each queue key holds."""
+
+    def __init__(self, cur: Cursor, name: str, concurrency: int | None, per_key: int | None):
         # Slots held: runs running, and runs sleeping on a retry back-off (they keep
         # theirs), by queue key.
         cur.execute(
@@ -320,88 +309,159 @@ class QueueTables(Connection):
             f" AND {_HOLDING}) held GROUP BY queue_key",
             (name, name),
         )
-        by_key: dict[str | None, int] = {k: int(n) for k, n in cur.fetchall()}
-        free = None if concurrency is None else concurrency - sum(by_key.values())
-        claimed: list[str] = []
-        full: set[str] = {
-            k for k, n in by_key.items() if k is not None and per_key and n >= per_key
+        self.by_key: dict[str | None, int] = {k: int(n) for k, n in cur.fetchall()}
+        self.per_key = per_key
+        self.free = None if concurrency is None else concurrency - sum(self.by_key.values())
+        # Keys at their limit: the next page of candidates leaves their runs out.
+        self.full: set[str] = {
+            k for k, n in self.by_key.items() if k is not None and per_key and n >= per_key
         }
-        passed: list[str] = []  # suspects left for a caller that holds nothing
-        suspect = False  # taken: then it is the claim's only run
-        tat = float(tat)
-        # Back-off sleepers that are due first: they hold their slot already, so they
-        # need no room. Then woken runs, then fresh ones, each within the room left.
-        phases = (
+
+    def room(self) -> bool:
+        return self.free is None or self.free > 0
+
+    def at_most(self, want: int) -> int:
+        return want if self.free is None else min(want, self.free)
+
+    def key_full(self, key: str | None) -> bool:
+        """Whether ``key``'s runs are at the per-key limit (then it is noted full)."""
+        if key is not None and self.per_key and self.by_key.get(key, 0) >= self.per_key:
+            self.full.add(key)
+            return True
+        return False
+
+    def took(self, key: str | None) -> None:
+        if self.free is not None:
+            self.free -= 1
+        if key is not None:
+            self.by_key[key] = self.by_key.get(key, 0) + 1
+
+
+class _Starts:
+    """A queue's rate of first starts (GCRA, see the module's docstring) as one claim
+    moves its theoretical arrival time ``tat`` on, by the database's clock."""
+
+    def __init__(self, rate: float | None, burst: int, tat: float, clock: float):
+        self.rate, self.burst, self.tat, self.clock = rate, burst, tat, clock
+
+    def spent(self) -> bool:
+        """Whether the rate admits no start before the next claim."""
+        rate = self.rate
+        return rate is not None and max(self.tat, self.clock) - self.clock > (self.burst - 1) / rate
+
+    def start(self) -> bool:
+        """Admit one start (moving ``tat`` on), or refuse it."""
+        if self.rate is None:
+            return True
+        base = max(self.tat, self.clock)
+        if base - self.clock > (self.burst - 1) / self.rate:
+            return False
+        self.tat = base + 1 / self.rate
+        return True
+
+
+class _QueueStart:
+    """One claim's starts of runs of the queue ``name``, whose row the claim holds,
+    within its limits: back-off sleepers that are due first (they hold their slot
+    already, so they need no room), then woken runs, then fresh ones, each within the
+    room left and by priority then age (``terms.run_id``: that run, if it is the
+    first to start)."""
+
+    def __init__(self, terms: ClaimTerms, name: str, row: Sequence[Any], *, left: int, alone: bool):
+        concurrency, per_key, rate, burst, tat, db_now = row
+        self.terms, self.name, self.left, self.alone = terms, name, left, alone
+        self.concurrency, self.per_key = concurrency, per_key
+        self.tat_held = float(tat)
+        self.starts = _Starts(rate, burst, float(tat), float(db_now))
+        self.claimed: list[str] = []
+        self.passed: list[str] = []  # suspects left for a caller that holds nothing
+        self.suspect = False  # taken: then it is the claim's only run
+        self.not_its_turn = False  # a claim by id whose run is not the first to start
+
+    def run(self, cur: Cursor, lock: str) -> list[str]:
+        """The runs started, in order (none when it is not ``run_id``'s turn)."""
+        slots = _Slots(cur, self.name, self.concurrency, self.per_key)
+        at_sql = self.terms.at[0]
+        phases = (  # where, order, fresh, needs room
             (_HELD_WOKEN.format(at=at_sql), "wake_at", False, False),
             (_WOKEN_UNHELD.format(at=at_sql), "wake_at", False, True),
             (_FRESH, "created_at", True, True),
         )
         for where, order, fresh, needs_room in phases:
-            while len(claimed) < left and not suspect:
-                if needs_room and free is not None and free <= 0:
-                    break
-                if fresh and rate is not None and max(tat, clock) - clock > (burst - 1) / rate:
-                    break  # the rate admits no start before the next claim
-                want = left - len(claimed)
-                if needs_room and free is not None:
-                    want = min(want, free)
-                keys = sorted(full) if needs_room else []
-                skip_keys = (
-                    f" AND (queue_key IS NULL OR queue_key NOT IN ({', '.join('?' * len(keys))}))"
-                    if keys
-                    else ""
-                )
-                skip_ids = f" AND id NOT IN ({', '.join('?' * len(passed))})" if passed else ""
-                page = want + 16
-                cur.execute(
-                    "SELECT id, recoveries, queue_key FROM ms_runs WHERE queue = ?"
-                    f" AND {where}{wf_sql}{skip_keys}{skip_ids}"
-                    f" ORDER BY priority DESC, {order}, id LIMIT ?{self._lock_clause}",
-                    [name, *([] if fresh else at_params), *wf_params, *keys, *passed, page],
-                )
-                found = cur.fetchall()
-                for rid, recoveries, key in found:
-                    if len(claimed) >= left or (needs_room and free is not None and free <= 0):
-                        break
-                    if needs_room and key is not None and per_key and by_key.get(key, 0) >= per_key:
-                        full.add(key)
-                        continue
-                    if only is not None and rid != only:
-                        return [], False  # not its turn
-                    is_suspect = isolate_after is not None and (
-                        isolate_after <= recoveries <= max_recoveries
-                    )
-                    if is_suspect and (not alone or claimed):
-                        passed.append(rid)  # a suspect runs alone
-                        continue
-                    if fresh and rate is not None:
-                        base = max(tat, clock)
-                        if base - clock > (burst - 1) / rate:
-                            break
-                        tat = base + 1 / rate
-                    # Its recoveries as they are: a takeover is the main claim's.
-                    claim(
-                        cur,
-                        rid,
-                        worker=worker,
-                        at=at,
-                        lease_s=lease_s,
-                        recoveries=recoveries,
-                        now=now,
-                    )
-                    claimed.append(rid)
-                    if needs_room:  # a back-off sleeper's slot was counted already
-                        if free is not None:
-                            free -= 1
-                        if key is not None:
-                            by_key[key] = by_key.get(key, 0) + 1
-                    if is_suspect:
-                        suspect = True
-                        break
-                if suspect or len(found) < page:
-                    break
-                if fresh and rate is not None and max(tat, clock) - clock > (burst - 1) / rate:
-                    break
-        if rate is not None and tat != float(row[4]):
-            cur.execute("UPDATE ms_queues SET tat = ? WHERE name = ?", (tat, name))
-        return claimed, suspect
+            self._phase(cur, lock, where, order, fresh=fresh, slots=slots if needs_room else None)
+            if self.not_its_turn:
+                return []
+        if self.starts.rate is not None and self.starts.tat != self.tat_held:
+            cur.execute("UPDATE ms_queues SET tat = ? WHERE name = ?", (self.starts.tat, self.name))
+        return self.claimed
+
+    def _phase(
+        self, cur: Cursor, lock: str, where: str, order: str, *, fresh: bool, slots: _Slots | None
+    ) -> None:
+        """Start the runs of one kind, a page of candidates at a time. ``slots``: the
+        kind needs room (``None``: it holds its slot already)."""
+        wf_sql, wf_params = self.terms.wf
+        while len(self.claimed) < self.left and not self.suspect:
+            if slots is not None and not slots.room():
+                break
+            if fresh and self.starts.spent():
+                break  # the rate admits no start before the next claim
+            want = self.left - len(self.claimed)
+            keys = []
+            if slots is not None:
+                want, keys = slots.at_most(want), sorted(slots.full)
+            skip_keys = (
+                f" AND (queue_key IS NULL OR queue_key NOT IN ({', '.join('?' * len(keys))}))"
+                if keys
+                else ""
+            )
+            skip_ids = (
+                f" AND id NOT IN ({', '.join('?' * len(self.passed))})" if self.passed else ""
+            )
+            page = want + 16
+            cur.execute(
+                "SELECT id, recoveries, queue_key FROM ms_runs WHERE queue = ?"
+                f" AND {where}{wf_sql}{skip_keys}{skip_ids}"
+                f" ORDER BY priority DESC, {order}, id LIMIT ?{lock}",
+                [
+                    self.name,
+                    *([] if fresh else self.terms.at[1]),
+                    *wf_params,
+                    *keys,
+                    *self.passed,
+                    page,
+                ],
+            )
+            found = cur.fetchall()
+            self._start_found(cur, found, fresh=fresh, slots=slots)
+            if self.suspect or self.not_its_turn or len(found) < page:
+                break
+            if fresh and self.starts.spent():
+                break
+
+    def _start_found(
+        self, cur: Cursor, found: list[Any], *, fresh: bool, slots: _Slots | None
+    ) -> None:
+        """Start the candidates of one page in order, as long as there is room."""
+        for rid, recoveries, key in found:
+            if len(self.claimed) >= self.left or (slots is not None and not slots.room()):
+                break
+            if slots is not None and slots.key_full(key):
+                continue
+            if self.terms.run_id is not None and rid != self.terms.run_id:
+                self.not_its_turn = True
+                return
+            is_suspect = self.terms.suspect(recoveries)
+            if is_suspect and (not self.alone or self.claimed):
+                self.passed.append(rid)  # a suspect runs alone
+                continue
+            if fresh and not self.starts.start():
+                break
+            # Its recoveries as they are: a takeover is the main claim's.
+            self.terms.take(cur, rid, recoveries)
+            self.claimed.append(rid)
+            if slots is not None:  # a back-off sleeper's slot was counted already
+                slots.took(key)
+            if is_suspect:
+                self.suspect = True
+                break

@@ -3,7 +3,7 @@ that read or copy them."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from ._records import RunRecord, SignalRecord, StepRecord
@@ -49,6 +49,28 @@ def _versions_sql(versions: Sequence[str | None]) -> tuple[str, list[Any]]:
     if None in versions:
         parts.append("version IS NULL")
     return ("(" + " OR ".join(parts) + ")" if parts else "1 = 0"), named
+
+
+def _claimable_sql(
+    workflows: Sequence[str] | None,
+    versions: Sequence[str | None] | None,
+    skip: Collection[str] = (),
+) -> tuple[str, list[Any]]:
+    """Conditions (`` AND ...``) and their parameters on the runs a worker may claim:
+    of these workflows (``None`` or empty: any), of these code versions (as
+    :func:`_versions_sql`; ``None``: any), and not in ``skip``. One spelling for the
+    claim and for the questions a worker asks about what it could claim next."""
+    sql = f" AND workflow IN ({', '.join('?' * len(workflows))})" if workflows else ""
+    params: list[Any] = list(workflows or [])
+    if versions is not None:
+        v_sql, v_params = _versions_sql(versions)
+        sql += f" AND {v_sql}"
+        params += v_params
+    if skip:
+        avoided = sorted(skip)
+        sql += f" AND id NOT IN ({', '.join('?' * len(avoided))})"
+        params += avoided
+    return sql, params
 
 
 def _run(row: Sequence[Any]) -> RunRecord:

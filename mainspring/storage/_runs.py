@@ -17,6 +17,7 @@ from ._rows import (
     _RUN_SUMMARY_COLUMNS,
     _STEP_COLUMNS,
     _UPSERT_STEP,
+    _claimable_sql,
     _run,
     _step,
     _step_params,
@@ -236,16 +237,7 @@ class RunTables(Connection):
         """The earliest ``wake_at`` of a sleeping or waiting run (of these workflows,
         and code versions as :meth:`claim` takes them, but the runs in ``skip``):
         when a worker next has something to claim that nobody needs to send."""
-        names = list(workflows) if workflows is not None else None
-        wf_sql = f" AND workflow IN ({', '.join('?' * len(names))})" if names else ""
-        params: list[Any] = list(names or [])
-        if versions is not None:
-            v_sql, v_params = _versions_sql(versions)
-            wf_sql += f" AND {v_sql}"
-            params += v_params
-        if skip:
-            wf_sql += f" AND id NOT IN ({', '.join('?' * len(skip))})"
-            params += sorted(skip)
+        wf_sql, params = _claimable_sql(workflows, versions, skip)
         with self._read() as cur:
             cur.execute(
                 "SELECT MIN(wake_at) FROM ms_runs WHERE status IN ('sleeping', 'waiting')"
@@ -342,18 +334,7 @@ class RunTables(Connection):
             row = cur.fetchone()
             if row is None:
                 raise RunNotFound(f"cannot fork: no run {source.id!r}")
-            if session == row[0]:
-                handoff = row[1]
-            elif session == source.session:
-                handoff = source.handoff  # the caller's record is of that session
-            elif session == 0:
-                handoff = None
-            else:
-                raise RunConflict(
-                    f"cannot fork run {source.id!r} from session {session}: its hand-off is "
-                    f"not kept (the run is in session {row[0]})",
-                    run_id=source.id,
-                )
+            handoff = _fork_handoff(source, session, now_session=row[0], now_handoff=row[1])
             cur.execute(
                 "INSERT INTO ms_runs (id, workflow, status, input, session, handoff,"
                 " created_at, updated_at, parent, parent_step, parent_kind, version, queue,"
@@ -526,3 +507,26 @@ class _TooLate(Exception):
 
 def _cancel_error(reason: str | None) -> str:
     return dumps({"type": "Cancelled", "message": reason or "cancelled"})
+
+
+def _fork_handoff(
+    source: RunRecord, session: int, *, now_session: int, now_handoff: str | None
+) -> str | None:
+    """The hand-off a fork from ``source``'s ``session`` starts with: the run's own
+    if it is still in that session (``now_*``: its row as the fork holds it), the
+    caller's record's if that record is of that session, none for session 0.
+
+    Raises:
+        RunConflict: any other session's hand-off is not kept.
+    """
+    if session == now_session:
+        return now_handoff
+    if session == source.session:
+        return source.handoff  # the caller's record is of that session
+    if session == 0:
+        return None
+    raise RunConflict(
+        f"cannot fork run {source.id!r} from session {session}: its hand-off is "
+        f"not kept (the run is in session {now_session})",
+        run_id=source.id,
+    )

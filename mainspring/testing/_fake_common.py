@@ -531,20 +531,9 @@ class FakeProviderServer(ABC):
         if self.api_key is not None and self._api_key_of(request) != self.api_key:
             return self._render_error(self._unauthorized())
         reply, scripted = self._next_reply(request, index)
-        usage: Usage | None = None
-        if self.buckets is not None and reply.status < 400 and reply.body is None:
-            usage = self._usage(reply, request)
-            counted = usage.input_tokens - (
-                0 if self.CACHE_READS_COUNT else usage.cache_read_tokens
-            )
-            refusal = self.buckets.admit({"rpm": 1, "tpm": counted, "itpm": counted})
-            if refusal is not None:
-                with self._lock:
-                    self.refusals.append((self.buckets.clock(), refusal.retry_after, index - 1))
-                if scripted:  # the retry gets the same reply
-                    with self._lock:
-                        self._script.appendleft(reply)
-                return self._render_error(self._refused(refusal, request))
+        usage, refused = self._admit(reply, request, index, scripted)
+        if refused is not None:
+            return refused
         if reply.delay_s > 0 and self._stopping.wait(reply.delay_s):
             return self._render_error(self._error(503, "the fake server is stopping"))
         if reply.body is not None:
@@ -555,17 +544,41 @@ class FakeProviderServer(ABC):
             self._served += 1
             served = self._served
         body = self._render_reply(reply, request, served)
-        if self.buckets is not None and usage is not None:
-            self.buckets.charge({"tpm": usage.output_tokens, "otpm": usage.output_tokens})
-            with self._lock:
-                self.served_usage.append(
-                    (self.buckets.clock(), usage.input_tokens, usage.output_tokens)
-                )
+        if usage is not None:
+            self._charge(usage)
         headers = {**self._rate_limit_headers(request), **reply.headers}
         if isinstance(request.body, Mapping) and request.body.get("stream"):
             events = tuple(self._stream_events(body, request))
             return _Wire(reply.status, headers, body, events)
         return _Wire(reply.status, headers, body)
+
+    def _admit(
+        self, reply: FakeReply, request: RecordedRequest, index: int, scripted: bool
+    ) -> tuple[Usage | None, _Wire | None]:
+        """Where the buckets are enforced, ask them to admit a successful reply: its
+        usage, or the provider's 429 (a scripted reply is kept for the retry)."""
+        if self.buckets is None or reply.status >= 400 or reply.body is not None:
+            return None, None
+        usage = self._usage(reply, request)
+        counted = usage.input_tokens - (0 if self.CACHE_READS_COUNT else usage.cache_read_tokens)
+        refusal = self.buckets.admit({"rpm": 1, "tpm": counted, "itpm": counted})
+        if refusal is None:
+            return usage, None
+        with self._lock:
+            self.refusals.append((self.buckets.clock(), refusal.retry_after, index - 1))
+        if scripted:  # the retry gets the same reply
+            with self._lock:
+                self._script.appendleft(reply)
+        return usage, self._render_error(self._refused(refusal, request))
+
+    def _charge(self, usage: Usage) -> None:
+        """Charge a served reply's output to the buckets (``usage``: as admitted)."""
+        assert self.buckets is not None  # usage is only admitted by buckets
+        self.buckets.charge({"tpm": usage.output_tokens, "otpm": usage.output_tokens})
+        with self._lock:
+            self.served_usage.append(
+                (self.buckets.clock(), usage.input_tokens, usage.output_tokens)
+            )
 
     def _next_reply(self, request: RecordedRequest, index: int) -> tuple[FakeReply, bool]:
         """The next reply, and whether it came from the script (not the fallback)."""

@@ -377,62 +377,84 @@ def check_invariants(
     runs, steps = _read_state(store, run_ids)
     pending = _pending_signals(store, run_ids)
     for run in runs.values():
-        found += _liveness(run, pending.get(run.id, set()), now, settled)
-        if run.status == "succeeded":
-            for r in steps.get(run.id, []):
-                if r.status in ("started", "retrying"):
-                    found.append(
-                        Violation(
-                            kind="unended_row",
-                            run_id=run.id,
-                            detail=f"succeeded with row {r.pos} {r.kind} {r.name!r} "
-                            f"still {r.status!r}",
-                        )
-                    )
+        waited = pending.get(run.id, set())
+        found += _liveness(run, waited, now, settled)
+        found += _unended_rows(run, steps.get(run.id, []))
         found += _orphan(run, runs)
-        replies = [
-            (r.session, r.seq, r.output)
-            for r in steps.get(run.id, [])
-            if r.role == "model" and r.status == "completed"
-        ]
-        for detail in stream_mismatches(
-            _inner(store), run.id, replies, finished=run.status in FINISHED
-        ):
-            found.append(Violation(kind="stream_mismatch", run_id=run.id, detail=detail))
-        found += _child_end_delivered(store, run, runs, pending.get(run.id, set()))
-        if run.cancel_requested and run.status in FINISHED and run.status != "cancelled":
-            found.append(
-                Violation(
-                    kind="cancel_ignored",
-                    run_id=run.id,
-                    detail=f"asked to cancel (the cancel answered that it was asked), yet "
-                    f"it ended {run.status} (error {run.error!r})",
-                )
-            )
+        found += _streams(store, run, steps.get(run.id, []))
+        found += _child_end_delivered(store, run, runs, waited)
+        found += _cancel_ignored(run)
     found += _schedules(store, runs, now)
     found += _signals(store, steps, run_ids)
     found += _events(store, run_ids, set() if history is None else history.reopened)
     if ledger is not None:
-        report = ledger.report()
-        for key, n in sorted(report.duplicate_effects.items()):
-            found.append(
-                Violation(
-                    kind="duplicate_effect",
-                    run_id=key.split(":", 1)[0],
-                    detail=f"effect of key {key!r} took place {n} times",
-                )
+        found += _effects(ledger, at_most_once_effects)
+    return found
+
+
+def _unended_rows(run: _Run, rows: list[_Row]) -> list[Violation]:
+    """A run that succeeded has no journal row still started or retrying."""
+    if run.status != "succeeded":
+        return []
+    return [
+        Violation(
+            kind="unended_row",
+            run_id=run.id,
+            detail=f"succeeded with row {r.pos} {r.kind} {r.name!r} still {r.status!r}",
+        )
+        for r in rows
+        if r.status in ("started", "retrying")
+    ]
+
+
+def _streams(store: Store, run: _Run, rows: list[_Row]) -> list[Violation]:
+    """Each completed model reply agrees with the token stream kept for it."""
+    replies = [
+        (r.session, r.seq, r.output) for r in rows if r.role == "model" and r.status == "completed"
+    ]
+    return [
+        Violation(kind="stream_mismatch", run_id=run.id, detail=detail)
+        for detail in stream_mismatches(
+            _inner(store), run.id, replies, finished=run.status in FINISHED
+        )
+    ]
+
+
+def _cancel_ignored(run: _Run) -> list[Violation]:
+    """A cancel answered "asked" is honoured by the run's end (DESIGN §11)."""
+    if run.cancel_requested and run.status in FINISHED and run.status != "cancelled":
+        return [
+            Violation(
+                kind="cancel_ignored",
+                run_id=run.id,
+                detail=f"asked to cancel (the cancel answered that it was asked), yet "
+                f"it ended {run.status} (error {run.error!r})",
             )
-        for effect in at_most_once_effects:
-            for key, n in sorted(ledger.calls_by_key(effect).items()):
-                if n > 1:
-                    found.append(
-                        Violation(
-                            kind="at_most_once_twice",
-                            run_id=key.split(":", 1)[0],
-                            detail=f"at_most_once effect {effect!r} of key {key!r} was "
-                            f"called {n} times",
-                        )
-                    )
+        ]
+    return []
+
+
+def _effects(ledger: EffectLedger, at_most_once_effects: Iterable[str]) -> list[Violation]:
+    """Each effect key took place once, and an ``at_most_once`` step's key was even
+    called at most once."""
+    found = [
+        Violation(
+            kind="duplicate_effect",
+            run_id=key.split(":", 1)[0],
+            detail=f"effect of key {key!r} took place {n} times",
+        )
+        for key, n in sorted(ledger.report().duplicate_effects.items())
+    ]
+    for effect in at_most_once_effects:
+        found += [
+            Violation(
+                kind="at_most_once_twice",
+                run_id=key.split(":", 1)[0],
+                detail=f"at_most_once effect {effect!r} of key {key!r} was called {n} times",
+            )
+            for key, n in sorted(ledger.calls_by_key(effect).items())
+            if n > 1
+        ]
     return found
 
 
@@ -564,48 +586,66 @@ def _pending_signals(store: Store, run_ids: Collection[str] | None) -> dict[str,
 def _signals(
     store: Store, steps: dict[str, list[_Row]], run_ids: Collection[str] | None
 ) -> list[Violation]:
-    found: list[Violation] = []
+    """Each stored signal is consumed by at most one wait, the wait whose position it
+    names and which completed with it; each wait that completed with a signal
+    consumed a stored one."""
     consumed: dict[tuple[str, str], list[tuple[int, str]]] = {}
     for sig in _inner(store).list_signals():
         if sig.consumed_at is not None and (run_ids is None or sig.run_id in run_ids):
             consumed.setdefault((sig.run_id, str(sig.consumed_by)), []).append((sig.id, sig.name))
-    for (rid, by), sigs in consumed.items():
-        if len(sigs) > 1:
-            found.append(
-                Violation(
-                    kind="signal_consumed_twice",
-                    run_id=rid,
-                    detail=f"signals {[s for s, _ in sigs]!r} were all consumed by wait {by}",
-                )
-            )
+    found = [
+        Violation(
+            kind="signal_consumed_twice",
+            run_id=rid,
+            detail=f"signals {[s for s, _ in sigs]!r} were all consumed by wait {by}",
+        )
+        for (rid, by), sigs in consumed.items()
+        if len(sigs) > 1
+    ]
     for rid, rows in steps.items():
         waits = {r.pos: r for r in rows if r.kind == "signal"}
-        for r in waits.values():
-            # Rows a fork copied (epoch 0) consumed their signals in the source run.
-            if r.status != "completed" or r.epoch == 0 or "signal" not in _json(r.output):
-                continue
-            if not consumed.get((rid, r.pos)):
-                found.append(
-                    Violation(
-                        kind="wait_without_signal",
-                        run_id=rid,
-                        detail=f"wait {r.pos} {r.name!r} completed with a signal but no "
-                        "stored signal was consumed by it (one signal given to two waits?)",
-                    )
+        found += _waits_without_signal(rid, waits, consumed)
+        found += _signals_lost(rid, waits, consumed)
+    return found
+
+
+def _waits_without_signal(
+    rid: str, waits: dict[str, _Row], consumed: dict[tuple[str, str], list[tuple[int, str]]]
+) -> list[Violation]:
+    found: list[Violation] = []
+    for r in waits.values():
+        # Rows a fork copied (epoch 0) consumed their signals in the source run.
+        if r.status != "completed" or r.epoch == 0 or "signal" not in _json(r.output):
+            continue
+        if not consumed.get((rid, r.pos)):
+            found.append(
+                Violation(
+                    kind="wait_without_signal",
+                    run_id=rid,
+                    detail=f"wait {r.pos} {r.name!r} completed with a signal but no "
+                    "stored signal was consumed by it (one signal given to two waits?)",
                 )
-        for (crid, by), sigs in consumed.items():
-            if crid != rid:
-                continue
-            row = waits.get(by)
-            if row is None or row.status != "completed" or row.name != sigs[0][1]:
-                found.append(
-                    Violation(
-                        kind="signal_lost",
-                        run_id=rid,
-                        detail=f"signal {sigs[0][0]} {sigs[0][1]!r} consumed by position {by}, "
-                        f"which holds {None if row is None else (row.name, row.status)!r}",
-                    )
+            )
+    return found
+
+
+def _signals_lost(
+    rid: str, waits: dict[str, _Row], consumed: dict[tuple[str, str], list[tuple[int, str]]]
+) -> list[Violation]:
+    found: list[Violation] = []
+    for (crid, by), sigs in consumed.items():
+        if crid != rid:
+            continue
+        row = waits.get(by)
+        if row is None or row.status != "completed" or row.name != sigs[0][1]:
+            found.append(
+                Violation(
+                    kind="signal_lost",
+                    run_id=rid,
+                    detail=f"signal {sigs[0][0]} {sigs[0][1]!r} consumed by position {by}, "
+                    f"which holds {None if row is None else (row.name, row.status)!r}",
                 )
+            )
     return found
 
 

@@ -8,12 +8,13 @@ place exactly once per key however often workers crashed and steps re-ran.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -89,13 +90,7 @@ class EffectLedger:
                 in the ledger's file and change them atomically with the effect.
         """
         text = json.dumps(payload)
-        conn = self._conn()
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            conn.execute(
-                "INSERT INTO calls (key, effect, payload, pid, at) VALUES (?, ?, ?, ?, ?)",
-                (key, effect, text, os.getpid(), time.time()),
-            )
+        with self._call(key, effect, text) as conn:
             cur = conn.execute(
                 "INSERT INTO effects (key, effect, payload) VALUES (?, ?, ?)"
                 " ON CONFLICT (key) DO NOTHING",
@@ -104,16 +99,23 @@ class EffectLedger:
             applied = cur.rowcount == 1
             if applied and on_apply is not None:
                 on_apply(conn)
-            conn.execute("COMMIT")
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
         return applied
 
     def apply_unsafe(self, key: str, effect: str = "effect", payload: Any = None) -> None:
         """Perform an effect with no deduplication (a system without idempotency):
         a repeated call is a duplicate effect."""
         text = json.dumps(payload)
+        with self._call(key, effect, text) as conn:
+            conn.execute(
+                "INSERT INTO effects (key, effect, payload) VALUES (?, ?, ?)"
+                " ON CONFLICT (key) DO UPDATE SET applied = applied + 1",
+                (key, effect, text),
+            )
+
+    @contextlib.contextmanager
+    def _call(self, key: str, effect: str, text: str) -> Iterator[sqlite3.Connection]:
+        """One call of an effect: recorded in a write transaction that the effect's own
+        rows join, committed with them or rolled back with them."""
         conn = self._conn()
         conn.execute("BEGIN IMMEDIATE")
         try:
@@ -121,11 +123,7 @@ class EffectLedger:
                 "INSERT INTO calls (key, effect, payload, pid, at) VALUES (?, ?, ?, ?, ?)",
                 (key, effect, text, os.getpid(), time.time()),
             )
-            conn.execute(
-                "INSERT INTO effects (key, effect, payload) VALUES (?, ?, ?)"
-                " ON CONFLICT (key) DO UPDATE SET applied = applied + 1",
-                (key, effect, text),
-            )
+            yield conn
             conn.execute("COMMIT")
         except BaseException:
             conn.execute("ROLLBACK")

@@ -147,28 +147,11 @@ class StreamConformance:
             done = threading.Event()
             failed: list[BaseException] = []
 
-            def write(store: Store, seq: int) -> None:
-                try:
-                    for i in range(per_writer):
-                        assert _text(store, "r", epoch, seq, i, f"{seq}:{i} ")
-                except BaseException as exc:  # reported by the test
-                    failed.append(exc)
-
-            def follow() -> None:
-                cursor = 0
-                try:
-                    while True:
-                        finished = done.is_set()  # before the read: it sees every commit
-                        rows = reader.tokens_after("r", cursor)
-                        read.extend(rows)
-                        cursor = rows[-1].pos if rows else cursor
-                        if finished and not rows:
-                            return
-                except BaseException as exc:
-                    failed.append(exc)
-
-            threads = [threading.Thread(target=write, args=(w, n)) for n, w in enumerate(writers)]
-            follower = threading.Thread(target=follow)
+            threads = [
+                threading.Thread(target=_write_tokens, args=(w, epoch, n, per_writer, failed))
+                for n, w in enumerate(writers)
+            ]
+            follower = threading.Thread(target=_follow_tokens, args=(reader, done, read, failed))
             try:
                 follower.start()
                 for t in threads:
@@ -184,3 +167,33 @@ class StreamConformance:
             assert [r.pos for r in read] == list(range(1, 2 * per_writer + 1))
             for seq in (0, 1):
                 assert [r.idx for r in read if r.seq == seq] == list(range(per_writer))
+
+
+def _write_tokens(
+    store: Store, epoch: int, seq: int, count: int, failed: list[BaseException]
+) -> None:
+    """One writer of the concurrent-writers test: ``count`` rows of step ``seq``
+    (a failure is kept in ``failed``, for the test to report)."""
+    try:
+        for i in range(count):
+            assert _text(store, "r", epoch, seq, i, f"{seq}:{i} ")
+    except BaseException as exc:  # reported by the test
+        failed.append(exc)
+
+
+def _follow_tokens(
+    reader: Store, done: threading.Event, read: list[TokenChunk], failed: list[BaseException]
+) -> None:
+    """The reader of the concurrent-writers test: pages by the cursor as fast as it
+    can into ``read`` until ``done`` is set and a read after it finds nothing."""
+    cursor = 0
+    try:
+        while True:
+            finished = done.is_set()  # before the read: it sees every commit
+            rows = reader.tokens_after("r", cursor)
+            read.extend(rows)
+            cursor = rows[-1].pos if rows else cursor
+            if finished and not rows:
+                return
+    except BaseException as exc:
+        failed.append(exc)

@@ -10,7 +10,9 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
@@ -83,6 +85,82 @@ def _phone(raw: str) -> str:
     return "+" + "".join(c for c in raw if c.isdigit())
 
 
+def export(count: int) -> list[dict[str, Any]]:
+    """Stage 1: read the old system (a read; no effect)."""
+    return legacy_rows(count)
+
+
+def validate(rows: list[dict[str, Any]]) -> ValidationReport:
+    """Stage 2: keep the rows that fit the schema, refuse the others with a reason."""
+    valid, rejected = [], []
+    for row in rows:
+        try:
+            valid.append(LegacyCustomer.model_validate(row))
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()
+            )
+            rejected.append(Rejection(id=str(row.get("id", "?")), reason=problems))
+    return ValidationReport(valid=valid, rejected=rejected)
+
+
+def _segments(text: str | None, rows: list[LegacyCustomer]) -> dict[str, str]:
+    """The model's segment labels, one per row, or MalformedSegments (the step retries)."""
+    try:
+        segments = _SEGMENTS.validate_json(text or "")
+    except ValidationError as exc:
+        raise MalformedSegments(f"unreadable segments {text!r:.80}: {exc}") from None
+    if missing := sorted({r.id for r in rows} - set(segments)):
+        raise MalformedSegments(f"no segment for {missing}")
+    return segments
+
+
+def _reshape(row: LegacyCustomer, segment: str) -> TargetCustomer:
+    """One legacy row as the new system holds it."""
+    first, _, last = row.full_name.partition(" ")
+    return TargetCustomer(
+        customer_id=row.id,
+        first_name=first,
+        last_name=last or "-",
+        email=row.email.lower(),
+        phone=_phone(row.phone),
+        country=row.country,
+        tier=_tier(row),  # type: ignore[arg-type]
+        segment=segment,
+    )
+
+
+def _over_the_network(
+    cfg: MigrationConfig, customer_id: str, attempt: int, write: Callable[[], bool]
+) -> bool:
+    """The target's ``write`` as the network delivers it: with the config's latency
+    either side, and every ``flaky_every``-th customer's first attempt failing, half of
+    them after the target applied the write (the reply was lost)."""
+    n = int(customer_id.removeprefix("cus_"))
+    flaky = cfg.flaky_every and n % cfg.flaky_every == 0 and attempt == 1
+    time.sleep(cfg.request_s)
+    if flaky and (n // cfg.flaky_every) % 2:
+        raise ms.TransientError(f"target: 503 Service Unavailable for {customer_id}")
+    applied = write()
+    time.sleep(cfg.reply_s)
+    if flaky:
+        raise ms.TransientError(f"target: reply lost after writing {customer_id}")
+    return applied
+
+
+def _preview(
+    report: ValidationReport, customers: list[TargetCustomer], tiers: dict[str, int]
+) -> dict[str, Any]:
+    """What the reviewer sees at the import gate: counts, tiers and a sample."""
+    return {
+        "import": len(customers),
+        "rejected": len(report.rejected),
+        "tiers": tiers,
+        "rejections": [r.model_dump() for r in report.rejected[:3]],
+        "sample": [c.model_dump() for c in customers[:2]],
+    }
+
+
 def build(
     app: ms.App,
     target: TargetStore,
@@ -98,23 +176,6 @@ def build(
     """
     cfg = config or MigrationConfig()
 
-    def export(count: int) -> list[dict[str, Any]]:
-        """Stage 1: read the old system (a read; no effect)."""
-        return legacy_rows(count)
-
-    def validate(rows: list[dict[str, Any]]) -> ValidationReport:
-        """Stage 2: keep the rows that fit the schema, refuse the others with a reason."""
-        valid, rejected = [], []
-        for row in rows:
-            try:
-                valid.append(LegacyCustomer.model_validate(row))
-            except ValidationError as exc:
-                problems = "; ".join(
-                    f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()
-                )
-                rejected.append(Rejection(id=str(row.get("id", "?")), reason=problems))
-        return ValidationReport(valid=valid, rejected=rejected)
-
     async def transform(rows: list[LegacyCustomer]) -> list[TargetCustomer]:
         """Stage 3: reshape rows for the new system; the model labels segments."""
         brief = [{"id": r.id, "country": r.country, "seats": r.seats} for r in rows]
@@ -124,42 +185,15 @@ def build(
                 UserMessage(content=json.dumps(brief)),
             ]
         )
-        try:
-            segments = _SEGMENTS.validate_json(reply.text or "")
-        except ValidationError as exc:
-            raise MalformedSegments(f"unreadable segments {reply.text!r:.80}: {exc}") from None
-        if missing := sorted({r.id for r in rows} - set(segments)):
-            raise MalformedSegments(f"no segment for {missing}")
-        out = []
-        for r in rows:
-            first, _, last = r.full_name.partition(" ")
-            out.append(
-                TargetCustomer(
-                    customer_id=r.id,
-                    first_name=first,
-                    last_name=last or "-",
-                    email=r.email.lower(),
-                    phone=_phone(r.phone),
-                    country=r.country,
-                    tier=_tier(r),  # type: ignore[arg-type]
-                    segment=segments[r.id],
-                )
-            )
-        return out
+        segments = _segments(reply.text, rows)
+        return [_reshape(r, segments[r.id]) for r in rows]
 
     def import_customer(customer: TargetCustomer) -> ImportReceipt:
         """Stage 4, one customer: an idempotent write under the step's key."""
         step = ms.current_step()
         key = step.idempotency_key
-        n = int(customer.customer_id.removeprefix("cus_"))
-        flaky = cfg.flaky_every and n % cfg.flaky_every == 0 and step.attempt == 1
-        time.sleep(cfg.request_s)
-        if flaky and (n // cfg.flaky_every) % 2:
-            raise ms.TransientError(f"target: 503 Service Unavailable for {customer.customer_id}")
-        applied = target.upsert(key, customer)
-        time.sleep(cfg.reply_s)
-        if flaky:
-            raise ms.TransientError(f"target: reply lost after writing {customer.customer_id}")
+        write = partial(target.upsert, key, customer)
+        applied = _over_the_network(cfg, customer.customer_id, step.attempt, write)
         return ImportReceipt(customer_id=customer.customer_id, key=key, applied=applied)
 
     def reconcile(expected: list[TargetCustomer]) -> Reconciliation:
@@ -191,17 +225,8 @@ def build(
         for i in range(0, len(report.valid), cfg.chunk):
             chunk = report.valid[i : i + cfg.chunk]
             customers += await ctx.step(transform, chunk, name="transform", retry=cfg.retry)
-        tiers = Counter(c.tier for c in customers)
-        await ctx.gate(
-            "import",
-            preview={
-                "import": len(customers),
-                "rejected": len(report.rejected),
-                "tiers": dict(sorted(tiers.items())),
-                "rejections": [r.model_dump() for r in report.rejected[:3]],
-                "sample": [c.model_dump() for c in customers[:2]],
-            },
-        )
+        tiers: dict[str, int] = dict(sorted(Counter(c.tier for c in customers).items()))
+        await ctx.gate("import", preview=_preview(report, customers, tiers))
         receipts = [
             await ctx.step(import_customer, c, name="import_customer", retry=cfg.retry)
             for c in customers
@@ -219,7 +244,7 @@ def build(
             rejected=report.rejected,
             imported=len(receipts),
             repeats_recognised=sum(not r.applied for r in receipts),
-            tiers=dict(sorted(tiers.items())),
+            tiers=tiers,
             reconciled=True,
         )
 
