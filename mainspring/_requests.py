@@ -176,39 +176,54 @@ def answer_payload(
     where = f"request {request.id!r} of run {request.run_id!r}"
     body: dict[str, Any]
     if request.kind == "question":
-        if decision is not None and decision != "answer":
-            raise InvalidAnswer(
-                f"{where} is a question: send an 'answer', not the decision {decision!r}"
-            )
-        if answer is None or not str(answer).strip():
-            raise InvalidAnswer(f"{where} is a question: 'answer' must be a non-empty string")
-        if request.choices is not None and answer not in request.choices:
-            raise InvalidAnswer(
-                f"{where}: {answer!r} is not one of the choices {list(request.choices)!r}"
-            )
-        body = {"answer": answer}
+        body = _answer_body(request, where, decision, answer)
     else:
-        if decision not in _DECISIONS:
-            raise InvalidAnswer(
-                f"{where} is an approval: 'decision' must be one of {list(_DECISIONS)!r},"
-                f" not {decision!r}"
-            )
-        if decision == "edit" and not isinstance(arguments, dict):
-            raise InvalidAnswer(
-                f"{where}: an 'edit' needs 'arguments', a JSON object of the new arguments,"
-                f" not {arguments!r}"
-            )
-        if decision != "edit" and arguments is not None:
-            raise InvalidAnswer(f"{where}: 'arguments' are only allowed with decision 'edit'")
-        _check_budget_edit(request, where, decision, arguments)
-        body = {"decision": decision}
-        if arguments is not None:
-            body["arguments"] = arguments
+        body = _decision_body(request, where, decision, arguments)
     if reason is not None:
         body["reason"] = reason
     if by is not None:
         body["by"] = by
     return json.dumps(body, separators=(",", ":"), ensure_ascii=False)
+
+
+def _answer_body(
+    request: Request, where: str, decision: str | None, answer: str | None
+) -> dict[str, Any]:
+    """A question's answer: non-empty text, one of the choices when it has any."""
+    if decision is not None and decision != "answer":
+        raise InvalidAnswer(
+            f"{where} is a question: send an 'answer', not the decision {decision!r}"
+        )
+    if answer is None or not str(answer).strip():
+        raise InvalidAnswer(f"{where} is a question: 'answer' must be a non-empty string")
+    if request.choices is not None and answer not in request.choices:
+        raise InvalidAnswer(
+            f"{where}: {answer!r} is not one of the choices {list(request.choices)!r}"
+        )
+    return {"answer": answer}
+
+
+def _decision_body(
+    request: Request, where: str, decision: str | None, arguments: Any
+) -> dict[str, Any]:
+    """An approval's decision: arguments only with an edit, and an edit must carry them."""
+    if decision not in _DECISIONS:
+        raise InvalidAnswer(
+            f"{where} is an approval: 'decision' must be one of {list(_DECISIONS)!r},"
+            f" not {decision!r}"
+        )
+    if decision == "edit" and not isinstance(arguments, dict):
+        raise InvalidAnswer(
+            f"{where}: an 'edit' needs 'arguments', a JSON object of the new arguments,"
+            f" not {arguments!r}"
+        )
+    if decision != "edit" and arguments is not None:
+        raise InvalidAnswer(f"{where}: 'arguments' are only allowed with decision 'edit'")
+    _check_budget_edit(request, where, decision, arguments)
+    body: dict[str, Any] = {"decision": decision}
+    if arguments is not None:
+        body["arguments"] = arguments
+    return body
 
 
 def _check_budget_edit(request: Request, where: str, decision: str, arguments: Any) -> None:

@@ -85,20 +85,7 @@ class Lineage:
             raise ConfigError(f"decisions must be 'ask' or 'keep', not {decisions!r}")
         source = self.get_run(run_id)
         session, seq = _position(from_step, source.session)
-        if session not in (0, source.session):
-            raise ConfigError(
-                f"cannot fork run {run_id!r} from {session}:{seq}: only session 0 and the "
-                f"current session {source.session} can be forked (the hand-off that "
-                f"started session {session} is not kept)"
-            )
-        steps = self.store.load_steps(run_id, session)
-        target = next((s for s in steps if s.seq == seq), None)
-        if target is None:
-            have = f"0..{steps[-1].seq}" if steps else "none"
-            raise ConfigError(
-                f"run {run_id!r} has no step {session}:{seq} (its session {session} "
-                f"journal holds steps {have})"
-            )
+        steps, target = self._fork_point(run_id, source, session, seq)
         requests = [s for s in steps if s.seq <= seq and _is_request_step(s)]
         if edit is not _NO_EDIT and _is_request_step(target):
             raise ConfigError(
@@ -106,24 +93,9 @@ class Lineage:
                 "fork never edits a human's decision; fork from the step before it and "
                 "answer the new run's request (with the 'approve' scope)"
             )
-        upto = seq
-        outputs: dict[int, str] = {}
-        if decisions == "ask" and requests:
-            upto = requests[0].seq - 1
-            if edit is not _NO_EDIT:
-                raise ConfigError(
-                    f"cannot fork run {run_id!r} from {session}:{seq} with an edit: the "
-                    f"fork asks the request {requests[0].name!r} (step {session}:"
-                    f"{requests[0].seq}) again and runs live from there, so the edit "
-                    "would be lost; keep the decisions (decisions='keep', which needs "
-                    "the 'approve' scope) or fork from before the request"
-                )
-        elif decisions == "keep":
-            who = by if by is not None else local_user()
-            for r in requests:
-                kept = _kept_decision(r, who, run_id)
-                if kept is not None:
-                    outputs[r.seq] = kept
+        upto, outputs = _carried_decisions(
+            run_id, session, seq, requests, decisions=decisions, edited=edit is not _NO_EDIT, by=by
+        )
         if edit is not _NO_EDIT:
             patched = _merge_patch(loads(target.output), edit)
             output = dumps(patched, what=f"edited output of step {session}:{seq}")
@@ -143,6 +115,26 @@ class Lineage:
             traceparent=fork_traceparent(source.id, source.traceparent),
         )
         return RunHandle(cast("App", self), record.id, True)
+
+    def _fork_point(
+        self, run_id: str, source: RunRecord, session: int, seq: int
+    ) -> tuple[list[StepRecord], StepRecord]:
+        """The journal of the session a fork starts from and its step ``seq``."""
+        if session not in (0, source.session):
+            raise ConfigError(
+                f"cannot fork run {run_id!r} from {session}:{seq}: only session 0 and the "
+                f"current session {source.session} can be forked (the hand-off that "
+                f"started session {session} is not kept)"
+            )
+        steps = self.store.load_steps(run_id, session)
+        target = next((s for s in steps if s.seq == seq), None)
+        if target is None:
+            have = f"0..{steps[-1].seq}" if steps else "none"
+            raise ConfigError(
+                f"run {run_id!r} has no step {session}:{seq} (its session {session} "
+                f"journal holds steps {have})"
+            )
+        return steps, target
 
     def retry(self, run_id: str | RunHandle) -> RunHandle:
         """Queue a failed run again, from its failing step: the steps it completed
@@ -181,6 +173,40 @@ def local_user() -> str:
 def new_id() -> str:
     """A new run id."""
     return uuid.uuid4().hex
+
+
+def _carried_decisions(
+    run_id: str,
+    session: int,
+    seq: int,
+    requests: list[StepRecord],
+    *,
+    decisions: Literal["ask", "keep"],
+    edited: bool,
+    by: str | None,
+) -> tuple[int, dict[int, str]]:
+    """``(upto, outputs)``: where the fork's copied journal stops, and the answers it
+    keeps. Asking again stops before the first request; keeping records each answer
+    as decided by ``by``."""
+    upto = seq
+    outputs: dict[int, str] = {}
+    if decisions == "ask" and requests:
+        upto = requests[0].seq - 1
+        if edited:
+            raise ConfigError(
+                f"cannot fork run {run_id!r} from {session}:{seq} with an edit: the "
+                f"fork asks the request {requests[0].name!r} (step {session}:"
+                f"{requests[0].seq}) again and runs live from there, so the edit "
+                "would be lost; keep the decisions (decisions='keep', which needs "
+                "the 'approve' scope) or fork from before the request"
+            )
+    elif decisions == "keep":
+        who = by if by is not None else local_user()
+        for r in requests:
+            kept = _kept_decision(r, who, run_id)
+            if kept is not None:
+                outputs[r.seq] = kept
+    return upto, outputs
 
 
 def _position(step: int | str, current: int) -> tuple[int, int]:

@@ -177,13 +177,15 @@ class TokenFollower:
         out.append(_with_cursor(event, cursor))
         self._last = cursor
 
-    def _events(self, chunk: TokenChunk) -> list[TokenEvent]:
-        key = (chunk.session, chunk.seq)
+    def _current(
+        self, key: tuple[int, int], chunk: TokenChunk, events: list[TokenEvent]
+    ) -> _Attempt | None:
+        """The attempt ``chunk`` belongs to, once the one it supersedes is ended (into
+        ``events``); ``None`` when nothing of the chunk is shown."""
         shown = self._shown.get(key)
-        events: list[TokenEvent] = []
         if shown is not None:
             if (chunk.epoch, chunk.attempt) < (shown.epoch, shown.attempt):
-                return []  # an older attempt's row: a newer one is under way or done
+                return None  # an older attempt's row: a newer one is under way or done
             if (chunk.epoch, chunk.attempt) > (shown.epoch, shown.attempt):
                 if shown.end is None:
                     events.append(self._ended(key, shown, "abandoned"))
@@ -192,8 +194,15 @@ class TokenFollower:
                 shown = None
         if shown is None:
             shown = self._shown[key] = _Attempt(chunk.epoch, chunk.attempt)
-        elif shown.end is not None:
-            return events  # nothing follows an attempt's end
+            return shown
+        return None if shown.end is not None else shown  # nothing follows an attempt's end
+
+    def _events(self, chunk: TokenChunk) -> list[TokenEvent]:
+        key = (chunk.session, chunk.seq)
+        events: list[TokenEvent] = []
+        shown = self._current(key, chunk, events)
+        if shown is None:
+            return events
         common: dict[str, Any] = {
             "session": chunk.session,
             "seq": chunk.seq,

@@ -340,12 +340,7 @@ class Agent:
         if calls is None:
             return self._finish(ctx, run, turn, response.text)
         if not calls:
-            why = {
-                "refusal": "You refused",
-                "content_filter": "Your reply was filtered",
-                "length": "Your reply was cut off at the token limit",
-            }.get(response.finish_reason, "Your reply was empty")
-            self._repair(ctx, run, turn, f"{why}. Call a tool, or call finish with the answer.")
+            self._repair(ctx, run, turn, _no_action(response))
             return False, None
         # Keyed by position: a model may reuse a call id. (content, is_error, a repair?)
         results: dict[int, tuple[str, bool, bool]] = {}
@@ -370,14 +365,7 @@ class Agent:
                 todo.append((i, outcome))
             else:
                 results[i] = outcome
-        execute = compose([p.around_tool for p in self.policies], _run_tool)
-        outcomes = await asyncio.gather(*(execute(use) for _, use in todo))
-        for (i, use), done_call in zip(todo, outcomes, strict=True):
-            results[i] = (done_call.content, done_call.is_error, False)
-            run.state.tool_calls += 1
-            run.session_bytes += len(done_call.content)
-            if done_call.is_error:
-                run.state.last_error = _named(use.call.name, done_call.content[:300])
+        await self._execute(run, todo, results)
         turn.results = [_result(c, results.get(i)) for i, c in enumerate(calls)]
         if not todo and any(r[2] for r in results.values()):
             # What the model was told last, and the call it was told about.
@@ -393,6 +381,22 @@ class Agent:
         else:
             run.failed_turns = 0
         return False, None
+
+    async def _execute(
+        self,
+        run: Progress,
+        todo: list[tuple[int, ToolUse]],
+        results: dict[int, tuple[str, bool, bool]],
+    ) -> None:
+        """Run the admitted tool calls together, through the policies, and count them."""
+        execute = compose([p.around_tool for p in self.policies], _run_tool)
+        outcomes = await asyncio.gather(*(execute(use) for _, use in todo))
+        for (i, use), done_call in zip(todo, outcomes, strict=True):
+            results[i] = (done_call.content, done_call.is_error, False)
+            run.state.tool_calls += 1
+            run.session_bytes += len(done_call.content)
+            if done_call.is_error:
+                run.state.last_error = _named(use.call.name, done_call.content[:300])
 
     def _handoff_target(self, name: str) -> AgentWorkflow | None:
         for target in self.handoffs:
@@ -729,3 +733,13 @@ def _named(tool: str, error: str) -> str:
     if error.startswith(f"{tool}:") or (sep and rest.startswith(f"{tool}:")):
         return error
     return f"{tool}: {error}"
+
+
+def _no_action(response: ModelResponse) -> str:
+    """What the model is told when its reply carried no usable action."""
+    why = {
+        "refusal": "You refused",
+        "content_filter": "Your reply was filtered",
+        "length": "Your reply was cut off at the token limit",
+    }.get(response.finish_reason, "Your reply was empty")
+    return f"{why}. Call a tool, or call finish with the answer."

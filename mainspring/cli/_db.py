@@ -111,15 +111,7 @@ def status(db: DbOption = None, app_spec: AppOption = None, as_json: JsonOption 
                 wal = store.wal_size()
             finally:
                 store.close()
-    state: SchemaState
-    if foreign:
-        state = "not_mainspring"
-    elif version > SCHEMA_VERSION:
-        state = "database_newer"
-    elif version < SCHEMA_VERSION:
-        state = "migration_pending"
-    else:
-        state = "up_to_date"
+    state = _schema_state(foreign, version)
     ordered = None if counts is None else {s: counts[s] for s in _STATUSES if counts.get(s)}
     shown = redact_url(url)
     if as_json:
@@ -137,23 +129,7 @@ def status(db: DbOption = None, app_spec: AppOption = None, as_json: JsonOption 
             }
         )
         return
-    if state == "database_newer":
-        verdict = Text(
-            "newer than this mainspring: refused (upgrade mainspring to use it)", style="bold red"
-        )
-    elif state == "not_mainspring":
-        verdict = Text("not a mainspring database: it holds other tables", style="bold red")
-    elif version == 0:
-        verdict = Text("no mainspring tables yet: run mainspring db migrate", style="yellow")
-    elif state == "migration_pending":
-        verdict = Text("migration pending: run mainspring db migrate", style="yellow")
-    else:
-        verdict = Text("up to date", style="green")
-    if ordered is None:
-        runs_line = "-"
-    else:
-        by_status = ", ".join(f"{n} {s}" for s, n in ordered.items())
-        runs_line = f"{sum(ordered.values())} in all: {by_status}" if ordered else "none"
+    verdict = _verdict(state, version)
     facts: list[tuple[str, str | Text]] = [
         ("backend", backend),
         ("database", shown),
@@ -161,7 +137,7 @@ def status(db: DbOption = None, app_spec: AppOption = None, as_json: JsonOption 
             "schema",
             Text.assemble(f"version {version} (this mainspring: {SCHEMA_VERSION}), ", verdict),
         ),
-        ("runs", runs_line),
+        ("runs", _runs_line(ordered)),
     ]
     if wal is not None:
         facts.append(("wal", _wal_text(*wal)))
@@ -169,6 +145,38 @@ def status(db: DbOption = None, app_spec: AppOption = None, as_json: JsonOption 
     width = max(len(label) for label, _ in facts)
     for label, value in facts:
         out.print(Text.assemble((label.ljust(width), "bold"), "  ", value))
+
+
+def _schema_state(foreign: bool, version: int) -> SchemaState:
+    if foreign:
+        return "not_mainspring"
+    if version > SCHEMA_VERSION:
+        return "database_newer"
+    if version < SCHEMA_VERSION:
+        return "migration_pending"
+    return "up_to_date"
+
+
+def _verdict(state: SchemaState, version: int) -> Text:
+    """What ``db status`` says of the schema, and what to do about it."""
+    if state == "database_newer":
+        return Text(
+            "newer than this mainspring: refused (upgrade mainspring to use it)", style="bold red"
+        )
+    if state == "not_mainspring":
+        return Text("not a mainspring database: it holds other tables", style="bold red")
+    if version == 0:
+        return Text("no mainspring tables yet: run mainspring db migrate", style="yellow")
+    if state == "migration_pending":
+        return Text("migration pending: run mainspring db migrate", style="yellow")
+    return Text("up to date", style="green")
+
+
+def _runs_line(ordered: dict[str, int] | None) -> str:
+    if ordered is None:
+        return "-"
+    by_status = ", ".join(f"{n} {s}" for s, n in ordered.items())
+    return f"{sum(ordered.values())} in all: {by_status}" if ordered else "none"
 
 
 @db_commands.command("checkpoint")

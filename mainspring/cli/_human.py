@@ -6,9 +6,10 @@ import time
 from typing import Annotated, Any
 
 import typer
+from rich.console import Console
 from rich.table import Table
 
-from .. import ConfigError, MainspringError
+from .. import App, ConfigError, MainspringError
 from ..hitl import Request
 from ._common import AppOption, DbOption, JsonOption, cli_errors, console, open_app, print_json
 from ._runs import _parse_json
@@ -138,7 +139,6 @@ def _decide_all(
     """Approve (or reject) every pending approval, one by one: one answered meanwhile
     (by someone else, or a run that ended) is reported and the others still decided."""
     out = console()
-    decided: list[dict[str, Any]] = []
     with open_app(db, app_spec) as app:
         chosen = [
             r
@@ -158,29 +158,45 @@ def _decide_all(
                 out.print(f"  {r.run_id}  {r.id}  {r.title}")
             if not typer.confirm(f"{decision} these {len(chosen)} request(s)?"):
                 raise typer.Exit(1)
-        failed: list[dict[str, Any]] = []
-        for r in chosen:
-            try:
-                app.answer(
-                    r.run_id,
-                    r.id,
-                    decision=decision,  # type: ignore[arg-type]
-                    reason=reason,
-                )
-            except MainspringError as exc:
-                failed.append({"run_id": r.run_id, "request": r.id, "error": str(exc)})
-                continue
-            decided.append({"run_id": r.run_id, "request": r.id})
+        decided, failed = _answer_each(app, chosen, decision, reason)
     if as_json:
         print_json({"decision": decision, "decided": decided, "failed": failed})
     else:
-        for d in decided:
-            out.print(f"{decision}: request {d['request']!r} of run {d['run_id']}")
-        for f in failed:
-            out.print(f"not decided: request {f['request']!r} of run {f['run_id']}: {f['error']}")
-        out.print(f"{len(decided)} decided; the runs resume on the next free workers")
+        _print_decided(out, decision, decided, failed)
     if failed:
         raise typer.Exit(2)
+
+
+def _print_decided(
+    out: Console, decision: str, decided: list[dict[str, Any]], failed: list[dict[str, Any]]
+) -> None:
+    for d in decided:
+        out.print(f"{decision}: request {d['request']!r} of run {d['run_id']}")
+    for f in failed:
+        out.print(f"not decided: request {f['request']!r} of run {f['run_id']}: {f['error']}")
+    out.print(f"{len(decided)} decided; the runs resume on the next free workers")
+
+
+def _answer_each(
+    app: App, chosen: list[Request], decision: str, reason: str | None
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """``(decided, failed)``: each request answered on its own, so that one answered
+    meanwhile fails alone."""
+    decided: list[dict[str, Any]] = []
+    failed: list[dict[str, Any]] = []
+    for r in chosen:
+        try:
+            app.answer(
+                r.run_id,
+                r.id,
+                decision=decision,  # type: ignore[arg-type]
+                reason=reason,
+            )
+        except MainspringError as exc:
+            failed.append({"run_id": r.run_id, "request": r.id, "error": str(exc)})
+            continue
+        decided.append({"run_id": r.run_id, "request": r.id})
+    return decided, failed
 
 
 def answer(

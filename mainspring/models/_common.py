@@ -97,6 +97,19 @@ def _seconds_until(text: str, now: float) -> float | None:
     return max(0.0, when - now)
 
 
+def _reset_header(name: str, value: str, now: float) -> tuple[str, float | None, str] | None:
+    """``(word, seconds, remaining header)`` of a rate-limit reset header (``name``
+    lower-cased), or ``None`` for any other header: OpenAI's ``x-ratelimit-reset-*`` is
+    a duration, Anthropic's ``anthropic-ratelimit-*-reset`` a timestamp."""
+    if name.startswith("x-ratelimit-reset-"):
+        word = name.removeprefix("x-ratelimit-reset-")
+        return word, parse_duration(value), "x-ratelimit-remaining-" + word
+    if name.startswith("anthropic-ratelimit-") and name.endswith("-reset"):
+        word = name.removeprefix("anthropic-ratelimit-").removesuffix("-reset")
+        return word, _seconds_until(value, now), name.removesuffix("-reset") + "-remaining"
+    return None
+
+
 def reset_seconds(headers: Mapping[str, str], *, now: float) -> dict[str, float]:
     """When each rate-limit bucket a response names is full again, in seconds from
     ``now``, keyed by the header's word (``"requests"``, ``"tokens"``,
@@ -105,18 +118,46 @@ def reset_seconds(headers: Mapping[str, str], *, now: float) -> dict[str, float]
     Values that cannot be read are left out."""
     out: dict[str, float] = {}
     for name, value in headers.items():
-        low = name.lower()
-        if low.startswith("x-ratelimit-reset-"):
-            seconds = parse_duration(value)
-            word = low.removeprefix("x-ratelimit-reset-")
-        elif low.startswith("anthropic-ratelimit-") and low.endswith("-reset"):
-            seconds = _seconds_until(value, now)
-            word = low.removeprefix("anthropic-ratelimit-").removesuffix("-reset")
-        else:
-            continue
-        if seconds is not None:
-            out[word] = seconds
+        reset = _reset_header(name.lower(), value, now)
+        if reset is not None and reset[1] is not None:
+            out[reset[0]] = reset[1]
     return out
+
+
+def _explicit_retry_after(low: Mapping[str, str], now: float) -> float | None:
+    """``retry-after-ms``, then ``retry-after`` in seconds or as an HTTP date."""
+    if "retry-after-ms" in low:
+        try:
+            return max(0.0, float(low["retry-after-ms"]) / 1000.0)
+        except ValueError:
+            pass
+    if "retry-after" in low:
+        value = low["retry-after"].strip()
+        try:
+            return max(0.0, float(value))
+        except ValueError:
+            return _seconds_until(value, now)
+    return None
+
+
+def _longest_reset(low: Mapping[str, str], now: float) -> float | None:
+    """The latest reset among the exhausted dimensions, or among all if none says it
+    is exhausted: the request needs every dimension to have room again."""
+    found: list[float] = []
+    exhausted: list[float] = []
+    for name, value in low.items():
+        reset = _reset_header(name, value, now)
+        if reset is None:
+            continue
+        _, seconds, remaining_header = reset
+        if seconds is None:
+            continue
+        found.append(seconds)
+        remaining = low.get(remaining_header)
+        if remaining is not None and remaining.strip() in ("0", "0.0"):
+            exhausted.append(seconds)
+    chosen = exhausted or found
+    return max(chosen) if chosen else None
 
 
 def retry_after_from_headers(
@@ -132,39 +173,10 @@ def retry_after_from_headers(
     """
     low = {k.lower(): v for k, v in headers.items()}
     now = time.time() if now is None else now
-    if "retry-after-ms" in low:
-        try:
-            return max(0.0, float(low["retry-after-ms"]) / 1000.0)
-        except ValueError:
-            pass
-    if "retry-after" in low:
-        value = low["retry-after"].strip()
-        try:
-            return max(0.0, float(value))
-        except ValueError:
-            waited = _seconds_until(value, now)
-            if waited is not None:
-                return waited
-    if not resets:
-        return None
-    found: list[float] = []
-    exhausted: list[float] = []
-    for name, value in low.items():
-        if name.startswith("x-ratelimit-reset-"):
-            seconds = parse_duration(value)
-            remaining = low.get("x-ratelimit-remaining-" + name.removeprefix("x-ratelimit-reset-"))
-        elif name.startswith("anthropic-ratelimit-") and name.endswith("-reset"):
-            seconds = _seconds_until(value, now)
-            remaining = low.get(name.removesuffix("-reset") + "-remaining")
-        else:
-            continue
-        if seconds is None:
-            continue
-        found.append(seconds)
-        if remaining is not None and remaining.strip() in ("0", "0.0"):
-            exhausted.append(seconds)
-    chosen = exhausted or found
-    return max(chosen) if chosen else None
+    explicit = _explicit_retry_after(low, now)
+    if explicit is not None or not resets:
+        return explicit
+    return _longest_reset(low, now)
 
 
 def error_fields(body: object) -> tuple[str | None, str | None, str | None]:

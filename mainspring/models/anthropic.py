@@ -289,6 +289,33 @@ def _tool_input(arguments: str) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
+def _assistant_blocks(message: AssistantMessage) -> list[dict[str, Any]]:
+    blocks: list[dict[str, Any]] = []
+    if message.text:  # the API refuses empty text blocks
+        blocks.append({"type": "text", "text": message.text})
+    blocks.extend(
+        {
+            "type": "tool_use",
+            "id": call.id,
+            "name": call.name,
+            "input": _tool_input(call.arguments),
+        }
+        for call in message.tool_calls
+    )
+    return blocks
+
+
+def _tool_result_block(message: ToolResultMessage) -> dict[str, Any]:
+    block: dict[str, Any] = {
+        "type": "tool_result",
+        "tool_use_id": message.tool_call_id,
+        "content": message.content,
+    }
+    if message.is_error:
+        block["is_error"] = True
+    return block
+
+
 def messages_to_wire(messages: Sequence[Message]) -> tuple[str, list[dict[str, Any]]]:
     """Provider-neutral messages as the Messages API's ``(system, messages)``.
 
@@ -313,28 +340,9 @@ def messages_to_wire(messages: Sequence[Message]) -> tuple[str, list[dict[str, A
         elif isinstance(message, UserMessage):
             add("user", [{"type": "text", "text": message.content}] if message.content else [])
         elif isinstance(message, AssistantMessage):
-            blocks: list[dict[str, Any]] = []
-            if message.text:  # the API refuses empty text blocks
-                blocks.append({"type": "text", "text": message.text})
-            blocks.extend(
-                {
-                    "type": "tool_use",
-                    "id": call.id,
-                    "name": call.name,
-                    "input": _tool_input(call.arguments),
-                }
-                for call in message.tool_calls
-            )
-            add("assistant", blocks)
+            add("assistant", _assistant_blocks(message))
         elif isinstance(message, ToolResultMessage):
-            block: dict[str, Any] = {
-                "type": "tool_result",
-                "tool_use_id": message.tool_call_id,
-                "content": message.content,
-            }
-            if message.is_error:
-                block["is_error"] = True
-            add("user", [block])
+            add("user", [_tool_result_block(message)])
         else:  # pragma: no cover - typed away
             raise ConfigError(f"not a message: {message!r}")
     return "\n\n".join(system), out
@@ -394,6 +402,72 @@ def response_from_wire(
     )
 
 
+class _Assembly:
+    """The message being rebuilt from a stream's events, one method per kind of event."""
+
+    def __init__(
+        self, on_text: Callable[[str], None], on_tool_call: Callable[[ToolCallDelta], None] | None
+    ) -> None:
+        self.on_text = on_text
+        self.on_tool_call = on_tool_call
+        self.message: dict[str, Any] = {"content": [], "usage": {}}
+        self.blocks: dict[int, dict[str, Any]] = {}
+        self.partial: dict[int, list[str]] = {}
+        self.calls: dict[int, int] = {}  # a tool_use block's index -> its place among the calls
+
+    def tool_piece(self, index: int, piece: str) -> None:
+        if self.on_tool_call is not None and index in self.calls:
+            block = self.blocks[index]
+            self.on_tool_call(
+                ToolCallDelta(
+                    index=self.calls[index],
+                    id=str(block.get("id") or ""),
+                    name=str(block.get("name") or ""),
+                    arguments=piece,
+                )
+            )
+
+    def message_start(self, data: Mapping[str, Any]) -> None:
+        self.message = dict(data.get("message") or {})
+        self.message["usage"] = dict(self.message.get("usage") or {})
+
+    def block_start(self, index: int, data: Mapping[str, Any]) -> None:
+        self.blocks[index] = dict(data.get("content_block") or {})
+        if self.blocks[index].get("type") == "tool_use":
+            self.calls[index] = len(self.calls)
+            self.tool_piece(index, "")
+
+    def block_delta(self, index: int, data: Mapping[str, Any]) -> None:
+        delta = data.get("delta") or {}
+        block = self.blocks.setdefault(index, {"type": "text", "text": ""})
+        if delta.get("type") == "text_delta" and block.get("type") == "text":
+            block["text"] = (block.get("text") or "") + delta.get("text", "")
+            if delta.get("text"):
+                self.on_text(delta["text"])
+        elif delta.get("type") == "input_json_delta":
+            piece = delta.get("partial_json") or ""
+            self.partial.setdefault(index, []).append(piece)
+            if piece:
+                self.tool_piece(index, piece)
+
+    def block_stop(self, index: int) -> None:
+        if index in self.partial:
+            text = "".join(self.partial.pop(index))
+            self.blocks[index]["input"] = json.loads(text) if text.strip() else {}
+
+    def message_delta(self, data: Mapping[str, Any]) -> None:
+        delta = data.get("delta") or {}
+        for key in ("stop_reason", "stop_sequence"):
+            if key in delta:
+                self.message[key] = delta[key]
+        usage = data.get("usage") or {}
+        self.message["usage"].update({k: v for k, v in usage.items() if v is not None})
+
+    def result(self) -> dict[str, Any]:
+        self.message["content"] = [self.blocks[i] for i in sorted(self.blocks)]
+        return self.message
+
+
 async def assemble_events(
     events: AsyncIterable[Any],
     on_text: Callable[[str], None],
@@ -403,59 +477,22 @@ async def assemble_events(
     handing each text delta to ``on_text`` and, for a ``tool_use`` block, its start
     (id and tool name, from ``content_block_start``) and each ``input_json_delta`` to
     ``on_tool_call`` as they arrive (numbered among the reply's tool calls)."""
-    message: dict[str, Any] = {"content": [], "usage": {}}
-    blocks: dict[int, dict[str, Any]] = {}
-    partial: dict[int, list[str]] = {}
-    calls: dict[int, int] = {}  # a tool_use block's index -> its place among the calls
-
-    def tool_piece(index: int, piece: str) -> None:
-        if on_tool_call is not None and index in calls:
-            block = blocks[index]
-            on_tool_call(
-                ToolCallDelta(
-                    index=calls[index],
-                    id=str(block.get("id") or ""),
-                    name=str(block.get("name") or ""),
-                    arguments=piece,
-                )
-            )
-
+    assembly = _Assembly(on_text, on_tool_call)
     async for event in events:
         data = event if isinstance(event, Mapping) else event.model_dump(mode="json")
         kind = data.get("type")
         index = int(data.get("index") or 0)
         if kind == "message_start":
-            message = dict(data.get("message") or {})
-            message["usage"] = dict(message.get("usage") or {})
+            assembly.message_start(data)
         elif kind == "content_block_start":
-            blocks[index] = dict(data.get("content_block") or {})
-            if blocks[index].get("type") == "tool_use":
-                calls[index] = len(calls)
-                tool_piece(index, "")
+            assembly.block_start(index, data)
         elif kind == "content_block_delta":
-            delta = data.get("delta") or {}
-            block = blocks.setdefault(index, {"type": "text", "text": ""})
-            if delta.get("type") == "text_delta" and block.get("type") == "text":
-                block["text"] = (block.get("text") or "") + delta.get("text", "")
-                if delta.get("text"):
-                    on_text(delta["text"])
-            elif delta.get("type") == "input_json_delta":
-                piece = delta.get("partial_json") or ""
-                partial.setdefault(index, []).append(piece)
-                if piece:
-                    tool_piece(index, piece)
-        elif kind == "content_block_stop" and index in partial:
-            text = "".join(partial.pop(index))
-            blocks[index]["input"] = json.loads(text) if text.strip() else {}
+            assembly.block_delta(index, data)
+        elif kind == "content_block_stop":
+            assembly.block_stop(index)
         elif kind == "message_delta":
-            delta = data.get("delta") or {}
-            for key in ("stop_reason", "stop_sequence"):
-                if key in delta:
-                    message[key] = delta[key]
-            usage = data.get("usage") or {}
-            message["usage"].update({k: v for k, v in usage.items() if v is not None})
-    message["content"] = [blocks[i] for i in sorted(blocks)]
-    return message
+            assembly.message_delta(data)
+    return assembly.result()
 
 
 def map_status_error(

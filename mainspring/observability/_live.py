@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._clock import Clock
-from ..journal import StepCall, StepInterceptor
+from ..journal import StepCall, StepInfo, StepInterceptor
 from ..limits import Booking, Price, cost_usd
 from ..models import ModelResponse
 from ..storage import FINISHED, RunRecord, RunWrite, StepRecord, WriteResult
@@ -263,14 +263,7 @@ class Telemetry(StepInterceptor):
             tokens_in, tokens_out = result.usage.input_tokens, result.usage.output_tokens
             cost = cost_usd(model.split(":", 1)[-1], result.usage, self._prices(workflow))
         with self._lock:
-            step = (info.session, info.seq)
-            failed_at = self._failed_at.get(info.run_id, {}).pop(step, None)
-            if failed_at is not None:
-                self._wait_seconds.observe(("retry",), max(0.0, start - failed_at))
-            if error is not None:
-                if info.run_id not in self._failed_at and len(self._failed_at) >= _MAX_BACKOFFS:
-                    del self._failed_at[next(iter(self._failed_at))]  # the oldest
-                self._failed_at.setdefault(info.run_id, {})[step] = end
+            self._backoff(info, start, end, error)
             held = back_pressure(type(error).__name__) if error is not None else None
             # A model call held back waits and calls again without spending an
             # attempt: no error. (A plain step's 429 is retried by its policy.)
@@ -306,6 +299,20 @@ class Telemetry(StepInterceptor):
                 result=result,
             )
 
+    def _backoff(
+        self, info: StepInfo, start: float, end: float, error: BaseException | None
+    ) -> None:
+        """The retry wait of a step: from the end of its failed attempt to the start of
+        the next one. The caller holds the lock."""
+        step = (info.session, info.seq)
+        failed_at = self._failed_at.get(info.run_id, {}).pop(step, None)
+        if failed_at is not None:
+            self._wait_seconds.observe(("retry",), max(0.0, start - failed_at))
+        if error is not None:
+            if info.run_id not in self._failed_at and len(self._failed_at) >= _MAX_BACKOFFS:
+                del self._failed_at[next(iter(self._failed_at))]  # the oldest
+            self._failed_at.setdefault(info.run_id, {})[step] = end
+
     def committed(self, write: RunWrite, result: WriteResult) -> None:
         """A write of this process was made durable (``result.ok``) or refused."""
         if not result.ok or result.already:
@@ -322,26 +329,34 @@ class Telemetry(StepInterceptor):
                     wait = _wait_reason(row)
                     self._wait_seconds.observe((wait,), max(0.0, row.finished_at - row.started_at))
                 elif row.kind == "step":
-                    status: str = row.status
-                    if status == "failed" and row.role == "model":
-                        # a 429 or an overload is back-pressure, never a failed step
-                        status = back_pressure(journaled_error_type(row.error)) or status
-                    labels = _STEPS_LABELS.get((row.role, status))
-                    if labels is None:
-                        labels = _STEPS_LABELS[row.role, status] = (step_kind(row.role), status)
-                    counts = self._counters.get("steps")
-                    if counts is None:
-                        counts = self._counters["steps"] = {}
-                    counts[labels] = counts.get(labels, 0) + 1
+                    self._count_step(row)
             t = write.transition
             if t is not None and t.kind == "finish" and t.status is not None:
-                self._failed_at.pop(write.run_id, None)
-                self._inc("runs_finished", (workflow, t.status))
-                if record is not None:
-                    self._run_seconds.observe((workflow,), self.clock.now() - record.created_at)
+                self._finished(write.run_id, t.status, workflow, record)
         spans = self.spans
         if spans is not None and record is not None:
             spans.committed(record, ended, write.transition, self.clock.now())
+
+    def _count_step(self, row: StepRecord) -> None:
+        """One ended step in ``steps`` by kind and status. The caller holds the lock."""
+        status: str = row.status
+        if status == "failed" and row.role == "model":
+            # a 429 or an overload is back-pressure, never a failed step
+            status = back_pressure(journaled_error_type(row.error)) or status
+        labels = _STEPS_LABELS.get((row.role, status))
+        if labels is None:
+            labels = _STEPS_LABELS[row.role, status] = (step_kind(row.role), status)
+        counts = self._counters.get("steps")
+        if counts is None:
+            counts = self._counters["steps"] = {}
+        counts[labels] = counts.get(labels, 0) + 1
+
+    def _finished(self, run_id: str, status: str, workflow: str, record: RunRecord | None) -> None:
+        """A run this process finished. The caller holds the lock."""
+        self._failed_at.pop(run_id, None)
+        self._inc("runs_finished", (workflow, status))
+        if record is not None:
+            self._run_seconds.observe((workflow,), self.clock.now() - record.created_at)
 
     # -- Prometheus -------------------------------------------------------------------------
 

@@ -173,131 +173,10 @@ class MetricsCollector(Collector):
         core = _prometheus().core
         with self._lock:
             counts, oldest, waiting, by_workflow, total = self._aggregate()
-        runs = core.GaugeMetricFamily(
-            "mainspring_runs", "Runs in the store by status (store-wide gauge).", labels=["status"]
-        )
-        for status in sorted(set(get_args(RunStatus)) | set(counts)):
-            runs.add_metric([status], counts.get(status, 0))  # 0, not absent
-        yield runs
-        age = core.GaugeMetricFamily(
-            "mainspring_store_oldest_run_age_seconds",
-            "Seconds since the oldest run in this status entered it (queued: waiting for a"
-            " worker; waiting/sleeping: suspended); 0 when there is none (store-wide gauge).",
-            labels=["status"],
-        )
         now = self._clock()
-        for status in ("queued", "waiting", "sleeping"):
-            since = oldest.get(status)
-            age.add_metric([status], 0.0 if since is None else max(0.0, now - since))
-        yield age
-        by_reason = core.GaugeMetricFamily(
-            "mainspring_runs_waiting",
-            "Waiting and sleeping runs by what they wait for (store-wide gauge).",
-            labels=["reason"],
-        )
-        reason_age = core.GaugeMetricFamily(
-            "mainspring_store_oldest_wait_age_seconds",
-            "Seconds the oldest run waiting for this reason has waited (store-wide gauge).",
-            labels=["reason"],
-        )
-        for reason in sorted(set(WAIT_REASONS) | set(waiting)):
-            n, since = waiting.get(reason, (0, now))
-            by_reason.add_metric([reason], n)
-            reason_age.add_metric([reason], max(0.0, now - since))
-        yield by_reason
-        yield reason_age
-        dead = core.GaugeMetricFamily(
-            "mainspring_store_dead_lettered_runs",
-            "Failed runs that were dead-lettered: recovery failed too often (store-wide gauge).",
-        )
-        dead.add_metric([], total.dead_lettered)
-        yield dead
-        wal = self.store.wal_size()
-        if wal is not None:  # SQLite: a reader left open lets the log grow without bound
-            for name, doc, value in (
-                ("wal_bytes", "Bytes of the SQLite write-ahead log file now.", wal[0]),
-                (
-                    "wal_limit_bytes",
-                    "The size the SQLite write-ahead log is truncated to when it starts"
-                    " over (journal_size_limit); far past it, a read transaction left open"
-                    " holds checkpoints back.",
-                    wal[1],
-                ),
-            ):
-                family = core.GaugeMetricFamily(f"mainspring_store_{name}", doc)
-                family.add_metric([], value)
-                yield family
-        pending, oldest_pending, given_up = self.store.outbox_backlog()
-        backlog = core.GaugeMetricFamily(
-            "mainspring_store_webhook_backlog",
-            "Webhook deliveries not yet delivered: pending (due again) or given up"
-            " (store-wide gauge).",
-            labels=["state"],
-        )
-        backlog.add_metric(["pending"], pending)
-        backlog.add_metric(["given_up"], given_up)
-        yield backlog
-        backlog_age = core.GaugeMetricFamily(
-            "mainspring_store_webhook_oldest_pending_age_seconds",
-            "Age of the oldest pending webhook delivery, 0 when none (store-wide gauge).",
-        )
-        backlog_age.add_metric(
-            [], 0.0 if oldest_pending is None else max(0.0, now - oldest_pending)
-        )
-        yield backlog_age
-        steps = core.GaugeMetricFamily(
-            "mainspring_store_steps",
-            "Journal steps in the store by kind and status (store-wide gauge: pruning lowers it).",
-            labels=["kind", "status"],
-        )
-        for (kind, status), n in sorted(total.steps.items()):
-            steps.add_metric([kind, status], n)
-        yield steps
-        tokens = core.GaugeMetricFamily(
-            "mainspring_store_tokens",
-            "Model tokens journaled by the runs in the store, a fork's copied steps not"
-            " counted again (store-wide gauge).",
-            labels=["workflow", "direction"],
-        )
-        cost = core.GaugeMetricFamily(
-            "mainspring_store_cost_usd",
-            "Spend of the runs in the store, copied steps not counted (store-wide gauge).",
-            labels=["workflow"],
-        )
-        for wf in sorted(by_workflow):
-            t = by_workflow[wf]
-            tokens.add_metric([wf, "input"], t.tokens_in)
-            tokens.add_metric([wf, "output"], t.tokens_out)
-            cost.add_metric([wf], round(t.cost_usd, 9))  # no residue of the sums kept
-        yield tokens
-        yield cost
-        refused = core.GaugeMetricFamily(
-            "mainspring_store_rate_limited",
-            "Model calls refused for rate (HTTP 429) journaled by the runs in the store,"
-            " by logical model (store-wide gauge; mainspring_rate_limited_total counts"
-            " this process's).",
-            labels=["model"],
-        )
-        for model, n in sorted(total.rate_limited.items()):
-            refused.add_metric([model], n)
-        yield refused
-        waits = core.GaugeMetricFamily(
-            "mainspring_store_rate_limit_waits",
-            "Waits for a rate limit journaled by the runs in the store (a slot not yet"
-            " free, a refusal's retry-after), by logical model (store-wide gauge).",
-            labels=["model"],
-        )
-        waited = core.GaugeMetricFamily(
-            "mainspring_store_rate_limit_wait_seconds",
-            "Seconds the runs in the store waited for a rate limit, by logical model"
-            " (store-wide gauge).",
-            labels=["model"],
-        )
-        for model, (n, secs) in sorted(total.rate_waits.items()):
-            waits.add_metric([model], n)
-            waited.add_metric([model], secs)
-        yield waits
-        yield waited
+        yield from _run_families(core, counts, oldest, waiting, total, now)
+        yield from _store_families(core, self.store, now)
+        yield from _journal_families(core, total, by_workflow)
         yield from worker_families(core, self.store, now)
         if self.telemetry is not None:
             yield from self.telemetry.collect()
@@ -451,3 +330,145 @@ def metrics_text(store: Store, *, prices: dict[str, Price] | None = None) -> str
     one :class:`MetricsCollector` instead, which caches finished runs)."""
     body, _ = MetricsCollector(store, prices=prices).render()
     return body.decode()
+
+
+def _run_families(
+    core: Any,
+    counts: dict[str, int],
+    oldest: dict[str, float],
+    waiting: dict[str, tuple[int, float]],
+    total: _Totals,
+    now: float,
+) -> Iterator[Any]:
+    """The runs in the store: by status, how long the oldest has been there, what the
+    suspended ones wait for, and the dead-lettered."""
+    runs = core.GaugeMetricFamily(
+        "mainspring_runs", "Runs in the store by status (store-wide gauge).", labels=["status"]
+    )
+    for status in sorted(set(get_args(RunStatus)) | set(counts)):
+        runs.add_metric([status], counts.get(status, 0))  # 0, not absent
+    yield runs
+    age = core.GaugeMetricFamily(
+        "mainspring_store_oldest_run_age_seconds",
+        "Seconds since the oldest run in this status entered it (queued: waiting for a"
+        " worker; waiting/sleeping: suspended); 0 when there is none (store-wide gauge).",
+        labels=["status"],
+    )
+    for status in ("queued", "waiting", "sleeping"):
+        since = oldest.get(status)
+        age.add_metric([status], 0.0 if since is None else max(0.0, now - since))
+    yield age
+    by_reason = core.GaugeMetricFamily(
+        "mainspring_runs_waiting",
+        "Waiting and sleeping runs by what they wait for (store-wide gauge).",
+        labels=["reason"],
+    )
+    reason_age = core.GaugeMetricFamily(
+        "mainspring_store_oldest_wait_age_seconds",
+        "Seconds the oldest run waiting for this reason has waited (store-wide gauge).",
+        labels=["reason"],
+    )
+    for reason in sorted(set(WAIT_REASONS) | set(waiting)):
+        n, since = waiting.get(reason, (0, now))
+        by_reason.add_metric([reason], n)
+        reason_age.add_metric([reason], max(0.0, now - since))
+    yield by_reason
+    yield reason_age
+    dead = core.GaugeMetricFamily(
+        "mainspring_store_dead_lettered_runs",
+        "Failed runs that were dead-lettered: recovery failed too often (store-wide gauge).",
+    )
+    dead.add_metric([], total.dead_lettered)
+    yield dead
+
+
+def _store_families(core: Any, store: Store, now: float) -> Iterator[Any]:
+    """The store's own health: the SQLite log and the webhook outbox."""
+    wal = store.wal_size()
+    if wal is not None:  # SQLite: a reader left open lets the log grow without bound
+        for name, doc, value in (
+            ("wal_bytes", "Bytes of the SQLite write-ahead log file now.", wal[0]),
+            (
+                "wal_limit_bytes",
+                "The size the SQLite write-ahead log is truncated to when it starts"
+                " over (journal_size_limit); far past it, a read transaction left open"
+                " holds checkpoints back.",
+                wal[1],
+            ),
+        ):
+            family = core.GaugeMetricFamily(f"mainspring_store_{name}", doc)
+            family.add_metric([], value)
+            yield family
+    pending, oldest_pending, given_up = store.outbox_backlog()
+    backlog = core.GaugeMetricFamily(
+        "mainspring_store_webhook_backlog",
+        "Webhook deliveries not yet delivered: pending (due again) or given up (store-wide gauge).",
+        labels=["state"],
+    )
+    backlog.add_metric(["pending"], pending)
+    backlog.add_metric(["given_up"], given_up)
+    yield backlog
+    backlog_age = core.GaugeMetricFamily(
+        "mainspring_store_webhook_oldest_pending_age_seconds",
+        "Age of the oldest pending webhook delivery, 0 when none (store-wide gauge).",
+    )
+    backlog_age.add_metric([], 0.0 if oldest_pending is None else max(0.0, now - oldest_pending))
+    yield backlog_age
+
+
+def _journal_families(core: Any, total: _Totals, by_workflow: dict[str, _Totals]) -> Iterator[Any]:
+    """What the journals in the store hold: steps, tokens and spend, rate-limit
+    refusals and waits."""
+    steps = core.GaugeMetricFamily(
+        "mainspring_store_steps",
+        "Journal steps in the store by kind and status (store-wide gauge: pruning lowers it).",
+        labels=["kind", "status"],
+    )
+    for (kind, status), n in sorted(total.steps.items()):
+        steps.add_metric([kind, status], n)
+    yield steps
+    tokens = core.GaugeMetricFamily(
+        "mainspring_store_tokens",
+        "Model tokens journaled by the runs in the store, a fork's copied steps not"
+        " counted again (store-wide gauge).",
+        labels=["workflow", "direction"],
+    )
+    cost = core.GaugeMetricFamily(
+        "mainspring_store_cost_usd",
+        "Spend of the runs in the store, copied steps not counted (store-wide gauge).",
+        labels=["workflow"],
+    )
+    for wf in sorted(by_workflow):
+        t = by_workflow[wf]
+        tokens.add_metric([wf, "input"], t.tokens_in)
+        tokens.add_metric([wf, "output"], t.tokens_out)
+        cost.add_metric([wf], round(t.cost_usd, 9))  # no residue of the sums kept
+    yield tokens
+    yield cost
+    refused = core.GaugeMetricFamily(
+        "mainspring_store_rate_limited",
+        "Model calls refused for rate (HTTP 429) journaled by the runs in the store,"
+        " by logical model (store-wide gauge; mainspring_rate_limited_total counts"
+        " this process's).",
+        labels=["model"],
+    )
+    for model, n in sorted(total.rate_limited.items()):
+        refused.add_metric([model], n)
+    yield refused
+    waits = core.GaugeMetricFamily(
+        "mainspring_store_rate_limit_waits",
+        "Waits for a rate limit journaled by the runs in the store (a slot not yet"
+        " free, a refusal's retry-after), by logical model (store-wide gauge).",
+        labels=["model"],
+    )
+    waited = core.GaugeMetricFamily(
+        "mainspring_store_rate_limit_wait_seconds",
+        "Seconds the runs in the store waited for a rate limit, by logical model"
+        " (store-wide gauge).",
+        labels=["model"],
+    )
+    for model, (n, secs) in sorted(total.rate_waits.items()):
+        waits.add_metric([model], n)
+        waited.add_metric([model], secs)
+    yield waits
+    yield waited

@@ -166,6 +166,50 @@ class SpanEmitter:
         otel_span.end(end_time=_ns(max(span.end, span.start)))  # never a negative span
 
 
+def _model_attributes(
+    attrs: dict[str, Any],
+    name: str,
+    tokens: tuple[int, int, float] | None,
+    cost_split: tuple[float, float] | None,
+) -> str:
+    """Add a model call's GenAI and OpenInference attributes; its span's name."""
+    logical = model_of(name)
+    provider, _, model = logical.rpartition(":")
+    attrs.update(
+        {
+            "gen_ai.operation.name": "chat",
+            "gen_ai.request.model": model,
+            "llm.model_name": model,
+        }
+    )
+    if provider:
+        attrs["gen_ai.provider.name"] = attrs["gen_ai.system"] = provider
+        attrs["llm.provider"] = attrs["llm.system"] = provider
+    attrs["mainspring.step.name"] = f"model:{logical}"  # never the endpoint URL
+    if tokens is not None:
+        attrs["gen_ai.usage.input_tokens"] = attrs["llm.token_count.prompt"] = tokens[0]
+        attrs["gen_ai.usage.output_tokens"] = attrs["llm.token_count.completion"] = tokens[1]
+        attrs["llm.token_count.total"] = tokens[0] + tokens[1]
+        attrs["mainspring.cost_usd"] = tokens[2]
+        if tokens[2] or cost_split is not None:
+            attrs.update(_cost(tokens[2], cost_split))
+    return f"chat {model}"
+
+
+def _tool_attributes(attrs: dict[str, Any], name: str) -> str:
+    """Add a tool call's GenAI and OpenInference attributes; its span's name."""
+    tool = tool_of_name(name)
+    attrs.update(
+        {
+            "gen_ai.operation.name": "execute_tool",
+            "gen_ai.tool.name": tool,
+            "tool.name": tool,
+            "mainspring.step.name": name,
+        }
+    )
+    return f"execute_tool {tool}"
+
+
 def step_span(
     *,
     kind: str,
@@ -215,43 +259,14 @@ def step_span(
         attrs.update(content)
     if error is not None:
         attrs["error.type"] = error[0]  # only on the span of the attempt that failed
-    span_name = f"{kind} {name}"
-    client = False
+    client = kind == "model"
     if kind == "model":
-        logical = model_of(name)
-        provider, _, model = logical.rpartition(":")
-        attrs.update(
-            {
-                "gen_ai.operation.name": "chat",
-                "gen_ai.request.model": model,
-                "llm.model_name": model,
-            }
-        )
-        if provider:
-            attrs["gen_ai.provider.name"] = attrs["gen_ai.system"] = provider
-            attrs["llm.provider"] = attrs["llm.system"] = provider
-        attrs["mainspring.step.name"] = f"model:{logical}"  # never the endpoint URL
-        if tokens is not None:
-            attrs["gen_ai.usage.input_tokens"] = attrs["llm.token_count.prompt"] = tokens[0]
-            attrs["gen_ai.usage.output_tokens"] = attrs["llm.token_count.completion"] = tokens[1]
-            attrs["llm.token_count.total"] = tokens[0] + tokens[1]
-            attrs["mainspring.cost_usd"] = tokens[2]
-            if tokens[2] or cost_split is not None:
-                attrs.update(_cost(tokens[2], cost_split))
-        span_name, client = f"chat {model}", True
+        span_name = _model_attributes(attrs, name, tokens, cost_split)
     elif kind == "tool":
-        tool = tool_of_name(name)
-        attrs.update(
-            {
-                "gen_ai.operation.name": "execute_tool",
-                "gen_ai.tool.name": tool,
-                "tool.name": tool,
-                "mainspring.step.name": name,
-            }
-        )
-        span_name = f"execute_tool {tool}"
+        span_name = _tool_attributes(attrs, name)
     else:
         attrs["mainspring.step.name"] = name
+        span_name = f"{kind} {name}"
     return SpanData(
         key=f"{session}:{seq}:{attempt}",
         name=span_name,

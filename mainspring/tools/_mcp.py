@@ -86,6 +86,66 @@ def effect_of(annotations: Mapping[str, Any] | None, *, trusted: bool = False) -
     return "read" if read_only else "write"
 
 
+def _check_transport(
+    owner: str,
+    *,
+    command: Sequence[str] | None,
+    env: Mapping[str, str] | None,
+    cwd: str | None,
+    url: str | None,
+    headers: Mapping[str, str] | None,
+) -> None:
+    """One way to reach the server, with only the arguments that way uses."""
+    if (command is None) == (url is None):
+        raise ConfigError(f"{owner}: give command=[...] (stdio) or url=... (HTTP), not both")
+    if command is not None:
+        if (
+            isinstance(command, str)
+            or not command
+            or not all(isinstance(c, str) and c for c in command)
+        ):
+            raise ConfigError(
+                f"{owner}: command must be a non-empty list of strings, got {command!r}"
+            )
+        if headers is not None:
+            raise ConfigError(f"{owner}: headers= is for url=, not for a stdio command")
+    else:
+        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+            raise ConfigError(f"{owner}: url must be an http:// or https:// URL, got {url!r}")
+        if env is not None or cwd is not None:
+            raise ConfigError(f"{owner}: env= and cwd= are for a stdio command, not url=")
+
+
+def _check_options(
+    owner: str,
+    *,
+    prefix: str,
+    allow: Sequence[str] | None,
+    effects: Mapping[str, Effect] | None,
+    idempotent: Sequence[str],
+    timeout_s: float | None,
+    trust_annotations: bool,
+) -> None:
+    """The options that shape the tools, checked when declared rather than at first use."""
+    if prefix and not NAME_PATTERN.match(prefix):
+        raise ConfigError(f"{owner}: prefix {prefix!r} is not allowed in a tool name")
+    for tool, effect in (effects or {}).items():
+        if effect not in EFFECTS:
+            raise ConfigError(
+                f"{owner}: effects[{tool!r}] must be one of {EFFECTS}, got {effect!r}"
+            )
+    if timeout_s is not None and not (
+        isinstance(timeout_s, int | float) and 0 < timeout_s < math.inf
+    ):
+        raise ConfigError(f"{owner}: timeout_s must be a finite number > 0, got {timeout_s!r}")
+    if isinstance(allow, str) or isinstance(idempotent, str):
+        raise ConfigError(f"{owner}: allow= and idempotent= take lists of tool names")
+    if not isinstance(trust_annotations, bool):
+        raise ConfigError(
+            f"{owner}: trust_annotations must be True or False, got {trust_annotations!r}"
+        )
+
+
 class MCPToolset(Toolset):
     """The tools of one MCP server, for ``app.agent(..., tools=[...])``.
 
@@ -113,41 +173,16 @@ class MCPToolset(Toolset):
         owner = f"MCP server {name!r}"
         if not isinstance(name, str) or not _SERVER_NAME.match(name):
             raise ConfigError(f"{owner}: a name is 1 to 64 letters, digits, '_' or '-'")
-        if (command is None) == (url is None):
-            raise ConfigError(f"{owner}: give command=[...] (stdio) or url=... (HTTP), not both")
-        if command is not None:
-            if (
-                isinstance(command, str)
-                or not command
-                or not all(isinstance(c, str) and c for c in command)
-            ):
-                raise ConfigError(
-                    f"{owner}: command must be a non-empty list of strings, got {command!r}"
-                )
-            if headers is not None:
-                raise ConfigError(f"{owner}: headers= is for url=, not for a stdio command")
-        else:
-            if not isinstance(url, str) or not url.startswith(("http://", "https://")):
-                raise ConfigError(f"{owner}: url must be an http:// or https:// URL, got {url!r}")
-            if env is not None or cwd is not None:
-                raise ConfigError(f"{owner}: env= and cwd= are for a stdio command, not url=")
-        if prefix and not NAME_PATTERN.match(prefix):
-            raise ConfigError(f"{owner}: prefix {prefix!r} is not allowed in a tool name")
-        for tool, effect in (effects or {}).items():
-            if effect not in EFFECTS:
-                raise ConfigError(
-                    f"{owner}: effects[{tool!r}] must be one of {EFFECTS}, got {effect!r}"
-                )
-        if timeout_s is not None and not (
-            isinstance(timeout_s, int | float) and 0 < timeout_s < math.inf
-        ):
-            raise ConfigError(f"{owner}: timeout_s must be a finite number > 0, got {timeout_s!r}")
-        if isinstance(allow, str) or isinstance(idempotent, str):
-            raise ConfigError(f"{owner}: allow= and idempotent= take lists of tool names")
-        if not isinstance(trust_annotations, bool):
-            raise ConfigError(
-                f"{owner}: trust_annotations must be True or False, got {trust_annotations!r}"
-            )
+        _check_transport(owner, command=command, env=env, cwd=cwd, url=url, headers=headers)
+        _check_options(
+            owner,
+            prefix=prefix,
+            allow=allow,
+            effects=effects,
+            idempotent=idempotent,
+            timeout_s=timeout_s,
+            trust_annotations=trust_annotations,
+        )
         self.name = name
         self.command = tuple(command) if command is not None else None
         self.env = dict(env) if env is not None else None

@@ -138,43 +138,22 @@ class Tool(Generic[P, R]):
             ConfigError: a bad name, effect, timeout or limit, or arguments with no
                 JSON schema.
         """
-        if isinstance(fn, Tool):
-            raise ConfigError(f"{fn.name!r} is already a tool")
-        if not callable(fn):
-            raise ConfigError(f"@tool needs a function, got {fn!r}")
-        tool_name = name if name is not None else getattr(fn, "__name__", repr(fn))
-        if not isinstance(tool_name, str) or not NAME_PATTERN.match(tool_name):
-            raise ConfigError(
-                f"tool name {tool_name!r} is not allowed: use 1 to 64 letters, digits, '_' "
-                "or '-' (the rule of the model providers); pass name= to choose another"
-            )
-        if effect not in EFFECTS:
-            raise ConfigError(
-                f"tool {tool_name!r}: effect must be one of {EFFECTS}, got {effect!r}"
-            )
-        if timeout_s is None:
-            timeout_s = DEFAULT_TIMEOUT_S[effect]
-        elif not (isinstance(timeout_s, int | float) and 0 < timeout_s < math.inf):
-            raise ConfigError(
-                f"tool {tool_name!r}: timeout_s must be a finite number > 0, got {timeout_s!r}"
-            )
-        if retry is not None and not isinstance(retry, RetryPolicy):
-            raise ConfigError(f"tool {tool_name!r}: retry must be a RetryPolicy, got {retry!r}")
-        if not isinstance(max_result_chars, int) or max_result_chars < _MIN_RESULT_CHARS:
-            raise ConfigError(
-                f"tool {tool_name!r}: max_result_chars must be an int >= {_MIN_RESULT_CHARS}, "
-                f"got {max_result_chars!r}"
-            )
-        for rule in validators:
-            if not callable(rule):
-                raise ConfigError(f"tool {tool_name!r}: validator {rule!r} is not callable")
+        tool_name = _tool_name(fn, name)
+        timeout_s = _checked_settings(
+            tool_name,
+            effect=effect,
+            timeout_s=timeout_s,
+            retry=retry,
+            max_result_chars=max_result_chars,
+            validators=validators,
+        )
         schema = build_schema(fn, tool_name, localns)
         return cls(
             name=tool_name,
             description=(description if description is not None else schema.description).strip(),
             fn=fn,
             effect=effect,
-            timeout_s=float(timeout_s),
+            timeout_s=timeout_s,
             retry=retry,
             requires_approval=(
                 effect == "irreversible" if requires_approval is None else bool(requires_approval)
@@ -366,3 +345,50 @@ class Tool(Generic[P, R]):
     def render_error(self, exc: BaseException) -> str:
         """A failure as the model sees it: ``"ValueError: no ticket 42"``, short."""
         return render_error(exc)
+
+
+def _tool_name(fn: object, name: str | None) -> str:
+    """The name the model calls ``fn`` by, refused unless every provider accepts it."""
+    if isinstance(fn, Tool):
+        raise ConfigError(f"{fn.name!r} is already a tool")
+    if not callable(fn):
+        raise ConfigError(f"@tool needs a function, got {fn!r}")
+    tool_name = name if name is not None else getattr(fn, "__name__", repr(fn))
+    if not isinstance(tool_name, str) or not NAME_PATTERN.match(tool_name):
+        raise ConfigError(
+            f"tool name {tool_name!r} is not allowed: use 1 to 64 letters, digits, '_' "
+            "or '-' (the rule of the model providers); pass name= to choose another"
+        )
+    return tool_name
+
+
+def _checked_settings(
+    tool_name: str,
+    *,
+    effect: Effect,
+    timeout_s: float | None,
+    retry: RetryPolicy | None,
+    max_result_chars: int,
+    validators: Sequence[Validator],
+) -> float:
+    """Refuse a bad setting when the tool is declared, not at its first call; the
+    timeout, defaulted by effect."""
+    if effect not in EFFECTS:
+        raise ConfigError(f"tool {tool_name!r}: effect must be one of {EFFECTS}, got {effect!r}")
+    if timeout_s is None:
+        timeout_s = DEFAULT_TIMEOUT_S[effect]
+    elif not (isinstance(timeout_s, int | float) and 0 < timeout_s < math.inf):
+        raise ConfigError(
+            f"tool {tool_name!r}: timeout_s must be a finite number > 0, got {timeout_s!r}"
+        )
+    if retry is not None and not isinstance(retry, RetryPolicy):
+        raise ConfigError(f"tool {tool_name!r}: retry must be a RetryPolicy, got {retry!r}")
+    if not isinstance(max_result_chars, int) or max_result_chars < _MIN_RESULT_CHARS:
+        raise ConfigError(
+            f"tool {tool_name!r}: max_result_chars must be an int >= {_MIN_RESULT_CHARS}, "
+            f"got {max_result_chars!r}"
+        )
+    for rule in validators:
+        if not callable(rule):
+            raise ConfigError(f"tool {tool_name!r}: validator {rule!r} is not callable")
+    return float(timeout_s)

@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import json
 import logging
 import os
 import socket
@@ -26,7 +25,6 @@ import uuid
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Literal
 
 from .._clock import SystemClock
@@ -37,6 +35,7 @@ from ..storage import DatabaseGone, Heartbeat, RunRecord, WorkerBeat
 from ._heartbeat import Beater
 from ._host import WorkerHost
 from ._kept import Kept
+from ._outcomes import outcome_fields
 from ._refusals import Refusals
 from ._upkeep import WalWatch
 
@@ -294,23 +293,10 @@ class Worker:
         idle_at: list[float] = []  # the clock at the last idle check (until_idle)
         while not self._stopping:
             self._wakeup.clear()
-            isolated = self._still_isolated()
-            free = self.concurrency - len(self._active)
-            claimed: list[RunRecord] = []
-            if free > 0 and isolated is None and self._kept and self._only is None:
-                claimed = await self._claim_kept(names, free)
-                free -= len(claimed)
-            if self._only is None:
-                await self._tick_schedules()
-            if self.wal.due():  # a read transaction left open lets SQLite's log grow
-                await asyncio.to_thread(self.wal.look, app.store)
-            named: list[str] = []
-            if free > 0 and isolated is None:
-                named = self._take_named(free)
-                more = await self._claim_round(names, free, named, first=not claimed)
-                if more is None:
-                    break  # the database is gone
-                claimed += more
+            claims = await self._claims(names)
+            if claims is None:
+                break  # the database is gone
+            claimed, named = claims
             if self._stopping and claimed:
                 # Stop was asked while the claim was in flight: give these back at once
                 # rather than start them only to release them at their first boundary.
@@ -332,6 +318,29 @@ class Worker:
                 await asyncio.wait_for(self._wakeup.wait(), self._next_poll_s())
             except TimeoutError:
                 self._sweep = True
+
+    async def _claims(self, names: list[str]) -> tuple[list[RunRecord], list[str]] | None:
+        """One round's claims, in this order: kept executions, due schedules, a look at
+        SQLite's log, then the store; and the runs pushes named. ``None``: the database
+        is gone."""
+        isolated = self._still_isolated()
+        free = self.concurrency - len(self._active)
+        claimed: list[RunRecord] = []
+        if free > 0 and isolated is None and self._kept and self._only is None:
+            claimed = await self._claim_kept(names, free)
+            free -= len(claimed)
+        if self._only is None:
+            await self._tick_schedules()
+        if self.wal.due():  # a read transaction left open lets SQLite's log grow
+            await asyncio.to_thread(self.wal.look, self.app.store)
+        named: list[str] = []
+        if free > 0 and isolated is None:
+            named = self._take_named(free)
+            more = await self._claim_round(names, free, named, first=not claimed)
+            if more is None:
+                return None
+            claimed += more
+        return claimed, named
 
     def _when_idle(
         self,
@@ -647,48 +656,38 @@ class Worker:
             self._beater.hold(record.id, record.epoch)
         self._set_solo(engine)
 
-        def done(t: asyncio.Task[Outcome], run_id: str = record.id) -> None:
-            if self._active.get(run_id) is entry:  # not a newer claim of the same run
-                del self._active[run_id]
-            if self._beater is not None:
-                self._beater.drop(run_id, record.epoch)
-                self.app.telemetry.run_released(run_id)
-            self._set_solo(engine)
-            if t.cancelled():
-                outcome = "lost"
-            elif (exc := t.exception()) is not None:  # execute() catches all; just in case
-                log.error("run %s: executor crashed\n%s", run_id, safe_traceback(exc))
-                outcome = "abandoned"
-            else:
-                outcome = t.result()
-            self.stats.outcomes[outcome] = self.stats.outcomes.get(outcome, 0) + 1
-            if outcome == "refused" and control.refused is not None:
-                clock = self.app.clock
-                self.refusals.tell(record, control.refused, clock.now(), self.app.telemetry)
-            elif log.isEnabledFor(logging.INFO) or outcome in _WARNED:
-                self._log_outcome(run_id, outcome)
-            if self._wakeup is not None:
-                self._wakeup.set()
-
-        task.add_done_callback(done)
+        task.add_done_callback(functools.partial(self._left, engine, entry))
         return entry
 
+    def _left(self, engine: Engine, entry: _Active, task: asyncio.Task[Outcome]) -> None:
+        """A run's task ended: free its slot first, then count and log how it left, and
+        wake the loop to fill the slot."""
+        record, control = entry.run, entry.control
+        run_id = record.id
+        if self._active.get(run_id) is entry:  # not a newer claim of the same run
+            del self._active[run_id]
+        if self._beater is not None:
+            self._beater.drop(run_id, record.epoch)
+            self.app.telemetry.run_released(run_id)
+        self._set_solo(engine)
+        if task.cancelled():
+            outcome = "lost"
+        elif (exc := task.exception()) is not None:  # execute() catches all; just in case
+            log.error("run %s: executor crashed\n%s", run_id, safe_traceback(exc))
+            outcome = "abandoned"
+        else:
+            outcome = task.result()
+        self.stats.outcomes[outcome] = self.stats.outcomes.get(outcome, 0) + 1
+        if outcome == "refused" and control.refused is not None:
+            clock = self.app.clock
+            self.refusals.tell(record, control.refused, clock.now(), self.app.telemetry)
+        elif log.isEnabledFor(logging.INFO) or outcome in _WARNED:
+            self._log_outcome(run_id, outcome)
+        if self._wakeup is not None:
+            self._wakeup.set()
+
     def _log_outcome(self, run_id: str, outcome: str) -> None:
-        """The line that says how a run left this worker: done, failed (why), waiting or
-        sleeping (for what, until when), given back, or lost to another worker."""
-        fields = f"event={outcome} worker={self.worker_id} run={run_id}"
-        try:
-            record = self.app.store.get_run(run_id)
-        except (StoreUnavailable, StoreError):
-            record = None
-        if record is not None and outcome == "suspended":
-            fields = f"event={record.status} worker={self.worker_id} run={run_id}"
-            fields += f" reason={record.wait_reason!r}"
-            if record.wake_at:
-                fields += f" wake_at={_iso(record.wake_at)}"
-        elif record is not None and outcome == "failed" and record.error:
-            error = _error_line(record.error)
-            fields += f" error={error!r}"
+        fields = outcome_fields(self.app.store, self.worker_id, run_id, outcome)
         (log.warning if outcome in _WARNED else log.info)("%s", fields)
 
     def _set_solo(self, engine: Engine) -> None:
@@ -750,21 +749,6 @@ class Worker:
                 self._interrupt(active, "shutdown")
         if pending:
             await asyncio.wait(pending)
-
-
-def _iso(ts: float) -> str:
-    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
-def _error_line(text: str) -> str:
-    try:
-        error = json.loads(text)
-    except ValueError:
-        return text[:300]
-    if not isinstance(error, dict):
-        return str(error)[:300]
-    kind = str(error.get("type", "?")).rsplit(".", 1)[-1]
-    return f"{kind}: {error.get('message', '')}"[:300]
 
 
 def _accepted(

@@ -29,7 +29,7 @@ import hashlib
 import json
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.errors import GraphInterrupt, ParentCommand
@@ -154,15 +154,22 @@ class Execution:
             # step, so the siblings of a superstep still take their places in order.
             await asyncio.sleep(0)
         if "interrupt" in record:
-            earlier, task.interrupts = task.interrupts, task.interrupts + 1
-            if live:
-                raise live[0]
-            # A replay: ask LangGraph again as the node did, its answers first.
-            for _ in range(earlier):
-                interrupt(None)
-            interrupt(decode(record["interrupt"]))
-            raise AssertionError("interrupt() returned where the node was interrupted")
+            self._interrupted(task, record, live)
         return decode(record["update"])
+
+    def _interrupted(
+        self, task: _Task, record: dict[str, Any], live: list[GraphInterrupt]
+    ) -> NoReturn:
+        """The node was interrupted: raise LangGraph's interrupt, the one it raised now,
+        or (a replay) the same again."""
+        earlier, task.interrupts = task.interrupts, task.interrupts + 1
+        if live:
+            raise live[0]
+        # A replay: ask LangGraph again as the node did, its answers first.
+        for _ in range(earlier):
+            interrupt(None)
+        interrupt(decode(record["interrupt"]))
+        raise AssertionError("interrupt() returned where the node was interrupted")
 
     async def _run_child(self, spec: NodeSpec, state: Any) -> Any:
         assert spec.child is not None
