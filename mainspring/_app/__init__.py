@@ -1,8 +1,9 @@
 """``App``: the registry of workflows over one store, and the way to start runs.
 
-``_core`` holds the App itself (registration, runs, looking and steering), ``_admin``
-its API keys and webhooks, ``_lineage`` forks and retries, ``_schedules`` cron
-schedules.
+``_core`` holds the App itself (registration, runs, looking and steering) and
+``_runtime`` the one value its parts share; the parts are ``_admin`` (API keys and
+webhooks), ``_agents``, ``_children``, ``_lineage`` (forks and retries), ``_mcp``,
+``_observe``, ``_queues``, ``_schedules`` (cron schedules) and ``_streams``.
 """
 
 from ._core import DEFAULT_URL, App

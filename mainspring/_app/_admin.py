@@ -1,28 +1,21 @@
 """The App's admin operations: API keys and webhook endpoints of its store.
 
 What ``mainspring keys …`` / ``mainspring webhooks …``, the HTTP API's ``/webhooks``
-and the dashboard's sign-in call. Mixed into :class:`~mainspring.App`.
+and the dashboard's sign-in call. A part of :class:`~mainspring.App`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
-from .._clock import Clock
-from ..storage import ApiKey, Store, Webhook
+from ..storage import ApiKey, Webhook
+from ._runtime import Part
 
 __all__ = ["Admin"]
 
 
-class Admin:
+class Admin(Part):
     """API keys (hashed in the store, each token shown once) and webhook endpoints."""
-
-    if TYPE_CHECKING:
-        clock: Clock
-
-        @property
-        def store(self) -> Store: ...
 
     # -- API keys --------------------------------------------------------------------
 

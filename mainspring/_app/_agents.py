@@ -1,16 +1,14 @@
 """Agents as an App defines them (``app.agent``), and model calls from any workflow
-(``app.call_model``), both booked through the App's shared rate limits. Mixed into
+(``app.call_model``), both booked through the App's shared rate limits. A part of
 :class:`~mainspring.App`."""
 
 from __future__ import annotations
 
-import random
-from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from typing_extensions import TypeVar
 
-from .._clock import Clock
 from .._errors import ConfigError
 from ..agent import (
     Agent,
@@ -21,40 +19,25 @@ from ..agent import (
     call_model,
 )
 from ..context import ContextPolicy
-from ..journal import RetryPolicy, RunContext, Workflow
-from ..limits import BoundRateLimits, Limits, Price, RateLimits, price_of
+from ..journal import RetryPolicy, RunContext
+from ..limits import BoundRateLimits, Limits, Price, price_of
 from ..models import Message, Model, ModelResponse, ModelSettings, ToolSpec, resolve_model
-from ..storage import Store
-from ..tools import Tool, ToolRegistry, Toolset
+from ..tools import Tool, Toolset
+from ._mcp import MCPServers
+from ._runtime import Part, Runtime
 
 __all__ = ["Agents"]
 
 OutputT = TypeVar("OutputT", default=Any)
 
 
-class Agents:
+class Agents(Part):
     """Defining agents and calling models, for an App."""
 
-    if TYPE_CHECKING:
-        clock: Clock
-        rng: random.Random
-        inline_wait_s: float
-        rate_limits: RateLimits | None
-        tools: ToolRegistry
-        workflows: dict[str, Workflow[Any, Any]]
-        agents: dict[str, Agent]
-        _models: dict[str, Model]
-
-        @property
-        def store(self) -> Store: ...
-
-        def workflow(
-            self, *, name: str | None = None
-        ) -> Callable[[Callable[..., Awaitable[Any]]], Workflow[Any, Any]]: ...
-
-        def split_tools(
-            self, agent: str, tools: Sequence[Tool[Any, Any] | Toolset]
-        ) -> tuple[list[Tool[Any, Any]], tuple[Toolset, ...]]: ...
+    def __init__(self, runtime: Runtime, mcp: MCPServers) -> None:
+        super().__init__(runtime)
+        self._mcp = mcp  # tells an agent's toolsets from its tools
+        self._models: dict[str, Model] = {}  # call_model's adapters, by spec
 
     def agent(
         self,
@@ -126,10 +109,10 @@ class Agents:
                 child run from this one's state, and its result is this run's result
                 (see ``docs/composition.md``).
         """
-        plain, toolsets = self.split_tools(name, tools)
+        plain, toolsets = self._mcp.split_tools(name, tools)
         for t in plain:
-            if t.name not in self.tools:
-                self.tools.add(t)
+            if t.name not in self.runtime.tools:
+                self.runtime.tools.add(t)
         resolved = resolve_model(model)
         budget = limits or Limits()
         priced = budget.max_cost_usd if budget.max_cost_usd is not None else budget.checkpoint_usd
@@ -145,7 +128,7 @@ class Agents:
             name=name,
             model=resolved,
             instructions=instructions,
-            tools=self.tools,
+            tools=self.runtime.tools,
             allowed=tuple(t.name for t in plain),
             toolsets=toolsets,
             limits=budget,
@@ -166,8 +149,8 @@ class Agents:
             policies=tuple(policies),
             handoffs=tuple(handoffs),
             clock=self.clock,
-            rng=self.rng,
-            inline_wait_s=self.inline_wait_s,
+            rng=self.runtime.rng,
+            inline_wait_s=self.runtime.inline_wait_s,
             output_type=output_type,
             deps=deps,
             deps_type=deps_type,
@@ -179,10 +162,10 @@ class Agents:
 
         run_agent.__name__ = run_agent.__qualname__ = name
         run_agent.__annotations__["return"] = spec.result_type  # revives the typed output
-        self.workflow(name=name)(run_agent)  # registers it (refuses a name taken)
+        self.runtime.register(run_agent, name)  # refuses a name taken
         # the agent's own kind of workflow: the same run, plus ``as_tool``
-        workflow = self.workflows[name] = AgentWorkflow.for_agent(run_agent, name)
-        self.agents[name] = spec
+        workflow = self.runtime.workflows[name] = AgentWorkflow.for_agent(run_agent, name)
+        self.runtime.agents[name] = spec
         return workflow
 
     async def call_model(
@@ -233,13 +216,14 @@ class Agents:
             retry=retry,
             max_rate_wait_s=max_rate_wait_s,
             clock=self.clock,
-            rng=self.rng,
-            inline_wait_s=self.inline_wait_s,
+            rng=self.runtime.rng,
+            inline_wait_s=self.runtime.inline_wait_s,
         )
 
     def _bound_rate_limits(self) -> BoundRateLimits | None:
         """The App's rate limits bound to its store (opened when first booked on) and
         its clock: what its agents and :meth:`call_model` book against."""
-        if self.rate_limits is None:
+        limits = self.runtime.rate_limits
+        if limits is None:
             return None
-        return self.rate_limits.bind(lambda: self.store, self.clock)
+        return limits.bind(lambda: self.store, self.clock)

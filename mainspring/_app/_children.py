@@ -1,36 +1,25 @@
 """Child runs as the App starts them for a workflow's ``ctx.child`` (the App is the
-engine's :class:`~mainspring.journal.ChildStarter`), and how to list them. Mixed
-into :class:`~mainspring.App`."""
+engine's :class:`~mainspring.journal.ChildStarter`), and how to list them. A part
+of :class:`~mainspring.App`."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from .._clock import Clock
 from .._errors import ConfigError, RunConflict
 from .._serde import loads
 from ..journal import Workflow
 from ..observability import child_traceparent
-from ..storage import ParentClose, RunRecord, Store
+from ..storage import ParentClose, RunRecord
 from ._handle import RunHandle, run_id_of
 from ._lineage import new_id
+from ._runtime import Part
 
 __all__ = ["Children"]
 
 
-class Children:
+class Children(Part):
     """Starting and listing an App's child runs."""
-
-    if TYPE_CHECKING:
-        clock: Clock
-        version: str | None
-
-        @property
-        def store(self) -> Store: ...
-
-        def get_workflow(self, workflow: Workflow[Any, Any] | str) -> Workflow[Any, Any]: ...
-
-        def _redact(self, text: str) -> str: ...
 
     def children(self, run_id: str | RunHandle) -> list[RunRecord]:
         """The child runs ``run_id`` started (``ctx.child``) in the order it started

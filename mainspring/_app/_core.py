@@ -1,4 +1,10 @@
-"""``App``: the registry of workflows over one store, and the way to start runs."""
+"""``App``: the registry of workflows over one store, and the way to start runs.
+
+The App is its core verbs (registering, submitting and running, looking at and steering
+runs) over a :class:`~._runtime.Runtime` built once here, and a handful of parts over
+that same runtime (admin, agents, children, lineage, MCP servers, observation, queues,
+schedules, streams) whose methods it offers as its own (:class:`~._runtime.Via`).
+"""
 
 from __future__ import annotations
 
@@ -8,51 +14,42 @@ import os
 import random
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Concatenate, Literal, ParamSpec, TypeVar, overload
-
-from typing_extensions import TypeVar as TypingExtensionsTypeVar  # with a default
+from typing import Any, Concatenate, Generic, Literal, ParamSpec, TypeVar, overload
 
 from .._clock import Clock, SystemClock
 from .._errors import (
     ConfigError,
-    NondeterminismError,
     ReservedSignal,
     RunConflict,
     RunFailed,
     RunNotFound,
-    RunWaiting,
-    UnknownWorkflow,
 )
 from .._keys import check_client_key
 from .._serde import dumps, loads
 from .._signals import is_request_signal
-from ..agent import (
-    Agent,
-)
+from ..agent import Agent
 from ..hitl import Decision, Request, answer_payload
 from ..journal import Committer, Engine, RetryPolicy, RunContext, StepInterceptor, Workflow
-from ..limits import (
-    RateLimit,
-    RateLimits,
-    load_rate_limits,
-)
-from ..models import Model, without_endpoint
-from ..observability import MetricsCollector, Redactor, Telemetry, Usage, parse_traceparent
-from ..storage import RunRecord, Store, open_store, redact_url
-from ..tools import Effect, Tool, ToolRegistry, Validator
+from ..limits import RateLimit, RateLimits
+from ..models import without_endpoint
+from ..observability import Redactor, Telemetry, parse_traceparent
+from ..storage import CatchUp, RunRecord, Store, redact_url
+from ..tools import Effect, MCPToolset, Tool, ToolRegistry, Validator
 from ..tools import tool as make_tool
 from ..worker import Worker
 from ._admin import Admin
 from ._agents import Agents
 from ._children import Children
 from ._handle import RunHandle, run_id_of
-from ._lineage import Lineage, local_user, new_id
+from ._lineage import NO_EDIT, Lineage, local_user, new_id
 from ._mcp import MCPServers
 from ._observe import Observe
-from ._queues import Queues
-from ._schedules import Schedules
+from ._queues import Queue, Queues
+from ._runtime import DEFAULT_URL, Runtime, Via, rate_limits_of
+from ._schedules import Schedule, Schedules
 from ._streams import Streams
 from ._versions import check_version
+from ._waiting import raise_if_refused, waiting
 
 __all__ = ["DEFAULT_URL", "App", "RunHandle"]
 
@@ -60,13 +57,36 @@ log = logging.getLogger("mainspring")
 
 P = ParamSpec("P")
 R = TypeVar("R")
-OutputT = TypingExtensionsTypeVar("OutputT", default=Any)
+T = TypeVar("T")
+W = TypeVar("W", bound=Workflow[Any, Any])
 
-DEFAULT_URL = "sqlite:///mainspring.db"
 _DEFAULT_REDACTOR = Redactor()
 
 
-class App(Admin, Agents, Children, Lineage, MCPServers, Observe, Queues, Schedules, Streams):
+class Shared(Generic[T]):
+    """An attribute of the App that is its runtime's (``app.clock`` is
+    ``app._runtime.clock``), read and set there so that every part sees the same."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._name = name
+
+    @overload
+    def __get__(self, obj: None, owner: type | None = None) -> Shared[T]: ...
+
+    @overload
+    def __get__(self, obj: App, owner: type | None = None) -> T: ...
+
+    def __get__(self, obj: App | None, owner: type | None = None) -> T | Shared[T]:
+        if obj is None:
+            return self
+        value: T = getattr(obj._runtime, self._name)
+        return value
+
+    def __set__(self, obj: App, value: T) -> None:
+        setattr(obj._runtime, self._name, value)
+
+
+class App:
     """Workflows registered over one store.
 
     Args:
@@ -126,54 +146,67 @@ class App(Admin, Agents, Children, Lineage, MCPServers, Observe, Queues, Schedul
     ) -> None:
         if lease_s <= 0:
             raise ConfigError(f"lease_s must be > 0, got {lease_s!r}")
-        # None: MAINSPRING_DATABASE_URL (or the default), read when the store opens, so
-        # a module-level App follows the environment of the process that uses it.
-        self._url: str | None = url.url if isinstance(url, Store) else url
-        self._store: Store | None = url if isinstance(url, Store) else None
-        self.clock: Clock = clock or SystemClock()
-        self.rng = rng or random.Random()
-        self.lease_s = float(lease_s)
-        self.heartbeat_s = float(heartbeat_s) if heartbeat_s is not None else self.lease_s / 3
-        if self.heartbeat_s >= self.lease_s:
+        heartbeat = float(heartbeat_s) if heartbeat_s is not None else float(lease_s) / 3
+        if heartbeat >= lease_s:
             raise ConfigError(
-                f"heartbeat_s={self.heartbeat_s!r} must be shorter than lease_s={self.lease_s!r}"
+                f"heartbeat_s={heartbeat!r} must be shorter than lease_s={float(lease_s)!r}"
             )
-        self.max_recoveries = max_recoveries
-        self.inline_wait_s = inline_wait_s
-        self.default_retry = default_retry or RetryPolicy()
-        self.poll_interval_s = poll_interval_s
-        self.redactor = redact
-        self._metrics: MetricsCollector | None = None
-        self._usage_cache: dict[tuple[str, float], Usage] = {}  # finished runs' (see usage)
-        # what this process's workers execute, counted as it happens (see observability)
-        self.telemetry = Telemetry(self.clock, prices=self._prices)
-        self.telemetry.catalog = self._metric_catalog  # counters at 0 before they move
-        self.workflows: dict[str, Workflow[Any, Any]] = {}
-        self.tools = ToolRegistry()
-        self.agents: dict[str, Agent] = {}
-        self.rate_limits: RateLimits | None = _rate_limits(rate_limits)
-        self._models: dict[str, Model] = {}  # call_model's adapters, by spec
-        self.interceptors: tuple[StepInterceptor, ...] = tuple(interceptors)
-        self.version: str | None = check_version(version)
+        self._runtime = runtime = Runtime(
+            database=url,
+            clock=clock or SystemClock(),
+            rng=rng or random.Random(),
+            lease_s=float(lease_s),
+            heartbeat_s=heartbeat,
+            max_recoveries=max_recoveries,
+            inline_wait_s=inline_wait_s,
+            default_retry=default_retry or RetryPolicy(),
+            poll_interval_s=poll_interval_s,
+            redactor=redact,
+            rate_limits=rate_limits_of(rate_limits),
+            interceptors=tuple(interceptors),
+            version=check_version(version),
+        )
+        self._admin = Admin(runtime)
+        self._children = Children(runtime)
+        self._lineage = Lineage(runtime)
+        self._mcp = MCPServers()
+        self._agents = Agents(runtime, self._mcp)
+        self._observe = Observe(runtime, self._children.children)
+        self._queues = Queues(runtime)
+        self._schedules = Schedules(runtime, self._queues)
+        self._streams = Streams(runtime)
+
+    # -- the runtime, as attributes ------------------------------------------------------
+
+    clock = Shared[Clock]()
+    rng = Shared[random.Random]()
+    lease_s = Shared[float]()
+    heartbeat_s = Shared[float]()
+    max_recoveries = Shared[int]()
+    inline_wait_s = Shared[float]()
+    default_retry = Shared[RetryPolicy]()
+    poll_interval_s = Shared[float]()
+    redactor = Shared[Redactor | None]()
+    rate_limits = Shared[RateLimits | None]()
+    interceptors = Shared[tuple[StepInterceptor, ...]]()
+    version = Shared[str | None]()
+    telemetry = Shared[Telemetry]()
+    workflows = Shared[dict[str, Workflow[Any, Any]]]()
+    tools = Shared[ToolRegistry]()
+    agents = Shared[dict[str, Agent]]()
 
     @property
     def url(self) -> str:
         """The database URL (resolved from the environment if none was given)."""
-        if self._url is None:
-            return os.environ.get("MAINSPRING_DATABASE_URL", DEFAULT_URL)
-        return self._url
+        return self._runtime.url
 
     @property
     def store(self) -> Store:
         """The store, opened (and migrated) on first use."""
-        if self._store is None:
-            self._url = self.url
-            self._store = open_store(self._url)
-        return self._store
+        return self._runtime.store
 
     def close(self) -> None:
-        if self._store is not None:
-            self._store.close()
+        self._runtime.close()
 
     # -- registration --------------------------------------------------------------
 
@@ -196,11 +229,7 @@ class App(Admin, Agents, Children, Lineage, MCPServers, Observe, Queues, Schedul
         """
 
         def register(f: Callable[..., Awaitable[Any]]) -> Workflow[Any, Any]:
-            wf: Workflow[Any, Any] = Workflow.create(f, name)
-            if wf.name in self.workflows and self.workflows[wf.name].fn is not f:
-                raise ConfigError(f"a workflow named {wf.name!r} is already registered")
-            self.workflows[wf.name] = wf
-            return wf
+            return self._runtime.register(f, name)
 
         return register(fn) if fn is not None else register
 
@@ -236,16 +265,43 @@ class App(Admin, Agents, Children, Lineage, MCPServers, Observe, Queues, Schedul
         return register(fn) if fn is not None else register
 
     def get_workflow(self, workflow: Workflow[Any, Any] | str) -> Workflow[Any, Any]:
-        name = workflow if isinstance(workflow, str) else workflow.name
-        found = self.workflows.get(name)
-        if found is None:
-            known = ", ".join(sorted(self.workflows)) or "none"
-            raise UnknownWorkflow(
-                f"no workflow named {name!r} is registered in this App (registered: {known})"
-            )
-        return found
+        return self._runtime.get_workflow(workflow)
 
     # -- starting runs ---------------------------------------------------------------
+
+    def submit(
+        self,
+        workflow: Workflow[Any, Any] | str,
+        /,
+        *args: Any,
+        key: str | None = None,
+        queue: Queue | str | None = None,
+        queue_key: str | None = None,
+        priority: int = 0,
+        **kwargs: Any,
+    ) -> RunHandle:
+        """Enqueue a run for the workers and return at once.
+
+        A ``key`` makes submission idempotent: the same key returns the same run.
+
+        Args:
+            queue: a queue declared with :meth:`queue` (or its name): the run starts
+                only within the queue's limits.
+            queue_key: the run's key within its queue, for its ``per_key`` limit
+                (a customer, a tenant).
+            priority: runs of a queue start by priority, higher first, then in
+                submission order.
+        """
+        name = queue.name if isinstance(queue, Queue) else queue
+        return self.enqueue(
+            workflow,
+            args,
+            kwargs,
+            key=key,
+            queue=name,
+            queue_key=queue_key,
+            priority=priority,
+        )
 
     def enqueue(
         self,
@@ -274,7 +330,7 @@ class App(Admin, Agents, Children, Lineage, MCPServers, Observe, Queues, Schedul
         check_client_key(key)
         wf = self.get_workflow(workflow)
         encoded = self._redact(wf.encode_input(tuple(args), dict(kwargs or {})))
-        queued = self._queue_fields(queue, queue_key, priority)
+        queued = self._queues.fields(queue, queue_key, priority)
         record, created = self.store.create_run(
             **queued,
             run_id=new_id(),
@@ -336,13 +392,13 @@ class App(Admin, Agents, Children, Lineage, MCPServers, Observe, Queues, Schedul
         )
         if on_wait == "raise":
             await worker.run()
-            _raise_if_refused(worker, handle.run_id)
+            raise_if_refused(worker, handle.run_id)
             record = self.get_run(handle.run_id)
             if record.status == "waiting":
-                raise self._waiting(record)
+                raise waiting(self.store, record)
         else:
             await self._run_telling_waits(worker, handle.run_id)
-            _raise_if_refused(worker, handle.run_id)
+            raise_if_refused(worker, handle.run_id)
         value: R = await self.result(handle.run_id)
         return value
 
@@ -355,49 +411,13 @@ class App(Admin, Agents, Children, Lineage, MCPServers, Observe, Queues, Schedul
                 record = self.get_run(run_id)
                 if record.status == "waiting" and told != (record.wait_reason, record.wake_at):
                     told = (record.wait_reason, record.wake_at)
-                    log.warning("%s; app.run(on_wait='wait') waits for it", self._waiting(record))
+                    log.warning(
+                        "%s; app.run(on_wait='wait') waits for it", waiting(self.store, record)
+                    )
         finally:
             if not task.done():
                 worker.request_stop()
             await task
-
-    def _waiting(self, record: RunRecord) -> RunWaiting:
-        """What a waiting run waits for, and how to answer, as a :class:`RunWaiting`."""
-        run_id = record.id
-        requests = self.requests(run_id)
-        ways: list[str] = []
-        for r in requests:
-            if r.kind == "approval":
-                ways.append(
-                    f"{r.id!r} ({r.title}): `mainspring approve {run_id} {r.id}` (or --reject "
-                    f"REASON), or app.answer({run_id!r}, {r.id!r}, decision='approve')"
-                )
-            else:
-                ways.append(
-                    f"{r.id!r} ({r.title}): `mainspring answer {run_id} {r.id} TEXT`, or "
-                    f"app.answer({run_id!r}, {r.id!r}, answer=...)"
-                )
-        reason = record.wait_reason
-        if not ways and reason and reason.startswith("signal:"):
-            name = reason.removeprefix("signal:")
-            ways.append(
-                f"the signal {name!r}: `mainspring signal {run_id} {name} PAYLOAD-JSON`, or "
-                f"app.signal({run_id!r}, {name!r}, payload)"
-            )
-        if not ways and reason and reason.startswith("child:"):
-            child = self.store.get_run(reason.removeprefix("child:"))
-            if child is not None and child.status == "waiting":
-                ways.append(f"its child run, which waits: {self._waiting(child).message}")
-        what = "; ".join(ways) or f"{reason or 'a signal'}"
-        return RunWaiting(
-            f"run {run_id} of {record.workflow!r} is waiting for {what}. It is kept, holding "
-            f"no worker: once answered, app.run(..., key=...) or any worker finishes it "
-            f"(await app.result({run_id!r}) returns its result); app.run(..., "
-            "on_wait='wait') waits for the answer instead",
-            run_id=run_id,
-            wait_reason=reason,
-            requests=tuple(r.id for r in requests),
-        )
 
     def worker(self, **options: Any) -> Worker:
         """A :class:`Worker` for this App (see its arguments)."""
@@ -419,11 +439,11 @@ class App(Admin, Agents, Children, Lineage, MCPServers, Observe, Queues, Schedul
             live_redaction=self.redactor.live if self.redactor is not None else None,
             # telemetry outermost: it times the attempt as the step's policy sees it
             interceptors=(self.telemetry, *self.interceptors),
-            children=self,
+            children=self._children,
             canonical_step_name=without_endpoint,
         )
         committer.observers.append(self.telemetry.committed)
-        self._trace_from_environment()
+        self._observe.trace_from_environment()
         return engine
 
     # -- looking and steering ----------------------------------------------------------
@@ -455,11 +475,7 @@ class App(Admin, Agents, Children, Lineage, MCPServers, Observe, Queues, Schedul
         return found[0]
 
     def get_run(self, run_id: str | RunHandle) -> RunRecord:
-        run_id = run_id_of(run_id)
-        record = self.store.get_run(run_id)
-        if record is None:
-            raise RunNotFound(f"no run {run_id!r} in {redact_url(self.url)!r}")
-        return record
+        return self._runtime.get_run(run_id)
 
     def list_runs(
         self,
@@ -570,8 +586,7 @@ class App(Admin, Agents, Children, Lineage, MCPServers, Observe, Queues, Schedul
         return self.store.cancel(run_id, self.clock.now(), reason)
 
     def _redact(self, text: str) -> str:
-        """JSON text as it may be stored (and so served): secrets redacted."""
-        return text if self.redactor is None else self.redactor.redact_json(text)
+        return self._runtime.redact(text)
 
     async def result(self, run_id: str | RunHandle, *, timeout: float | None = None) -> Any:
         """Wait until the run finishes; return its result or raise :class:`RunFailed`."""
@@ -588,7 +603,7 @@ class App(Admin, Agents, Children, Lineage, MCPServers, Observe, Queues, Schedul
                 told = record.wait_reason
                 log.warning(
                     "%s; app.result keeps waiting until it is answered and a worker runs it",
-                    self._waiting(record),
+                    waiting(self.store, record),
                 )
             if deadline is not None and loop.time() >= deadline:
                 raise TimeoutError(f"run {run_id!r} is still {record.status} after {timeout}s")
@@ -605,30 +620,132 @@ class App(Admin, Agents, Children, Lineage, MCPServers, Observe, Queues, Schedul
             run_id=run_id,
         )
 
+    # -- the parts' methods, as the App's ----------------------------------------------
 
-def _raise_if_refused(worker: Worker, run_id: str) -> None:
-    """``app.run``'s code could not replay its run (a journal of another deployment's
-    code): the run was left, unfinished, for a worker whose code can; say so."""
-    error = worker.refusals.errors.get(run_id)
-    if error is not None:
-        raise NondeterminismError(
-            f"this code cannot replay run {run_id!r} ({error.message}); the run was left "
-            "unfinished for a worker whose code can (`mainspring show` says what it "
-            "waits for)",
-            run_id=run_id,
-            step=error.step,
+    create_key = Via("_admin", Admin.create_key)
+    list_keys = Via("_admin", Admin.list_keys)
+    get_key = Via("_admin", Admin.get_key)
+    verify_key = Via("_admin", Admin.verify_key)
+    revoke_key = Via("_admin", Admin.revoke_key)
+    add_webhook = Via("_admin", Admin.add_webhook)
+    list_webhooks = Via("_admin", Admin.list_webhooks)
+    remove_webhook = Via("_admin", Admin.remove_webhook)
+
+    agent = Via("_agents", Agents.agent)
+    call_model = Via("_agents", Agents.call_model)
+
+    children = Via("_children", Children.children)
+    child_workflow = Via("_children", Children.child_workflow)
+    start_child = Via("_children", Children.start_child)
+
+    mcp = Via("_mcp", MCPServers.mcp)
+    close_mcp = Via("_mcp", MCPServers.close_mcp)
+    split_tools = Via("_mcp", MCPServers.split_tools)
+
+    @property
+    def mcp_servers(self) -> dict[str, MCPToolset]:
+        """The MCP servers declared with :meth:`mcp`, by name."""
+        return self._mcp.mcp_servers
+
+    trace = Via("_observe", Observe.trace)
+    usage = Via("_observe", Observe.usage)
+    family = Via("_observe", Observe.family)
+    diagnose = Via("_observe", Observe.diagnose)
+    metrics = Via("_observe", Observe.metrics)
+    enable_tracing = Via("_observe", Observe.enable_tracing)
+    disable_tracing = Via("_observe", Observe.disable_tracing)
+    steps = Via("_observe", Observe.steps)
+
+    queue = Via("_queues", Queues.queue)
+    queues = Via("_queues", Queues.queues)
+
+    @overload
+    def schedule(
+        self,
+        cron: str,
+        /,
+        *,
+        name: str | None = None,
+        tz: str = "UTC",
+        catch_up: CatchUp = "skip",
+        queue: Queue | str | None = None,
+    ) -> Callable[[W], W]: ...
+
+    @overload
+    def schedule(
+        self,
+        name: str,
+        cron: str,
+        workflow: Workflow[Any, Any] | str,
+        /,
+        *args: Any,
+        tz: str = "UTC",
+        catch_up: CatchUp = "skip",
+        queue: Queue | str | None = None,
+        **kwargs: Any,
+    ) -> Schedule: ...
+
+    def schedule(
+        self,
+        name_or_cron: str,
+        cron: str | None = None,
+        workflow: Workflow[Any, Any] | str | None = None,
+        /,
+        *args: Any,
+        name: str | None = None,
+        tz: str = "UTC",
+        catch_up: CatchUp = "skip",
+        queue: Queue | str | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        return self._schedules.schedule(
+            name_or_cron,
+            cron,
+            workflow,
+            *args,
+            name=name,
+            tz=tz,
+            catch_up=catch_up,
+            queue=queue,
+            **kwargs,
         )
 
+    schedule.__doc__ = Schedules.schedule.__doc__
 
-def _rate_limits(
-    given: Sequence[RateLimit] | RateLimits | str | os.PathLike[str] | bool | None,
-) -> RateLimits | None:
-    if given is None or given is False:
-        return None
-    if given is True:
-        return RateLimits()  # learned from the providers' headers
-    if isinstance(given, RateLimits):
-        return given
-    if isinstance(given, str | os.PathLike):
-        return RateLimits(load_rate_limits(given))
-    return RateLimits(given)
+    load_schedules = Via("_schedules", Schedules.load_schedules)
+    schedule_now = Via("_schedules", Schedules.schedule_now)
+    sync_schedules = Via("_schedules", Schedules.sync_schedules)
+    tick_schedules = Via("_schedules", Schedules.tick_schedules)
+    list_schedules = Via("_schedules", Schedules.list_schedules)
+    get_schedule = Via("_schedules", Schedules.get_schedule)
+    pause_schedule = Via("_schedules", Schedules.pause_schedule)
+    resume_schedule = Via("_schedules", Schedules.resume_schedule)
+
+    @property
+    def schedules(self) -> dict[str, Schedule]:
+        """The schedules declared in this App, by name."""
+        return self._schedules.schedules
+
+    follow_tokens = Via("_streams", Streams.follow_tokens)
+    stream = Via("_streams", Streams.stream)
+
+    def fork(
+        self,
+        run_id: str | RunHandle,
+        *,
+        from_step: int | str,
+        edit: Any = NO_EDIT,
+        decisions: Literal["ask", "keep"] = "ask",
+        by: str | None = None,
+    ) -> RunHandle:
+        forked = self._lineage.fork(
+            run_id, from_step=from_step, edit=edit, decisions=decisions, by=by
+        )
+        return RunHandle(self, forked, True)
+
+    fork.__doc__ = Lineage.fork.__doc__
+
+    def retry(self, run_id: str | RunHandle) -> RunHandle:
+        return RunHandle(self, self._lineage.retry(run_id), False)
+
+    retry.__doc__ = Lineage.retry.__doc__

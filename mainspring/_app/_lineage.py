@@ -1,6 +1,7 @@
 """Runs made from other runs: :meth:`~mainspring.App.fork` (time travel from a
 journal position) and :meth:`~mainspring.App.retry` (a failed run again from its
-failing step). Mixed into :class:`~mainspring.App`."""
+failing step). A part of :class:`~mainspring.App`, which hands out the new runs'
+:class:`RunHandle` s."""
 
 from __future__ import annotations
 
@@ -9,35 +10,24 @@ import json
 import os
 import re
 import uuid
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import Any, Literal
 
-from .._clock import Clock
 from .._errors import ConfigError, RunConflict
 from .._serde import dumps, loads
 from .._signals import is_request_signal
-from ..observability import Redactor, fork_traceparent
-from ..storage import CHILD_SIGNAL_PREFIX, RunRecord, StepRecord, Store
+from ..observability import fork_traceparent
+from ..storage import CHILD_SIGNAL_PREFIX, RunRecord, StepRecord
 from ._handle import RunHandle, run_id_of
+from ._runtime import Part
 
-if TYPE_CHECKING:
-    from ._core import App
-
-__all__ = ["Lineage", "local_user", "new_id"]
+__all__ = ["NO_EDIT", "Lineage", "local_user", "new_id"]
 
 _NO_EDIT: Any = object()
+NO_EDIT = _NO_EDIT  # App.fork's default: no edit
 
 
-class Lineage:
+class Lineage(Part):
     """Forks and retries of an App's runs."""
-
-    if TYPE_CHECKING:
-        clock: Clock
-        redactor: Redactor | None
-
-        @property
-        def store(self) -> Store: ...
-
-        def get_run(self, run_id: str) -> RunRecord: ...
 
     def fork(
         self,
@@ -47,7 +37,7 @@ class Lineage:
         edit: Any = _NO_EDIT,
         decisions: Literal["ask", "keep"] = "ask",
         by: str | None = None,
-    ) -> RunHandle:
+    ) -> str:
         """Start a new run that replays ``run_id``'s journal up to ``from_step`` and
         executes live from the step after it (time-travel debugging).
 
@@ -114,7 +104,7 @@ class Lineage:
             # in the source's trace: a what-if branch of the run, in the same tree
             traceparent=fork_traceparent(source.id, source.traceparent),
         )
-        return RunHandle(cast("App", self), record.id, True)
+        return record.id
 
     def _fork_point(
         self, run_id: str, source: RunRecord, session: int, seq: int
@@ -136,7 +126,7 @@ class Lineage:
             )
         return steps, target
 
-    def retry(self, run_id: str | RunHandle) -> RunHandle:
+    def retry(self, run_id: str | RunHandle) -> str:
         """Queue a failed run again, from its failing step: the steps it completed
         replay from the journal and are not executed again; the failing step runs
         again with the same idempotency key.
@@ -159,7 +149,7 @@ class Lineage:
             )
         from_seq = _failing_seq(record, self.store.load_steps(run_id, record.session))
         self.store.retry_run(run_id, from_seq=from_seq, now=self.clock.now())
-        return RunHandle(cast("App", self), run_id, False)
+        return run_id
 
 
 def local_user() -> str:

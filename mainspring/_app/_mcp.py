@@ -1,5 +1,5 @@
 """MCP tool servers as an App declares them (``app.mcp``), and how ``app.agent``
-tells toolsets from tools. Mixed into :class:`~mainspring.App`."""
+tells toolsets from tools. A part of :class:`~mainspring.App`."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ __all__ = ["MCPServers"]
 class MCPServers:
     """Declaring MCP servers and giving their tools to agents."""
 
-    _mcp_servers: dict[str, MCPToolset]
+    def __init__(self) -> None:
+        self._servers: dict[str, MCPToolset] = {}
 
     def mcp(
         self,
@@ -66,7 +67,7 @@ class MCPServers:
         Raises:
             ConfigError: a bad argument, or another server already has ``name``.
         """
-        if name in self._servers():
+        if name in self._servers:
             raise ConfigError(f"an MCP server named {name!r} is already declared in this App")
         made = MCPToolset(
             name,
@@ -84,24 +85,19 @@ class MCPServers:
             max_result_chars=max_result_chars,
             trust_annotations=trust_annotations,
         )
-        self._servers()[name] = made
+        self._servers[name] = made
         return made
 
     @property
     def mcp_servers(self) -> dict[str, MCPToolset]:
         """The MCP servers declared with :meth:`mcp`, by name."""
-        return dict(self._servers())
+        return dict(self._servers)
 
     async def close_mcp(self) -> None:
         """Close this process's MCP connections (stdio servers are stopped); the next
         call opens them again."""
-        for server in self._servers().values():
+        for server in self._servers.values():
             await server.aclose()
-
-    def _servers(self) -> dict[str, MCPToolset]:
-        if not hasattr(self, "_mcp_servers"):
-            self._mcp_servers = {}
-        return self._mcp_servers
 
     def split_tools(
         self, agent: str, tools: Sequence[Tool[Any, Any] | Toolset]

@@ -1,23 +1,20 @@
 """What an App lets one see of its runs: traces, diagnoses, Prometheus metrics and
-live OpenTelemetry export. Mixed into :class:`~mainspring.App`."""
+live OpenTelemetry export. A part of :class:`~mainspring.App`."""
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import Any
 
-from .._clock import Clock
 from .._errors import ConfigError, MissingExtra
-from ..limits import PRICES, Price
+from ..limits import PRICES
 from ..observability import (
     Diagnosis,
     Family,
     MetricsCollector,
-    Redactor,
     RunTrace,
-    Telemetry,
     Usage,
     build_trace,
     capture_from_environment,
@@ -26,35 +23,25 @@ from ..observability import (
     family_usage,
     usage_by_run,
 )
-from ..storage import RunRecord, StepRecord, Store
+from ..storage import RunRecord, StepRecord
 from ._handle import RunHandle, run_id_of
-
-if TYPE_CHECKING:
-    from ..agent import Agent
+from ._runtime import Part, Runtime
 
 __all__ = ["Observe"]
 
 log = logging.getLogger("mainspring.observability")
 
 
-class Observe:
+class Observe(Part):
     """Traces, diagnoses, metrics and tracing of an App's runs."""
 
-    if TYPE_CHECKING:
-        clock: Clock
-        redactor: Redactor | None
-        telemetry: Telemetry
-        agents: dict[str, Agent]
-        workflows: dict[str, Any]
-        _metrics: MetricsCollector | None
-        _usage_cache: dict[tuple[str, float], Usage]
-
-        @property
-        def store(self) -> Store: ...
-
-        def get_run(self, run_id: str) -> RunRecord: ...
-
-        def children(self, run_id: str | RunHandle) -> list[RunRecord]: ...
+    def __init__(
+        self, runtime: Runtime, children: Callable[[str | RunHandle], list[RunRecord]]
+    ) -> None:
+        super().__init__(runtime)
+        self._children = children  # a run's child runs (see family)
+        self._metrics: MetricsCollector | None = None
+        self._usage_cache: dict[tuple[str, float], Usage] = {}  # finished runs' (see usage)
 
     def trace(self, run_id: str | RunHandle) -> RunTrace:
         """The run's trace: one entry per journaled step with its latency, tokens,
@@ -65,7 +52,9 @@ class Observe:
         """
         run_id = run_id_of(run_id)
         record = self.get_run(run_id)
-        return build_trace(record, self.store.load_steps(run_id), self._prices(record.workflow))
+        return build_trace(
+            record, self.store.load_steps(run_id), self.runtime.prices(record.workflow)
+        )
 
     def usage(self, runs: Sequence[RunRecord]) -> dict[str, Usage]:
         """Tokens and cost of each of ``runs`` (its own model calls), by run id, read
@@ -76,7 +65,7 @@ class Observe:
         cache = self._usage_cache
         out = {r.id: cache[(r.id, r.updated_at)] for r in runs if (r.id, r.updated_at) in cache}
         todo = [r for r in runs if r.id not in out]
-        prices = {r.id: self._prices(r.workflow) for r in todo}
+        prices = {r.id: self.runtime.prices(r.workflow) for r in todo}
         found = usage_by_run(self.store.model_steps([r.id for r in todo]), prices)
         for r in todo:
             out[r.id] = found.get(r.id, Usage())
@@ -94,7 +83,7 @@ class Observe:
             RunNotFound: no such run.
         """
         record = self.get_run(run_id_of(run_id))
-        return family_usage(record, self.children, self.usage, self.clock.now())
+        return family_usage(record, self._children, self.usage, self.clock.now())
 
     def diagnose(self, run_id: str | RunHandle, *, stall_after_s: float = 600.0) -> Diagnosis:
         """``mainspring doctor``: match the run against the failure table (stopped
@@ -109,10 +98,10 @@ class Observe:
         serves. Needs the ``[metrics]`` extra."""
         if self._metrics is None:
             prices = dict(PRICES)
-            for spec in self.agents.values():
+            for spec in self.runtime.agents.values():
                 prices.update(spec.prices or {})
             self._metrics = MetricsCollector(
-                self.store, prices=prices, telemetry=self.telemetry, clock=self.clock.now
+                self.store, prices=prices, telemetry=self.runtime.telemetry, clock=self.clock.now
             )
         return self._metrics
 
@@ -155,13 +144,13 @@ class Observe:
         if content_max_chars < 1:
             raise ConfigError(f"content_max_chars must be >= 1, got {content_max_chars!r}")
         if capture_content is None:
-            capture_content = self.telemetry.capture_content
+            capture_content = self.runtime.telemetry.capture_content
         if capture_content is None:
             capture_content = capture_from_environment(os.environ)
         redactor = self.redactor
-        self.telemetry.enable_tracing(
+        self.runtime.telemetry.enable_tracing(
             tracer_provider,
-            is_agent=lambda workflow: workflow in self.agents,
+            is_agent=lambda workflow: workflow in self.runtime.agents,
             redact=redactor.redact_json if redactor is not None else None,
             capture_content=capture_content,
             content_max_chars=content_max_chars,
@@ -171,12 +160,12 @@ class Observe:
     def disable_tracing(self) -> None:
         """Export no spans live from this process's workers, even when the ``OTEL_*``
         variables configure an exporter (``mainspring worker --no-otel``)."""
-        self.telemetry.disable_tracing()
+        self.runtime.telemetry.disable_tracing()
 
-    def _trace_from_environment(self) -> None:
+    def trace_from_environment(self) -> None:
         """A worker starts: export live if the ``OTEL_*`` variables configure an
         exporter and nobody enabled or disabled tracing in code."""
-        if self.telemetry.tracing is not None:
+        if self.runtime.telemetry.tracing is not None:
             return
         where = exporter_from_environment(os.environ)
         if where is None:
@@ -184,24 +173,12 @@ class Observe:
         try:
             self.enable_tracing()
         except MissingExtra as exc:
-            self.telemetry.tracing = False  # said once
+            self.runtime.telemetry.tracing = False  # said once
             log.warning(
                 "OpenTelemetry: the OTEL_* variables send spans %s, but %s",
                 where if where.startswith("the ") else f"over {where}",
                 exc,
             )
-
-    def _metric_catalog(self) -> tuple[list[str], list[tuple[str, str]]]:
-        """The workflows and agents' ``(workflow, logical model)`` whose counters a
-        scrape reports at 0 before their first event."""
-        agents = [
-            (name, f"{a.model.provider}:{a.model.model_id}") for name, a in self.agents.items()
-        ]
-        return list(self.workflows), agents
-
-    def _prices(self, workflow: str) -> dict[str, Price] | None:
-        spec = self.agents.get(workflow)
-        return spec.prices if spec is not None else None
 
     def steps(self, run_id: str | RunHandle) -> list[StepRecord]:
         run_id = run_id_of(run_id)

@@ -1,17 +1,15 @@
-"""Queues as an App declares them and submits to them (docs/schedules-and-queues.md).
-Mixed into :class:`~mainspring.App`; the store enforces the limits
-(``storage/_queues.py``)."""
+"""Queues as an App declares them (docs/schedules-and-queues.md), and what a run
+submitted to one tells the store. A part of :class:`~mainspring.App` (whose ``submit``
+takes ``queue=``); the store enforces the limits (``storage/_queues.py``)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from .._clock import Clock
 from .._errors import ConfigError
-from ..journal import Workflow
-from ..storage import QueueRecord, Store, check_queue_limits
-from ._handle import RunHandle
+from ..storage import QueueRecord, check_queue_limits
+from ._runtime import Part, Runtime
 
 __all__ = ["Queue", "Queues"]
 
@@ -36,30 +34,13 @@ class Queue:
     burst: int = 1
 
 
-class Queues:
-    """Declaring queues and submitting runs to them."""
+class Queues(Part):
+    """Declaring queues and checking the runs submitted to them."""
 
-    if TYPE_CHECKING:
-        clock: Clock
-
-        @property
-        def store(self) -> Store: ...
-
-        def enqueue(
-            self,
-            workflow: Workflow[Any, Any] | str,
-            args: tuple[Any, ...] = (),
-            kwargs: dict[str, Any] | None = None,
-            *,
-            key: str | None = None,
-            traceparent: str | None = None,
-            queue: str | None = None,
-            queue_key: str | None = None,
-            priority: int = 0,
-        ) -> RunHandle: ...
-
-    _queues: dict[str, Queue]
-    _queues_written: set[str]
+    def __init__(self, runtime: Runtime) -> None:
+        super().__init__(runtime)
+        self.declared: dict[str, Queue] = {}  # by name, as this App declares them
+        self._written: set[str] = set()  # whose limits this process wrote to the store
 
     def queue(
         self,
@@ -88,10 +69,10 @@ class Queues:
         declared = Queue(
             name=name, concurrency=concurrency, per_key=per_key, rate=rate, burst=burst
         )
-        known = self._declared().get(name)
+        known = self.declared.get(name)
         if known is not None and known != declared:
             raise ConfigError(f"queue {name!r} is already declared with other limits: {known!r}")
-        self._queues[name] = declared
+        self.declared[name] = declared
         return declared
 
     def queues(self) -> list[QueueRecord]:
@@ -99,48 +80,7 @@ class Queues:
         running, queued and sleeping or waiting."""
         return self.store.queues()
 
-    def submit(
-        self,
-        workflow: Workflow[Any, Any] | str,
-        /,
-        *args: Any,
-        key: str | None = None,
-        queue: Queue | str | None = None,
-        queue_key: str | None = None,
-        priority: int = 0,
-        **kwargs: Any,
-    ) -> RunHandle:
-        """Enqueue a run for the workers and return at once.
-
-        A ``key`` makes submission idempotent: the same key returns the same run.
-
-        Args:
-            queue: a queue declared with :meth:`queue` (or its name): the run starts
-                only within the queue's limits.
-            queue_key: the run's key within its queue, for its ``per_key`` limit
-                (a customer, a tenant).
-            priority: runs of a queue start by priority, higher first, then in
-                submission order.
-        """
-        name = queue.name if isinstance(queue, Queue) else queue
-        return self.enqueue(
-            workflow,
-            args,
-            kwargs,
-            key=key,
-            queue=name,
-            queue_key=queue_key,
-            priority=priority,
-        )
-
-    def _declared(self) -> dict[str, Queue]:
-        if not hasattr(self, "_queues"):
-            self._queues, self._queues_written = {}, set()
-        return self._queues
-
-    def _queue_fields(
-        self, queue: str | None, queue_key: str | None, priority: int
-    ) -> dict[str, Any]:
+    def fields(self, queue: str | None, queue_key: str | None, priority: int) -> dict[str, Any]:
         """What :meth:`Store.create_run` is told of a run's queue, once the queue is
         known to be declared and its limits written."""
         if queue is None:
@@ -150,7 +90,7 @@ class Queues:
                     "submit(..., queue=...)"
                 )
             return {}
-        declared = self._declared().get(queue)
+        declared = self.declared.get(queue)
         if declared is None:
             raise ConfigError(
                 f"queue {queue!r} is not declared in this App; declare it first with "
@@ -162,7 +102,7 @@ class Queues:
             )
         if isinstance(priority, bool) or not isinstance(priority, int) or abs(priority) > 2**31 - 1:
             raise ConfigError(f"priority must be an int (higher starts first), not {priority!r}")
-        if queue not in self._queues_written:
+        if queue not in self._written:
             self.store.declare_queue(
                 queue,
                 concurrency=declared.concurrency,
@@ -171,5 +111,5 @@ class Queues:
                 burst=declared.burst,
                 now=self.clock.now(),
             )
-            self._queues_written.add(queue)
+            self._written.add(queue)
         return {"queue": queue, "queue_key": queue_key, "priority": priority}

@@ -1,5 +1,5 @@
 """Schedules: cron expressions that start runs of a workflow, fired by whichever
-worker ticks first (docs/schedules-and-queues.md). Mixed into :class:`~mainspring.App`.
+worker ticks first (docs/schedules-and-queues.md). A part of :class:`~mainspring.App`.
 
 A schedule is declared in code (``app.schedule``) or in a file
 (``app.load_schedules``); a worker writes the declarations to the store's
@@ -14,20 +14,20 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar, overload
+from typing import Any
 
-from .._clock import Clock, SystemClock
+from .._clock import SystemClock
 from .._config import config_entries
 from .._cron import check_cron, check_zone, iso, next_due, previous_due
 from .._errors import ConfigError, ScheduleNotFound
 from .._keys import schedule_key
 from ..journal import Workflow
-from ..storage import CatchUp, ScheduleRecord, Store
+from ..storage import CatchUp, ScheduleRecord
 from ._lineage import new_id
-from ._queues import Queue
+from ._queues import Queue, Queues
+from ._runtime import Part, Runtime
 
 __all__ = [
     "SKIP_GRACE_S",
@@ -42,8 +42,6 @@ log = logging.getLogger("mainspring")
 
 SKIP_GRACE_S = 60.0
 """Under ``catch_up="skip"``, how late a due time may be and still start its run."""
-
-W = TypeVar("W", bound=Workflow[Any, Any])
 
 _CATCH_UPS: tuple[CatchUp, ...] = ("skip", "once")
 
@@ -64,62 +62,14 @@ class Schedule:
     queue: str | None = None
 
 
-class Schedules:
+class Schedules(Part):
     """Declaring, firing, listing and pausing schedules."""
 
-    if TYPE_CHECKING:
-        clock: Clock
-        version: str | None
-
-        @property
-        def store(self) -> Store: ...
-
-        def get_workflow(self, workflow: Workflow[Any, Any] | str) -> Workflow[Any, Any]: ...
-
-        def _redact(self, text: str) -> str: ...
-
-        def _declared(self) -> dict[str, Queue]: ...
-
-        def _queue_fields(
-            self, queue: str | None, queue_key: str | None, priority: int
-        ) -> dict[str, Any]: ...
-
-    _declared_schedules: dict[str, Schedule]
-    _schedules_synced: bool
-
-    def _schedule_table(self) -> dict[str, Schedule]:
-        try:
-            return self._declared_schedules
-        except AttributeError:
-            self._declared_schedules = {}
-            self._schedules_synced = False
-            return self._declared_schedules
-
-    @overload
-    def schedule(
-        self,
-        cron: str,
-        /,
-        *,
-        name: str | None = None,
-        tz: str = "UTC",
-        catch_up: CatchUp = "skip",
-        queue: Queue | str | None = None,
-    ) -> Callable[[W], W]: ...
-
-    @overload
-    def schedule(
-        self,
-        name: str,
-        cron: str,
-        workflow: Workflow[Any, Any] | str,
-        /,
-        *args: Any,
-        tz: str = "UTC",
-        catch_up: CatchUp = "skip",
-        queue: Queue | str | None = None,
-        **kwargs: Any,
-    ) -> Schedule: ...
+    def __init__(self, runtime: Runtime, queues: Queues) -> None:
+        super().__init__(runtime)
+        self._queues = queues  # the queues a schedule may start its runs in
+        self._declared: dict[str, Schedule] = {}  # by name, as this App declares them
+        self._synced = False  # written to the store since the last declaration
 
     def schedule(
         self,
@@ -201,7 +151,7 @@ class Schedules:
         if catch_up not in _CATCH_UPS:
             raise ConfigError(f"{where}: catch_up must be 'skip' or 'once', not {catch_up!r}")
         queue_name = queue.name if isinstance(queue, Queue) else queue
-        if queue_name is not None and queue_name not in self._declared():
+        if queue_name is not None and queue_name not in self._queues.declared:
             raise ConfigError(
                 f"{where}: queue {queue_name!r} is not declared in this App; declare it first "
                 f"with app.queue({queue_name!r}, concurrency=...)"
@@ -218,9 +168,8 @@ class Schedules:
             catch_up=catch_up,  # checked above
             queue=queue_name,
         )
-        table = self._schedule_table()
-        table[name] = declared
-        self._schedules_synced = False
+        self._declared[name] = declared
+        self._synced = False
         return declared
 
     def load_schedules(self, path: str | os.PathLike[str]) -> list[Schedule]:
@@ -292,19 +241,19 @@ class Schedules:
     @property
     def schedules(self) -> dict[str, Schedule]:
         """The schedules declared in this App, by name."""
-        return dict(self._schedule_table())
+        return dict(self._declared)
 
     def sync_schedules(self) -> None:
         """Write this App's declared schedules to the store (a worker does at its
         first tick). A new schedule, or one whose definition changed, is next due at
         its first time after now; an unchanged one keeps its state."""
         now = self.schedule_now()
-        for declared in self._schedule_table().values():
+        for declared in self._declared.values():
             found = self.get_workflow(declared.workflow)
             encoded = self._redact(found.encode_input(declared.args, declared.kwargs))
             if declared.queue is not None:
                 # The queue's declared limits, in the store before its first run.
-                self._queue_fields(declared.queue, None, 0)
+                self._queues.fields(declared.queue, None, 0)
             _, changed = self.store.put_schedule(
                 name=declared.name,
                 cron=declared.cron,
@@ -318,15 +267,14 @@ class Schedules:
             )
             if changed:
                 log.info("schedule %s: %s in %s", declared.name, declared.cron, declared.tz)
-        self._schedules_synced = True
+        self._synced = True
 
     def tick_schedules(self) -> list[str]:
         """Fire the schedules due now: for each, start at most one run (see
         ``catch_up``) and move it to its next time. Safe from any number of workers
         at once: each due time starts one run. Returns the ids of the runs this call
         started."""
-        self._schedule_table()
-        if not self._schedules_synced:
+        if not self._synced:
             self.sync_schedules()
         now = self.schedule_now()
         started: list[str] = []

@@ -1,6 +1,6 @@
 """Following a run's live token streams: :meth:`Streams.stream` (``async for``) and
 :meth:`Streams.follow_tokens` (what the server's ``tokens`` and ``tool_call_delta``
-events read). Mixed into :class:`~mainspring.App`.
+events read). A part of :class:`~mainspring.App`.
 
 The store keeps each model step attempt's output in batches (``ms_stream_chunks``), in
 commit order (``pos``). A follower reads them in that order and says how each stream
@@ -21,10 +21,11 @@ import asyncio
 import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
-from ..storage import RunRecord, Store, StreamEnd, TokenChunk, TokenKind
+from ..storage import Store, StreamEnd, TokenChunk, TokenKind
 from ._handle import RunHandle, run_id_of
+from ._runtime import Part
 
 __all__ = ["InterruptReason", "Streams", "TokenEvent", "TokenFollower"]
 
@@ -274,15 +275,8 @@ def _with_cursor(event: TokenEvent, cursor: str) -> TokenEvent:
     )
 
 
-class Streams:
+class Streams(Part):
     """Following the live token streams of an App's runs."""
-
-    if TYPE_CHECKING:
-
-        @property
-        def store(self) -> Store: ...
-
-        def get_run(self, run_id: str) -> RunRecord: ...
 
     def follow_tokens(self, run_id: str | RunHandle, *, after: int | str = 0) -> TokenFollower:
         """A reader of ``run_id``'s token streams after cursor ``after`` (0: from
