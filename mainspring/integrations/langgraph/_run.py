@@ -116,8 +116,7 @@ class Execution:
         live: list[GraphInterrupt] = []
 
         async def body() -> dict[str, Any]:
-            if self.task_calls is not None:  # an attempt: its @task calls count from 0
-                self.task_calls.attempt(current_step().idempotency_key)
+            self._attempt_starts()
             usage = NodeUsage(store=self.ctx.store, clock=self.clock)
             token = current_usage().set(usage)
             try:
@@ -170,6 +169,12 @@ class Execution:
             interrupt(None)
         interrupt(decode(record["interrupt"]))
         raise AssertionError("interrupt() returned where the node was interrupted")
+
+    def _attempt_starts(self) -> None:
+        """A node step's attempt starts: its ``@task`` calls count from 0 again, and
+        so meet the results the attempts before kept (``._tasks``)."""
+        if self.task_calls is not None:
+            self.task_calls.attempt(current_step().idempotency_key)
 
     async def _run_child(self, spec: NodeSpec, state: Any) -> Any:
         assert spec.child is not None
