@@ -6,6 +6,7 @@ Standard library only, so the main bench script can import it from the project's
 from __future__ import annotations
 
 import argparse
+import fcntl
 import hashlib
 import json
 import os
@@ -46,7 +47,17 @@ def ensure_venv(
     """Create the peer venv if needed, install ``requirements`` (then ``extra``, more
     ``pip install`` arguments), return its python. Nothing is installed again while
     the requirements, ``extra`` and ``fingerprint`` (e.g. a hash of a local package
-    installed through ``extra``) are those of the last install."""
+    installed through ``extra``) are those of the last install.
+
+    Two benches started at once (the horizon with and without faults) take turns: the
+    second waits for the first's install instead of uninstalling under it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(path.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _ensure_venv(path, requirements, extra, fingerprint)
+
+
+def _ensure_venv(path: Path, requirements: Path, extra: Sequence[str], fingerprint: str) -> Path:
     python = _venv_python(path)
     if not python.exists():
         subprocess.run([sys.executable, "-m", "venv", str(path)], check=True)
