@@ -159,3 +159,72 @@ async def test_a_task_called_with_other_arguments_at_the_same_place_runs(db_url:
     await drain(app)
     assert (await run.result())["done"] == ["6"]
     assert seen == [2, 3]
+
+
+async def test_a_worker_that_lost_the_run_keeps_no_task_result(db_url: str) -> None:
+    """The worker's write of a task's result stalls past its lease and another worker
+    takes the run over meanwhile: the stale write lands at the old epoch and is refused
+    (the run's new holder owns what is kept), and the run's new execution runs the task
+    itself and keeps its own result."""
+    from mainspring.integrations.langgraph._serde import decode_typed
+    from mainspring.storage import open_store
+    from mainspring.testing import Fault, FaultyStore
+
+    inner = open_store(db_url)
+    clock = ms.FakeClock()
+
+    def takeover() -> None:  # inside the stalled write, before it reaches the database
+        clock.advance(10.0 + 1)
+        [taken] = inner.claim(
+            worker="other", now=clock.now(), lease_s=10.0, limit=1, workflows=None,
+            max_recoveries=5,
+        )  # fmt: skip
+        assert taken.owner == "other"
+
+    store = FaultyStore(
+        inner, [Fault(kind="delay", method="put_checkpoint_writes", delay_s=0.0, during=takeover)]
+    )
+    app = ms.App(store, clock=clock, lease_s=10.0, poll_interval_s=0.01)
+    ran: list[str] = []
+
+    @task
+    def charge(order: int) -> str:
+        ran.append("charge")
+        return f"charged {order} ({len(ran)})"
+
+    def pay(state: State) -> dict[str, Any]:
+        return {"done": [charge(state["order"]).result()]}
+
+    builder = StateGraph(State)
+    builder.add_node("pay", pay)
+    builder.add_edge(START, "pay")
+    builder.add_edge("pay", END)
+    flow = durable(app, builder.compile(), name="stale-pay")
+
+    def kept(run_id: str) -> list[Any]:
+        with inner._read() as cur:
+            cur.execute(
+                "SELECT value FROM ms_checkpoint_writes WHERE thread_id = "
+                + ("%s" if inner.dialect == "postgres" else "?")
+                + " AND checkpoint_ns = '__mainspring_tasks__'",
+                (run_id,),
+            )
+            return [decode_typed(row[0]) for row in cur.fetchall()]
+
+    try:
+        run = app.submit(flow, {"order": 3, "done": []})
+        await asyncio.wait_for(app.worker().run(until_idle=True), 30)
+        record = inner.get_run(run.run_id)
+        assert record is not None and (record.status, record.owner) == ("running", "other")
+        assert [c.method for c in store.injected] == ["put_checkpoint_writes"]
+        assert ran == ["charge"]
+        assert kept(run.run_id) == []  # the stale worker's result was refused
+
+        clock.advance(10.0 + 1)  # "other" never ran it: its lease runs out in turn
+        await asyncio.wait_for(app.worker().run(until_idle=True), 30)
+        assert (await run.result())["done"] == ["charged 3 (2)"]
+        assert ran == ["charge", "charge"]
+        assert kept(run.run_id) == ["charged 3 (2)"]
+    finally:
+        app.close()
+        inner.close()
