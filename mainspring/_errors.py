@@ -122,6 +122,9 @@ class MainspringError(Exception):
         self.run_id = run_id
         self.step = step
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _revive, (type(self), self.args, self.__dict__)
+
     def __str__(self) -> str:
         where = []
         if self.run_id:
@@ -408,6 +411,10 @@ class MissingExtra(ConfigError, ImportError):
         self.extra = extra
         self.name = missing  # ImportError's attribute: the module that is not there
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # ``name`` is ImportError's own slot, not in ``__dict__``.
+        return _revive, (type(self), self.args, {**self.__dict__, "name": self.name})
+
 
 class StoreError(MainspringError):
     """The database cannot be used: corrupt, not a mainspring database, or similar."""
@@ -424,3 +431,20 @@ class Cancelled(BaseException):
         super().__init__(f"run {run_id} was cancelled" + (f": {reason}" if reason else ""))
         self.run_id = run_id
         self.reason = reason
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _revive, (type(self), self.args, self.__dict__)
+
+
+def _revive(
+    cls: type[BaseException], args: tuple[Any, ...], state: dict[str, Any]
+) -> BaseException:
+    """An error back from a pickle (a process pool, a multiprocessing queue, pytest-xdist)
+    as it was: its attributes set again without calling ``__init__``, whose keyword-only
+    arguments pickle's default (``cls(*args)``) does not pass, and which would build
+    the message a second time."""
+    exc = cls.__new__(cls, *args)
+    exc.args = args
+    for name, value in state.items():
+        setattr(exc, name, value)
+    return exc
