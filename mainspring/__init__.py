@@ -16,7 +16,7 @@ from . import (
     tools,
     worker,
 )
-from ._app import App, Queue, RunHandle, Schedule, TokenEvent, TokenFollower
+from ._app import App, Queue, ReplayReport, RunCheck, RunHandle, Schedule, TokenEvent, TokenFollower
 from ._clock import Clock, FakeClock, SystemClock
 from ._errors import (
     ApprovalRejected,
@@ -127,10 +127,12 @@ __all__ = [
     "QuotaExhausted",
     "RateLimited",
     "Redactor",
+    "ReplayReport",
     "Request",
     "RequestNotFound",
     "ReservedSignal",
     "RetryPolicy",
+    "RunCheck",
     "RunConflict",
     "RunContext",
     "RunFailed",

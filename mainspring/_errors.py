@@ -280,7 +280,28 @@ class NondeterminismError(MainspringError):
     and a run that no worker can replay for long waits where an operator sees it
     (``wait_reason`` ``replay``). Deploy code that matches the journal, patch the
     change (``ctx.patched``), or version the workflow.
+
+    Attributes:
+        position: the journal position (``seq``) where replay stopped, when known.
+        expected: ``(kind, name)`` of what the journal holds there (``None`` when the
+            error is about a patch's version).
+        got: ``(kind, name)`` of what the code asked for there.
     """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        run_id: str | None = None,
+        step: str | None = None,
+        position: int | None = None,
+        expected: tuple[str, str] | None = None,
+        got: tuple[str, str] | None = None,
+    ) -> None:
+        super().__init__(message, run_id=run_id, step=step)
+        self.position = position
+        self.expected = expected
+        self.got = got
 
 
 class LeaseLost(MainspringError):

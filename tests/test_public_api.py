@@ -26,6 +26,7 @@ EXPECTED = {
     "Schedule", "ScheduleNotFound",
     "TokenEvent", "TokenFollower",
     "Queue",
+    "ReplayReport", "RunCheck",
 }  # fmt: skip
 
 

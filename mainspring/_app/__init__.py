@@ -3,13 +3,15 @@
 ``_core`` holds the App itself (registration, runs, looking and steering) and
 ``_runtime`` the one value its parts share; the parts are ``_admin`` (API keys and
 webhooks), ``_agents``, ``_children``, ``_lineage`` (forks and retries), ``_mcp``,
-``_observe``, ``_queues``, ``_schedules`` (cron schedules) and ``_streams``.
+``_observe``, ``_queues``, ``_replay_check`` (the replay gate), ``_schedules`` (cron
+schedules) and ``_streams``.
 """
 
 from ._core import DEFAULT_URL, App
 from ._handle import RunHandle
 from ._lineage import local_user
 from ._queues import Queue
+from ._replay_check import ReplayReport, RunCheck
 from ._schedules import Schedule
 from ._streams import TokenEvent, TokenFollower
 
@@ -17,6 +19,8 @@ __all__ = [
     "DEFAULT_URL",
     "App",
     "Queue",
+    "ReplayReport",
+    "RunCheck",
     "RunHandle",
     "Schedule",
     "TokenEvent",

@@ -12,7 +12,7 @@ import asyncio
 import logging
 import os
 import random
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Concatenate, Generic, Literal, ParamSpec, TypeVar, overload
 
@@ -45,6 +45,7 @@ from ._lineage import NO_EDIT, Lineage, local_user, new_id
 from ._mcp import MCPServers
 from ._observe import Observe
 from ._queues import Queue, Queues
+from ._replay_check import ReplayReport, replay_check
 from ._runtime import DEFAULT_URL, Runtime, Via, rate_limits_of
 from ._schedules import Schedule, Schedules
 from ._streams import Streams
@@ -584,6 +585,41 @@ class App:
         if reason is not None and self.redactor is not None:
             reason = self.redactor.redact_text(reason)
         return self.store.cancel(run_id, self.clock.now(), reason)
+
+    async def replay_check(
+        self,
+        runs: Iterable[str] | None = None,
+        *,
+        workflows: Sequence[str] | None = None,
+        versions: Sequence[str | None] | Literal["any"] | None = None,
+        database: str | Store | None = None,
+    ) -> ReplayReport:
+        """Replay the journal of every unfinished run (queued, running, sleeping,
+        waiting), or of ``runs``, against this App's code, writing nothing: the gate
+        before a deploy (``mainspring replay-check``, docs/workflows.md).
+
+        Each run replays cleanly, diverges at a journal position (what the journal
+        holds there and what the code asked for, with a hint: usually
+        ``ctx.patched``), or this code lacks its workflow or cannot read its input.
+
+        Args:
+            runs: run ids to check (any status), instead of every unfinished run.
+            workflows: only runs of these workflows.
+            versions: only runs of these code versions, as ``app.worker(versions=...)``
+                takes them: by default the runs this App's workers claim (its
+                ``version`` and runs with none, or every run when it declares none);
+                a run of an older version that drains under the old code beside this
+                one is not this code's to replay.
+            database: check the runs of this database (a URL or a store) instead of
+                this App's: production's, from a CI job holding the new code. A URL is
+                opened without migrating it, and read-only on PostgreSQL.
+
+        Returns:
+            A :class:`ReplayReport`: ``.ok``, ``.failed``, ``.summary()``, ``.to_dict()``.
+        """
+        return await replay_check(
+            self, runs, workflows=workflows, versions=versions, database=database
+        )
 
     def _redact(self, text: str) -> str:
         return self._runtime.redact(text)

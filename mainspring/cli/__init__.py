@@ -14,6 +14,7 @@ from ._keys import keys_commands, webhooks_commands
 from ._lab import lab_commands, preflight
 from ._observe import doctor, fork, retry, tail, trace
 from ._queues import queues
+from ._replay import replay_check
 from ._runs import cancel, runs, show, signal, submit
 from ._schedules import schedules_commands
 from ._serve import serve
@@ -53,6 +54,7 @@ cli.command()(fork)
 cli.command()(retry)
 cli.command()(demo)
 cli.command()(prune)
+cli.command(name="replay-check")(replay_check)
 cli.add_typer(db_commands)
 cli.add_typer(keys_commands)
 cli.add_typer(webhooks_commands)

@@ -22,7 +22,7 @@ from ._common import (
 )
 from ._load import load_app
 
-__all__ = ["worker"]
+__all__ = ["accept_version_values", "worker"]
 
 
 def worker(
@@ -90,7 +90,7 @@ def worker(
             worker_id=worker_id,
             shutdown_grace_s=shutdown_grace_s,
             sticky=sticky,
-            versions=_versions(accept_version),
+            versions=accept_version_values(accept_version),
         )
 
         async def main() -> None:
@@ -115,7 +115,7 @@ def worker(
         asyncio.run(main())
 
 
-def _versions(values: list[str] | None) -> list[str | None] | Literal["any"] | None:
+def accept_version_values(values: list[str] | None) -> list[str | None] | Literal["any"] | None:
     """``--accept-version`` values as ``Worker(versions=...)`` takes them."""
     if not values:
         return None

@@ -13,6 +13,9 @@ from ._executor import Outcome as Outcome
 from ._executor import execute as execute
 from ._intercept import StepCall, StepInterceptor
 from ._live import TokenWriter as TokenWriter
+from ._replay import Replayed as Replayed
+from ._replay import replay_engine as replay_engine
+from ._replay import replay_journal as replay_journal
 from ._retry import RetryPolicy
 from ._sticky import Execution as Execution
 from ._workflow import Workflow
@@ -34,10 +37,13 @@ __internal__ = (
     "Engine",
     "Execution",
     "Outcome",
+    "Replayed",
     "RunControl",
     "SimulatedCrash",
     "StepInfo",
     "StepMode",
     "TokenWriter",
     "execute",
+    "replay_engine",
+    "replay_journal",
 )

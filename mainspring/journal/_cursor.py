@@ -122,6 +122,9 @@ class Cursor:
                     f"workflow's code changed while the run was in flight{took}",
                     run_id=self.run_id,
                     step=self.where(seq, name),
+                    position=seq,
+                    expected=(rec.kind, rec.name),
+                    got=(kind, name),
                 )
             )
         return seq

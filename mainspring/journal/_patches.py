@@ -46,6 +46,8 @@ def deprecate_patch(cur: Cursor, change_id: str) -> None:
                 f"code that still checks ctx.patched({change_id!r}) first",
                 run_id=cur.run_id,
                 step=cur.where(cur.seq + 1, change_id),
+                position=cur.seq + 1,
+                got=("patch", change_id),
             )
         )
 
@@ -75,6 +77,8 @@ def version(cur: Cursor, change_id: str, min_supported: int, max_supported: int)
                 "runs under code that still supports their version first",
                 run_id=cur.run_id,
                 step=cur.where(cur.seq + 1 if found is None else cur.seq, change_id),
+                position=cur.seq + 1 if found is None else cur.seq,
+                got=("patch", change_id),
             )
         )
     return taken

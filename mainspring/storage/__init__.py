@@ -3,7 +3,7 @@ webhooks and the rate limiters' state: one :class:`Store` per database."""
 
 from __future__ import annotations
 
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 from .._errors import ConfigError
 from ._api import SCOPES, WEBHOOK_EVENTS, ApiKey, Delivery, Scope, Webhook, WebhookEvent
@@ -81,6 +81,7 @@ __all__ = [
     "WorkerBeat",
     "WorkerRecord",
     "WorkerState",
+    "open_read_only",
     "open_store",
     "redact_url",
 ]
@@ -115,6 +116,25 @@ __internal__ = (
     "split_wait_signals",
     "take_edge",
 )
+
+
+def open_read_only(url: str) -> Store:
+    """Open the store a URL names to read it and nothing else: without migrating it,
+    and on PostgreSQL with every transaction of the session read-only, so that the
+    server itself refuses a write (``mainspring replay-check`` against production's
+    database)."""
+    parts = urlsplit(url)
+    if parts.scheme in ("postgresql", "postgres"):
+        from .postgres import PostgresStore  # needs the [postgres] extra
+
+        query = dict(parse_qsl(parts.query))
+        options = f"{query.get('options', '')} -c default_transaction_read_only=on".strip()
+        query["options"] = options
+        read_only = urlunsplit(parts._replace(query=urlencode(query, quote_via=quote)))
+        return PostgresStore(read_only, migrate=False)
+    if parts.scheme == "sqlite":
+        return SQLiteStore.from_url(url, migrate=False)
+    return open_store(url)  # the unknown scheme's clear error
 
 
 def open_store(url: str) -> Store:

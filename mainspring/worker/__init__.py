@@ -2,5 +2,9 @@
 
 from ._host import WorkerHost, WorkerTelemetry
 from ._worker import Worker, WorkerStats
+from ._worker import accepted_versions as accepted_versions
 
 __all__ = ["Worker", "WorkerHost", "WorkerStats", "WorkerTelemetry"]
+
+# For the floors above (see docs/architecture.md, "Layers"), never for users:
+__internal__ = ("accepted_versions",)

@@ -124,7 +124,7 @@ class Worker:
         self._kept = Kept(runs=sticky_runs, bytes=sticky_bytes)
         # What to claim, by code version (None: every run). A worker for one run (app.run)
         # was asked for that run: it takes it whatever its version.
-        self.versions = None if _run_id is not None else _accepted(app.version, versions)
+        self.versions = None if _run_id is not None else accepted_versions(app.version, versions)
         self.stats = WorkerStats()
         self._only = _run_id
         self._return_on_wait = _return_on_wait  # app.run: a run waiting for a person
@@ -751,7 +751,7 @@ class Worker:
             await asyncio.wait(pending)
 
 
-def _accepted(
+def accepted_versions(
     declared: str | None, versions: Sequence[str | None] | Literal["any"] | None
 ) -> tuple[str | None, ...] | None:
     """The code versions a worker claims (``None``: every one), from its ``versions``
