@@ -42,6 +42,14 @@ _UPSERT_STEP = (
 _SIGNAL_COLUMNS = "id, run_id, name, payload, created_at, consumed_at, consumed_by"
 
 
+def _given(**columns: Any) -> tuple[list[str], list[Any]]:
+    """``column = ?`` and its value for each of ``columns`` whose value is not
+    ``None``, in order: the filters a listing applies only when it is asked to (more
+    conditions may be added to both lists)."""
+    given = {c: v for c, v in columns.items() if v is not None}
+    return [f"{c} = ?" for c in given], list(given.values())
+
+
 def _versions_sql(versions: Sequence[str | None]) -> tuple[str, list[Any]]:
     """A condition on ``ms_runs.version``: one of ``versions`` (``None`` in it: a run
     submitted with no version); nothing matches an empty list."""
