@@ -12,7 +12,7 @@ from typing import Any, Literal
 from .._describe import safe_str, safe_traceback
 from .._errors import Cancelled, LeaseLost, NondeterminismError, StoreError, StoreUnavailable
 from .._serde import dumps
-from ..storage import RunRecord, RunTransition
+from ..storage import RunRecord, RunTransition, StepRecord
 from ._context import RunContext
 from ._control import SimulatedCrash, _ContinueAsNew, _EngineFailure, _Release, _Suspend, error_json
 from ._cursor import Cursor
@@ -83,14 +83,8 @@ async def _execute(
     engine: Engine, run: RunRecord, workflow: Workflow[Any, Any], control: RunControl
 ) -> Outcome:
     while True:
-        try:
-            journal = engine.store.load_steps(run.id, run.session)
-        except (StoreUnavailable, StoreError) as exc:
-            log.warning(
-                "run %s: cannot load its journal (%s); leaving it to recovery",
-                run.id,
-                safe_str(exc),
-            )
+        journal = _load_journal(engine, run)
+        if journal is None:
             return "abandoned"
         cur = Cursor(run=run, journal=journal, engine=engine, life=Lifecycle(run, control))
         raised, result = await _run_workflow(workflow, RunContext(run=run, cursor=cur), run)
@@ -104,6 +98,19 @@ async def _execute(
         if isinstance(ended, str):
             return ended
         run = ended
+
+
+def _load_journal(engine: Engine, run: RunRecord) -> list[StepRecord] | None:
+    """The journal of the run's session, or ``None`` when the store cannot give it:
+    both executors then abandon the run (its lease expires and another worker
+    replays it), never run the workflow on a journal it could not read."""
+    try:
+        return engine.store.load_steps(run.id, run.session)
+    except (StoreUnavailable, StoreError) as exc:
+        log.warning(
+            "run %s: cannot load its journal (%s); leaving it to recovery", run.id, safe_str(exc)
+        )
+        return None
 
 
 async def _end(
@@ -194,14 +201,8 @@ async def _sessions(
 ) -> Outcome:
     while True:
         if ex is None:
-            try:
-                journal = engine.store.load_steps(run.id, run.session)
-            except (StoreUnavailable, StoreError) as exc:
-                log.warning(
-                    "run %s: cannot load its journal (%s); leaving it to recovery",
-                    run.id,
-                    safe_str(exc),
-                )
+            journal = _load_journal(engine, run)
+            if journal is None:
                 return "abandoned"
             life = Lifecycle(run, control, sticky=True)
             cur = Cursor(run=run, journal=journal, engine=engine, life=life)

@@ -159,20 +159,33 @@ class Steps:
         )
         if step.mode != "at_most_once":
             return
-        err = StepInterrupted(
+        err = self._in_doubt(
+            step,
+            rec,
             f"at_most_once step {step.name!r} started (attempt {rec.attempt}) and "
             "its end was never journaled; it may or may not have taken effect",
-            run_id=self.cur.run_id,
-            step=self.cur.where(step.seq, step.name),
-        )
-        self.cur.put(
-            rec,
-            status="failed",
-            error=error_json(err, failures=step.failures),
-            finished_at=self.cur.now(),
+            step.failures,
         )
         await self.cur.commit()
         raise err
+
+    def _in_doubt(
+        self, step: _Step, rec: StepRecord, message: str, failures: int
+    ) -> StepInterrupted:
+        """Journal ``rec``, an attempt whose effect nobody can know any more, failed
+        now with a :class:`StepInterrupted` saying ``message``, and return the error
+        for the caller to raise (or not, when the run is ending anyway)."""
+        err = StepInterrupted(
+            message, run_id=self.cur.run_id, step=self.cur.where(step.seq, step.name)
+        )
+        self._failed(rec, err, failures)
+        return err
+
+    def _failed(self, rec: StepRecord, error: BaseException, failures: int) -> None:
+        """Journal ``rec``'s attempt failed now with ``error`` (``failures``: the
+        step's failed attempts, this one counted)."""
+        error_row = error_json(error, failures=failures)
+        self.cur.put(rec, status="failed", error=error_row, finished_at=self.cur.now())
 
     async def _begin(self, step: _Step) -> StepRecord:
         """The intent row of an attempt, durable (with the previous step's end)."""
@@ -311,15 +324,14 @@ class Steps:
         cur = self.cur
         failures = step.failures + 1
         if not await thread.ended():
-            err = StepInterrupted(
+            self._in_doubt(
+                step,
+                started,
                 f"step {step.name!r} attempt {step.attempt} was still running on its thread "
                 f"past its timeout of {step.timeout}s when the run ended: it may or may not "
                 "take effect",
-                run_id=cur.run_id,
-                step=cur.where(step.seq, step.name),
+                failures,
             )
-            error = error_json(err, failures=failures)
-            cur.put(started, status="failed", error=error, finished_at=cur.now())
             return
         try:
             value = thread.outcome()
@@ -330,8 +342,7 @@ class Steps:
                 return
             output, _ = _journaled(value, step.ret_type, step.name, info)
         except Exception as exc:  # what the function raised, or a result it cannot store
-            error = error_json(exc, failures=failures)
-            cur.put(started, status="failed", error=error, finished_at=cur.now())
+            self._failed(started, exc, failures)
             return
         cur.put(started, status="completed", output=output, finished_at=cur.now())
 
@@ -382,31 +393,20 @@ class Steps:
     async def _timed_out(self, step: _Step, started: StepRecord, error: StepTimeout) -> NoReturn:
         """The attempt may still be running (a thread cannot be killed): its outcome is
         unknown, so an ``at_most_once`` step is never attempted again."""
-        cur = self.cur
-        err = StepInterrupted(
+        err = self._in_doubt(
+            step,
+            started,
             f"at_most_once step {step.name!r} attempt {step.attempt} ran past its "
             f"timeout of {step.timeout}s and may still be running; it may or may "
             "not take effect, so it is not attempted again",
-            run_id=cur.run_id,
-            step=cur.where(step.seq, step.name),
+            step.failures,
         )
-        cur.put(
-            started,
-            status="failed",
-            error=error_json(err, failures=step.failures),
-            finished_at=cur.now(),
-        )
-        await cur.commit()
+        await self.cur.commit()
         raise err from error
 
     async def _give_up(self, step: _Step, started: StepRecord, error: BaseException) -> NoReturn:
         cur = self.cur
-        cur.put(
-            started,
-            status="failed",
-            error=error_json(error, failures=step.failures),
-            finished_at=cur.now(),
-        )
+        self._failed(started, error, step.failures)
         if step.mode == "at_most_once":
             await cur.commit()
         raise StepFailed(

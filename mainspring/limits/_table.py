@@ -13,11 +13,11 @@ refunds honest, a short list per dimension, are plain Python instead of SQL twic
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import asdict
 from typing import Literal
 
 from ..storage import RateRow, RateTxn, Store
 from ._rate import (
-    DIMENSIONS,
     BucketState,
     Dimension,
     RateLimit,
@@ -194,34 +194,17 @@ def _locked(txn: RateTxn) -> BucketState:
 
 
 def _state(row: RateRow) -> BucketState:
-    return BucketState(
-        learned={d: row.learned[d] for d in DIMENSIONS},
-        tat={d: row.tat[d] for d in DIMENSIONS},
-        blocked_until=row.blocked_until,
-        seq=row.bookings,
-        barriers={d: row.barriers[d] for d in DIMENSIONS},
-        contacted=row.contacted,
-        probe_seq=row.probe_seq,
-        probe_until=row.probe_until,
-        probe_run=row.probe_run,
-        holds=row.holds,
-        outside=row.outside,
-        synced_at=row.synced_at,
-    )
+    """The limiter's state from the store's row. The two hold the same fields (one
+    added to only one of them fails here, loudly), but the row calls the booking
+    count ``bookings``; ``asdict`` copies deeply, so a state never shares a list with
+    the row it came from."""
+    fields = asdict(row)
+    fields["seq"] = fields.pop("bookings")
+    return BucketState(**fields)
 
 
 def _row(state: BucketState) -> RateRow:
-    return RateRow(
-        learned={d: state.learned[d] for d in DIMENSIONS},
-        tat={d: state.tat[d] for d in DIMENSIONS},
-        blocked_until=state.blocked_until,
-        bookings=state.seq,
-        barriers={d: state.barriers[d] for d in DIMENSIONS},
-        contacted=state.contacted,
-        probe_seq=state.probe_seq,
-        probe_until=state.probe_until,
-        probe_run=state.probe_run,
-        holds=state.holds,
-        outside=state.outside,
-        synced_at=state.synced_at,
-    )
+    """The store's row from the limiter's state: :func:`_state` the other way."""
+    fields = asdict(state)
+    fields["bookings"] = fields.pop("seq")
+    return RateRow(**fields)

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ._connection import Connection, Cursor
+from ._rows import _given
 
 __all__ = ["CheckpointRow", "CheckpointTables", "CheckpointWrite"]
 
@@ -226,13 +227,7 @@ class CheckpointTables(Connection):
     ) -> list[CheckpointRow]:
         """Checkpoints, newest first, of one thread (or all), in one namespace (or
         all), older than the id ``before``, at most ``limit``."""
-        where, params = [], []
-        if thread_id is not None:
-            where.append("thread_id = ?")
-            params.append(thread_id)
-        if checkpoint_ns is not None:
-            where.append("checkpoint_ns = ?")
-            params.append(checkpoint_ns)
+        where, params = _given(thread_id=thread_id, checkpoint_ns=checkpoint_ns)
         if before is not None:
             where.append("checkpoint_id < ?")
             params.append(before)

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any, ClassVar, Protocol
 
-from .._errors import SchemaVersionError, StoreError
+from .._errors import RunNotFound, SchemaVersionError, StoreError
 from ._migrations import LATEST, MIGRATIONS
 from ._records import RunWrite
 
@@ -164,6 +164,20 @@ class Connection(ABC):
         ``callback`` is still called whenever pushes may have been missed (at every
         (re)connection) or one names no run."""
         return None
+
+    def _locked_run(self, cur: Cursor, run_id: str, columns: str, doing: str) -> Any:
+        """The run's ``columns``, its row held until the transaction ends: what a
+        read that decides a write to the run reads under (§11, ``FOR UPDATE`` on
+        PostgreSQL), so that no worker's commit slips between the two.
+
+        Raises:
+            RunNotFound: no such run (``doing``: what could not be done, for the message).
+        """
+        cur.execute(f"SELECT {columns} FROM ms_runs WHERE id = ?{self._row_lock}", (run_id,))
+        row = cur.fetchone()
+        if row is None:
+            raise RunNotFound(f"cannot {doing}: no run {run_id!r}")
+        return row
 
     @contextmanager
     def _snapshot(self) -> Iterator[Cursor]:

@@ -14,7 +14,7 @@ from ._children import lock_parents
 from ._connection import Cursor
 from ._queues import ClaimTerms, QueueTables, ready_queues_sql
 from ._records import WAKE_NOW, RunRecord, RunStatus
-from ._rows import _RUN_COLUMNS, _claimable_sql, _run
+from ._rows import _RUN_COLUMNS, _claimable_sql, _names, _run
 from ._transitions import RUN_EDGES, dead_letter, fenced, refuse, release
 from ._workers import WorkerBeat, register
 
@@ -265,7 +265,7 @@ class LeaseTables(QueueTables):
             )
             params += [*(now_params if "?" in where else []), *wf_params, *one_params, limit]
             before += f" - (SELECT count(*) FROM {name})"
-        returned = ", ".join(f"r.{c.strip()}" for c in _RUN_COLUMNS.split(","))
+        returned = ", ".join(f"r.{c}" for c in _names(_RUN_COLUMNS))
         # The claim edge's own assignments, with the recoveries counted above.
         claim_set = RUN_EDGES["claim"].assignments(now_sql, recoveries="p.n")
         sql = (

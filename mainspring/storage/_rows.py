@@ -3,7 +3,8 @@ that read or copy them."""
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
+from operator import attrgetter
 from typing import Any
 
 from ._records import RunRecord, SignalRecord, StepRecord
@@ -41,6 +42,14 @@ _UPSERT_STEP = (
 _SIGNAL_COLUMNS = "id, run_id, name, payload, created_at, consumed_at, consumed_by"
 
 
+def _given(**columns: Any) -> tuple[list[str], list[Any]]:
+    """``column = ?`` and its value for each of ``columns`` whose value is not
+    ``None``, in order: the filters a listing applies only when it is asked to (more
+    conditions may be added to both lists)."""
+    given = {c: v for c, v in columns.items() if v is not None}
+    return [f"{c} = ?" for c in given], list(given.values())
+
+
 def _versions_sql(versions: Sequence[str | None]) -> tuple[str, list[Any]]:
     """A condition on ``ms_runs.version``: one of ``versions`` (``None`` in it: a run
     submitted with no version); nothing matches an empty list."""
@@ -73,86 +82,33 @@ def _claimable_sql(
     return sql, params
 
 
+def _names(columns: str, **renamed: str) -> tuple[str, ...]:
+    """The names in ``columns`` (an SQL list), in order, each as ``renamed`` maps it:
+    the fields of the record a row of them fills. One list thus says both what a
+    ``SELECT`` reads and where each value goes, so the two cannot drift apart."""
+    names = (c.strip() for c in columns.split(","))
+    return tuple(renamed.get(c, c) for c in names)
+
+
+_RUN_FIELDS = _names(_RUN_COLUMNS, idem_key="key")
+_STEP_FIELDS = _names(_STEP_COLUMNS)
+_SIGNAL_FIELDS = _names(_SIGNAL_COLUMNS)
+
+
 def _run(row: Sequence[Any]) -> RunRecord:
-    return RunRecord(
-        id=row[0],
-        workflow=row[1],
-        key=row[2],
-        status=row[3],
-        input=row[4],
-        output=row[5],
-        error=row[6],
-        session=row[7],
-        handoff=row[8],
-        epoch=row[9],
-        owner=row[10],
-        lease_until=row[11],
-        wake_at=row[12],
-        wait_reason=row[13],
-        recoveries=row[14],
-        cancel_requested=bool(row[15]),
-        created_at=row[16],
-        updated_at=row[17],
-        finished_at=row[18],
-        traceparent=row[19],
-        parent=row[20],
-        parent_step=row[21],
-        parent_kind=row[22],
-        version=row[23],
-        schedule=row[24],
-        queue=row[25],
-        queue_key=row[26],
-        priority=row[27],
-        parent_close=row[28],
-        retries=row[29],
-    )
+    # zip: a caller may select more columns after the run's (``wait_signal``).
+    run = dict(zip(_RUN_FIELDS, row, strict=False))
+    run["cancel_requested"] = bool(run["cancel_requested"])  # 0 or 1 in the table
+    return RunRecord(**run)
 
 
 def _step(row: Sequence[Any]) -> StepRecord:
-    return StepRecord(
-        run_id=row[0],
-        session=row[1],
-        seq=row[2],
-        kind=row[3],
-        name=row[4],
-        status=row[5],
-        attempt=row[6],
-        epoch=row[7],
-        output=row[8],
-        error=row[9],
-        started_at=row[10],
-        finished_at=row[11],
-        wake_at=row[12],
-        role=row[13],
-    )
+    return StepRecord(**dict(zip(_STEP_FIELDS, row, strict=True)))
 
 
-def _step_params(s: StepRecord) -> tuple[Any, ...]:
-    return (
-        s.run_id,
-        s.session,
-        s.seq,
-        s.kind,
-        s.name,
-        s.status,
-        s.attempt,
-        s.epoch,
-        s.output,
-        s.error,
-        s.started_at,
-        s.finished_at,
-        s.wake_at,
-        s.role,
-    )
+# A journal row's values in the order of _STEP_COLUMNS: an upsert's parameters.
+_step_params: Callable[[StepRecord], tuple[Any, ...]] = attrgetter(*_STEP_FIELDS)
 
 
 def _signal(row: Sequence[Any]) -> SignalRecord:
-    return SignalRecord(
-        id=row[0],
-        run_id=row[1],
-        name=row[2],
-        payload=row[3],
-        created_at=row[4],
-        consumed_at=row[5],
-        consumed_by=row[6],
-    )
+    return SignalRecord(**dict(zip(_SIGNAL_FIELDS, row, strict=True)))

@@ -18,6 +18,7 @@ from ._rows import (
     _STEP_COLUMNS,
     _UPSERT_STEP,
     _claimable_sql,
+    _given,
     _run,
     _step,
     _step_params,
@@ -159,14 +160,7 @@ class RunTables(Connection):
         runs submitted by these code versions (``None`` in it: with no version);
         ``parent``: only the runs whose parent (child runs and forks) is that run;
         ``queue``: only the runs submitted to that queue."""
-        where: list[str] = []
-        params: list[Any] = []
-        if queue is not None:
-            where.append("queue = ?")
-            params.append(queue)
-        if parent is not None:
-            where.append("parent = ?")
-            params.append(parent)
+        where, params = _given(queue=queue, parent=parent)
         if statuses:
             where.append(f"status IN ({', '.join('?' * len(statuses))})")
             params.extend(statuses)
@@ -327,13 +321,7 @@ class RunTables(Connection):
             ends = lock_children(self, cur, child_starts(copied(cur, " AND role = 'child'")))
             # The source's row is held while its journal is copied, so the copy and
             # the hand-off are of one moment (its worker may be committing).
-            cur.execute(
-                f"SELECT session, handoff FROM ms_runs WHERE id = ?{self._row_lock}",
-                (source.id,),
-            )
-            row = cur.fetchone()
-            if row is None:
-                raise RunNotFound(f"cannot fork: no run {source.id!r}")
+            row = self._locked_run(cur, source.id, "session, handoff", "fork")
             handoff = _fork_handoff(source, session, now_session=row[0], now_handoff=row[1])
             cur.execute(
                 "INSERT INTO ms_runs (id, workflow, status, input, session, handoff,"
@@ -389,13 +377,7 @@ class RunTables(Connection):
             RunConflict: the run is not failed (a concurrent retry got there first).
         """
         with self._write() as cur:
-            cur.execute(
-                f"SELECT {_RUN_COLUMNS} FROM ms_runs WHERE id = ?{self._row_lock}", (run_id,)
-            )
-            row = cur.fetchone()
-            if row is None:
-                raise RunNotFound(f"cannot retry: no run {run_id!r}")
-            run = _run(row)
+            run = _run(self._locked_run(cur, run_id, _RUN_COLUMNS, "retry"))
             if run.status != "failed":
                 raise RunConflict(
                     f"cannot retry run {run_id!r}: it is {run.status}, and only a failed run "
@@ -461,11 +443,7 @@ class RunTables(Connection):
             cancel_children(self, cur, run_id, error, now)
         # Locked: a worker's commit (a suspend, a finish) cannot slip between
         # this read and the write below.
-        cur.execute(f"SELECT status FROM ms_runs WHERE id = ?{self._row_lock}", (run_id,))
-        row = cur.fetchone()
-        if row is None:
-            raise RunNotFound(f"cannot cancel: no run {run_id!r}")
-        status: str = row[0]
+        status: str = self._locked_run(cur, run_id, "status", "cancel")[0]
         if status in FINISHED:
             if first is not None and first[0] not in FINISHED:
                 # It ended while its children were being cancelled: the cancel came too

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .._errors import RequestNotFound, RunConflict, RunNotFound
+from .._errors import RequestNotFound, RunConflict
 from .._requests import Request, request_from_row
 from ._connection import Connection, Cursor
 from ._records import FINISHED, SignalRecord, split_wait_signals
@@ -32,12 +32,7 @@ class SignalTables(Connection):
         with self._write() as cur:
             # Locked: a suspend committing now either sees this signal or is seen
             # waiting by it, so a stored signal always wakes the run waiting for it.
-            cur.execute(
-                f"SELECT status, wait_signal FROM ms_runs WHERE id = ?{self._row_lock}", (run_id,)
-            )
-            row = cur.fetchone()
-            if row is None:
-                raise RunNotFound(f"cannot signal {name!r}: no run {run_id!r}")
+            row = self._locked_run(cur, run_id, "status, wait_signal", f"signal {name!r}")
             if row[0] in FINISHED:
                 raise RunConflict(
                     f"cannot signal {name!r}: run {run_id!r} is already {row[0]}", run_id=run_id
@@ -110,15 +105,9 @@ class SignalTables(Connection):
             InvalidAnswer: ``make_payload`` refused the answer.
         """
         with self._write() as cur:
-            cur.execute(
-                "SELECT status, workflow, session, wait_signal FROM ms_runs WHERE id = ?"
-                + self._row_lock,
-                (run_id,),
+            status, workflow, session, wait_signal = self._locked_run(
+                cur, run_id, "status, workflow, session, wait_signal", f"answer {request_id!r}"
             )
-            run = cur.fetchone()
-            if run is None:
-                raise RunNotFound(f"cannot answer {request_id!r}: no run {run_id!r}")
-            status, workflow, session, wait_signal = run
             if status in FINISHED:
                 raise RunConflict(
                     f"cannot answer {request_id!r}: run {run_id!r} is already {status}",

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager, suppress
+from contextlib import AbstractContextManager, contextmanager, nullcontext, suppress
 from functools import lru_cache
 from typing import Any, ClassVar
 
@@ -23,7 +23,7 @@ from .._errors import ConfigError, MissingExtra, StoreError, StoreUnavailable
 from ._base import Cursor, Heartbeat, Store
 from ._children import told_rows_sql
 from ._records import RunWrite
-from ._rows import _STEP_COLUMNS, _UPSERT_STEP, _step_params
+from ._rows import _STEP_COLUMNS, _STEP_FIELDS, _UPSERT_STEP, _step_params
 from ._streams import APPEND_COLUMNS, APPEND_HEAD
 from ._transitions import fenced
 from ._url import redact_url
@@ -89,7 +89,6 @@ _FENCE_PARENTS = (
 # each array it gets back in Python: ~30 µs of a commit's client time, measured), and
 # the common commit, without resets, has no UPDATE of ms_runs for the executor to set
 # up (its indexes).
-_STEP_NAMES = [c.strip() for c in _STEP_COLUMNS.split(",")]
 _COMMIT_STEPS = (
     "WITH p AS (SELECT CAST(%s AS JSONB) AS j),"
     " fence AS (SELECT r.id, r.cancel_requested FROM ms_runs r"
@@ -101,7 +100,7 @@ _COMMIT_STEPS = (
     " 1 / CAST(count(*) = (SELECT jsonb_array_length(j -> 'ids') FROM p) AS INT) AS one"
     " FROM fence),"
     f" journal AS (INSERT INTO ms_steps ({_STEP_COLUMNS})"
-    f" SELECT {', '.join(f's.{c}' for c in _STEP_NAMES)}"
+    f" SELECT {', '.join(f's.{c}' for c in _STEP_FIELDS)}"
     " FROM jsonb_populate_recordset(NULL::ms_steps, (SELECT j -> 'rows' FROM p)) s, held"
     " WHERE held.one = 1 ON CONFLICT" + _UPSERT_STEP.split(" ON CONFLICT", 1)[1] + "),"
     "{reset} SELECT cancels FROM held"
@@ -119,7 +118,7 @@ _COMMIT_ONE = (
     "WITH fence AS (SELECT cancel_requested FROM ms_runs WHERE id = %s"
     f" AND {fenced(epoch='%s')} FOR UPDATE SKIP LOCKED),"
     f" journal AS (INSERT INTO ms_steps ({_STEP_COLUMNS})"
-    f" SELECT {', '.join(f's.{c}' for c in _STEP_NAMES)}"
+    f" SELECT {', '.join(f's.{c}' for c in _STEP_FIELDS)}"
     " FROM jsonb_populate_recordset(NULL::ms_steps, CAST(%s AS JSONB)) s"
     " WHERE EXISTS (SELECT FROM fence) ON CONFLICT" + _UPSERT_STEP.split(" ON CONFLICT", 1)[1] + ")"
     " SELECT CASE WHEN max(cancel_requested) <> 0 THEN jsonb_build_array(CAST(%s AS TEXT)) END,"
@@ -283,31 +282,32 @@ class PostgresStore(Store):
 
     # -- transactions -------------------------------------------------------------------
 
-    @contextmanager
-    def _write(self) -> Iterator[Cursor]:
-        try:
-            with self._pool.connection() as conn, conn.transaction(), conn.cursor() as cur:
-                yield _Cursor(cur)
-        except psycopg.Error as exc:
-            raise self._error(exc, "writing") from exc
+    def _write(self) -> AbstractContextManager[Cursor]:
+        return self._cursor("writing", transaction=True)
 
-    @contextmanager
-    def _read(self) -> Iterator[Cursor]:
-        try:
-            with self._pool.connection() as conn, conn.cursor() as cur:
-                yield _Cursor(cur)
-        except psycopg.Error as exc:
-            raise self._error(exc, "reading") from exc
+    def _read(self) -> AbstractContextManager[Cursor]:
+        return self._cursor("reading", transaction=False)
 
-    @contextmanager
-    def _autocommit(self) -> Iterator[Cursor]:
+    def _autocommit(self) -> AbstractContextManager[Cursor]:
         # The pool's connections are in autocommit mode: outside a transaction block
         # each statement commits alone, with no BEGIN/COMMIT round trips.
+        return self._cursor("writing", transaction=False)
+
+    @contextmanager
+    def _cursor(self, doing: str, *, transaction: bool) -> Iterator[Cursor]:
+        """A cursor on a pooled connection, its statements in one transaction
+        (``transaction``) or each committing alone: the three ways the store talks to
+        the database differ only there, and all report a driver's error as the
+        store's own (``doing``: what the store was doing, for its message)."""
         try:
-            with self._pool.connection() as conn, conn.cursor() as cur:
+            with (
+                self._pool.connection() as conn,
+                conn.transaction() if transaction else nullcontext(),
+                conn.cursor() as cur,
+            ):
                 yield _Cursor(cur)
         except psycopg.Error as exc:
-            raise self._error(exc, "writing") from exc
+            raise self._error(exc, doing) from exc
 
     def _fenced(
         self,
@@ -378,7 +378,7 @@ class PostgresStore(Store):
         one round trip, and psycopg prepares it like any other)."""
         ids = [w.run_id for w in batch]
         rows = [
-            dict(zip(_STEP_NAMES, _step_params(s), strict=True)) for w in batch for s in w.steps
+            dict(zip(_STEP_FIELDS, _step_params(s), strict=True)) for w in batch for s in w.steps
         ]
         resets = [w.run_id for w in batch if w.reset_recoveries]
         params: tuple[Any, ...]

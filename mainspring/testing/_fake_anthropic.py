@@ -8,7 +8,15 @@ from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from ._fake_common import FakeProviderServer, FakeReply, FakeToolCall, RecordedRequest, call_id
+from ._fake_common import (
+    FakeProviderServer,
+    FakeReply,
+    FakeToolCall,
+    RecordedRequest,
+    call_id,
+    pieces,
+    rate_limited_headers,
+)
 from ._fake_limits import Dim, Refusal
 
 __all__ = ["FakeAnthropicServer"]
@@ -109,10 +117,9 @@ class FakeAnthropicServer(FakeProviderServer):
     ) -> FakeReply:
         """A 429 ``rate_limit_error`` with ``retry-after`` (seconds) unless it is None, and
         the exhausted dimension's ``anthropic-ratelimit-*-remaining`` at 0."""
-        sent = {f"anthropic-ratelimit-{dimension}-remaining": "0"}
-        if retry_after is not None:
-            sent["retry-after"] = f"{retry_after:g}"
-        sent.update(headers or {})
+        sent = rate_limited_headers(
+            f"anthropic-ratelimit-{dimension}-remaining", retry_after, headers
+        )
         return FakeAnthropicServer.error(
             429,
             f"This request would exceed the rate limit for your organization of "
@@ -279,12 +286,12 @@ def _stream_events(body: Mapping[str, Any]) -> list[tuple[str | None, str]]:
     for index, block in enumerate(body["content"]):
         if block["type"] == "text":
             opened: dict[str, Any] = {"type": "text", "text": ""}
-            deltas = [{"type": "text_delta", "text": p} for p in _pieces(block["text"])]
+            deltas = [{"type": "text_delta", "text": p} for p in pieces(block["text"])]
         else:
             opened = {**block, "input": {}}
             deltas = [
                 {"type": "input_json_delta", "partial_json": p}
-                for p in ["", *_pieces(json.dumps(block["input"]))]
+                for p in ["", *pieces(json.dumps(block["input"]))]
             ]
         out.append(_event("content_block_start", {"index": index, "content_block": opened}))
         out.extend(_event("content_block_delta", {"index": index, "delta": d}) for d in deltas)
@@ -297,8 +304,3 @@ def _stream_events(body: Mapping[str, Any]) -> list[tuple[str | None, str]]:
     )
     out.append(_event("message_stop", {}))
     return out
-
-
-def _pieces(text: str, size: int = 4) -> list[str]:
-    """Text in the small pieces a provider streams it in."""
-    return [text[i : i + size] for i in range(0, len(text), size)]

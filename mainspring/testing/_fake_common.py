@@ -659,6 +659,25 @@ class FakeProviderServer(ABC):
         """An error reply in the provider's shape, of the type that fits ``status``."""
 
 
+def pieces(text: str, size: int = 4) -> list[str]:
+    """Text in the small pieces a provider streams it in."""
+    return [text[i : i + size] for i in range(0, len(text), size)]
+
+
+def rate_limited_headers(
+    remaining: str, retry_after: float | None, headers: Mapping[str, str] | None
+) -> dict[str, str]:
+    """The headers of a scripted 429, in every provider's shape: ``remaining`` (the
+    provider's name for the exhausted dimension's remaining count) at 0,
+    ``retry-after`` in seconds unless ``retry_after`` is None, and the caller's
+    ``headers`` over them."""
+    sent = {remaining: "0"}
+    if retry_after is not None:
+        sent["retry-after"] = f"{retry_after:g}"
+    sent.update(headers or {})
+    return sent
+
+
 def call_id(call: FakeToolCall, reply_n: int, index: int, prefix: str = "call") -> str:
     """The id of a scripted call: its own, or ``{prefix}_{reply}_{index}``."""
     return call.id or f"{prefix}_{reply_n}_{index}"

@@ -8,7 +8,14 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from ._fake_common import FakeProviderServer, FakeReply, RecordedRequest, call_id
+from ._fake_common import (
+    FakeProviderServer,
+    FakeReply,
+    RecordedRequest,
+    call_id,
+    pieces,
+    rate_limited_headers,
+)
 from ._fake_limits import Dim, Refusal, format_duration
 from ._fake_responses import render_response, response_events
 
@@ -95,10 +102,7 @@ class FakeOpenAIServer(FakeProviderServer):
     ) -> FakeReply:
         """A 429 for rate, with ``retry-after`` (seconds) unless ``retry_after`` is None,
         and the exhausted dimension's ``x-ratelimit-remaining-*`` at 0."""
-        sent = {f"x-ratelimit-remaining-{dimension}": "0"}
-        if retry_after is not None:
-            sent["retry-after"] = f"{retry_after:g}"
-        sent.update(headers or {})
+        sent = rate_limited_headers(f"x-ratelimit-remaining-{dimension}", retry_after, headers)
         return FakeOpenAIServer.error(
             429,
             f"Rate limit reached for gpt-4.1-mini on {dimension} per min (TPM): "
@@ -254,7 +258,7 @@ class FakeOpenAIServer(FakeProviderServer):
         pieces), the finish reason, and the usage chunk when ``stream_options`` asks
         for it."""
         if _is_responses(request):
-            return response_events(body, _pieces)
+            return response_events(body, pieces)
         asked = request.body if isinstance(request.body, Mapping) else {}
         choice = body["choices"][0]
         message = choice["message"]
@@ -267,7 +271,7 @@ class FakeOpenAIServer(FakeProviderServer):
             out.append((None, json.dumps({**head, "choices": choices})))
 
         chunk({"role": "assistant", "content": "", "refusal": None})
-        for piece in _pieces(message.get("content") or ""):
+        for piece in pieces(message.get("content") or ""):
             chunk({"content": piece})
         if message.get("refusal"):
             chunk({"refusal": message["refusal"]})
@@ -277,7 +281,7 @@ class FakeOpenAIServer(FakeProviderServer):
             chunk(
                 {"tool_calls": [{**start, "function": {"name": function["name"], "arguments": ""}}]}
             )
-            for piece in _pieces(function["arguments"]):
+            for piece in pieces(function["arguments"]):
                 chunk({"tool_calls": [{"index": i, "function": {"arguments": piece}}]})
         chunk({}, choice["finish_reason"])
         options = asked.get("stream_options")
@@ -289,8 +293,3 @@ class FakeOpenAIServer(FakeProviderServer):
 
 def _is_responses(request: RecordedRequest) -> bool:
     return request.path.split("?", 1)[0] == "/v1/responses"
-
-
-def _pieces(text: str, size: int = 4) -> list[str]:
-    """Text in the small pieces a provider streams it in."""
-    return [text[i : i + size] for i in range(0, len(text), size)]

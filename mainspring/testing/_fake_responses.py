@@ -110,56 +110,27 @@ def response_events(body: Mapping[str, Any], pieces: Any) -> list[tuple[str | No
                 item={**item, "status": "in_progress", "content": []},
             )
             for c_index, part in enumerate(item["content"]):
+                # Every event of a part says where it is: its item, the item's place, its own.
+                at = {"item_id": item["id"], "output_index": index, "content_index": c_index}
                 empty = {**part, "text": ""} if part["type"] == "output_text" else part
-                emit(
-                    "response.content_part.added",
-                    item_id=item["id"],
-                    output_index=index,
-                    content_index=c_index,
-                    part=empty,
-                )
+                emit("response.content_part.added", **at, part=empty)
                 if part["type"] == "output_text":
                     for piece in pieces(part["text"]):
-                        emit(
-                            "response.output_text.delta",
-                            item_id=item["id"],
-                            output_index=index,
-                            content_index=c_index,
-                            delta=piece,
-                            logprobs=[],
-                        )
-                    emit(
-                        "response.output_text.done",
-                        item_id=item["id"],
-                        output_index=index,
-                        content_index=c_index,
-                        text=part["text"],
-                        logprobs=[],
-                    )
-                emit(
-                    "response.content_part.done",
-                    item_id=item["id"],
-                    output_index=index,
-                    content_index=c_index,
-                    part=part,
-                )
+                        emit("response.output_text.delta", **at, delta=piece, logprobs=[])
+                    emit("response.output_text.done", **at, text=part["text"], logprobs=[])
+                emit("response.content_part.done", **at, part=part)
         else:
             emit(
                 "response.output_item.added",
                 output_index=index,
                 item={**item, "arguments": "", "status": "in_progress"},
             )
+            at = {"item_id": item["id"], "output_index": index}
             for piece in pieces(item["arguments"]):
-                emit(
-                    "response.function_call_arguments.delta",
-                    item_id=item["id"],
-                    output_index=index,
-                    delta=piece,
-                )
+                emit("response.function_call_arguments.delta", **at, delta=piece)
             emit(
                 "response.function_call_arguments.done",
-                item_id=item["id"],
-                output_index=index,
+                **at,
                 name=item["name"],
                 arguments=item["arguments"],
             )

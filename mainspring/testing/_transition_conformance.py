@@ -186,17 +186,17 @@ class TransitionConformance:
                 fields.pop(other)
             return {**fields, "wait_signal": s.snapshot([rid]).wait_signals[rid]}
 
-        def claimed(s: Store, rid: str) -> RunRecord:
+        def claimed(s: Store, rid: str, now: float = T1) -> RunRecord:
             runs = s.claim(
                 worker="w2",
-                now=T1,
+                now=now,
                 lease_s=LEASE,
                 limit=1,
                 workflows=["wf"],
                 max_recoveries=3,
                 run_id=rid,
             )
-            assert [r.id for r in runs] == [rid]
+            assert [r.id for r in runs] == [rid], rid
             return runs[0]
 
         with self.store() as s:
@@ -208,16 +208,7 @@ class TransitionConformance:
             args = {**_ARGS["claim"], "at": ("?", [late]), "now": late}
             for status in ("sleeping", "running"):
                 rid = f"a-{status}"
-                runs = s.claim(
-                    worker="w2",
-                    now=late,
-                    lease_s=LEASE,
-                    limit=1,
-                    workflows=["wf"],
-                    max_recoveries=3,
-                    run_id=rid,
-                )
-                assert [r.id for r in runs] == [rid], status
+                claimed(s, rid, now=late)
                 recoveries = 1 if status == "running" else 0
                 take_edge(s, "claim", f"b-{status}", **{**args, "recoveries": recoveries})
                 assert row(s, rid) == row(s, f"b-{status}"), f"claim from {status}"
