@@ -171,3 +171,17 @@ def test_key_and_webhook_types_are_public() -> None:
     for name in ("ApiKey", "Webhook", "Delivery", "Scope", "SCOPES", "WebhookEvent"):
         assert name in storage.__all__ and hasattr(storage, name)
     assert storage.SCOPES == ("read", "submit", "approve", "admin", "metrics")
+
+
+def test_a_journal_row_is_read_into_the_field_its_column_names() -> None:
+    """``_step`` spells its fields out (the replay's hot path); each must take the
+    column the SELECT list puts at its index, and writing a record and reading it back
+    gives the record."""
+    from mainspring.storage import StepRecord
+    from mainspring.storage._rows import _STEP_FIELDS, _step, _step_params
+
+    row = tuple(f"v{i}" for i in range(len(_STEP_FIELDS)))
+    rec = _step(row)
+    assert [getattr(rec, name) for name in _STEP_FIELDS] == list(row)
+    assert {f for f in StepRecord.__dataclass_fields__} == set(_STEP_FIELDS)
+    assert _step(_step_params(rec)) == rec
