@@ -37,6 +37,7 @@ __all__ = [
     "LogLevelOption",
     "OtelOption",
     "StepOption",
+    "app_process",
     "cli_errors",
     "console",
     "database_url",
@@ -273,6 +274,25 @@ def _one_line(text: str) -> str:
     lines = [line.strip() for line in text.splitlines()]
     # pydantic's validation errors end with a documentation link: noise on one line.
     return " ".join(ln for ln in lines if ln and not ln.startswith("For further information"))
+
+
+@contextmanager
+def app_process(
+    app_spec: str,
+    log_level: str,
+    library_log_level: str | None,
+    otel: bool | None,
+    capture_content: bool | None,
+) -> Iterator[App]:
+    """The App of a process that runs until stopped (``worker``, ``serve``): loaded
+    from ``app_spec`` under :func:`logging_to_stderr` (its own redaction patterns
+    added), traced as ``--otel`` and ``--capture-content`` say. The log handler goes
+    when the block ends."""
+    with logging_to_stderr(log_level, library_log_level, app_spec) as loaded:
+        app = load_app(app_spec)
+        loaded(app)  # the App's own redaction patterns apply to the log too
+        set_tracing(app, otel, capture_content)
+        yield app
 
 
 @contextmanager

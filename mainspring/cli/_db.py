@@ -29,6 +29,7 @@ from ._common import (
     cli_errors,
     console,
     database_url,
+    iso_time,
     open_app,
     print_json,
     require_file,
@@ -269,7 +270,7 @@ def prune(
                 "dry_run": dry_run,
                 "older_than": older_than,
                 "older_than_s": seconds,
-                "cutoff": _iso(cutoff),
+                "cutoff": iso_time(cutoff),
                 "runs": result.runs,
                 "steps": result.steps,
                 "signals": result.signals,
@@ -349,10 +350,6 @@ def _open_unmigrated(url: str) -> Store:
 
         return PostgresStore(url, migrate=False)
     return open_store(url)  # an unknown scheme: open_store explains which ones it knows
-
-
-def _iso(ts: float) -> str:
-    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def _wal_text(size: int, limit: int) -> str | Text:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.status import Status
 
 from .. import ConfigError
 from ..lab import (
@@ -46,6 +47,23 @@ lab_commands = typer.Typer(
     no_args_is_help=False,
 )
 
+# The options `lab` and `lab run` share, each spelled and explained once.
+CrashRateOption = Annotated[float, typer.Option(help="Worker crash rate per step.")]
+CorrelatedRateOption = Annotated[
+    float, typer.Option(help="Per task and step: broken for every trial and attempt.")
+]
+RetriesOption = Annotated[int, typer.Option(help="Retries per step for retrying policies.")]
+PolicyOption = Annotated[
+    str,
+    typer.Option(help="naive, retries, checkpoint, validate, mainspring (comma-separated) or all."),
+]
+RepeatsOption = Annotated[int, typer.Option(help="Trials per task (for pass^k).")]
+SeedOption = Annotated[int, typer.Option(help="The seed of every fault.")]
+ReportOption = Annotated[
+    Path | None,
+    typer.Option(metavar="DIR", help="Write report.md, report.html and PNG plots here."),
+]
+
 
 @lab_commands.callback()
 def lab(
@@ -55,24 +73,14 @@ def lab(
     tool_failure_rate: Annotated[float, typer.Option(help="Tool failure rate.")] = 0.0,
     timeout_rate: Annotated[float, typer.Option(help="Model call timeout rate.")] = 0.0,
     malformed_rate: Annotated[float, typer.Option(help="Malformed model output rate.")] = 0.0,
-    crash_rate: Annotated[float, typer.Option(help="Worker crash rate per step.")] = 0.0,
-    correlated_rate: Annotated[
-        float, typer.Option(help="Per task and step: broken for every trial and attempt.")
-    ] = 0.0,
-    retries: Annotated[int, typer.Option(help="Retries per step for retrying policies.")] = 2,
-    policy: Annotated[
-        str,
-        typer.Option(
-            help="naive, retries, checkpoint, validate, mainspring (comma-separated) or all."
-        ),
-    ] = "all",
+    crash_rate: CrashRateOption = 0.0,
+    correlated_rate: CorrelatedRateOption = 0.0,
+    retries: RetriesOption = 2,
+    policy: PolicyOption = "all",
     trials: Annotated[int, typer.Option(help="Trials per policy and task length.")] = 1000,
-    repeats: Annotated[int, typer.Option(help="Trials per task (for pass^k).")] = 10,
-    seed: Annotated[int, typer.Option(help="The seed of every fault.")] = 42,
-    out: Annotated[
-        Path | None,
-        typer.Option(metavar="DIR", help="Write report.md, report.html and PNG plots here."),
-    ] = None,
+    repeats: RepeatsOption = 10,
+    seed: SeedOption = 42,
+    out: ReportOption = None,
     json_out: JsonOption = False,
 ) -> None:
     """Run seed 000's sandbox task under faults for each policy and compare them."""
@@ -91,9 +99,7 @@ def lab(
         )
         chosen = parse_policies(policy)
         lengths = parse_steps(steps)
-        err = console()
-        err.stderr = True
-        with err.status("running trials...") as status:
+        with _progress("running trials...") as status:
 
             def progress(p: str, n: int) -> None:
                 status.update(f"done: {p} at {n} steps")
@@ -138,24 +144,14 @@ def run_target(
     malformed_rate: Annotated[
         float, typer.Option(help="Malformed model output rate (agents' model steps).")
     ] = 0.0,
-    crash_rate: Annotated[float, typer.Option(help="Worker crash rate per step.")] = 0.0,
-    correlated_rate: Annotated[
-        float, typer.Option(help="Per task and step: broken for every trial and attempt.")
-    ] = 0.0,
-    retries: Annotated[int, typer.Option(help="Retries per step for retrying policies.")] = 2,
-    policy: Annotated[
-        str,
-        typer.Option(
-            help="naive, retries, checkpoint, validate, mainspring (comma-separated) or all."
-        ),
-    ] = "all",
+    crash_rate: CrashRateOption = 0.0,
+    correlated_rate: CorrelatedRateOption = 0.0,
+    retries: RetriesOption = 2,
+    policy: PolicyOption = "all",
     trials: Annotated[int, typer.Option(help="Trials per policy.")] = 100,
-    repeats: Annotated[int, typer.Option(help="Trials per task (for pass^k).")] = 10,
-    seed: Annotated[int, typer.Option(help="The seed of every fault.")] = 42,
-    out: Annotated[
-        Path | None,
-        typer.Option(metavar="DIR", help="Write report.md, report.html and PNG plots here."),
-    ] = None,
+    repeats: RepeatsOption = 10,
+    seed: SeedOption = 42,
+    out: ReportOption = None,
     json_out: JsonOption = False,
     live: Annotated[
         bool,
@@ -207,9 +203,7 @@ def run_target(
         )
         chosen = parse_policies(policy)
         positional, named = parse_json_args(args, kwargs)
-        err = console()
-        err.stderr = True
-        with err.status("running trials...") as status:
+        with _progress("running trials...") as status:
             result = run_workflow_lab(
                 target,
                 profile,
@@ -226,6 +220,14 @@ def run_target(
                 keep=out / "trials" if out is not None else None,
             )
         _show(result, out, json_out)
+
+
+def _progress(text: str) -> Status:
+    """A spinner showing ``text`` on stderr: stdout carries the report alone (or the
+    ``--json`` document)."""
+    err = console()
+    err.stderr = True
+    return err.status(text)
 
 
 def _stubs(given: list[str]) -> dict[str, object]:
@@ -296,20 +298,17 @@ def chaos(
     """
     from rich.table import Table
 
-    with cli_errors():
-        err = console()
-        err.stderr = True
-        with err.status("chaos: starting workers...") as status:
-            result = run_chaos(
-                url=db,
-                runs=runs,
-                steps=steps,
-                kills=kills,
-                workers=workers,
-                seed=seed,
-                lease_s=lease_s,
-                progress=lambda done, total: status.update(f"chaos: {done}/{total} kills"),
-            )
+    with cli_errors(), _progress("chaos: starting workers...") as status:
+        result = run_chaos(
+            url=db,
+            runs=runs,
+            steps=steps,
+            kills=kills,
+            workers=workers,
+            seed=seed,
+            lease_s=lease_s,
+            progress=lambda done, total: status.update(f"chaos: {done}/{total} kills"),
+        )
     if json_out:
         print_json(result.to_dict())
     else:
@@ -473,10 +472,8 @@ def suite(
             kill_before_commit=kill_before_commit,
             model_attempts=model_attempts,
         )
-        err = console()
-        err.stderr = True
         cells = []
-        with err.status("suite: starting...") as status:
+        with _progress("suite: starting...") as status:
             for who in contenders:
                 cells += run_suite(
                     tasks=tasks,

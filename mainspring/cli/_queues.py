@@ -3,6 +3,8 @@ queued and waiting."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from rich.table import Table
 
 from ._common import AppOption, DbOption, JsonOption, cli_errors, console, open_app, print_json
@@ -16,24 +18,7 @@ def queues(db: DbOption = None, app_spec: AppOption = None, as_json: JsonOption 
     with cli_errors(), open_app(db, app_spec) as app:
         found = app.queues()
     if as_json:
-        print_json(
-            {
-                "queues": [
-                    {
-                        "name": q.name,
-                        "concurrency": q.concurrency,
-                        "per_key": q.per_key,
-                        "rate": q.rate,
-                        "burst": q.burst,
-                        "running": q.running,
-                        "queued": q.queued,
-                        "waiting": q.waiting,
-                        "retrying": q.retrying,
-                    }
-                    for q in found
-                ]
-            }
-        )
+        print_json({"queues": [dataclasses.asdict(q) for q in found]})  # the records as they are
         return
     out = console()
     if not found:

@@ -31,6 +31,7 @@ from ._common import (
     StepOption,
     cli_errors,
     console,
+    iso_time,
     open_app,
     pick_steps,
     print_json,
@@ -532,12 +533,6 @@ def _decode(text: str | None) -> Any:
         return text  # not JSON: show it as it is rather than fail the listing
 
 
-def _iso(ts: float | None) -> str | None:
-    if ts is None:
-        return None
-    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
 def _queue_text(r: RunRecord) -> str:
     """A run's queue, its key there and its priority: ``emails (key c-1, priority 4)``."""
     if r.queue is None:
@@ -583,14 +578,14 @@ def _run_json(r: RunRecord, current: StepRecord | None) -> dict[str, Any]:
         "session": r.session,
         "epoch": r.epoch,
         "owner": r.owner,
-        "lease_until": _iso(r.lease_until),
+        "lease_until": iso_time(r.lease_until),
         "input": _decode(r.input),
         "output": _decode(r.output),
         "error": _decode(r.error),
         "handoff": _decode(r.handoff),
         # A cancelled run keeps its last wait reason in the store: only show live ones.
         "wait_reason": r.wait_reason if suspended else None,
-        "wake_at": _iso(r.wake_at) if suspended else None,
+        "wake_at": iso_time(r.wake_at) if suspended else None,
         "recoveries": r.recoveries,
         "cancel_requested": r.cancel_requested,
         "version": r.version,  # of the code that submitted it (App(version=...))
@@ -607,10 +602,10 @@ def _run_json(r: RunRecord, current: StepRecord | None) -> dict[str, Any]:
             "kind": r.parent_kind,
             "close": r.parent_close,  # a child's parent-close policy (null: a fork's)
         },
-        "created_at": _iso(r.created_at),
-        "updated_at": _iso(r.updated_at),
-        "active_at": _iso(_active_at(r, current)),
-        "finished_at": _iso(r.finished_at),
+        "created_at": iso_time(r.created_at),
+        "updated_at": iso_time(r.updated_at),
+        "active_at": iso_time(_active_at(r, current)),
+        "finished_at": iso_time(r.finished_at),
         "current_step": None
         if current is None
         else {
@@ -635,9 +630,9 @@ def _step_json(s: StepRecord) -> dict[str, Any]:
         "epoch": s.epoch,
         "output": _decode(s.output),
         "error": _decode(s.error),
-        "started_at": _iso(s.started_at),
-        "finished_at": _iso(s.finished_at),
-        "wake_at": _iso(s.wake_at),
+        "started_at": iso_time(s.started_at),
+        "finished_at": iso_time(s.finished_at),
+        "wake_at": iso_time(s.wake_at),
         "duration_s": None if s.finished_at is None else s.finished_at - s.started_at,
     }
 

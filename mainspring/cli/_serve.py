@@ -9,15 +9,7 @@ import typer
 
 from .. import MissingExtra
 from ..storage import redact_url
-from ._common import (
-    CaptureOption,
-    LibraryLogLevelOption,
-    LogLevelOption,
-    OtelOption,
-    logging_to_stderr,
-    set_tracing,
-)
-from ._load import load_app
+from ._common import CaptureOption, LibraryLogLevelOption, LogLevelOption, OtelOption, app_process
 
 __all__ = ["serve"]
 
@@ -83,10 +75,7 @@ def serve(
     except ImportError as exc:  # the CLI prints MissingExtra as one line with the fix
         raise MissingExtra("mainspring serve", "server", exc.name) from None
 
-    with logging_to_stderr(log_level, library_log_level, app_spec) as loaded:
-        app = load_app(app_spec)
-        loaded(app)  # the App's own redaction patterns apply to the log too
-        set_tracing(app, otel, capture_content)
+    with app_process(app_spec, log_level, library_log_level, otel, capture_content) as app:
         api = create_app(
             app,
             worker=worker,

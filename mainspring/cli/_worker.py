@@ -12,15 +12,7 @@ import typer
 
 from ..observability import serve_metrics
 from ..storage import redact_url
-from ._common import (
-    CaptureOption,
-    LibraryLogLevelOption,
-    LogLevelOption,
-    OtelOption,
-    logging_to_stderr,
-    set_tracing,
-)
-from ._load import load_app
+from ._common import CaptureOption, LibraryLogLevelOption, LogLevelOption, OtelOption, app_process
 
 __all__ = ["accept_version_values", "worker"]
 
@@ -72,14 +64,11 @@ def worker(
     ] = None,
 ) -> None:
     """Execute runs: claim, replay, step, heartbeat. Stops gracefully on SIGTERM/SIGINT."""
-    with logging_to_stderr(log_level, library_log_level, app_spec) as loaded:
-        if lease_s is not None and lease_s <= 0:
-            raise typer.BadParameter(f"must be > 0, got {lease_s!r}", param_hint="--lease-s")
-        app = load_app(app_spec)
-        loaded(app)  # the App's own redaction patterns apply to the log too
+    if lease_s is not None and lease_s <= 0:
+        raise typer.BadParameter(f"must be > 0, got {lease_s!r}", param_hint="--lease-s")
+    with app_process(app_spec, log_level, library_log_level, otel, capture_content) as app:
         for path in schedules or []:
             app.load_schedules(path)
-        set_tracing(app, otel, capture_content)
         if metrics_port is not None:
             serve_metrics(app.telemetry, metrics_host, metrics_port)
         if lease_s is not None:

@@ -25,6 +25,7 @@ from ..models import (
     ToolResultMessage,
     UserMessage,
 )
+from ._jsontext import json_or_text
 
 __all__ = ["MAX_MESSAGES", "Capture"]
 
@@ -148,21 +149,13 @@ def _parts(m: Message) -> tuple[str, str | None, tuple[ToolCall, ...]]:
 def _arguments(text: str | None) -> Any:
     """A call's arguments as the object they are (the GenAI schema), else the text
     (capped JSON no longer parses)."""
-    if not text:
-        return None
-    try:
-        return json.loads(text)
-    except ValueError:
-        return text
+    return json_or_text(text) if text else None
 
 
 def _task(input_json: str | None) -> str | None:
     if not input_json:
         return None
-    try:
-        data = json.loads(input_json)
-    except ValueError:
-        return input_json
+    data = json_or_text(input_json)
     if isinstance(data, dict):
         args, kwargs = data.get("args") or [], data.get("kwargs") or {}
         if len(args) == 1 and not kwargs and isinstance(args[0], str):
@@ -173,10 +166,7 @@ def _task(input_json: str | None) -> str | None:
 def _answer(output_json: str | None) -> str | None:
     if not output_json:
         return None
-    try:
-        data = json.loads(output_json)
-    except ValueError:
-        return output_json
+    data = json_or_text(output_json)  # not JSON: the text, shown as it is
     if isinstance(data, dict) and "answer" in data and "status" in data:
         answer = data["answer"]  # an AgentResult
         if isinstance(answer, str):

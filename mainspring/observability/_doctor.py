@@ -27,11 +27,11 @@ Every finding cites the steps (``session:seq``) it rests on.
 from __future__ import annotations
 
 import itertools
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from ._jsontext import json_or_text
 from ._trace import RunTrace, TraceEntry
 
 __all__ = ["Diagnosis", "Finding", "FindingKind", "Progress", "diagnose", "progress"]
@@ -166,7 +166,7 @@ def diagnose(trace: RunTrace, *, now: float, stall_after_s: float = 600.0) -> Di
     if findings:
         summary = "; ".join(f.title for f in findings)
     elif run.status == "failed":
-        err = _loads(run.error)
+        err = json_or_text(run.error)
         summary = "failed with no pattern from the failure table: " + _error_text(err)
     else:
         summary = f"{run.status}; nothing from the failure table found"
@@ -177,7 +177,7 @@ def diagnose(trace: RunTrace, *, now: float, stall_after_s: float = 600.0) -> Di
 
 
 def _invalid_calls(trace: RunTrace) -> Finding | None:
-    err = _loads(trace.run.error)
+    err = json_or_text(trace.run.error)
     if trace.run.status != "failed" or not isinstance(err, dict):
         return None
     if _short(err.get("type")) != "ModelOutputError":
@@ -196,7 +196,7 @@ def _invalid_calls(trace: RunTrace) -> Finding | None:
 
 
 def _nondeterminism(trace: RunTrace) -> Finding | None:
-    err = _loads(trace.run.error)
+    err = json_or_text(trace.run.error)
     refused = trace.run.wait_reason == "replay" and not trace.run.finished
     if not (trace.run.status == "failed" or refused) or not isinstance(err, dict):
         return None
@@ -249,7 +249,7 @@ def _nondeterminism(trace: RunTrace) -> Finding | None:
 def _stalled(trace: RunTrace, now: float, quiet_s: float) -> Finding | None:
     run, entries = trace.run, trace.entries
     evidence: list[str] = []
-    err = _loads(run.error)
+    err = json_or_text(run.error)
     err_type = _short(err.get("type")) if isinstance(err, dict) else None
     if run.status == "running" and run.lease_until is not None and run.lease_until < now:
         evidence.append(
@@ -275,7 +275,7 @@ def _stalled(trace: RunTrace, now: float, quiet_s: float) -> Finding | None:
                 f"step {e.position} {e.name} failed for good after {e.attempt} attempt(s) "
                 f"of {e.error_class}: {e.error_message}"
             )
-    output = _loads(run.output)
+    output = json_or_text(run.output)
     if run.status == "succeeded" and isinstance(output, dict) and output.get("status") == "partial":
         evidence.append(f"the agent stopped with a partial result: {output.get('reason')}")
     if not evidence:
@@ -295,7 +295,7 @@ def _stalled(trace: RunTrace, now: float, quiet_s: float) -> Finding | None:
 
 def _looping(trace: RunTrace, calls: list[_Call]) -> Finding | None:
     evidence: list[str] = []
-    err = _loads(trace.run.error)
+    err = json_or_text(trace.run.error)
     if isinstance(err, dict) and _short(err.get("type")) == "LoopDetected":
         evidence.append(f"the loop guard stopped the run: {err.get('message')}")
     acting = [c for c in calls if c.name not in ("update_state", "finish")]
@@ -450,7 +450,7 @@ def _context_bloat(trace: RunTrace) -> Finding | None:
 
 def _done_but_wrong(trace: RunTrace) -> Finding | None:
     run = trace.run
-    output = _loads(run.output)
+    output = json_or_text(run.output)
     if run.status != "succeeded" or not isinstance(output, dict) or output.get("status") != "done":
         return None
     evidence: list[str] = []
@@ -512,19 +512,10 @@ def _last_plan(entries: Sequence[TraceEntry]) -> list[dict[str, Any]]:
         for name, args in reversed(e.calls):
             if name != "update_state":
                 continue
-            parsed = _loads(args)
+            parsed = json_or_text(args)
             if isinstance(parsed, dict) and isinstance(parsed.get("plan"), list):
                 return [p for p in parsed["plan"] if isinstance(p, dict)]
     return []
-
-
-def _loads(text: str | None) -> Any:
-    if text is None:
-        return None
-    try:
-        return json.loads(text)
-    except ValueError:
-        return text
 
 
 def _short(kind: Any) -> str | None:

@@ -25,6 +25,7 @@ __all__ = [
     "back_pressure",
     "journaled_error_type",
     "model_of",
+    "price_key",
     "public_error_type",
     "rate_model",
     "step_kind",
@@ -88,6 +89,13 @@ def model_of(name: str) -> str:
         at = logical.rfind("@", 0, scheme)
         logical = logical[:at] if at != -1 else logical[:scheme]
     return logical
+
+
+def price_key(name: str) -> str:
+    """The id a price table knows a ``model:...`` step's model by: ``gpt-4.1`` for
+    ``model:openai:gpt-4.1`` (an older journal's ``@http://user:pass@proxy`` suffix
+    is not part of it, see :func:`model_of`)."""
+    return model_of(name).split(":", 1)[-1]
 
 
 def tool_of_name(name: str) -> str:

@@ -9,15 +9,15 @@ Every payload was redacted before it was journaled, so the trace is too.
 
 from __future__ import annotations
 
-import json
 from collections import deque
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ..limits import Price, cost_usd, price_of
-from ..models import Usage
+from ..limits import Price, price_of
 from ..storage import JournalRole, RunRecord, StepRecord
-from ._names import StepRole, model_of, step_role, tool_of_name
+from ._jsontext import json_or_text
+from ._names import StepRole, price_key, step_role, tool_of_name
+from ._usage import reply_cost, reply_usage
 
 __all__ = ["RunTrace", "TraceEntry", "TraceKind", "build_trace", "trace_entries"]
 
@@ -156,7 +156,7 @@ class RunTrace:
                 "session": r.session,
                 "created_at": r.created_at,
                 "finished_at": r.finished_at,
-                "error": _loads(r.error),
+                "error": json_or_text(r.error),
             },
             "totals": {
                 "steps": len(self.entries),
@@ -222,7 +222,7 @@ def trace_entries(
     for s in steps:
         kind: TraceKind = s.kind if s.kind != "step" else "step"
         latency = None if s.finished_at is None else max(0.0, s.finished_at - s.started_at)
-        err = _loads(s.error)
+        err = json_or_text(s.error)
         error_class = error_message = error_type = None
         if isinstance(err, dict):
             error_type = str(err.get("type", "Error"))
@@ -287,19 +287,11 @@ def trace_entries(
 def _model_fields(
     s: StepRecord, prices: dict[str, Price] | None, waiting: dict[tuple[str, str], deque[str]]
 ) -> dict[str, Any]:
-    # "model:openai:gpt-4.1" -> "gpt-4.1": the id the price table knows (an older
-    # journal's "@http://user:pass@proxy" suffix is not part of it).
-    model_id = model_of(s.name).split(":", 1)[-1]
-    reply = _loads(s.output) if s.status == "completed" else None
+    model_id = price_key(s.name)
+    reply = json_or_text(s.output) if s.status == "completed" else None
     if not isinstance(reply, dict):
         return {"model": model_id}
-    raw_usage = reply.get("usage") or {}
-    usage = Usage(
-        input_tokens=int(raw_usage.get("input_tokens", 0)),
-        output_tokens=int(raw_usage.get("output_tokens", 0)),
-        cache_read_tokens=int(raw_usage.get("cache_read_tokens", 0)),
-        cache_write_tokens=int(raw_usage.get("cache_write_tokens", 0)),
-    )
+    usage = reply_usage(reply)
     calls = reply.get("tool_calls") or []
     parts: list[str] = []
     for c in calls:
@@ -312,11 +304,7 @@ def _model_fields(
         "model": model_id,
         "tokens_in": usage.input_tokens,
         "tokens_out": usage.output_tokens,
-        # The cost journaled with the reply (the caller's price table at the time),
-        # else priced now from ``prices``.
-        "cost_usd": journaled
-        if isinstance(journaled := reply.get("cost_usd"), int | float)
-        else cost_usd(model_id, usage, prices),
+        "cost_usd": reply_cost(reply, model_id, usage, prices),
         "priced": isinstance(reply.get("cost_usd"), int | float)
         or price_of(model_id, prices) is not None,
         "output_summary": _clip(summary) if summary else None,
@@ -329,22 +317,13 @@ def _rate_wait(s: StepRecord) -> float:
     slot, a rate-limit wait (role ``wait``) until the wake time it journaled."""
     if s.status != "completed" or s.finished_at is None:
         return 0.0
-    out = _loads(s.output)
+    out = json_or_text(s.output)
     if isinstance(out, dict):  # a Booking (a cold limiter's "retry" too: it waits)
         waited = out.get("waited_s")
         return max(0.0, float(waited)) if isinstance(waited, int | float) else 0.0
     if isinstance(out, int | float) and s.role == "wait":
         return max(0.0, float(out) - s.finished_at)
     return 0.0
-
-
-def _loads(text: str | None) -> Any:
-    if text is None:
-        return None
-    try:
-        return json.loads(text)
-    except ValueError:
-        return text
 
 
 def _clip(text: str | None, width: int = _SUMMARY) -> str:

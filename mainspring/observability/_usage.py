@@ -12,13 +12,23 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from ..limits import Price, cost_usd
 from ..models import Usage as ModelUsage
 from ..storage import RunRecord, StepRecord
-from ._names import model_of
+from ._names import price_key
 
-__all__ = ["ChildUsage", "Family", "Usage", "family_usage", "run_duration", "usage_by_run"]
+__all__ = [
+    "ChildUsage",
+    "Family",
+    "Usage",
+    "family_usage",
+    "reply_cost",
+    "reply_usage",
+    "run_duration",
+    "usage_by_run",
+]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -57,13 +67,40 @@ class Usage:
         }
 
 
+def reply_usage(reply: Mapping[str, Any]) -> ModelUsage:
+    """The tokens a journaled model reply reports (a count it leaves out is 0): read
+    one way for a trace's model rows and for a list's totals, so the two agree."""
+    raw = reply.get("usage") or {}
+    return ModelUsage(
+        input_tokens=int(raw.get("input_tokens", 0)),
+        output_tokens=int(raw.get("output_tokens", 0)),
+        cache_read_tokens=int(raw.get("cache_read_tokens", 0)),
+        cache_write_tokens=int(raw.get("cache_write_tokens", 0)),
+    )
+
+
+def reply_cost(
+    reply: Mapping[str, Any],
+    model_id: str,
+    usage: ModelUsage,
+    prices: Mapping[str, Price] | None,
+) -> float:
+    """What a journaled model reply cost: the cost journaled with it (the caller's price
+    table at the time), else ``usage`` priced now from ``prices`` (``None``: the default
+    table)."""
+    journaled = reply.get("cost_usd")
+    if isinstance(journaled, int | float):
+        return journaled
+    return cost_usd(model_id, usage, None if prices is None else dict(prices))
+
+
 def usage_by_run(
     steps: Sequence[StepRecord], prices: Mapping[str, Mapping[str, Price] | None]
 ) -> dict[str, Usage]:
     """The usage of each run among ``steps`` (model calls, any runs mixed), priced
     with ``prices[run_id]`` (a run missing there: the default price table)."""
-    # Read as the trace reads a model row (``_trace._model_fields``), without the
-    # summaries a trace also builds: a list of fifty long runs reads thousands of rows.
+    # Read as the trace reads a model row (``reply_usage``, ``reply_cost``), without
+    # the summaries a trace also builds: a list of fifty long runs reads thousands of rows.
     out: dict[str, list[float]] = {}
     for s in steps:
         if s.status != "completed" or s.epoch == 0:  # epoch 0: a fork's copy
@@ -76,23 +113,10 @@ def usage_by_run(
             continue
         if not isinstance(reply, dict):
             continue
-        raw = reply.get("usage") or {}
-        used = ModelUsage(
-            input_tokens=int(raw.get("input_tokens", 0)),
-            output_tokens=int(raw.get("output_tokens", 0)),
-            cache_read_tokens=int(raw.get("cache_read_tokens", 0)),
-            cache_write_tokens=int(raw.get("cache_write_tokens", 0)),
-        )
-        journaled = reply.get("cost_usd")
-        if isinstance(journaled, int | float):
-            cost = float(journaled)
-        else:
-            table = prices.get(s.run_id)
-            model_id = model_of(s.name).split(":", 1)[-1]
-            cost = cost_usd(model_id, used, dict(table) if table is not None else None)
+        used = reply_usage(reply)
         totals[0] += used.input_tokens
         totals[1] += used.output_tokens
-        totals[2] += cost
+        totals[2] += reply_cost(reply, price_key(s.name), used, prices.get(s.run_id))
     return {
         run_id: Usage(
             tokens_in=int(t[0]), tokens_out=int(t[1]), cost_usd=t[2], model_calls=int(t[3])

@@ -25,8 +25,8 @@ from typing import Any
 
 from .. import App, RunNotFound, TokenEvent, TokenFollower
 from ..hitl import Request as HumanRequest
-from ..serde import loads, public_error
 from ..storage import RunRecord, StepRecord
+from ._views import decode, error_out
 
 __all__ = ["event_stream", "parse_event_id", "parse_token_cursor", "runs_stream"]
 
@@ -64,15 +64,6 @@ def _frame(event: str, event_id: str, data: dict[str, Any]) -> bytes:
     return f"id: {event_id}\nevent: {event}\ndata: {payload}\n\n".encode()
 
 
-def _decode(text: str | None) -> Any:
-    if text is None:
-        return None
-    try:
-        return loads(text)
-    except Exception:
-        return text
-
-
 def _step_data(s: StepRecord, *, full: bool) -> dict[str, Any]:
     return {
         "session": s.session,
@@ -83,13 +74,9 @@ def _step_data(s: StepRecord, *, full: bool) -> dict[str, Any]:
         "attempt": s.attempt,
         "started_at": s.started_at,
         "finished_at": s.finished_at,
-        "output": _decode(s.output),
-        "error": _error(s.error, full),
+        "output": decode(s.output),
+        "error": error_out(s.error, admin=full),
     }
-
-
-def _error(text: str | None, full: bool) -> Any:
-    return _decode(text) if full else public_error(_decode(text))
 
 
 async def event_stream(
@@ -195,8 +182,8 @@ class _RunFrames:
         if pending is not None:
             data["pending_requests"] = [p.to_json() for p in pending]
         if run.finished:
-            data["output"] = _decode(run.output)
-            data["error"] = _error(run.error, self._full)
+            data["output"] = decode(run.output)
+            data["error"] = error_out(run.error, admin=self._full)
         return _frame("status", self._id(f"run.{run.status}"), data)
 
     def end(self, status: str) -> bytes:

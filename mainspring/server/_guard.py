@@ -19,6 +19,8 @@ from starlette.datastructures import Headers
 from starlette.requests import cookie_parser
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from ._asgi import HttpMiddleware
+
 __all__ = ["SECURITY_HEADERS", "BrowserGuard", "send_json_error"]
 
 _UNSAFE = frozenset({"POST", "PUT", "PATCH", "DELETE"})
@@ -36,19 +38,16 @@ _DOC_PAGES = frozenset({"/docs", "/redoc", "/docs/oauth2-redirect"})
 _API_CSP = b"default-src 'none'; frame-ancestors 'none'; base-uri 'none'"
 
 
-class BrowserGuard:
+class BrowserGuard(HttpMiddleware):
     """ASGI middleware: refuse cross-site unsafe requests that carry the session
     cookie (whatever other credential they carry), refuse non-JSON API bodies (415),
     add security headers."""
 
     def __init__(self, app: ASGIApp, *, cookie: str) -> None:
-        self.app = app
+        super().__init__(app)
         self.cookie = cookie
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
         headers = Headers(scope=scope)
         method = scope["method"]
         path: str = scope["path"]

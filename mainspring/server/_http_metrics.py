@@ -6,13 +6,15 @@ from collections.abc import Callable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from ._asgi import HttpMiddleware
+
 __all__ = ["METHODS", "RequestCounter"]
 
 #: The methods counted by name; any other (a client may send any token) is ``other``.
 METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 
 
-class RequestCounter:
+class RequestCounter(HttpMiddleware):
     """ASGI middleware: after each response starts, ``record(method, route, status)``.
 
     Every label is bounded, whatever a client sends (anyone may send requests, with no
@@ -23,13 +25,10 @@ class RequestCounter:
     """
 
     def __init__(self, app: ASGIApp, *, record: Callable[[str, str, int], None]) -> None:
-        self.app = app
+        super().__init__(app)
         self.record = record
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
         status = 500  # an exception before any response is a server error
 
         async def watch(message: Message) -> None:

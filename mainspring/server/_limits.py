@@ -7,6 +7,7 @@ import asyncio
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from ._asgi import HttpMiddleware
 from ._guard import send_json_error
 
 __all__ = ["BodySizeLimit"]
@@ -24,20 +25,17 @@ class _TooSlow(HTTPException):
         super().__init__(408, f"the request body paused for more than {timeout_s:g} s")
 
 
-class BodySizeLimit:
+class BodySizeLimit(HttpMiddleware):
     """Answer 413 to a body over ``max_bytes``: by its Content-Length at once, or
     while it streams in when it has none; and 408 to a body that pauses longer than
     ``timeout_s`` between chunks."""
 
     def __init__(self, app: ASGIApp, *, max_bytes: int, timeout_s: float = 30.0) -> None:
-        self.app = app
+        super().__init__(app)
         self.max_bytes = max_bytes
         self.timeout_s = timeout_s
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self._declared_too_large(scope):
             await self._reject(send)
             return

@@ -15,17 +15,5 @@ router = APIRouter()
 @router.get("/queues", response_model=list[QueueOut], tags=["runs"], responses=responses())
 def list_queues(_key: Read, ctx: Ctx) -> list[QueueOut]:
     """Every queue with its limits and its runs by state, by name."""
-    return [
-        QueueOut(
-            name=q.name,
-            concurrency=q.concurrency,
-            per_key=q.per_key,
-            rate=q.rate,
-            burst=q.burst,
-            running=q.running,
-            queued=q.queued,
-            waiting=q.waiting,
-            retrying=q.retrying,
-        )
-        for q in ctx.app.queues()
-    ]
+    # A queue's view is its record, field for field.
+    return [QueueOut.model_validate(q, from_attributes=True) for q in ctx.app.queues()]

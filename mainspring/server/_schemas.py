@@ -104,25 +104,22 @@ class RequestOut(BaseModel):
     url: str
 
 
-class StepOut(BaseModel):
-    session: int
-    seq: int
-    kind: str
-    name: str
-    status: str
-    attempt: int
-    started_at: float
-    finished_at: float | None = None
-    output: Any = None
-    error: Any = None
-
-
 class CurrentStep(BaseModel):
     session: int
     seq: int
     kind: str
     name: str
     status: str
+
+
+# A journal row: the step a run's ``current_step`` names, with its attempt, times and
+# values. (A docstring would become the schema's description in the OpenAPI document.)
+class StepOut(CurrentStep):
+    attempt: int
+    started_at: float
+    finished_at: float | None = None
+    output: Any = None
+    error: Any = None
 
 
 class UsageOut(BaseModel):

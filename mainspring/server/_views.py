@@ -10,7 +10,7 @@ from ..serde import loads, public_error
 from ..storage import RunRecord, StepRecord
 from ._schemas import CurrentStep, RequestOut, RunOut, RunUsageOut, StepOut, UsageOut
 
-__all__ = ["decode", "family_out", "request_out", "run_out", "step_out", "usage_out"]
+__all__ = ["decode", "error_out", "family_out", "request_out", "run_out", "step_out", "usage_out"]
 
 
 def decode(text: str | None) -> Any:
@@ -20,6 +20,13 @@ def decode(text: str | None) -> Any:
         return loads(text)
     except Exception:  # a journal row that is not JSON: show it as text
         return text
+
+
+def error_out(text: str | None, *, admin: bool) -> Any:
+    """A journaled error as a caller may see it: whole for an admin key, else only its
+    public part (no traceback, no locals), wherever the API shows one."""
+    error = decode(text)
+    return error if admin else public_error(error)
 
 
 def step_out(s: StepRecord, *, admin: bool) -> StepOut:
@@ -33,7 +40,7 @@ def step_out(s: StepRecord, *, admin: bool) -> StepOut:
         started_at=s.started_at,
         finished_at=s.finished_at,
         output=decode(s.output),
-        error=decode(s.error) if admin else public_error(decode(s.error)),
+        error=error_out(s.error, admin=admin),
     )
 
 
@@ -52,7 +59,6 @@ def run_out(
 ) -> RunOut:
     """A run for the API: ``full`` adds its input; ``admin`` keeps a failure's
     traceback; ``summary`` (lists) leaves out the output, which the run's URL serves."""
-    error = decode(r.error)
     suspended = r.status in ("sleeping", "waiting")
     return RunOut(
         id=r.id,
@@ -77,17 +83,9 @@ def run_out(
         wake_at=r.wake_at if suspended and r.wake_at else None,
         input=decode(r.input) if full else None,
         output=None if summary else decode(r.output),
-        error=error if admin else public_error(error),
+        error=error_out(r.error, admin=admin),
         current_step=(
-            CurrentStep(
-                session=current.session,
-                seq=current.seq,
-                kind=current.kind,
-                name=current.name,
-                status=current.status,
-            )
-            if current is not None
-            else None
+            None if current is None else CurrentStep.model_validate(current, from_attributes=True)
         ),
         pending_requests=[request_out(p) for p in pending],
         worker=r.owner if r.status == "running" else None,
