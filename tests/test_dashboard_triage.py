@@ -217,6 +217,22 @@ def test_the_runs_list_is_built_for_triage(
     shown_ts = float(page.get_attribute(f"#run-{busy} td.last-activity time", "data-ts"))
     assert shown_ts == pytest.approx(max(last, record.updated_at))
 
+    # The replay gate from the runs list: a run of a workflow this code no longer has
+    # (an older deployment's), named with what to do; every other unfinished run clean.
+    stack.app.store.create_run(
+        run_id="retired0000001", workflow="retired", input="[]", key=None, now=time.time()
+    )
+    page.goto(f"{stack.base}/ui/")
+    page.click("#replay-check-run")
+    page.locator("#replay-retired0000001").wait_for()
+    summary = page.inner_text("#replay-check-summary")
+    unfinished = len(stack.app.list_runs(status=["queued", "running", "sleeping", "waiting"]))
+    assert summary.startswith(f"{unfinished - 1} of {unfinished} unfinished runs replay cleanly")
+    cells = page.locator("#replay-retired0000001 td").all_inner_texts()
+    assert cells[1:4] == ["retired", "-", "unknown workflow"]
+    assert "keep the workflow registered" in page.inner_text("#replay-check-hints")
+    _accessible(page, "runs with the replay check")
+
 
 def test_a_parent_shows_its_childrens_spending_and_its_approval_card(
     triage: tuple[Any, dict[str, str]], browser: Any

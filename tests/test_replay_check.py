@@ -420,3 +420,43 @@ def test_a_read_only_store_refuses_every_write(db_url: str) -> None:
             store.create_run(run_id="r", workflow="wf", input="[]", key=None, now=1.0)
     finally:
         store.close()
+
+
+async def test_the_http_api_runs_the_check_for_an_admin_key(
+    apps: Callable[..., ms.App],
+) -> None:
+    """``POST /replay-check``: what the dashboard's runs list calls; admin scope (a
+    fleet's replay is work), its answer the report's JSON."""
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from mainspring.server import create_app
+
+    old = apps()
+    old.workflow(name="pipeline")(_v1)
+    [run_id] = await _started(old, "pipeline", [5])  # type: ignore[arg-type]
+
+    async def v2(ctx: ms.RunContext, n: int) -> int:
+        n = await ctx.step(a, n)
+        await ctx.wait_for("go")
+        return n
+
+    new = apps()
+    new.workflow(name="pipeline")(v2)
+    _, admin = new.store.create_api_key("ops", ["admin"], new.clock.now())
+    _, reader = new.store.create_api_key("eyes", ["read"], new.clock.now())
+    with TestClient(create_app(new, webhooks=False)) as c:
+        refused = c.post("/replay-check", json={}, headers={"Authorization": f"Bearer {reader}"})
+        assert refused.status_code == 403
+        got = c.post("/replay-check", json={}, headers={"Authorization": f"Bearer {admin}"})
+        assert got.status_code == 200, got.text
+        body = got.json()
+        assert (body["ok"], body["checked"], body["diverged"]) == (False, 1, 1)
+        [run] = body["runs"]
+        assert (run["run_id"], run["position"], run["expected"], run["got"]) == (
+            run_id, 1, ["step", "b"], ["signal", "go"],
+        )  # fmt: skip
+        bad = c.post(
+            "/replay-check", json={"versions": 3}, headers={"Authorization": f"Bearer {admin}"}
+        )
+        assert bad.status_code == 422 and "versions" in bad.text

@@ -89,6 +89,7 @@ MATRIX: dict[str, tuple[str | tuple[str, ...] | None, int, Callable[[Fixture], C
     ),
     "GET /metrics": (("metrics", "read"), 200, lambda f: ("/metrics", None)),
     "GET /queues": ("read", 200, lambda f: ("/queues", None)),
+    "POST /replay-check": ("admin", 200, lambda f: ("/replay-check", {})),
     "GET /webhooks": ("admin", 200, lambda f: ("/webhooks", None)),
     "POST /webhooks": (
         "admin",

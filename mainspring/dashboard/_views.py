@@ -136,6 +136,7 @@ class Pages:
             offset=max(0, offset),
             pending=len(app.requests()),
             now=now,
+            can_admin=key.allows("admin"),  # the replay check's button
         )
 
     def workers(self, request: Request) -> Response:

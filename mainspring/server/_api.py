@@ -16,7 +16,7 @@ from fastapi import FastAPI
 
 from .. import App
 from ..dashboard import Sessions, dashboard_router
-from . import _admin, _queues, _runs, _schedules, _steering, _streams
+from . import _admin, _deploys, _queues, _runs, _schedules, _steering, _streams
 from ._context import COOKIE, ApiContext, StreamCap
 from ._errors import HANDLERS
 from ._guard import BrowserGuard
@@ -42,6 +42,7 @@ _ROUTERS = (
     _steering.router,
     metrics_router,
     _queues.router,
+    _deploys.router,
     _admin.router,
     _schedules.router,
 )

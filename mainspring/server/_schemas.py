@@ -330,3 +330,43 @@ class Health(BaseModel):
     ok: bool
     store: str
     schema_version: int
+
+
+class ReplayCheckIn(_In):
+    runs: list[str] | None = Field(
+        default=None, description="These runs (any status) instead of every unfinished run."
+    )
+    workflows: list[str] | None = Field(default=None, description="Only runs of these workflows.")
+    versions: list[str | None] | Literal["any"] | None = Field(
+        default=None,
+        description="Only runs of these code versions (null in the list: runs with none; "
+        '"any": every run). Default: the runs this server\'s App would claim.',
+    )
+
+
+class RunCheckOut(BaseModel):
+    run_id: str
+    workflow: str
+    version: str | None
+    status: str
+    session: int
+    verdict: Literal["clean", "diverged", "unknown workflow", "bad input", "error"]
+    journaled: int = Field(description="Positions in the run's current session's journal.")
+    reached: int = Field(description="The last position the code took (-1: none).")
+    position: int | None = Field(description="Where it diverged.")
+    expected: tuple[str, str] | None = Field(description="The journal's [kind, name] there.")
+    got: tuple[str, str] | None = Field(description="What the code asked for there.")
+    then: str | None = Field(description="What a worker would do next (a clean replay).")
+    message: str
+    hint: str | None = Field(description="What to do about a run that does not replay.")
+
+
+class ReplayCheckOut(BaseModel):
+    ok: bool = Field(description="Every run checked replays cleanly.")
+    checked: int
+    diverged: int = Field(description="Runs that do not replay cleanly, whatever the reason.")
+    seconds: float
+    summary: list[dict[str, Any]] = Field(
+        description="Per workflow and version: the number of runs, and of each verdict."
+    )
+    runs: list[RunCheckOut]
