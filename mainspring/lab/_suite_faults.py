@@ -45,9 +45,14 @@ PHASES: tuple[Phase, ...] = ("model", "tool", "commit")
 FAULT_KINDS: tuple[ProviderFault, ...] = ("server_error", "rate_limited", "timeout")
 
 
-def _rate(owner: str, name: str, value: float) -> None:
-    if not (isinstance(value, int | float) and 0.0 <= value <= 1.0 and not math.isnan(value)):
-        raise ConfigError(f"{owner}.{name} must be a probability in [0, 1], got {value!r}")
+def _probabilities(owner: object, names: tuple[str, ...]) -> None:
+    """Refuse a rate among ``owner``'s fields ``names`` that is no probability."""
+    for name in names:
+        value = getattr(owner, name)
+        if not (isinstance(value, int | float) and 0.0 <= value <= 1.0 and not math.isnan(value)):
+            raise ConfigError(
+                f"{type(owner).__name__}.{name} must be a probability in [0, 1], got {value!r}"
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,8 +68,7 @@ class KillRates:
     commit: float = 0.004
 
     def __post_init__(self) -> None:
-        for phase in PHASES:
-            _rate("KillRates", phase, getattr(self, phase))
+        _probabilities(self, PHASES)
 
     def of(self, phase: Phase) -> float:
         """The rate at ``phase``."""
@@ -91,8 +95,7 @@ class ProviderFaults:
     timeout_s: float = 30.0
 
     def __post_init__(self) -> None:
-        for kind in FAULT_KINDS:
-            _rate("ProviderFaults", kind, getattr(self, kind))
+        _probabilities(self, FAULT_KINDS)
         if self.total > 1.0:
             raise ConfigError(f"ProviderFaults' rates add up to {self.total!r}, more than 1")
         if not self.retry_after_s >= 0 or not self.timeout_s > 0:
