@@ -9,9 +9,10 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import mainspring as ms
-from mainspring import BudgetExceeded
 from mainspring.limits import Limits, Price
 from mainspring.models import ModelResponse
+
+from .._budgets import ask_past_cap, reached
 
 __all__ = ["Active", "Effect", "active"]
 
@@ -57,25 +58,12 @@ class Active:
                 "max_tokens": self.tokens,
                 "max_cost_usd": self.cost_usd,
             }
-            over = [
-                (k, cap, used[k])
-                for k in used
-                if (cap := getattr(limits, k)) is not None and used[k] >= cap
-            ]
-            if not over:
+            hit = reached(limits, used)
+            if hit is None:
                 return
-            which, cap, value = over[0]
+            which, cap, value = hit
             text = f"{which} reached: {value:g} of {cap:g}"
-            if limits.on_exceeded == "stop":
-                raise BudgetExceeded(text, run_id=self.ctx.run_id)
-            decision = await self.ctx.request(
-                f"budget:{which}",
-                kind="approval",
-                title=f"{text}: continue?",
-                preview={"limit": which, "cap": cap, "used": value},
-            )
-            if not decision.approved:
-                raise BudgetExceeded(f"{text}; stopped by a human", run_id=self.ctx.run_id)
+            decision = await ask_past_cap(self.ctx, limits, which, cap, value, text)
             raised = (decision.arguments or {}).get("limit")
             bumped = float(raised) if isinstance(raised, int | float) else value + max(cap, 1)
             self.limits = limits.raised(which, max(bumped, value + 1))

@@ -39,11 +39,12 @@ from pydantic_ai.tools import (
 from pydantic_ai.tools import RunContext as PaiContext
 from pydantic_ai.toolsets import AbstractToolset
 
-from mainspring import Approval, BudgetExceeded, Limits, RetryPolicy, RunContext
+from mainspring import Approval, Limits, RetryPolicy, RunContext
 from mainspring.agent import call_model
 from mainspring.limits import BoundRateLimits, Price, cost_usd
 from mainspring.models import ModelSettings
 
+from .._budgets import ask_past_cap, reached
 from ._model import JournaledModel, PydanticAIReply, Sender, rendering, to_response, tool_specs
 from ._tools import JournaledToolset, ToolRules
 
@@ -206,32 +207,20 @@ class Durability(AbstractCapability[Any]):
         ``on_exceeded="stop"`` or a rejection, ends the run with :class:`BudgetExceeded`."""
         while self.limits is not None:
             lim = self.limits
-            checks: list[tuple[str, float | None, float]] = [
-                ("max_steps", lim.max_steps, self.turns),
-                ("max_tool_calls", lim.max_tool_calls, self.tool_calls),
-                ("max_tokens", lim.max_tokens, self.tokens),
-                ("max_cost_usd", lim.max_cost_usd, self.cost_usd),
-            ]
-            if lim.max_wall_s is not None and self.started is not None:
-                checks.append(
-                    ("max_wall_s", lim.max_wall_s, self.ctx.now().timestamp() - self.started)
-                )
-            hit = next(((w, c, u) for w, c, u in checks if c is not None and u >= c), None)
+            counts: dict[str, float] = {
+                "max_steps": self.turns,
+                "max_tool_calls": self.tool_calls,
+                "max_tokens": self.tokens,
+                "max_cost_usd": self.cost_usd,
+            }
+            if self.started is not None:
+                counts["max_wall_s"] = self.ctx.now().timestamp() - self.started
+            hit = reached(lim, counts)
             if hit is None:
                 return
             which, cap, used = hit
             text = f"agent {self.settings.agent!r}: {which} reached ({used:g} of {cap:g})"
-            if lim.on_exceeded == "stop":
-                raise BudgetExceeded(text, run_id=self.ctx.run_id)
-            decision = await self.ctx.request(
-                f"budget:{which}",
-                kind="approval",
-                title=f"{text}: continue?",
-                preview={"limit": which, "cap": cap, "used": used},
-            )
-            if not decision.approved:
-                raise BudgetExceeded(f"{text}; stopped by a human", run_id=self.ctx.run_id)
-            assert cap is not None
+            decision = await ask_past_cap(self.ctx, lim, which, cap, used, text)
             self.limits = lim.raised(which, (decision.arguments or {}).get("limit", cap * 2))
 
     def _request_id(self, kind: str, call: ToolCallPart) -> str:
