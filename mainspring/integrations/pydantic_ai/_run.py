@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from pydantic_ai.capabilities import AbstractCapability
 from pydantic_ai.exceptions import ApprovalRequired
@@ -122,37 +122,36 @@ class Durability(AbstractCapability[Any]):
     async def handle_deferred_tool_calls(
         self, ctx: PaiContext[Any], *, requests: DeferredToolRequests
     ) -> DeferredToolResults | None:
-        approvals = [(c, self._request_id("approval", c)) for c in requests.approvals]
-        calls = [(c, self._request_id("question", c)) for c in requests.calls]
-        asked: list[Any] = [
-            self.ctx.request(
-                rid,
-                kind="approval",
-                title=f"approve {c.tool_name}({c.args_as_json_str():.200})",
-                preview=_preview(c, requests),
-            )
-            for c, rid in approvals
-        ]
-        asked += [
-            self.ctx.request(
-                rid,
-                kind="question",
-                title=f"the result of {c.tool_name}({c.args_as_json_str():.200})",
-                preview=_preview(c, requests),
-            )
-            for c, rid in calls
-        ]
+        approvals, calls = requests.approvals, requests.calls
+        asked = [self._ask("approval", c, requests) for c in approvals]
+        asked += [self._ask("question", c, requests) for c in calls]
         # All at once: the run lists every request of the turn and waits for them together.
         answers = await asyncio.gather(*asked)
         results = DeferredToolResults()
-        for (c, _), decision in zip(approvals, answers[: len(approvals)], strict=True):
+        for c, decision in zip(approvals, answers[: len(approvals)], strict=True):
             assert isinstance(decision, Approval)
             results.approvals[c.tool_call_id] = _approval(decision)
             if decision.by:
                 results.answered_by[c.tool_call_id] = decision.by
-        for (c, _), answer in zip(calls, answers[len(approvals) :], strict=True):
+        for c, answer in zip(calls, answers[len(approvals) :], strict=True):
             results.calls[c.tool_call_id] = _value(str(answer))
         return results
+
+    def _ask(
+        self,
+        kind: Literal["approval", "question"],
+        call: ToolCallPart,
+        requests: DeferredToolRequests,
+    ) -> Awaitable[Approval | str]:
+        """The request a deferred call waits on: a human approves the call, or gives
+        its result (a question); the title names the call and its arguments."""
+        what = "approve" if kind == "approval" else "the result of"
+        return self.ctx.request(
+            self._request_id(kind, call),
+            kind=kind,
+            title=f"{what} {call.tool_name}({call.args_as_json_str():.200})",
+            preview=_preview(call, requests),
+        )
 
     # -- a model request -------------------------------------------------------------------
 
