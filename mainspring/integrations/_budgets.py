@@ -8,10 +8,39 @@ journaled replies), and all three judge it by the same rule, so it lives here on
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from mainspring import Approval, BudgetExceeded, Limits, RunContext
+from mainspring.models import ModelResponse
 
-__all__ = ["ask_past_cap", "reached"]
+__all__ = ["Spent", "ask_past_cap", "reached"]
+
+
+@dataclass(slots=True)
+class Spent:
+    """What an agent run has spent in this execution (rebuilt by replay: the counts
+    come from journaled replies), counted as its budgets count it."""
+
+    turns: int = 0  # model requests
+    tool_calls: int = 0
+    tokens: int = 0
+    cost_usd: float = 0.0
+
+    def reply(self, reply: ModelResponse, cost_usd: float) -> None:
+        """Count one model reply: a turn, its tokens (prompt and reply) and its cost."""
+        self.turns += 1
+        self.tokens += reply.usage.input_tokens + reply.usage.output_tokens
+        self.cost_usd += cost_usd
+
+    def used(self) -> dict[str, float]:
+        """Each budget's cap (its name in ``Limits``) and what was used of it, for
+        :func:`reached`."""
+        return {
+            "max_steps": self.turns,
+            "max_tool_calls": self.tool_calls,
+            "max_tokens": self.tokens,
+            "max_cost_usd": self.cost_usd,
+        }
 
 
 def reached(limits: Limits, used: Mapping[str, float]) -> tuple[str, float, float] | None:

@@ -12,7 +12,7 @@ import mainspring as ms
 from mainspring.limits import Limits, Price
 from mainspring.models import ModelResponse
 
-from .._budgets import ask_past_cap, reached
+from .._budgets import Spent, ask_past_cap, reached
 
 __all__ = ["Active", "Effect", "active"]
 
@@ -41,10 +41,7 @@ class Active:
     account: str
     prices: dict[str, Price] | None
     rate_limits: Any
-    turns: int = 0
-    tool_calls: int = 0
-    tokens: int = 0
-    cost_usd: float = 0.0
+    spent: Spent = field(default_factory=Spent)
     approved: set[str] = field(default_factory=set)
 
     async def before_model(self) -> None:
@@ -52,13 +49,7 @@ class Active:
         human (``budget:<limit>``: approve, with ``{"limit": N}`` to raise it) or,
         with ``on_exceeded="stop"``, ends it with :class:`BudgetExceeded`."""
         while (limits := self.limits) is not None:
-            used: dict[str, float] = {
-                "max_steps": self.turns,
-                "max_tool_calls": self.tool_calls,
-                "max_tokens": self.tokens,
-                "max_cost_usd": self.cost_usd,
-            }
-            hit = reached(limits, used)
+            hit = reached(limits, self.spent.used())
             if hit is None:
                 return
             which, cap, value = hit
@@ -69,9 +60,7 @@ class Active:
             self.limits = limits.raised(which, max(bumped, value + 1))
 
     def after_model(self, reply: ModelResponse) -> None:
-        self.turns += 1
-        self.tokens += reply.usage.input_tokens + reply.usage.output_tokens
-        self.cost_usd += reply.cost_usd or 0.0
+        self.spent.reply(reply, reply.cost_usd or 0.0)
 
     def before_tool(self, name: str) -> None:
-        self.tool_calls += 1
+        self.spent.tool_calls += 1

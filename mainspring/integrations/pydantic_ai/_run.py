@@ -44,7 +44,7 @@ from mainspring.agent import call_model
 from mainspring.limits import BoundRateLimits, Price, cost_usd
 from mainspring.models import ModelSettings
 
-from .._budgets import ask_past_cap, reached
+from .._budgets import Spent, ask_past_cap, reached
 from ._model import JournaledModel, PydanticAIReply, Sender, rendering, to_response, tool_specs
 from ._tools import JournaledToolset, ToolRules
 
@@ -74,10 +74,7 @@ class Durability(AbstractCapability[Any]):
 
     ctx: RunContext
     settings: RunSettings
-    turns: int = 0
-    tool_calls: int = 0
-    tokens: int = 0
-    cost_usd: float = 0.0
+    spent: Spent = field(default_factory=Spent)
     started: float | None = None  # journaled start, when max_wall_s asks for it
     limits: Limits | None = None
     request_ids: set[str] = field(default_factory=set)
@@ -186,19 +183,16 @@ class Durability(AbstractCapability[Any]):
             reply_type=PydanticAIReply,
         )
         assert isinstance(reply, PydanticAIReply)
-        self.turns += 1
-        self.tokens += reply.usage.input_tokens + reply.usage.output_tokens
-        self.cost_usd += (
-            reply.cost_usd
-            if reply.cost_usd is not None
-            else cost_usd(sender.model_id, reply.usage, s.prices)
+        cost = reply.cost_usd
+        self.spent.reply(
+            reply, cost if cost is not None else cost_usd(sender.model_id, reply.usage, s.prices)
         )
         return to_response(reply), sender.events, sender.sent
 
     # -- budgets ---------------------------------------------------------------------------
 
     def _count_call(self, name: str) -> None:
-        self.tool_calls += 1
+        self.spent.tool_calls += 1
 
     async def _check_limits(self) -> None:
         """Before each model request: a cap reached asks a human (``budget:<limit>``:
@@ -206,12 +200,7 @@ class Durability(AbstractCapability[Any]):
         ``on_exceeded="stop"`` or a rejection, ends the run with :class:`BudgetExceeded`."""
         while self.limits is not None:
             lim = self.limits
-            counts: dict[str, float] = {
-                "max_steps": self.turns,
-                "max_tool_calls": self.tool_calls,
-                "max_tokens": self.tokens,
-                "max_cost_usd": self.cost_usd,
-            }
+            counts = self.spent.used()
             if self.started is not None:
                 counts["max_wall_s"] = self.ctx.now().timestamp() - self.started
             hit = reached(lim, counts)
