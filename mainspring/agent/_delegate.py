@@ -69,20 +69,12 @@ class AgentWorkflow(Workflow[[str], AgentResult[OutputT]], Generic[OutputT]):
             if description is not None
             else f"Delegate a task to the {agent} agent; it answers with its result.",
             effect="write",
-        )
-        return AgentTool(
-            name=base.name,
-            description=base.description,
-            fn=base.fn,
-            effect=base.effect,
-            timeout_s=base.timeout_s,
-            retry=base.retry,
             requires_approval=False,
-            validators=(),
-            max_result_chars=base.max_result_chars,
-            schema=base.schema,
-            agent=self,
         )
+        # The tool built above as an AgentTool: every field of it (one that Tool gains
+        # comes along), and the agent.
+        fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(Tool) if f.init}
+        return AgentTool(**fields, agent=self)
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)

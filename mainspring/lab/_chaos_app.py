@@ -7,6 +7,7 @@ ledger file), ``MAINSPRING_LAB_LEASE_S`` and ``MAINSPRING_LAB_STEP_S``.
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 
@@ -17,14 +18,11 @@ from ..testing import EffectLedger
 __all__ = ["WORKFLOW", "app", "build_app"]
 
 WORKFLOW = "lab_chaos_effects"
-_ledgers: dict[str, EffectLedger] = {}
+_ledger_at = functools.cache(EffectLedger)  # one handle per file in this process
 
 
 def _ledger() -> EffectLedger:
-    path = os.environ["MAINSPRING_LAB_LEDGER"]
-    if path not in _ledgers:
-        _ledgers[path] = EffectLedger(path)
-    return _ledgers[path]
+    return _ledger_at(os.environ["MAINSPRING_LAB_LEDGER"])
 
 
 def _step_s() -> float:

@@ -12,7 +12,7 @@ from ._chain import TrialOutcome, run_trials
 from ._profile import POLICIES, LabProfile, Policy
 from ._stats import pass_hat_k, theory_success, wilson
 
-__all__ = ["PASS_K", "Cell", "LabResult", "TrialFailure", "parse_steps", "run_lab"]
+__all__ = ["PASS_K", "Cell", "LabResult", "TrialFailure", "check_trials", "parse_steps", "run_lab"]
 
 PASS_K: tuple[int, ...] = (1, 2, 4, 8)
 
@@ -187,6 +187,25 @@ def summarise(
     )
 
 
+def check_trials(policies: Sequence[Policy], trials: int, repeats: int) -> None:
+    """Refuse what no experiment can run, before any trial: ``trials`` that are not a
+    positive multiple of ``repeats`` (they are ``trials / repeats`` tasks, each tried
+    ``repeats`` times) or a policy the lab does not know. Both experiments (the
+    simulated chains here, a real workflow in ``._target``) take these counts.
+
+    Raises:
+        ConfigError: says which count or policy.
+    """
+    if repeats < 1 or trials < repeats or trials % repeats:
+        raise ConfigError(
+            f"trials={trials!r} must be a positive multiple of repeats={repeats!r} "
+            "(each task is tried `repeats` times)"
+        )
+    for policy in policies:
+        if policy not in POLICIES:
+            raise ConfigError(f"unknown policy {policy!r}: choose from {', '.join(POLICIES)}")
+
+
 def run_lab(
     profile: LabProfile,
     *,
@@ -204,14 +223,7 @@ def run_lab(
         ConfigError: ``trials`` is not a positive multiple of ``repeats``, or a policy
             or step count is unknown.
     """
-    if repeats < 1 or trials < repeats or trials % repeats:
-        raise ConfigError(
-            f"trials={trials!r} must be a positive multiple of repeats={repeats!r} "
-            "(each task is tried `repeats` times)"
-        )
-    for p in policies:
-        if p not in POLICIES:
-            raise ConfigError(f"unknown policy {p!r}: choose from {', '.join(POLICIES)}")
+    check_trials(policies, trials, repeats)
     if not steps or any(int(n) < 1 for n in steps):
         raise ConfigError(f"steps must be positive step counts, got {list(steps)!r}")
     cells = []

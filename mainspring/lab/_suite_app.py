@@ -18,6 +18,7 @@ The world's tools do the ``"tool"`` point themselves.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from collections.abc import Sequence
@@ -33,15 +34,12 @@ from ._tasks import TASKS, SuiteWorld
 __all__ = ["build_app", "world"]
 
 _LABEL = re.compile(r"\bbatch (\w+)")
-_worlds: dict[str, SuiteWorld] = {}
+_world_at = functools.cache(SuiteWorld)  # one handle per file in this process
 
 
 def world() -> SuiteWorld:
     """This process's handle on the world file of ``MAINSPRING_SUITE_WORLD``."""
-    path = os.environ["MAINSPRING_SUITE_WORLD"]
-    if path not in _worlds:
-        _worlds[path] = SuiteWorld(path)
-    return _worlds[path]
+    return _world_at(os.environ["MAINSPRING_SUITE_WORLD"])
 
 
 def _label(messages: Sequence[Message]) -> str:

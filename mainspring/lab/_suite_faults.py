@@ -33,7 +33,7 @@ import signal
 import sqlite3
 import threading
 from dataclasses import asdict, dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from .. import ConfigError
 
@@ -45,9 +45,14 @@ PHASES: tuple[Phase, ...] = ("model", "tool", "commit")
 FAULT_KINDS: tuple[ProviderFault, ...] = ("server_error", "rate_limited", "timeout")
 
 
-def _rate(owner: str, name: str, value: float) -> None:
-    if not (isinstance(value, int | float) and 0.0 <= value <= 1.0 and not math.isnan(value)):
-        raise ConfigError(f"{owner}.{name} must be a probability in [0, 1], got {value!r}")
+def _probabilities(owner: object, names: tuple[str, ...]) -> None:
+    """Refuse a rate among ``owner``'s fields ``names`` that is no probability."""
+    for name in names:
+        value = getattr(owner, name)
+        if not (isinstance(value, int | float) and 0.0 <= value <= 1.0 and not math.isnan(value)):
+            raise ConfigError(
+                f"{type(owner).__name__}.{name} must be a probability in [0, 1], got {value!r}"
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,8 +68,7 @@ class KillRates:
     commit: float = 0.004
 
     def __post_init__(self) -> None:
-        for phase in PHASES:
-            _rate("KillRates", phase, getattr(self, phase))
+        _probabilities(self, PHASES)
 
     def of(self, phase: Phase) -> float:
         """The rate at ``phase``."""
@@ -91,8 +95,7 @@ class ProviderFaults:
     timeout_s: float = 30.0
 
     def __post_init__(self) -> None:
-        for kind in FAULT_KINDS:
-            _rate("ProviderFaults", kind, getattr(self, kind))
+        _probabilities(self, FAULT_KINDS)
         if self.total > 1.0:
             raise ConfigError(f"ProviderFaults' rates add up to {self.total!r}, more than 1")
         if not self.retry_after_s >= 0 or not self.timeout_s > 0:
@@ -201,6 +204,14 @@ class SuiteFaults:
             self._local.conn = conn
         return conn
 
+    def _rows(self, select: str, label: str | None, then: str) -> list[Any]:
+        """The rows of ``select`` (``SELECT ... FROM table``) of one run's ``label``, or of
+        every run's when ``label`` is ``None``, then ``then`` (its grouping or order)."""
+        sql, args = select, tuple[str, ...]()
+        if label is not None:
+            sql, args = sql + " WHERE label = ?", (label,)
+        return self._conn().execute(f"{sql} {then}", args).fetchall()
+
     def close(self) -> None:
         conn = getattr(self._local, "conn", None)
         if conn is not None:
@@ -290,20 +301,13 @@ class SuiteFaults:
 
     def kills(self, label: str | None = None) -> dict[str, int]:
         """How many kills each phase made (every phase present)."""
-        sql, args = "SELECT phase, COUNT(*) FROM suite_kills", tuple[str, ...]()
-        if label is not None:
-            sql, args = sql + " WHERE label = ?", (label,)
-        found = dict(self._conn().execute(sql + " GROUP BY phase", args).fetchall())
+        found = dict(self._rows("SELECT phase, COUNT(*) FROM suite_kills", label, "GROUP BY phase"))
         return {phase: int(found.get(phase, 0)) for phase in PHASES}
 
     def kill_events(self, label: str | None = None) -> list[tuple[str, str, int]]:
         """Every kill as ``(label, phase, count)``, in the order they happened."""
-        sql, args = "SELECT label, phase, count FROM suite_kills", tuple[str, ...]()
-        if label is not None:
-            sql, args = sql + " WHERE label = ?", (label,)
-        return [
-            (str(a), str(b), int(c)) for a, b, c in self._conn().execute(sql + " ORDER BY id", args)
-        ]
+        rows = self._rows("SELECT label, phase, count FROM suite_kills", label, "ORDER BY id")
+        return [(str(a), str(b), int(c)) for a, b, c in rows]
 
     def events(self, label: str, phase: Phase) -> int:
         """How many events ``label`` counted at ``phase``."""
@@ -340,10 +344,8 @@ class SuiteFaults:
 
     def provider_faults(self, label: str | None = None) -> dict[str, int]:
         """How many requests met each provider fault (every kind present)."""
-        sql, args = "SELECT kind, COUNT(*) FROM suite_provider_faults", tuple[str, ...]()
-        if label is not None:
-            sql, args = sql + " WHERE label = ?", (label,)
-        found = dict(self._conn().execute(sql + " GROUP BY kind", args).fetchall())
+        select = "SELECT kind, COUNT(*) FROM suite_provider_faults"
+        found = dict(self._rows(select, label, "GROUP BY kind"))
         return {kind: int(found.get(kind, 0)) for kind in FAULT_KINDS}
 
     def provider_fault_events(self, label: str) -> list[tuple[int, str]]:

@@ -29,7 +29,7 @@ from ._chain import InstantClock, TrialOutcome, _quiet
 from ._faults import FaultHook
 from ._imports import import_object
 from ._profile import POLICIES, FailureCause, LabProfile, Policy
-from ._run import Cell, LabResult, TrialFailure, summarise
+from ._run import Cell, LabResult, TrialFailure, check_trials, summarise
 from ._stubs import Stub, lab_stubs
 
 __all__ = ["LabTarget", "parse_json_args", "resolve_target", "run_workflow_lab"]
@@ -368,14 +368,7 @@ def run_workflow_lab(
         ConfigError: a target that is not a workflow, arguments that do not fit it, a
             workflow that does not succeed without faults, or bad counts.
     """
-    if repeats < 1 or trials < repeats or trials % repeats:
-        raise ConfigError(
-            f"trials={trials!r} must be a positive multiple of repeats={repeats!r} "
-            "(each task is tried `repeats` times)"
-        )
-    for policy in policies:
-        if policy not in POLICIES:
-            raise ConfigError(f"unknown policy {policy!r}: choose from {', '.join(POLICIES)}")
+    check_trials(policies, trials, repeats)
     found = resolve_target(target, workflow=workflow)
     named = dict(kwargs or {})
     found.workflow.encode_input(tuple(args), named)  # wrong arguments fail here

@@ -46,22 +46,14 @@ class MigrateWorld(TaskWorld):
         return {"action": "finish"}
 
     def check(self, label: str, items: int) -> list[str]:
-        states = [s for _, s in self.states(label)]
-        problems = []
-        if states.count("written") != items:
-            problems.append(
-                f"{label}: {items - states.count('written')} of {items} items not written"
-            )
-        applied = sum(self.effects(label, "write").values())
-        if applied != items:
-            problems.append(f"{label}: {applied} write effects, expected {items}")
+        problems = self.unfinished(label, items, "written", "write", items)
         checkpoints, want = self._checkpoints(label), items // MIGRATE.gate_every
         if checkpoints < want:
             problems.append(f"{label}: {checkpoints} checkpoints approved, expected {want}")
         return problems
 
     def duplicates(self, label: str) -> int:
-        return sum(c - 1 for c in self.effects(label, "write").values() if c > 1)
+        return self.repeated(label, "write")
 
     def apply(self, label: str, tool: str, args: dict[str, Any], key: str) -> dict[str, Any]:
         if tool == "progress":

@@ -186,3 +186,20 @@ class TaskWorld(ABC):
         self.conn().execute(
             "UPDATE items SET state = ? WHERE label = ? AND idx = ?", (state, label, idx)
         )
+
+    def unfinished(self, label: str, items: int, done: str, effect: str, want: int) -> list[str]:
+        """The audit every item state machine starts with: each of the run's ``items``
+        reached ``done``, and ``effect`` took place ``want`` times in all (by payload,
+        whatever the key)."""
+        problems = []
+        finished = [s for _, s in self.states(label)].count(done)
+        if finished != items:
+            problems.append(f"{label}: {items - finished} of {items} items not {done}")
+        applied = sum(self.effects(label, effect).values())
+        if applied != want:
+            problems.append(f"{label}: {applied} {effect} effects, expected {want}")
+        return problems
+
+    def repeated(self, label: str, effect: str) -> int:
+        """How many of the run's ``effect`` effects repeated one already made."""
+        return sum(c - 1 for c in self.effects(label, effect).values() if c > 1)

@@ -45,20 +45,11 @@ class SupportWorld(TaskWorld):
         return {"action": "finish"}
 
     def check(self, label: str, items: int) -> list[str]:
-        states = [s for _, s in self.states(label)]
-        problems = []
-        if states.count("closed") != items:
-            problems.append(
-                f"{label}: {items - states.count('closed')} of {items} items not closed"
-            )
-        applied = sum(self.effects(label, "refund").values())
-        want = sum(needs_refund(i) for i in range(items))
-        if applied != want:
-            problems.append(f"{label}: {applied} refund effects, expected {want}")
-        return problems
+        refunds = sum(needs_refund(i) for i in range(items))
+        return self.unfinished(label, items, "closed", "refund", refunds)
 
     def duplicates(self, label: str) -> int:
-        return sum(c - 1 for c in self.effects(label, "refund").values() if c > 1)
+        return self.repeated(label, "refund")
 
     def apply(self, label: str, tool: str, args: dict[str, Any], key: str) -> dict[str, Any]:
         if tool == "progress":

@@ -13,13 +13,11 @@ and ``cache_write_tokens`` say how many of them were read from or written to the
 from __future__ import annotations
 
 import contextlib
-import inspect
 import json
 import os
 import re
-import time
 from collections.abc import AsyncIterable, Callable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 from .._errors import (
     ConfigError,
@@ -32,14 +30,8 @@ from .._errors import (
     RateLimited,
     TransientError,
 )
-from ._base import Model
-from ._common import (
-    LoopClients,
-    error_fields,
-    rate_limit_headers,
-    retry_after_from_headers,
-    transport_errors,
-)
+from ._common import error_fields, rate_limit_headers, retry_after_from_headers
+from ._sdk import LOCAL_API_KEY, SdkModel
 from ._types import (
     AssistantMessage,
     FinishReason,
@@ -68,9 +60,6 @@ __all__ = [
     "response_from_wire",
 ]
 
-# Local servers and keyless gateways ignore the key, but the SDK refuses to send without one.
-_LOCAL_API_KEY = "not-needed"
-
 _STOP: dict[str, FinishReason] = {
     "end_turn": "stop",
     "stop_sequence": "stop",
@@ -84,7 +73,7 @@ _CONTEXT_WORDS = re.compile(r"prompt is too long|context window|too many tokens"
 _QUOTA_WORDS = re.compile(r"credit balance|billing|spend limit|quota", re.IGNORECASE)
 
 
-class AnthropicModel(Model):
+class AnthropicModel(SdkModel[anthropic.AsyncAnthropic]):
     """A Claude model behind the Anthropic Messages API (tool use included).
 
     Args:
@@ -110,6 +99,8 @@ class AnthropicModel(Model):
     """
 
     provider = "anthropic"
+    sdk = anthropic
+    stream_kwargs: ClassVar[Mapping[str, Any]] = {"stream": True}
 
     def __init__(
         self,
@@ -122,26 +113,22 @@ class AnthropicModel(Model):
         max_tokens: int = 4096,
         stream: bool = False,
     ) -> None:
-        self.streams = stream
-        if not model_id or not model_id.strip():
-            raise ConfigError(f"AnthropicModel needs a model id, got {model_id!r}")
+        super().__init__(
+            model_id,
+            base_url=base_url,
+            api_key=api_key,
+            timeout_s=timeout_s,
+            client=client,
+            stream=stream,
+        )
         if max_tokens < 1:
             raise ConfigError(f"AnthropicModel max_tokens must be positive, got {max_tokens!r}")
-        self.model_id = model_id
-        self.base_url = base_url
-        self.timeout_s = timeout_s
         self.max_tokens = max_tokens
-        self.name = f"anthropic:{model_id}" + (f"@{base_url}" if base_url else "")
-        self._api_key = api_key
-        self._given = client.with_options(max_retries=0) if client is not None else None
-        self._clients: LoopClients[anthropic.AsyncAnthropic] = LoopClients(
-            self._make_client, _close_client
-        )
 
     def _make_client(self) -> anthropic.AsyncAnthropic:
         key = self._api_key or os.environ.get("ANTHROPIC_API_KEY")
         if key is None and (self.base_url or os.environ.get("ANTHROPIC_BASE_URL")):
-            key = _LOCAL_API_KEY  # the SDK insists on credentials; a local server needs none
+            key = LOCAL_API_KEY  # the SDK insists on credentials; a local server needs none
         return anthropic.AsyncAnthropic(
             api_key=key,
             base_url=self.base_url,
@@ -149,89 +136,34 @@ class AnthropicModel(Model):
             max_retries=0,
         )
 
-    def _client(self) -> anthropic.AsyncAnthropic:
-        return self._given if self._given is not None else self._clients.get()
+    def _resource(self, client: anthropic.AsyncAnthropic) -> Any:
+        return client.messages
 
-    async def warm(self) -> None:
-        """Make this event loop's client and its lazily built resources (see
-        :meth:`Model.warm`)."""
-        self._client().messages  # noqa: B018 - the attribute builds the resource
-
-    async def aclose(self) -> None:
-        """Close this event loop's HTTP client (a ``client=`` given by the caller is theirs)."""
-        await self._clients.aclose()
-
-    async def request(
-        self,
-        messages: Sequence[Message],
-        *,
-        tools: Sequence[ToolSpec] = (),
-        settings: ModelSettings | None = None,
+    def _response(
+        self, data: Mapping[str, Any], headers: Mapping[str, str], latency_s: float
     ) -> ModelResponse:
-        """Send one Messages API request; see :meth:`Model.request`."""
-        kwargs = self._request_kwargs(messages, tools, settings)
-        client = self._client()
-        started = time.perf_counter()
-        with self._mapped_errors():
-            raw: Any = await client.messages.with_raw_response.create(**kwargs)
-            message: Any = raw.parse()
-            if inspect.isawaitable(message):  # SDK 2.x parses raw responses asynchronously
-                message = await message
-        latency = time.perf_counter() - started
-        return response_from_wire(
-            message.model_dump(mode="json"),
-            headers=raw.headers,
-            latency_s=latency,
-            model=self.model_id,
-        )
+        return response_from_wire(data, headers=headers, latency_s=latency_s, model=self.model_id)
 
-    async def stream(
+    async def _assemble(
         self,
-        messages: Sequence[Message],
-        *,
-        tools: Sequence[ToolSpec] = (),
-        settings: ModelSettings | None = None,
+        events: AsyncIterable[Any],
         on_text: Callable[[str], None],
-        on_tool_call: Callable[[ToolCallDelta], None] | None = None,
-    ) -> ModelResponse:
-        """Send one streamed Messages API request, handing out its text deltas and its
-        tool calls' argument deltas (``input_json_delta``); see :meth:`Model.stream`.
-        The events are assembled into the message a non-streamed request gets (text
-        and ``tool_use`` blocks, stop reason, usage)."""
-        kwargs = self._request_kwargs(messages, tools, settings)
-        kwargs["stream"] = True
-        client = self._client()
-        started = time.perf_counter()
-        with self._mapped_errors():
-            raw: Any = await client.messages.with_raw_response.create(**kwargs)
-            events: Any = raw.parse()
-            if inspect.isawaitable(events):
-                events = await events
-            body = await assemble_events(events, on_text, on_tool_call)
-        return response_from_wire(
-            body,
-            headers=raw.headers,
-            latency_s=time.perf_counter() - started,
-            model=self.model_id,
-        )
+        on_tool_call: Callable[[ToolCallDelta], None] | None,
+    ) -> dict[str, Any]:
+        return await assemble_events(events, on_text, on_tool_call)
+
+    def _status_error(
+        self, status: int, body: object, headers: Mapping[str, str]
+    ) -> MainspringError:
+        return map_status_error(status, body, headers, model=self.name)
 
     @contextlib.contextmanager
     def _mapped_errors(self) -> Iterator[None]:
-        """The SDK's errors as mainspring's."""
+        """The SDK's errors as mainspring's (see :class:`SdkModel`), and its missing
+        credentials as :class:`PermissionDenied`."""
         try:
-            yield
-        except anthropic.APIStatusError as exc:
-            raise map_status_error(
-                exc.status_code, exc.body, exc.response.headers, model=self.name
-            ) from exc
-        except anthropic.APITimeoutError as exc:
-            raise TransientError(f"{self.name}: request timed out after {self.timeout_s}s") from exc
-        except anthropic.APIConnectionError as exc:
-            raise TransientError(f"{self.name}: connection failed: {exc}") from exc
-        except anthropic.APIError as exc:  # an error event in the middle of a stream
-            raise TransientError(f"{self.name}: the stream broke off: {exc}") from exc
-        except transport_errors() as exc:  # the connection dropped in the middle of a stream
-            raise TransientError(f"{self.name}: the stream broke off: {exc!r}") from exc
+            with super()._mapped_errors():
+                yield
         except TypeError as exc:
             # The SDK's way of saying it found no credentials, before any request is sent.
             if "authentication" not in str(exc):
@@ -273,10 +205,6 @@ class AnthropicModel(Model):
             if extra:
                 kwargs["extra_body"] = extra
         return kwargs
-
-
-async def _close_client(client: anthropic.AsyncAnthropic) -> None:
-    await client.close()
 
 
 def _tool_input(arguments: str) -> dict[str, Any]:

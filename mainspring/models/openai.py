@@ -11,14 +11,11 @@ tokens included; ``cache_read_tokens`` says how many of them came from the cache
 
 from __future__ import annotations
 
-import contextlib
-import inspect
 import json
 import os
 import re
-import time
-from collections.abc import AsyncIterable, Callable, Iterator, Mapping, Sequence
-from typing import Any
+from collections.abc import AsyncIterable, Callable, Mapping, Sequence
+from typing import Any, ClassVar
 
 from .._errors import (
     ConfigError,
@@ -31,14 +28,8 @@ from .._errors import (
     RateLimited,
     TransientError,
 )
-from ._base import Model
-from ._common import (
-    LoopClients,
-    error_fields,
-    rate_limit_headers,
-    retry_after_from_headers,
-    transport_errors,
-)
+from ._common import error_fields, rate_limit_headers, retry_after_from_headers
+from ._sdk import LOCAL_API_KEY, SdkModel
 from ._types import (
     AssistantMessage,
     FinishReason,
@@ -67,9 +58,6 @@ __all__ = [
     "response_from_wire",
 ]
 
-# Local servers (Ollama, llama.cpp, LM Studio) ignore the key but the SDK insists on one.
-_LOCAL_API_KEY = "not-needed"
-
 _FINISH: dict[str, FinishReason] = {
     "stop": "stop",
     "length": "length",
@@ -89,7 +77,7 @@ _CONTEXT_WORDS = re.compile(
 )
 
 
-class OpenAIModel(Model):
+class OpenAIModel(SdkModel[openai.AsyncOpenAI]):
     """A chat model behind the OpenAI Chat Completions API (function calling included).
 
     Args:
@@ -113,6 +101,11 @@ class OpenAIModel(Model):
     """
 
     provider = "openai"
+    sdk = openai
+    stream_kwargs: ClassVar[Mapping[str, Any]] = {
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
 
     def __init__(
         self,
@@ -124,26 +117,22 @@ class OpenAIModel(Model):
         client: openai.AsyncOpenAI | None = None,
         stream: bool = False,
     ) -> None:
-        self.streams = stream
-        if not model_id or not model_id.strip():
-            raise ConfigError(f"OpenAIModel needs a model id, got {model_id!r}")
-        self.model_id = model_id
-        self.base_url = base_url
-        self.timeout_s = timeout_s
-        self.name = f"openai:{model_id}" + (f"@{base_url}" if base_url else "")
-        self._api_key = api_key
+        super().__init__(
+            model_id,
+            base_url=base_url,
+            api_key=api_key,
+            timeout_s=timeout_s,
+            client=client,
+            stream=stream,
+        )
         # OpenAI's own endpoint wants max_completion_tokens (o-series refuse max_tokens);
         # compatible servers mostly know only max_tokens.
         self._official = base_url is None and not os.environ.get("OPENAI_BASE_URL")
-        self._given = client.with_options(max_retries=0) if client is not None else None
-        self._clients: LoopClients[openai.AsyncOpenAI] = LoopClients(
-            self._make_client, _close_client
-        )
 
     def _make_client(self) -> openai.AsyncOpenAI:
         key = self._api_key or os.environ.get("OPENAI_API_KEY")
         if key is None and (self.base_url is not None or os.environ.get("OPENAI_BASE_URL")):
-            key = _LOCAL_API_KEY  # a compatible server (base_url= or OPENAI_BASE_URL)
+            key = LOCAL_API_KEY  # a compatible server (base_url= or OPENAI_BASE_URL)
         if key is None:
             raise PermissionDenied(
                 f"{self.name}: no API key: set OPENAI_API_KEY or pass api_key=; for a local "
@@ -153,91 +142,26 @@ class OpenAIModel(Model):
             api_key=key, base_url=self.base_url, timeout=self.timeout_s, max_retries=0
         )
 
-    def _client(self) -> openai.AsyncOpenAI:
-        return self._given if self._given is not None else self._clients.get()
+    def _resource(self, client: openai.AsyncOpenAI) -> Any:
+        return client.chat.completions
 
-    async def warm(self) -> None:
-        """Make this event loop's client and its lazily built resources (see
-        :meth:`Model.warm`)."""
-        self._client().chat.completions  # noqa: B018 - the attribute builds the resource
-
-    async def aclose(self) -> None:
-        """Close this event loop's HTTP client (a ``client=`` given by the caller is theirs)."""
-        await self._clients.aclose()
-
-    async def request(
-        self,
-        messages: Sequence[Message],
-        *,
-        tools: Sequence[ToolSpec] = (),
-        settings: ModelSettings | None = None,
+    def _response(
+        self, data: Mapping[str, Any], headers: Mapping[str, str], latency_s: float
     ) -> ModelResponse:
-        """Send one Chat Completions request; see :meth:`Model.request`."""
-        kwargs = self._request_kwargs(messages, tools, settings)
-        client = self._client()
-        started = time.perf_counter()
-        with self._mapped_errors():
-            raw: Any = await client.chat.completions.with_raw_response.create(**kwargs)
-            completion: Any = raw.parse()
-            if inspect.isawaitable(completion):  # newer SDKs' raw responses parse async
-                completion = await completion
-        latency = time.perf_counter() - started
-        return response_from_wire(
-            completion.model_dump(mode="json"),
-            headers=raw.headers,
-            latency_s=latency,
-            model=self.model_id,
-        )
+        return response_from_wire(data, headers=headers, latency_s=latency_s, model=self.model_id)
 
-    async def stream(
+    async def _assemble(
         self,
-        messages: Sequence[Message],
-        *,
-        tools: Sequence[ToolSpec] = (),
-        settings: ModelSettings | None = None,
+        events: AsyncIterable[Any],
         on_text: Callable[[str], None],
-        on_tool_call: Callable[[ToolCallDelta], None] | None = None,
-    ) -> ModelResponse:
-        """Send one streamed Chat Completions request, handing out its text deltas
-        and its tool calls' argument deltas; see :meth:`Model.stream`. The chunks are
-        assembled into the body a non-streamed request gets (text, refusal, tool
-        calls by index, finish reason, the usage chunk), read as :meth:`request`
-        reads it."""
-        kwargs = self._request_kwargs(messages, tools, settings)
-        kwargs["stream"] = True
-        kwargs["stream_options"] = {"include_usage": True}
-        client = self._client()
-        started = time.perf_counter()
-        with self._mapped_errors():
-            raw: Any = await client.chat.completions.with_raw_response.create(**kwargs)
-            chunks: Any = raw.parse()
-            if inspect.isawaitable(chunks):
-                chunks = await chunks
-            body = await assemble_chunks(chunks, on_text, on_tool_call)
-        return response_from_wire(
-            body,
-            headers=raw.headers,
-            latency_s=time.perf_counter() - started,
-            model=self.model_id,
-        )
+        on_tool_call: Callable[[ToolCallDelta], None] | None,
+    ) -> dict[str, Any]:
+        return await assemble_chunks(events, on_text, on_tool_call)
 
-    @contextlib.contextmanager
-    def _mapped_errors(self) -> Iterator[None]:
-        """The SDK's errors as mainspring's."""
-        try:
-            yield
-        except openai.APIStatusError as exc:
-            raise map_status_error(
-                exc.status_code, exc.body, exc.response.headers, model=self.name
-            ) from exc
-        except openai.APITimeoutError as exc:
-            raise TransientError(f"{self.name}: request timed out after {self.timeout_s}s") from exc
-        except openai.APIConnectionError as exc:
-            raise TransientError(f"{self.name}: connection failed: {exc}") from exc
-        except openai.APIError as exc:  # an error event in the middle of a stream
-            raise TransientError(f"{self.name}: the stream broke off: {exc}") from exc
-        except transport_errors() as exc:  # the connection dropped in the middle of a stream
-            raise TransientError(f"{self.name}: the stream broke off: {exc!r}") from exc
+    def _status_error(
+        self, status: int, body: object, headers: Mapping[str, str]
+    ) -> MainspringError:
+        return map_status_error(status, body, headers, model=self.name)
 
     def _request_kwargs(
         self,
@@ -266,10 +190,6 @@ class OpenAIModel(Model):
                 # extra_body reaches the wire as is, whatever this SDK version's kwargs.
                 kwargs["extra_body"] = dict(settings.extra)
         return kwargs
-
-
-async def _close_client(client: openai.AsyncOpenAI) -> None:
-    await client.close()
 
 
 def messages_to_wire(messages: Sequence[Message]) -> list[dict[str, Any]]:

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Sequence
-from typing import Any, ParamSpec, TypeVar, overload
+from collections.abc import Callable
+from typing import Any, ParamSpec, TypeVar, Unpack, overload
 
-from ..journal import RetryPolicy
-from ._context import Effect
-from ._tool import Tool, Validator
+from ._tool import Tool, ToolOptions
 
 __all__ = ["tool"]
 
@@ -26,32 +24,12 @@ def tool(fn: Callable[P, R], /) -> Tool[P, R]: ...
 
 @overload
 def tool(
-    fn: None = None,
-    /,
-    *,
-    name: str | None = None,
-    description: str | None = None,
-    effect: Effect = "read",
-    timeout_s: float | None = None,
-    retry: RetryPolicy | None = None,
-    requires_approval: bool | None = None,
-    validators: Sequence[Validator] = (),
-    max_result_chars: int = 4000,
+    fn: None = None, /, **options: Unpack[ToolOptions]
 ) -> Callable[[Callable[P, R]], Tool[P, R]]: ...
 
 
 def tool(
-    fn: Callable[P, R] | None = None,
-    /,
-    *,
-    name: str | None = None,
-    description: str | None = None,
-    effect: Effect = "read",
-    timeout_s: float | None = None,
-    retry: RetryPolicy | None = None,
-    requires_approval: bool | None = None,
-    validators: Sequence[Validator] = (),
-    max_result_chars: int = 4000,
+    fn: Callable[P, R] | None = None, /, **options: Unpack[ToolOptions]
 ) -> Tool[P, R] | Callable[[Callable[P, R]], Tool[P, R]]:
     """Make a function (sync or async) a tool a model can call.
 
@@ -78,16 +56,6 @@ def tool(
         ConfigError: a bad name (``^[a-zA-Z0-9_-]{1,64}$``), effect, timeout or limit,
             or arguments that have no JSON schema.
     """
-    options: dict[str, Any] = {
-        "name": name,
-        "description": description,
-        "effect": effect,
-        "timeout_s": timeout_s,
-        "retry": retry,
-        "requires_approval": requires_approval,
-        "validators": validators,
-        "max_result_chars": max_result_chars,
-    }
 
     def decorate(f: Callable[P, R]) -> Tool[P, R]:
         return Tool.from_function(f, localns=_caller_locals(), **options)

@@ -293,13 +293,7 @@ class MCPToolset(Toolset):
             if current is not None and current.loop is loop:
                 await current.close()
             self._connection = None
-            connection = Connection(
-                command=self.command,
-                env=self.env,
-                cwd=self.cwd,
-                url=self.url,
-                headers=self.headers,
-            )
+            connection = Connection(self)
             try:
                 await connection.open(self.connect_timeout_s)
             except Unreachable as exc:

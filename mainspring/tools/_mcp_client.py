@@ -12,10 +12,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sys
-from collections.abc import Mapping, Sequence
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from .._errors import MissingExtra
+
+if TYPE_CHECKING:
+    from ._mcp import MCPToolset
 
 try:
     import httpx2
@@ -44,20 +46,8 @@ class ServerGone(Exception):
 class Connection:
     """A session with one MCP server, opened by :meth:`open` in the running loop."""
 
-    def __init__(
-        self,
-        *,
-        command: Sequence[str] | None,
-        env: Mapping[str, str] | None,
-        cwd: str | None,
-        url: str | None,
-        headers: Mapping[str, str] | None,
-    ) -> None:
-        self._command = command
-        self._env = env
-        self._cwd = cwd
-        self._url = url
-        self._headers = headers
+    def __init__(self, server: MCPToolset) -> None:
+        self._server = server  # how to reach it: its command, or its URL and headers
         self._session: mcp.ClientSession | None = None
         self._closing = asyncio.Event()
         self._ready = asyncio.Event()
@@ -101,24 +91,25 @@ class Connection:
     async def _hold(self) -> None:
         try:
             async with contextlib.AsyncExitStack() as stack:
-                if self._command is not None:
+                server = self._server
+                if server.command is not None:
                     params = mcp.StdioServerParameters(
-                        command=self._command[0],
-                        args=list(self._command[1:]),
-                        env=dict(self._env) if self._env is not None else None,
-                        cwd=self._cwd,
+                        command=server.command[0],
+                        args=list(server.command[1:]),
+                        env=dict(server.env) if server.env is not None else None,
+                        cwd=server.cwd,
                     )
                     streams = await stack.enter_async_context(mcp.stdio_client(params, sys.stderr))
                 else:
-                    assert self._url is not None
+                    assert server.url is not None
                     client = await stack.enter_async_context(
                         httpx2.AsyncClient(
-                            headers=dict(self._headers or {}),
+                            headers=dict(server.headers or {}),
                             timeout=httpx2.Timeout(30.0, read=300.0),
                         )
                     )
                     streams = await stack.enter_async_context(
-                        streamable_http_client(self._url, http_client=client)
+                        streamable_http_client(server.url, http_client=client)
                     )
                 read, write = streams
                 session = await stack.enter_async_context(mcp.ClientSession(read, write))

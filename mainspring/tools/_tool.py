@@ -10,7 +10,7 @@ import re
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypedDict, TypeVar
 
 from .._errors import ConfigError, ValidationFailed
 from ..journal import RetryPolicy, StepMode, current_step
@@ -23,7 +23,7 @@ from ._schema import ArgumentSchema, brief_signature, build_schema
 if TYPE_CHECKING:
     from ..journal import RunContext
 
-__all__ = ["NAME_PATTERN", "Tool", "Validator", "tool_of"]
+__all__ = ["NAME_PATTERN", "Tool", "ToolOptions", "Validator", "tool_of"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -31,6 +31,22 @@ R = TypeVar("R")
 Validator = Callable[[Any], "str | bool | None"]
 """An output rule: returns ``None`` (or ``True``, or ``""``) when the result is fine, an
 error string (or ``False``) when it is not, or raises :class:`ValidationFailed`."""
+
+
+class ToolOptions(TypedDict, total=False):
+    """How a tool behaves, each option as :meth:`Tool.from_function` takes it (its
+    defaults are there, its meanings in :func:`~mainspring.tools.tool`): the one list
+    that the decorators forwarding these options type their ``**options`` with."""
+
+    name: str | None
+    description: str | None
+    effect: Effect
+    timeout_s: float | None
+    retry: RetryPolicy | None
+    requires_approval: bool | None
+    validators: Sequence[Validator]
+    max_result_chars: int
+
 
 NAME_PATTERN = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")  # what OpenAI and Anthropic accept
 _MIN_RESULT_CHARS = 64

@@ -119,21 +119,10 @@ class ModelCalls(BaseCallbackHandler):
 
     # Only model calls matter here: LangChain skips the handler for every other event
     # (a graph emits several per superstep, each a thread hop in an async run).
-    @property
-    def ignore_chain(self) -> bool:
-        return True
-
-    @property
-    def ignore_agent(self) -> bool:
-        return True
-
-    @property
-    def ignore_retriever(self) -> bool:
-        return True
-
-    @property
-    def ignore_custom_event(self) -> bool:
-        return True
+    ignore_chain = True
+    ignore_agent = True
+    ignore_retriever = True
+    ignore_custom_event = True
 
     def __init__(
         self, app: App, *, repair: bool = True, prices: dict[str, Price] | None = None

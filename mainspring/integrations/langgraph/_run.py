@@ -47,6 +47,7 @@ from ... import (
 )
 from ... import RetryPolicy as MsRetry
 from ...storage import JournalRole
+from .._budgets import reached
 from ._models import NodeUsage, current_usage
 from ._serde import decode, encode
 from ._tasks import TaskCalls
@@ -243,19 +244,18 @@ class Execution:
             interrupt(ask)
 
     def _exceeded(self) -> tuple[str, float, float] | None:
-        lim = self.limits
-        checks: list[tuple[str, float | None, float]] = [
-            ("max_steps", lim.max_steps, self.steps),
-            ("max_tokens", lim.max_tokens, self.tokens),
-            ("max_cost_usd", lim.max_cost_usd, self.cost_usd),
-        ]
-        if lim.max_wall_s is not None:
+        used: dict[str, float] = {
+            "max_steps": self.steps,
+            "max_tokens": self.tokens,
+            "max_cost_usd": self.cost_usd,
             # The journaled time of the last step's end: a replay judges the same.
-            checks.append(("max_wall_s", lim.max_wall_s, self.elapsed()))
-        for which, cap, used in checks:
-            if cap is not None and used >= cap:
-                return which, float(cap), float(used)
-        return None
+            "max_wall_s": self.elapsed(),
+        }
+        hit = reached(self.limits, used)
+        if hit is None:
+            return None
+        which, cap, value = hit
+        return which, float(cap), float(value)
 
     def elapsed(self) -> float:
         return max(0.0, self.last_end - self.started)

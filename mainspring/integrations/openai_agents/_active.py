@@ -9,9 +9,10 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import mainspring as ms
-from mainspring import BudgetExceeded
 from mainspring.limits import Limits, Price
 from mainspring.models import ModelResponse
+
+from .._budgets import Spent, ask_past_cap, reached
 
 __all__ = ["Active", "Effect", "active"]
 
@@ -40,10 +41,7 @@ class Active:
     account: str
     prices: dict[str, Price] | None
     rate_limits: Any
-    turns: int = 0
-    tool_calls: int = 0
-    tokens: int = 0
-    cost_usd: float = 0.0
+    spent: Spent = field(default_factory=Spent)
     approved: set[str] = field(default_factory=set)
 
     async def before_model(self) -> None:
@@ -51,39 +49,18 @@ class Active:
         human (``budget:<limit>``: approve, with ``{"limit": N}`` to raise it) or,
         with ``on_exceeded="stop"``, ends it with :class:`BudgetExceeded`."""
         while (limits := self.limits) is not None:
-            used: dict[str, float] = {
-                "max_steps": self.turns,
-                "max_tool_calls": self.tool_calls,
-                "max_tokens": self.tokens,
-                "max_cost_usd": self.cost_usd,
-            }
-            over = [
-                (k, cap, used[k])
-                for k in used
-                if (cap := getattr(limits, k)) is not None and used[k] >= cap
-            ]
-            if not over:
+            hit = reached(limits, self.spent.used())
+            if hit is None:
                 return
-            which, cap, value = over[0]
+            which, cap, value = hit
             text = f"{which} reached: {value:g} of {cap:g}"
-            if limits.on_exceeded == "stop":
-                raise BudgetExceeded(text, run_id=self.ctx.run_id)
-            decision = await self.ctx.request(
-                f"budget:{which}",
-                kind="approval",
-                title=f"{text}: continue?",
-                preview={"limit": which, "cap": cap, "used": value},
-            )
-            if not decision.approved:
-                raise BudgetExceeded(f"{text}; stopped by a human", run_id=self.ctx.run_id)
+            decision = await ask_past_cap(self.ctx, limits, which, cap, value, text)
             raised = (decision.arguments or {}).get("limit")
             bumped = float(raised) if isinstance(raised, int | float) else value + max(cap, 1)
             self.limits = limits.raised(which, max(bumped, value + 1))
 
     def after_model(self, reply: ModelResponse) -> None:
-        self.turns += 1
-        self.tokens += reply.usage.input_tokens + reply.usage.output_tokens
-        self.cost_usd += reply.cost_usd or 0.0
+        self.spent.reply(reply, reply.cost_usd or 0.0)
 
     def before_tool(self, name: str) -> None:
-        self.tool_calls += 1
+        self.spent.tool_calls += 1

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from pydantic_ai.capabilities import AbstractCapability
 from pydantic_ai.exceptions import ApprovalRequired
@@ -39,11 +39,12 @@ from pydantic_ai.tools import (
 from pydantic_ai.tools import RunContext as PaiContext
 from pydantic_ai.toolsets import AbstractToolset
 
-from mainspring import Approval, BudgetExceeded, Limits, RetryPolicy, RunContext
+from mainspring import Approval, Limits, RetryPolicy, RunContext
 from mainspring.agent import call_model
 from mainspring.limits import BoundRateLimits, Price, cost_usd
 from mainspring.models import ModelSettings
 
+from .._budgets import Spent, ask_past_cap, reached
 from ._model import JournaledModel, PydanticAIReply, Sender, rendering, to_response, tool_specs
 from ._tools import JournaledToolset, ToolRules
 
@@ -73,10 +74,7 @@ class Durability(AbstractCapability[Any]):
 
     ctx: RunContext
     settings: RunSettings
-    turns: int = 0
-    tool_calls: int = 0
-    tokens: int = 0
-    cost_usd: float = 0.0
+    spent: Spent = field(default_factory=Spent)
     started: float | None = None  # journaled start, when max_wall_s asks for it
     limits: Limits | None = None
     request_ids: set[str] = field(default_factory=set)
@@ -121,37 +119,36 @@ class Durability(AbstractCapability[Any]):
     async def handle_deferred_tool_calls(
         self, ctx: PaiContext[Any], *, requests: DeferredToolRequests
     ) -> DeferredToolResults | None:
-        approvals = [(c, self._request_id("approval", c)) for c in requests.approvals]
-        calls = [(c, self._request_id("question", c)) for c in requests.calls]
-        asked: list[Any] = [
-            self.ctx.request(
-                rid,
-                kind="approval",
-                title=f"approve {c.tool_name}({c.args_as_json_str():.200})",
-                preview=_preview(c, requests),
-            )
-            for c, rid in approvals
-        ]
-        asked += [
-            self.ctx.request(
-                rid,
-                kind="question",
-                title=f"the result of {c.tool_name}({c.args_as_json_str():.200})",
-                preview=_preview(c, requests),
-            )
-            for c, rid in calls
-        ]
+        approvals, calls = requests.approvals, requests.calls
+        asked = [self._ask("approval", c, requests) for c in approvals]
+        asked += [self._ask("question", c, requests) for c in calls]
         # All at once: the run lists every request of the turn and waits for them together.
         answers = await asyncio.gather(*asked)
         results = DeferredToolResults()
-        for (c, _), decision in zip(approvals, answers[: len(approvals)], strict=True):
+        for c, decision in zip(approvals, answers[: len(approvals)], strict=True):
             assert isinstance(decision, Approval)
             results.approvals[c.tool_call_id] = _approval(decision)
             if decision.by:
                 results.answered_by[c.tool_call_id] = decision.by
-        for (c, _), answer in zip(calls, answers[len(approvals) :], strict=True):
+        for c, answer in zip(calls, answers[len(approvals) :], strict=True):
             results.calls[c.tool_call_id] = _value(str(answer))
         return results
+
+    def _ask(
+        self,
+        kind: Literal["approval", "question"],
+        call: ToolCallPart,
+        requests: DeferredToolRequests,
+    ) -> Awaitable[Approval | str]:
+        """The request a deferred call waits on: a human approves the call, or gives
+        its result (a question); the title names the call and its arguments."""
+        what = "approve" if kind == "approval" else "the result of"
+        return self.ctx.request(
+            self._request_id(kind, call),
+            kind=kind,
+            title=f"{what} {call.tool_name}({call.args_as_json_str():.200})",
+            preview=_preview(call, requests),
+        )
 
     # -- a model request -------------------------------------------------------------------
 
@@ -186,19 +183,16 @@ class Durability(AbstractCapability[Any]):
             reply_type=PydanticAIReply,
         )
         assert isinstance(reply, PydanticAIReply)
-        self.turns += 1
-        self.tokens += reply.usage.input_tokens + reply.usage.output_tokens
-        self.cost_usd += (
-            reply.cost_usd
-            if reply.cost_usd is not None
-            else cost_usd(sender.model_id, reply.usage, s.prices)
+        cost = reply.cost_usd
+        self.spent.reply(
+            reply, cost if cost is not None else cost_usd(sender.model_id, reply.usage, s.prices)
         )
         return to_response(reply), sender.events, sender.sent
 
     # -- budgets ---------------------------------------------------------------------------
 
     def _count_call(self, name: str) -> None:
-        self.tool_calls += 1
+        self.spent.tool_calls += 1
 
     async def _check_limits(self) -> None:
         """Before each model request: a cap reached asks a human (``budget:<limit>``:
@@ -206,32 +200,15 @@ class Durability(AbstractCapability[Any]):
         ``on_exceeded="stop"`` or a rejection, ends the run with :class:`BudgetExceeded`."""
         while self.limits is not None:
             lim = self.limits
-            checks: list[tuple[str, float | None, float]] = [
-                ("max_steps", lim.max_steps, self.turns),
-                ("max_tool_calls", lim.max_tool_calls, self.tool_calls),
-                ("max_tokens", lim.max_tokens, self.tokens),
-                ("max_cost_usd", lim.max_cost_usd, self.cost_usd),
-            ]
-            if lim.max_wall_s is not None and self.started is not None:
-                checks.append(
-                    ("max_wall_s", lim.max_wall_s, self.ctx.now().timestamp() - self.started)
-                )
-            hit = next(((w, c, u) for w, c, u in checks if c is not None and u >= c), None)
+            counts = self.spent.used()
+            if self.started is not None:
+                counts["max_wall_s"] = self.ctx.now().timestamp() - self.started
+            hit = reached(lim, counts)
             if hit is None:
                 return
             which, cap, used = hit
             text = f"agent {self.settings.agent!r}: {which} reached ({used:g} of {cap:g})"
-            if lim.on_exceeded == "stop":
-                raise BudgetExceeded(text, run_id=self.ctx.run_id)
-            decision = await self.ctx.request(
-                f"budget:{which}",
-                kind="approval",
-                title=f"{text}: continue?",
-                preview={"limit": which, "cap": cap, "used": used},
-            )
-            if not decision.approved:
-                raise BudgetExceeded(f"{text}; stopped by a human", run_id=self.ctx.run_id)
-            assert cap is not None
+            decision = await ask_past_cap(self.ctx, lim, which, cap, used, text)
             self.limits = lim.raised(which, (decision.arguments or {}).get("limit", cap * 2))
 
     def _request_id(self, kind: str, call: ToolCallPart) -> str:
