@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import gc
 import heapq
 import random
 import warnings
@@ -114,6 +115,8 @@ class SimLoop(asyncio.SelectorEventLoop):
                     task._log_destroy_pending = False  # type: ignore[attr-defined]
                     with contextlib.suppress(BaseException):  # a dead process's last gasp
                         task.get_coro().close()
+            del left
+            gc.collect()  # what their frames held, cycles included, goes now, quietly
 
     # -- the executor: no threads --------------------------------------------------------
 

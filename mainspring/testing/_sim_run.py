@@ -30,11 +30,11 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .. import App
 from ..journal import InlineExecutor
-from ..storage import SQLiteStore
+from ..storage import SQLiteStore, StepRecord
 from ..worker import Offload, Worker
 from ._faults import FaultyStore
 from ._invariants import StoreHistory, check_invariants
@@ -125,8 +125,11 @@ class _Sim:
     inner: SQLiteStore
     client: App
     trace: list[str] = field(default_factory=list)
+    violations: list[str] = field(default_factory=list)
+    rows: _Completed = field(default_factory=lambda: _Completed())
     procs: dict[int, _Process] = field(default_factory=dict)
     next_owner: int = 0
+    stopping: bool = False  # the end: no process starts any more
     alive_target: int = 0
 
     def note(self, what: str) -> None:
@@ -147,7 +150,7 @@ class _Sim:
                 dead=lambda: bool(holder) and holder[0].dead,
                 note=lambda what: self.note(f"w{owner} store {what}"),
             ),
-            after_call=self.history.after_commit(self.inner),
+            after_call=self.captured,
         )
         app = self.app(faulty, SimClock(self.loop), proc_rng)
         worker = Worker(
@@ -168,16 +171,37 @@ class _Sim:
         self.procs[owner] = proc
         self.note(f"w{owner} start")
 
+    def captured(
+        self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any
+    ) -> None:
+        """After a store call: watch the journal rows each landed commit wrote (a
+        completed row must never change), and remember each run a commit finished (a
+        finished run must never change: the end's capture compares). Reading only what
+        a commit wrote keeps the watch linear in the run's length."""
+        if method != "commit":
+            return
+        batch = kwargs.get("batch", args[0] if args else [])
+        finished = set()
+        for write, landed in zip(batch, result, strict=True):
+            if not landed.ok or landed.already:
+                continue
+            self.violations += self.rows.written(write.steps)
+            if write.transition is not None and write.transition.kind == "finish":
+                finished.add(write.run_id)
+        if finished:
+            self.history.capture(self.inner, finished)
+
     def app(self, store: FaultyStore | SQLiteStore, clock: SimClock, rng: random.Random) -> App:
         app = App(
             store,
             clock=clock,
             rng=rng,
             lease_s=LEASE_S,
-            poll_interval_s=0.5,
+            max_recoveries=self.workload.max_recoveries,
+            poll_interval_s=1.0,
             rate_limits=False,
         )
-        self.workload.register(app, self.ledger)
+        self.workload.register(app, self.ledger, self.mix)
         return app
 
     def on_turn(self, owner: int) -> bool:
@@ -205,11 +229,49 @@ class _Sim:
         self.loop.call_later(self.rng.uniform(0.5, 2.0) * LEASE_S, self.restart)
 
     def restart(self) -> None:
-        if len(self.alive()) < self.alive_target:
+        if not self.stopping and len(self.alive()) < self.alive_target:
             self.start_worker()
 
     def alive(self) -> list[_Process]:
         return [p for p in self.procs.values() if not p.dead]
+
+
+class _Completed:
+    """Completed journal rows as their commits wrote them: a later write that changes
+    one (its kind, name, attempt or output) is a violation."""
+
+    def __init__(self) -> None:
+        self._fixed: dict[tuple[str, int, int], tuple[Any, ...]] = {}
+
+    def written(self, steps: list[StepRecord]) -> list[str]:
+        found = []
+        for row in steps:
+            where = (row.run_id, row.session, row.seq)
+            was = self._fixed.get(where)
+            now = (row.kind, row.name, row.status, row.attempt, row.output)
+            if was is not None and was != now:
+                found.append(
+                    f"[completed_row_changed] run {row.run_id}: completed row "
+                    f"{row.session}:{row.seq} was {was!r}, a commit wrote {now!r}"
+                )
+            elif was is None and row.status == "completed":
+                self._fixed[where] = now
+        return found
+
+    def missing(self, store: SQLiteStore) -> list[str]:
+        """Completed rows the store no longer holds as written (at the end)."""
+        with contextlib.closing(sqlite3.connect(store.path)) as conn:
+            rows = conn.execute(
+                "SELECT run_id, session, seq, kind, name, status, attempt, output FROM ms_steps"
+            ).fetchall()
+        present = {(r[0], r[1], r[2]): tuple(r[3:]) for r in rows}
+        runs = {r[0] for r in rows}  # a run deleted whole (pruned) took its rows legitimately
+        return [
+            f"[completed_row_changed] run {where[0]}: completed row {where[1]}:{where[2]} "
+            f"was {fixed!r}, is {present.get(where)!r} at the end"
+            for where, fixed in self._fixed.items()
+            if present.get(where) != fixed and where[0] in runs
+        ]
 
 
 async def _drive(sim: _Sim, max_virtual_s: float) -> list[str]:
@@ -222,27 +284,48 @@ async def _drive(sim: _Sim, max_virtual_s: float) -> list[str]:
     runs = sim.workload.submit(sim.client, rng)
     sim.note(f"submitted {len(runs)}")
     next_action = loop.time() + (rng.expovariate(1 / mix.outside) if mix.outside else 1e18)
+    left = list(runs)
     while True:
         await asyncio.sleep(1.0)
-        left = [r for r in runs if not sim.client.get_run(r).finished]
+        left = [r for r in left if not sim.client.get_run(r).finished]
         if not left or loop.time() > max_virtual_s:
             break
-        if mix.clock_jump and rng.random() < mix.clock_jump:
-            jump = rng.uniform(1.0, 2.0) * LEASE_S
-            sim.note(f"clock jump {jump:.3f}s")
-            loop.jump(jump)
-        while loop.time() >= next_action:
-            sim.note(f"outside {sim.workload.act(sim.client, rng, runs)}")
-            next_action += rng.expovariate(1 / mix.outside)
+        next_action = _outside(sim, runs, next_action)
+    await _stop_workers(sim)
+    return left
+
+
+def _outside(sim: _Sim, runs: list[str], next_action: float) -> float:
+    """The outside world's second: a clock jump perhaps, and the actions now due;
+    when the next one is."""
+    loop, rng, mix = sim.loop, sim.rng, sim.mix
+    if mix.clock_jump and rng.random() < mix.clock_jump:
+        jump = rng.uniform(1.0, 2.0) * LEASE_S
+        sim.note(f"clock jump {jump:.3f}s")
+        loop.jump(jump)
+    while loop.time() >= next_action:
+        did = sim.workload.act(sim.client, rng, runs)
+        if did is not None:
+            sim.note(f"outside {did}")
+        next_action += rng.expovariate(1 / mix.outside)
+    return next_action
+
+
+async def _stop_workers(sim: _Sim) -> None:
+    """Ask every live worker to stop and wait for it: one that ended with an error
+    (rather than being killed on purpose) is a violation. A frozen one thaws first:
+    the wait covers the longest freeze and a drain."""
+    sim.stopping = True
     for proc in sim.alive():
         proc.worker.request_stop()
     alive = [p.task for p in sim.alive()]
     if alive:
-        await asyncio.wait(alive, timeout=3 * LEASE_S)
+        await asyncio.wait(alive, timeout=5 * LEASE_S)
     for proc in sim.alive():
-        if proc.task.done() and not proc.task.cancelled() and proc.task.exception() is not None:
-            sim.note(f"w{proc.owner} ended with {type(proc.task.exception()).__name__}")
-    return left
+        if not proc.task.done():
+            sim.violations.append(f"[worker] w{proc.owner} did not stop when asked")
+        elif not proc.task.cancelled() and (error := proc.task.exception()) is not None:
+            sim.violations.append(f"[worker] w{proc.owner} ended with {error!r}")
 
 
 def simulate(
@@ -309,6 +392,7 @@ def simulate(
             now=now,
         ):
             violations.append(str(v))
+        violations += sim.violations + sim.rows.missing(inner)
         violations += [f"[stuck] run {r}: not ended after {max_virtual_s:.0f}s" for r in left]
         violations += workload.check(sim.client, ledger)
         steps = _completed_steps(inner)
@@ -338,13 +422,15 @@ def simulate(
 
 
 def replay_command(seed: int, workload: str, workers: int, mix: FaultMix) -> str:
-    """The one line that replays a simulated run."""
-    default = " " if mix == FaultMix() else " --no-faults " if mix == FaultMix.none() else " "
-    extra = "" if mix in (FaultMix(), FaultMix.none()) else " (with a custom fault mix)"
-    return (
-        f"PYTHONHASHSEED=0 mainspring lab sim --seed {seed} --runs 1 --workload {workload} "
-        f"--workers {workers}{default.rstrip()}{extra}"
-    )
+    """The one line that replays a simulated run (the CLI knows two fault mixes, the
+    default and none: a run under another mix is replayed by calling
+    :func:`simulate` with the same arguments)."""
+    line = f"mainspring lab sim --seed {seed} --runs 1 --workload {workload} --workers {workers}"
+    if mix == FaultMix.none():
+        return line + " --no-faults"
+    if mix != FaultMix():
+        return f"simulate({workload!r} workload, seed={seed}, workers={workers}, faults={mix!r})"
+    return line
 
 
 def _summary(sim: _Sim, violations: list[str], steps: int) -> list[str]:

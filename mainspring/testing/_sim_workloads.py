@@ -4,15 +4,21 @@ state is checked against the effect ledger."""
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from typing import Any
 
-from .. import App, RunContext, current_step
+from .. import App, Limits, RunContext, ToolContext, current_step
 from .._errors import MainspringError, StepInterrupted, WaitTimeout
+from ..models import Message, ModelResponse, ToolResultMessage, ToolSpec
+from ..models.faulty import FaultProfile, FaultyModel
+from ..models.scripted import ScriptedModel
 from ._ledger import EffectLedger
+from ._sim_faults import FaultMix
 
-__all__ = ["OrdersWorkload", "Workload"]
+__all__ = ["WORKLOADS", "AgentWorkload", "OrdersWorkload", "Workload"]
 
 
 class Workload(ABC):
@@ -29,17 +35,21 @@ class Workload(ABC):
     at_most_once_effects: tuple[str, ...] = ()
 
     @abstractmethod
-    def register(self, app: App, ledger: EffectLedger) -> None:
-        """Declare the workflows (and tools) on ``app``; their effects go to ``ledger``."""
+    def register(self, app: App, ledger: EffectLedger, faults: FaultMix) -> None:
+        """Declare the workflows (and tools) on ``app``; their effects go to ``ledger``;
+        ``faults`` is the run's mix (a model's provider faults, for instance)."""
 
     @abstractmethod
     def submit(self, client: App, rng: random.Random) -> list[str]:
         """Submit the runs; their ids."""
 
-    def act(self, client: App, rng: random.Random, runs: list[str]) -> str:
+    #: the App's ``max_recoveries`` on every process (a long run meets many crashes)
+    max_recoveries: int = 5
+
+    def act(self, client: App, rng: random.Random, runs: list[str]) -> str | None:
         """One outside action on the runs at a random moment; what it did (for the
-        trace). By default: nothing."""
-        return "nothing"
+        trace), ``None`` for nothing (the default)."""
+        return None
 
     @abstractmethod
     def check(self, client: App, ledger: EffectLedger) -> list[str]:
@@ -61,7 +71,7 @@ class OrdersWorkload(Workload):
         self.orders = orders
         self._keys: dict[str, str] = {}  # run id -> its submit key
 
-    def register(self, app: App, ledger: EffectLedger) -> None:
+    def register(self, app: App, ledger: EffectLedger, faults: FaultMix) -> None:
         def reserve(n: int) -> str:  # a sync step: runs on the simulated loop
             ledger.apply(current_step().idempotency_key, "reserve", n)
             return f"reserved {n}"
@@ -99,7 +109,7 @@ class OrdersWorkload(Workload):
             runs.append(handle.run_id)
         return runs
 
-    def act(self, client: App, rng: random.Random, runs: list[str]) -> str:
+    def act(self, client: App, rng: random.Random, runs: list[str]) -> str | None:
         run_id = rng.choice(runs)
         what = rng.random()
         try:
@@ -134,3 +144,110 @@ class OrdersWorkload(Workload):
             elif record.status == "failed" and "dead" not in (record.error or "").lower():
                 wrong.append(f"[end] run {run_id} failed: {(record.error or '')[:200]}")
         return wrong
+
+
+class AgentWorkload(Workload):
+    """An agent working through ``items`` items, one tool call each, with the scripted
+    model and provider faults (5xx, 429, timeouts, malformed calls) at ``provider``.
+
+    The model is a policy that reads its history, as the horizon suite's does: the
+    last tool result names the next action; with none in sight (the first turn, a
+    repaired call) it asks ``progress``. ``work(item)`` applies the item to the effect
+    ledger under the call's idempotency key. The check: a succeeded run applied every
+    item exactly once, each under one key.
+    """
+
+    name = "agent"
+    max_recoveries = 1000  # as the horizon suite's: a crash every few hundred steps
+
+    def __init__(self, items: int = 200, runs: int = 1, provider: float | None = None) -> None:
+        """``provider``: the chance of a provider fault per model call (``None``: the
+        fault mix's ``provider``)."""
+        self.items = items
+        self.runs = runs
+        self.provider = provider
+        self._runs: list[str] = []
+
+    def register(self, app: App, ledger: EffectLedger, faults: FaultMix) -> None:
+        items = self.items
+
+        @app.tool(effect="write")
+        def work(item: int, *, ctx: ToolContext) -> str:
+            """Do one item of the batch."""
+            ledger.apply(ctx.idempotency_key, "work", {"run": ctx.run_id, "item": item})
+            after = (
+                {"action": "finish"} if item + 1 >= items else {"action": "work", "item": item + 1}
+            )
+            return json.dumps({"done": item, "next": after})
+
+        @app.tool
+        def progress(*, ctx: ToolContext) -> str:
+            """Where the batch stands."""
+            done = _items_done(ledger, ctx.run_id)
+            first = next((i for i in range(items) if i not in done), None)
+            after = {"action": "finish"} if first is None else {"action": "work", "item": first}
+            return json.dumps({"done": len(done), "next": after})
+
+        rate = faults.provider if self.provider is None else self.provider
+        model = FaultyModel(
+            ScriptedModel(_policy, model_id="sim-policy"),
+            FaultProfile.uniform(rate, timeout_s=5.0, retry_after_s=2.0),
+            seed=app.rng.getrandbits(32),  # the process's: each meets its own faults
+            clock=app.clock,
+        )
+        app.agent(
+            "batch",
+            model=model,
+            instructions="Work through the batch, one item per call, then finish.",
+            tools=[work, progress],
+            limits=Limits(max_steps=items * 3 + 50),
+        )
+
+    def submit(self, client: App, rng: random.Random) -> list[str]:
+        self._runs = [
+            client.submit("batch", f"batch {n}", key=f"batch-{n}").run_id for n in range(self.runs)
+        ]
+        return list(self._runs)
+
+    def check(self, client: App, ledger: EffectLedger) -> list[str]:
+        wrong = []
+        for run_id in self._runs:
+            record = client.get_run(run_id)
+            if record.status != "succeeded":
+                if record.status != "failed" or "dead" not in (record.error or "").lower():
+                    wrong.append(f"[end] run {run_id} ended {record.status}: {record.error}")
+                continue
+            done = _items_done(ledger, run_id)
+            for item in range(self.items):
+                if done.get(item, 0) != 1:
+                    wrong.append(f"[ledger] run {run_id} item {item} applied {done.get(item, 0)}x")
+        return wrong
+
+
+def _items_done(ledger: EffectLedger, run_id: str) -> dict[int, int]:
+    """Each item applied for ``run_id``, and under how many keys."""
+    done: dict[int, int] = {}
+    for payload in ledger.payloads("work").values():
+        if payload.get("run") == run_id:
+            done[payload["item"]] = done.get(payload["item"], 0) + 1
+    return done
+
+
+def _policy(messages: Sequence[Message], tools: Sequence[ToolSpec]) -> ModelResponse:
+    """The scripted policy: follow the ``next`` the last tool result names."""
+    last = next((m for m in reversed(messages) if isinstance(m, ToolResultMessage)), None)
+    nxt = None
+    if last is not None:
+        try:
+            nxt = json.loads(last.content).get("next")
+        except (ValueError, AttributeError):
+            nxt = None
+    if not isinstance(nxt, dict):
+        return ScriptedModel.call("progress", {})
+    if nxt.get("action") == "finish":
+        return ScriptedModel.call("finish", {"answer": "done"})
+    return ScriptedModel.call("work", {"item": nxt["item"]})
+
+
+#: The ready workloads by name (``mainspring lab sim --workload``).
+WORKLOADS: dict[str, type[Workload]] = {"orders": OrdersWorkload, "agent": AgentWorkload}

@@ -20,10 +20,12 @@ Example::
 from ._sim_faults import FaultMix
 from ._sim_loop import OWNER, SimLoop, SimStalled
 from ._sim_run import SimClock, SimResult, replay_command, simulate
-from ._sim_workloads import OrdersWorkload, Workload
+from ._sim_workloads import WORKLOADS, AgentWorkload, OrdersWorkload, Workload
 
 __all__ = [
     "OWNER",
+    "WORKLOADS",
+    "AgentWorkload",
     "FaultMix",
     "OrdersWorkload",
     "SimClock",
