@@ -132,3 +132,20 @@ def test_a_seed_replays_the_same_in_another_process_whatever_its_hash_seed() -> 
     assert one.returncode == two.returncode == 0
     assert traces[0] == traces[1]
     assert "turns " in traces[0]
+
+
+def test_a_missing_fence_is_found(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The bug put back: a commit is applied whatever epoch and status the writer holds,
+    # so a worker that froze and woke after another took its run over writes on.
+    import mainspring.storage._journal as journal
+
+    monkeypatch.setattr(journal, "fence_holds", lambda epoch, status, held: True)
+    freezes = FaultMix(crash=0, freeze=1 / 200, busy=0, ambiguous=0, clock_jump=0.02, provider=0)
+    found = None
+    for seed in range(20):
+        result = simulate(OrdersWorkload(orders=8), seed=seed, faults=freezes)
+        if not result.ok:
+            found = result
+            break
+    assert found is not None, "20 seeds did not find a commit past the fence"
+    assert any(" freeze " in line for line in found.trace)

@@ -65,7 +65,9 @@ class SimLoop(asyncio.SelectorEventLoop):
         self.turns = 0
         self.decisions = bytearray()  # the owner of every turn, one byte each
         self._tasks_of: dict[int, list[asyncio.Task[Any]]] = {}
+        self._failed: list[tuple[int | None, asyncio.Future[Any]]] = []
         self.set_task_factory(self._new_task)
+        self.set_exception_handler(_quiet_about_the_dead)
 
     # -- time ---------------------------------------------------------------------------
 
@@ -104,6 +106,10 @@ class SimLoop(asyncio.SelectorEventLoop):
         """At the end: close the coroutine of every task left pending, the killed
         processes' and any other, quietly (what their ``finally`` blocks try fails
         against their dead stores, as it would, or is moot: the simulation is over)."""
+        for owner, fut in self._failed:
+            if owner in self.dead:  # read for the dead process, which never will
+                fut.exception()
+        self._failed.clear()
         left = [t for tasks in self._tasks_of.values() for t in tasks]
         left += asyncio.all_tasks(self)
         self._tasks_of.clear()
@@ -124,8 +130,20 @@ class SimLoop(asyncio.SelectorEventLoop):
         self, executor: Executor | None, func: Any, *args: Any
     ) -> asyncio.Future[Any]:
         fut = self.create_future()
-        self.call_soon(_call_into, fut, func, args)
+        self.call_soon(self._call_into, fut, func, args)
         return fut
+
+    def _call_into(self, fut: asyncio.Future[Any], func: Any, args: tuple[Any, ...]) -> None:
+        if fut.cancelled():
+            return
+        try:
+            result = func(*args)
+        except BaseException as exc:  # what the thread's future would carry
+            fut.set_exception(exc)
+            # If this process dies before its task reads it, nobody will: see bury().
+            self._failed.append((OWNER.get(None), fut))
+        else:
+            fut.set_result(result)
 
     def _write_to_self(self) -> None:
         """Nothing to wake: every callback comes from this thread."""
@@ -225,12 +243,12 @@ class SimLoop(asyncio.SelectorEventLoop):
         return handle
 
 
-def _call_into(fut: asyncio.Future[Any], func: Any, args: tuple[Any, ...]) -> None:
-    if fut.cancelled():
+def _quiet_about_the_dead(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """asyncio's handler, but for a gather a killed process awaited: its children
+    ended cancelled and the process that would have read that is gone."""
+    error = context.get("exception")
+    if isinstance(error, asyncio.CancelledError) and "never retrieved" in str(
+        context.get("message")
+    ):
         return
-    try:
-        result = func(*args)
-    except BaseException as exc:  # what the thread's future would carry
-        fut.set_exception(exc)
-    else:
-        fut.set_result(result)
+    loop.default_exception_handler(context)

@@ -189,9 +189,21 @@ class AgentWorkload(Workload):
             return json.dumps({"done": len(done), "next": after})
 
         rate = faults.provider if self.provider is None else self.provider
+        # The provider's faults (5xx, 429, timeouts) at the mix's rate, as the horizon
+        # suite's; the policy's own malformed calls at a quarter of it, never more in
+        # a row than the agent repairs (max_repairs=3): the dice alone never fail a run.
+        profile = FaultProfile(
+            transient_rate=rate / 3,
+            rate_limit_rate=rate / 3,
+            timeout_rate=rate / 3,
+            malformed_rate=rate / 4,
+            timeout_s=5.0,
+            retry_after_s=2.0,
+            max_in_a_row=3,
+        )
         model = FaultyModel(
             ScriptedModel(_policy, model_id="sim-policy"),
-            FaultProfile.uniform(rate, timeout_s=5.0, retry_after_s=2.0),
+            profile,
             seed=app.rng.getrandbits(32),  # the process's: each meets its own faults
             clock=app.clock,
         )
