@@ -29,6 +29,8 @@ class FaultMix:
             a duplicate submit); 0 turns them off.
         provider: chance that a model call fails (5xx, 429, timeout, malformed);
             the agent workload's.
+        skew: each process's clock is off by up to this many seconds either way
+            (drawn when it starts), a fraction of a lease by default.
     """
 
     crash: float = 1 / 1500
@@ -38,11 +40,14 @@ class FaultMix:
     clock_jump: float = 0.002
     outside: float = 5.0
     provider: float = 0.1
+    skew: float = 1.0
 
     @classmethod
     def none(cls) -> FaultMix:
         """No faults at all: the schedule alone varies with the seed."""
-        return cls(crash=0, freeze=0, busy=0, ambiguous=0, clock_jump=0, outside=0, provider=0)
+        return cls(
+            crash=0, freeze=0, busy=0, ambiguous=0, clock_jump=0, outside=0, provider=0, skew=0
+        )
 
 
 def store_faults(

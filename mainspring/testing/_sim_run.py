@@ -152,7 +152,8 @@ class _Sim:
             ),
             after_call=self.captured,
         )
-        app = self.app(faulty, SimClock(self.loop), proc_rng)
+        skew = self.rng.uniform(-self.mix.skew, self.mix.skew) if self.mix.skew else 0.0
+        app = self.app(faulty, SimClock(self.loop, skew), proc_rng)
         worker = Worker(
             app,
             worker_id=f"w{owner}",
@@ -169,7 +170,7 @@ class _Sim:
         proc = _Process(owner, app, worker, task)
         holder.append(proc)
         self.procs[owner] = proc
-        self.note(f"w{owner} start")
+        self.note(f"w{owner} start" + (f" skew {skew:+.3f}s" if skew else ""))
 
     def captured(
         self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any
