@@ -64,6 +64,11 @@ HOOKS: dict[tuple[str, str], str] = {
         hook,
     ): "FaultyStore is a Store wrapping another: it forwards the dialect hook to it"
     for hook in ("_write", "_read", "_autocommit", "_notify")
+} | {
+    ("testing", name): "SimLoop is an asyncio loop that picks the next callback itself: it "
+    "reads asyncio's own queues and handles, as asyncio's base loop does (the names are "
+    "asyncio's, only spelled like private names of other parts)"
+    for name in ("_ready", "_scheduled", "_cancelled", "_when", "_context", "_run")
 }
 
 # Each package's ``__init__`` names two lists: ``__all__``, what users (and the edges)

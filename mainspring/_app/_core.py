@@ -13,7 +13,7 @@ import logging
 import os
 import random
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor
 from typing import Any, Concatenate, Generic, Literal, ParamSpec, TypeVar, overload
 
 from .._clock import Clock, SystemClock
@@ -424,7 +424,7 @@ class App:
         """A :class:`Worker` for this App (see its arguments)."""
         return Worker(self, **options)
 
-    def engine(self, committer: Committer, threads: ThreadPoolExecutor) -> Engine:
+    def engine(self, committer: Committer, threads: Executor) -> Engine:
         """The step engine a :class:`Worker` of this App executes runs with (the
         App is its :class:`~mainspring.worker.WorkerHost`): this App's store, clock,
         randomness, retry policy, redaction and step interceptors."""

@@ -37,6 +37,7 @@ from ..lab import (
 )
 from ..lab import preflight as check
 from ._common import JsonOption, cli_errors, console, print_json
+from ._sim import sim
 
 __all__ = ["lab_commands", "preflight"]
 
@@ -63,6 +64,9 @@ ReportOption = Annotated[
     Path | None,
     typer.Option(metavar="DIR", help="Write report.md, report.html and PNG plots here."),
 ]
+
+
+lab_commands.command("sim")(sim)
 
 
 @lab_commands.callback()

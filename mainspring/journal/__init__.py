@@ -18,6 +18,7 @@ from ._replay import replay_engine as replay_engine
 from ._replay import replay_journal as replay_journal
 from ._retry import RetryPolicy
 from ._sticky import Execution as Execution
+from ._threads import InlineExecutor as InlineExecutor
 from ._workflow import Workflow
 
 __all__ = [
@@ -36,6 +37,7 @@ __internal__ = (
     "Committer",
     "Engine",
     "Execution",
+    "InlineExecutor",
     "Outcome",
     "Replayed",
     "RunControl",

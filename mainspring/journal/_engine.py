@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
@@ -75,7 +75,7 @@ class Engine:
     clock: Clock
     rng: random.Random
     committer: Committer
-    threads: ThreadPoolExecutor
+    threads: Executor
     default_retry: RetryPolicy
     inline_wait_s: float
     commit_attempts: int = 6

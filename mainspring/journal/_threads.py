@@ -31,7 +31,7 @@ from collections.abc import Callable
 from concurrent.futures import Executor, Future
 from typing import Any
 
-__all__ = ["SHORT_WAIT_S", "ThreadCall", "call_in_thread"]
+__all__ = ["SHORT_WAIT_S", "InlineExecutor", "ThreadCall", "call_in_thread"]
 
 #: How long the loop's thread may block for a sync step of a run alone in its worker
 #: before it awaits it instead (about one fsync).
@@ -187,6 +187,23 @@ def _forked() -> None:
 os.register_at_fork(after_in_child=_forked)
 
 
+class InlineExecutor(Executor):
+    """Runs each call at once, in the caller's thread: no thread at all.
+
+    For a simulated run (``mainspring.testing.sim``), where every step must happen on
+    the one event loop, in an order a seed decides. A sync step given this executor
+    holds the loop while it runs, and its ``timeout=`` cannot interrupt it.
+    """
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+        done: Future[Any] = Future()
+        try:
+            done.set_result(fn(*args, **kwargs))
+        except BaseException as exc:  # as a pool's future carries it
+            done.set_exception(exc)
+        return done
+
+
 class ThreadCall:
     """A sync function started on another thread (the warm one, else ``threads``):
     its result awaited (:meth:`result`), and, after whoever awaited it was
@@ -200,7 +217,8 @@ class ThreadCall:
         self._timeout = timeout
         self._call = call = _Call(fn)
         self._warm = _warm
-        self._submitted = None if self._warm.try_call(call) else threads.submit(call.call)
+        inline = isinstance(threads, InlineExecutor)  # no thread, warm or not
+        self._submitted = None if not inline and _warm.try_call(call) else threads.submit(call.call)
         self.dropped = False  # a pool shut down with cancel_futures: it never ran
         if self._submitted is not None:
             # Whoever waits for it then (a first waiter or a later one) is woken.

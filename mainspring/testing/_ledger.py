@@ -147,6 +147,11 @@ class EffectLedger:
             sql, params = sql + " WHERE effect = ?", (effect,)
         return {k: int(n) for k, n in self._conn().execute(sql + " GROUP BY key", params)}
 
+    def payloads(self, effect: str) -> dict[str, Any]:
+        """The payload of each key whose ``effect`` took place (decoded JSON)."""
+        rows = self._conn().execute("SELECT key, payload FROM effects WHERE effect = ?", (effect,))
+        return {k: json.loads(p) if p is not None else None for k, p in rows}
+
     def keys(self) -> set[str]:
         return {r[0] for r in self._conn().execute("SELECT key FROM effects")}
 

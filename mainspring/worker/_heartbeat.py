@@ -50,6 +50,10 @@ class Beater:
     ``registration``: the worker's row in the registry (``ms_workers``), written by
     every beat, in the beat's own transaction when it holds runs (an idle worker's
     beat writes only that row). ``None``: the worker does not register.
+
+    ``threaded=False`` beats from a task on ``loop`` instead of a thread, and
+    ``monotonic`` is the clock of the loop's liveness tick (a simulated worker's:
+    its loop's virtual time; see ``worker/_offload.py``).
     """
 
     def __init__(
@@ -67,6 +71,8 @@ class Beater:
         on_fatal: Callable[[DatabaseGone], None],
         on_alive: Callable[[float], None] | None = None,
         registration: WorkerBeat | None = None,
+        threaded: bool = True,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.store = store
         self.clock = clock
@@ -80,14 +86,21 @@ class Beater:
         self._on_fatal = on_fatal
         self._on_alive = on_alive
         self.registration = registration
+        self._monotonic = monotonic
         self._forget_at = 0.0  # monotonic: when this worker next forgets the long dead
         self._held: Held = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._tick = time.monotonic()
-        self._thread = threading.Thread(
-            target=self._run, name=f"mainspring-heartbeat-{worker_id}", daemon=True
-        )
+        self._tick = monotonic()
+        # threaded=False (a simulated worker): the same beats, from a task on the loop.
+        self._thread: threading.Thread | None = None
+        self._task: asyncio.Task[None] | None = None
+        if threaded:
+            self._thread = threading.Thread(
+                target=self._run, name=f"mainspring-heartbeat-{worker_id}", daemon=True
+            )
+        self._last_ok = 0.0
+        self._stalled = False
 
     def hold(self, run_id: str, epoch: int) -> None:
         with self._lock:
@@ -100,7 +113,7 @@ class Beater:
 
     def tick(self) -> None:
         """Called by the loop: it is alive."""
-        self._tick = time.monotonic()
+        self._tick = self._monotonic()
 
     async def ticking(self) -> None:
         """The loop's side: tick twice per beat, until cancelled."""
@@ -109,73 +122,87 @@ class Beater:
             await asyncio.sleep(self.every_s / 2)
 
     def start(self) -> None:
-        self._thread.start()
+        self._last_ok = self.clock.now()
+        if self._thread is not None:
+            self._thread.start()
+        else:
+            self._task = self._loop.create_task(self._beat_in_loop())
 
     async def stop(self) -> None:
         self._stop.set()
-        await asyncio.to_thread(self._thread.join)
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join)
+        elif self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
 
     def _run(self) -> None:
         try:
-            self._beat_until_stopped()
+            while not self._stop.wait(self.every_s) and self._round():
+                pass
         finally:
             self.store.release_thread()  # one thread per worker run: leave no connection
 
-    def _beat_until_stopped(self) -> None:
-        last_ok = self.clock.now()
-        stalled = False
-        while not self._stop.wait(self.every_s):
-            with self._lock:
-                held = dict(self._held)
-            since = time.monotonic() - self._tick
-            if not held:
-                last_ok = self.clock.now()
-                if since <= self.lease_s:  # idle, with a live loop: nothing to extend
-                    if self._register_idle() is False:
-                        return
-                    self._alive(last_ok)
-                continue
-            if since > self.lease_s:
-                if not stalled:
-                    log.error(
-                        "worker %s: its event loop has not run for %.1fs (longer than the "
-                        "%.1fs lease); no longer extending its leases",
-                        self.worker_id,
-                        since,
-                        self.lease_s,
-                    )
-                stalled = True
-                continue
-            stalled = False
-            try:
-                beat = self.store.heartbeat(
-                    runs=sorted(held.items()),
-                    now=self.clock.now(),
-                    lease_s=self.lease_s,
-                    db_clock=self.db_clock,
-                    worker=self._beat(),
-                )
-            except DatabaseGone as exc:
-                self._call(self._on_fatal, exc)
+    async def _beat_in_loop(self) -> None:
+        while not self._stop.is_set():
+            await asyncio.sleep(self.every_s)
+            if not self._round():
                 return
-            except (StoreUnavailable, StoreError) as exc:
-                log.warning("worker %s: heartbeat failed: %s", self.worker_id, exc)
-                if self.clock.now() - last_ok > self.lease_s:
-                    # Our leases have expired by now: stop acting for these runs.
-                    self._call(self._on_expired)
-                continue
-            last_ok = self.clock.now()
-            self._alive(last_ok)
-            self._call(self._on_beat, beat, held)
+
+    def _round(self) -> bool:
+        """One beat; ``False``: the store is gone, beat no more."""
+        with self._lock:
+            held = dict(self._held)
+        since = self._monotonic() - self._tick
+        if not held:
+            self._last_ok = self.clock.now()
+            if since <= self.lease_s:  # idle, with a live loop: nothing to extend
+                if self._register_idle() is False:
+                    return False
+                self._alive(self._last_ok)
+            return True
+        if since > self.lease_s:
+            if not self._stalled:
+                log.error(
+                    "worker %s: its event loop has not run for %.1fs (longer than the "
+                    "%.1fs lease); no longer extending its leases",
+                    self.worker_id,
+                    since,
+                    self.lease_s,
+                )
+            self._stalled = True
+            return True
+        self._stalled = False
+        try:
+            beat = self.store.heartbeat(
+                runs=sorted(held.items()),
+                now=self.clock.now(),
+                lease_s=self.lease_s,
+                db_clock=self.db_clock,
+                worker=self._beat(),
+            )
+        except DatabaseGone as exc:
+            self._call(self._on_fatal, exc)
+            return False
+        except (StoreUnavailable, StoreError) as exc:
+            log.warning("worker %s: heartbeat failed: %s", self.worker_id, exc)
+            if self.clock.now() - self._last_ok > self.lease_s:
+                # Our leases have expired by now: stop acting for these runs.
+                self._call(self._on_expired)
+            return True
+        self._last_ok = self.clock.now()
+        self._alive(self._last_ok)
+        self._call(self._on_beat, beat, held)
+        return True
 
     def _beat(self) -> WorkerBeat | None:
         """What this beat registers: the worker's row, and now and then the order to
         forget workers silent for a day."""
         if self.registration is None:
             return None
-        if time.monotonic() < self._forget_at:
+        if self._monotonic() < self._forget_at:
             return self.registration
-        self._forget_at = time.monotonic() + FORGET_EVERY_S
+        self._forget_at = self._monotonic() + FORGET_EVERY_S
         return dataclasses.replace(
             self.registration, forget_before=self.clock.now() - FORGET_AFTER_S
         )

@@ -9,7 +9,7 @@ others and the worker never imports it.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor
 from typing import Any, Protocol
 
 from .._clock import Clock
@@ -90,7 +90,7 @@ class WorkerHost(Protocol):
         """Fire the host's schedules that are due now (at most one run per due time
         across every worker); the ids of the runs this call started."""
 
-    def engine(self, committer: Committer, threads: ThreadPoolExecutor) -> Engine:
+    def engine(self, committer: Committer, threads: Executor) -> Engine:
         """The engine that executes steps for a worker committing through ``committer``
         and running synchronous steps on ``threads`` (randomness, retry policy,
         redaction and step interceptors are the host's)."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 from .._errors import StoreError, StoreUnavailable
 from ..storage import Store
@@ -28,8 +29,14 @@ _WARN_EVERY_S = 60.0  # how often it repeats its warning while the log stays pas
 class WalWatch:
     """Looks at the store's write-ahead log every ``every_s`` seconds."""
 
-    def __init__(self, worker_id: str, every_s: float = _EVERY_S) -> None:
+    def __init__(
+        self,
+        worker_id: str,
+        every_s: float = _EVERY_S,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.worker_id = worker_id
+        self._monotonic = monotonic
         self.every_s = every_s
         self._next = 0.0
         self._warned = 0.0
@@ -37,12 +44,12 @@ class WalWatch:
 
     def due(self) -> bool:
         """Whether a look is due (cheap: call it in the event loop)."""
-        return not self._off and time.monotonic() >= self._next
+        return not self._off and self._monotonic() >= self._next
 
     def look(self, store: Store) -> None:
         """Look at the log, truncate it when it is past its limit and nobody holds
         it, warn when somebody does (call it in a thread: it may checkpoint)."""
-        now = time.monotonic()
+        now = self._monotonic()
         self._next = now + self.every_s
         try:
             found = store.wal_size()

@@ -23,7 +23,6 @@ import os
 import socket
 import uuid
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -35,6 +34,7 @@ from ..storage import DatabaseGone, Heartbeat, RunRecord, WorkerBeat
 from ._heartbeat import Beater
 from ._host import WorkerHost
 from ._kept import Kept
+from ._offload import Offload
 from ._outcomes import outcome_fields
 from ._refusals import Refusals
 from ._upkeep import WalWatch
@@ -110,6 +110,7 @@ class Worker:
         refused_skip_s: float = 300.0,
         _run_id: str | None = None,
         _return_on_wait: bool = False,
+        _offload: Offload | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {concurrency!r}")
@@ -142,7 +143,9 @@ class Worker:
         self._ticked_at: float | None = None  # the App's clock at the last schedule tick
         # Runs this worker's code could not replay: given back, and skipped a while.
         self.refusals = Refusals(refused_skip_s, self.worker_id)
-        self.wal = WalWatch(self.worker_id)
+        # Threads and monotonic time (a simulation puts both on its loop: _offload.py).
+        self._offload = _offload or Offload()
+        self.wal = WalWatch(self.worker_id, monotonic=self._offload.monotonic)
 
     def request_stop(self) -> None:
         """Stop claiming and drain (safe to call from a signal handler)."""
@@ -197,7 +200,7 @@ class Worker:
         committer: Committer = (
             BatchCommitter(app.store, app.clock) if self.batch else Committer(app.store, app.clock)
         )
-        threads = ThreadPoolExecutor(max_workers=64, thread_name_prefix="mainspring-step")
+        threads = self._offload.steps()
         engine = app.engine(committer, threads)
         engine.lease_s = app.lease_s
         app.telemetry.worker_load(self.worker_id, 0, self.concurrency)
@@ -221,6 +224,8 @@ class Worker:
                 started_at=app.clock.now(),
                 lease_s=app.lease_s,
             ),
+            threaded=self._offload.heartbeat_thread,
+            monotonic=self._offload.monotonic,
         )
         beater.start()
         ticking = asyncio.create_task(beater.ticking())
