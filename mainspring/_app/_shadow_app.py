@@ -74,7 +74,7 @@ async def app_shadow(
         statuses: only runs in these statuses (``["failed"]``).
         since / until: created in this window: a time (epoch seconds or a
             ``datetime``) or a ``timedelta`` back from now (``since=timedelta(days=7)``).
-        limit: at most this many runs, oldest first.
+        limit: at most this many runs picked by filter (the newest), listed oldest first.
         database: the recorded runs' database (a URL or a store); default this App's.
         from_step: the journal position the candidate decides from: ``12`` or
             ``"1:4"`` (session:seq); default the start.
@@ -101,6 +101,7 @@ async def app_shadow(
             source, ids or None, workflows=workflows, statuses=statuses, since=since,
             until=until, limit=limit,
         )  # fmt: skip
+    recordings = list({r.run.id: r for r in recordings}.values())  # each run once
     if scratch is not None and database is not None and scratch == database:
         raise ConfigError("shadow: scratch= must not be the recorded runs' database")
     changes: dict[str, Any] = {}
