@@ -54,6 +54,7 @@ class World:
         url: str,
         script: Sequence[Any],
         instructions: str = "Refund what the customer paid.",
+        approval: bool = True,
         **agent: Any,
     ) -> ms.App:
         app = ms.App(url, inline_wait_s=0.5, poll_interval_s=0.02)
@@ -65,7 +66,7 @@ class World:
             world.reads += 1
             return {"order": order, "paid": 10}
 
-        @app.tool(effect="irreversible")
+        @app.tool(effect="irreversible", requires_approval=approval)
         def refund(order: int, amount: int) -> str:
             """Refund an order."""
             world.ledger.apply(f"refund:{order}:{amount}", "refund", {"amount": amount})
@@ -309,13 +310,14 @@ def test_a_100_step_agent_run_under_a_changed_prompt(tmp_path: Path, world: Worl
 
     url = f"sqlite:///{tmp_path / 'prod.db'}"
     limits = ms.Limits(max_steps=steps + 5)
-    prod = world.app(url, [], model=player(), limits=limits)
+    prod = world.app(url, [], model=player(), limits=limits, approval=False)
     candidate = world.app(
         f"sqlite:///{tmp_path / 'candidate.db'}",
         [],
         "Refund carefully.",
         model=player(),
         limits=limits,
+        approval=False,
     )
 
     async def go() -> ms.ShadowReport:

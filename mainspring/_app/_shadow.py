@@ -303,8 +303,8 @@ def _selected(
     keep = [r for r in records if until is None or r.created_at < until]
     if workflows is not None:
         keep = [r for r in keep if r.workflow in workflows]
-    chosen = sorted({r.id: r for r in keep}.values(), key=lambda r: (r.created_at, r.id))
-    return chosen if runs is not None else chosen[:limit]
+    picked = sorted({r.id: r for r in keep}.values(), key=lambda r: (r.created_at, r.id))
+    return picked if runs is not None else picked[:limit]
 
 
 def _start(from_step: int | str) -> tuple[int, int]:
