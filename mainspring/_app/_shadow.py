@@ -24,6 +24,7 @@ guard are stubbed). Then the two journals are compared reply by reply.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import tempfile
 import time
@@ -62,6 +63,8 @@ __all__ = [
 
 Reads = Literal["live", "journal"]
 _BY = "mainspring shadow"
+_POLL_S = 0.005  # how often the driver looks at the shadow's status
+_LONG_S = 5.0  # a sleep longer than this ends the shadow (it would idle the report)
 
 
 @dataclass(frozen=True, slots=True)
@@ -499,20 +502,38 @@ async def _one(
     return verdict, after
 
 
-async def _drive(app: ScratchApp, run_id: str, rounds: int = 10_000) -> None:
+async def _drive(app: ScratchApp, run_id: str) -> None:
     """Work the shadow until it ends or waits for what a shadow cannot give (a
-    question, a signal); approve what it asks approval for."""
+    question, a signal, a long sleep); approve what it asks approval for. One worker
+    all along, so that a run suspended for an approval resumes where it stood."""
     worker = app.worker(concurrency=1, batch=False)
-    for _ in range(rounds):
-        await worker.run(until_idle=True)
-        record = app.store.get_run(run_id)
-        if record is None or record.status != "waiting":
-            return
-        pending = app.requests(run_id)
-        if not pending or any(r.kind != "approval" for r in pending):
-            return
-        for r in pending:
-            app.answer(run_id, r.id, decision="approve", by=_BY)
+    task = asyncio.create_task(worker.run())
+    try:
+        while not task.done():
+            await asyncio.wait({task}, timeout=_POLL_S)
+            record = app.store.get_run(run_id)
+            if record is None or record.finished:
+                break
+            if record.status == "sleeping" and (record.wake_at or 0) - time.time() > _LONG_S:
+                break
+            if record.status == "waiting" and not _approve(app, run_id):
+                break
+    finally:
+        worker.request_stop()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+def _approve(app: ScratchApp, run_id: str) -> bool:
+    """Approve what the run asks; ``False`` when it waits for something else (an
+    answer already given but not yet taken is waited for)."""
+    pending = app.requests(run_id)
+    if any(r.kind != "approval" for r in pending):
+        return False
+    if not pending:
+        return any(s.consumed_at is None for s in app.store.list_signals(run_id))
+    for r in pending:
+        app.answer(run_id, r.id, decision="approve", by=_BY)
+    return True
 
 
 def recorded_runs(
