@@ -339,3 +339,39 @@ def test_a_100_step_agent_run_under_a_changed_prompt(tmp_path: Path, world: Worl
     assert world.ledger.report().calls == steps // 2 - 1  # no new effect
     assert r.effects_stubbed == steps // 2 - 1
     assert r.recorded.answer == r.shadow.answer == "all refunded"
+
+
+async def test_a_plain_workflow_step_nobody_declared_read_is_answered_from_the_journal(
+    tmp_path: Path, world: World
+) -> None:
+    """A ``ctx.step`` function is no tool: with no effect class, the shadow takes it for
+    a write and answers it from the recorded journal (by name and order)."""
+    url = f"sqlite:///{tmp_path / 'prod.db'}"
+
+    def charge(amount: int) -> str:
+        world.ledger.apply(f"charge:{amount}", "charge", amount)
+        return f"charged {amount}"
+
+    def build() -> ms.App:
+        app = ms.App(url, inline_wait_s=0.5, poll_interval_s=0.02)
+
+        @app.workflow(name="billing")
+        async def billing(ctx: ms.RunContext, amount: int) -> str:
+            return await ctx.step(charge, amount)
+
+        return app
+
+    prod = build()
+    try:
+        run_id = prod.submit("billing", 42).run_id
+        await drain(prod)
+        assert world.ledger.report().calls == 1
+        report = await prod.shadow([run_id])
+    finally:
+        prod.close()
+    [r] = report.runs
+    assert r.verdict == "same"
+    assert r.recorded is not None and r.shadow is not None
+    assert r.shadow.answer == r.recorded.answer == "charged 42"
+    assert [(a.effect, a.source) for a in r.stubbed] == [("write", "journal: name and order")]
+    assert world.ledger.report().calls == 1
