@@ -375,3 +375,44 @@ async def test_a_plain_workflow_step_nobody_declared_read_is_answered_from_the_j
     assert r.shadow.answer == r.recorded.answer == "charged 42"
     assert [(a.effect, a.source) for a in r.stubbed] == [("write", "journal: name and order")]
     assert world.ledger.report().calls == 1
+
+
+async def test_requests_are_answered_as_the_recorded_run_s_people_answered(
+    tmp_path: Path, world: World
+) -> None:
+    """A question gets the recorded answer, an approval the recorded decision (here a
+    rejection with its reason), so the candidate meets what the recorded run met."""
+    url = f"sqlite:///{tmp_path / 'prod.db'}"
+    script = [
+        ScriptedModel.call("ask_human", {"question": "Which order?"}, id="q1"),
+        ScriptedModel.call("refund", {"order": 7, "amount": 10}, id="c2"),
+        ScriptedModel.call("finish", {"answer": "not refunded"}, id="c3"),
+    ]
+    prod = world.app(url, script, ask_human=True)
+    seen: list[str] = []
+
+    def watch(messages: Sequence[Message], tools: Sequence[ToolSpec]) -> Any:
+        turn = sum(1 for m in messages if m.kind == "assistant")
+        seen.extend(m.content for m in messages[-1:] if m.kind == "tool_result")
+        return script[turn]
+
+    try:
+        run_id = prod.submit("refunder", "refund the order").run_id
+        for _ in range(10):
+            await drain(prod)
+            if prod.get_run(run_id).finished:
+                break
+            for r in prod.requests(run_id):
+                if r.kind == "question":
+                    prod.answer(run_id, r.id, answer="order 7", by="customer")
+                else:
+                    prod.answer(run_id, r.id, decision="reject", reason="too much", by="lead")
+        assert prod.get_run(run_id).status == "succeeded"
+        report = await prod.shadow([run_id], model=ScriptedModel(watch))
+    finally:
+        prod.close()
+    [r] = report.runs
+    assert r.verdict == "same", r
+    assert any("order 7" in text for text in seen), seen
+    assert any("too much" in text for text in seen), seen
+    assert world.ledger.report().calls == 0  # rejected then, never run since

@@ -18,8 +18,8 @@ step interceptor (:class:`_Stand`) answers every step the candidate executes:
 * a ``read`` tool (or a step marked ``read``): live, or from the journal as above
   (``reads="journal"``, the default).
 
-Approvals the candidate asks for are approved by ``mainspring shadow`` (the tools they
-guard are stubbed). Then the two journals are compared reply by reply.
+Requests to people are answered as the recorded run's people answered them (see
+:class:`_Answers`). Then the two journals are compared reply by reply.
 """
 
 from __future__ import annotations
@@ -483,7 +483,7 @@ async def _one(
         app.store.create_run(
             run_id=run.id, workflow=run.workflow, input=run.input, key=None, now=time.time()
         )
-        await _drive(app, run.id)
+        await _drive(app, run.id, _Answers(rec.steps))
     except MainspringError as exc:
         return _replace(head, message=f"{type(exc).__name__}: {exc.message}"), []
     made = app.store.get_run(run.id)
@@ -502,10 +502,34 @@ async def _one(
     return verdict, after
 
 
-async def _drive(app: ScratchApp, run_id: str) -> None:
+class _Answers:
+    """What the recorded run's people answered, to answer the shadow's requests with:
+    the answer to the request of the same id, else the next one of its kind in order
+    (a question, an approval). An approval with no recorded answer is approved (what it
+    guards is stubbed); a question with none ends the shadow there."""
+
+    def __init__(self, steps: Sequence[Any]) -> None:
+        self.given: dict[str, list[tuple[str, dict[str, Any]]]] = {}
+        for row in steps:
+            kind = row.name.partition(":")[0]
+            if row.kind != "signal" or kind not in ("approval", "question") or not row.output:
+                continue
+            signal = loads(row.output)
+            signal = signal.get("signal") if isinstance(signal, dict) else None
+            if isinstance(signal, dict):
+                self.given.setdefault(kind, []).append((row.name, signal))
+
+    def take(self, kind: str, request_id: str) -> dict[str, Any] | None:
+        found = self.given.get(kind, [])
+        i = next((i for i, (name, _) in enumerate(found) if name == request_id), 0)
+        return found.pop(i)[1] if found else None
+
+
+async def _drive(app: ScratchApp, run_id: str, answers: _Answers) -> None:
     """Work the shadow until it ends or waits for what a shadow cannot give (a
-    question, a signal, a long sleep); approve what it asks approval for. One worker
-    all along, so that a run suspended for an approval resumes where it stood."""
+    question nobody answered in the recorded run, a signal, a long sleep); answer its
+    requests as the recorded run's people did. One worker all along, so that a run
+    suspended for a request resumes where it stood."""
     worker = app.worker(concurrency=1, batch=False)
     task = asyncio.create_task(worker.run())
     try:
@@ -516,23 +540,31 @@ async def _drive(app: ScratchApp, run_id: str) -> None:
                 break
             if record.status == "sleeping" and (record.wake_at or 0) - time.time() > _LONG_S:
                 break
-            if record.status == "waiting" and not _approve(app, run_id):
+            if record.status == "waiting" and not _answer(app, run_id, answers):
                 break
     finally:
         worker.request_stop()
         await asyncio.gather(task, return_exceptions=True)
 
 
-def _approve(app: ScratchApp, run_id: str) -> bool:
-    """Approve what the run asks; ``False`` when it waits for something else (an
-    answer already given but not yet taken is waited for)."""
+def _answer(app: ScratchApp, run_id: str, answers: _Answers) -> bool:
+    """Answer what the run asks; ``False`` when it waits for something no one can give
+    (an answer already given but not yet taken is waited for)."""
     pending = app.requests(run_id)
-    if any(r.kind != "approval" for r in pending):
-        return False
     if not pending:
         return any(s.consumed_at is None for s in app.store.list_signals(run_id))
     for r in pending:
-        app.answer(run_id, r.id, decision="approve", by=_BY)
+        given = answers.take(r.kind, r.id)
+        if r.kind == "question":
+            if given is None or not given.get("answer"):
+                return False
+            app.answer(run_id, r.id, answer=given["answer"], by=_BY)
+        elif given is None:
+            app.answer(run_id, r.id, decision="approve", by=_BY)
+        else:
+            decision = given.get("decision", "approve")
+            reason, arguments = given.get("reason"), given.get("arguments")
+            app.answer(run_id, r.id, decision=decision, reason=reason, arguments=arguments, by=_BY)
     return True
 
 

@@ -65,7 +65,8 @@ async def app_shadow(
     ``read``) is answered by its stub in ``stubs`` if given, else by the recorded result
     of the matching call (tool name and arguments, else tool name and the order of the
     calls), else by a :class:`ShadowStubMissing` error the model sees; the real tool
-    never runs. Approvals the candidate asks for are approved by "mainspring shadow".
+    never runs. Requests to people are answered as the recorded run's people answered
+    them; an approval with no recorded decision is approved by "mainspring shadow".
 
     Args:
         runs: run ids (any status), or :class:`RecordedRun` s (a regression suite's).
