@@ -16,8 +16,9 @@ from ..journal import RunContext, StepInterceptor
 from ..limits import Price
 from ..models import Model, resolve_model
 from ..storage import Store
-from ._shadow import Reads, ShadowOptions, ShadowReport, recorded_runs, shadow
+from ._shadow import Reads, ShadowOptions, recorded_runs, shadow
 from ._shadow_journal import RecordedRun
+from ._shadow_verdict import ShadowReport
 
 __all__ = ["app_shadow"]
 
