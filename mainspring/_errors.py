@@ -39,6 +39,7 @@ Tree::
     ├── NondeterminismError       replay met a different step than the journal holds
     ├── LeaseLost                 another worker took the run over (epoch fencing)
     ├── ValidationFailed          an output failed its validators
+    ├── ShadowStubMissing         a shadow has no recorded result or stub for an effect
     ├── RunNotFound               no run with that id
     ├── ScheduleNotFound          no schedule with that name
     ├── RunConflict               the run is not in a state that allows the request
@@ -90,6 +91,7 @@ __all__ = [
     "ScheduleNotFound",
     "SchemaVersionError",
     "SerializationError",
+    "ShadowStubMissing",
     "StepFailed",
     "StepInterrupted",
     "StepTimeout",
@@ -308,6 +310,13 @@ class LeaseLost(MainspringError):
     """Another worker claimed the run (its epoch moved on). This worker must stop acting."""
 
     retryable = False
+
+
+class ShadowStubMissing(MainspringError):
+    """A shadow (:meth:`App.shadow <mainspring.App.shadow>`) met a call with an effect
+    that it can answer neither from the recorded run's journal nor from a stub: the
+    model sees this error as the tool's result, and the real tool never runs. Give a
+    stub (``stubs={"refund": fn}``) to answer such calls."""
 
 
 class ValidationFailed(MainspringError):

@@ -27,6 +27,8 @@ EXPECTED = {
     "TokenEvent", "TokenFollower",
     "Queue",
     "ReplayReport", "RunCheck",
+    "ArgumentChange", "RecordedRun", "ShadowReport", "ShadowRun", "ShadowSide",
+    "ShadowStubMissing", "StubAnswer",
 }  # fmt: skip
 
 

@@ -4,7 +4,8 @@
 ``_runtime`` the one value its parts share; the parts are ``_admin`` (API keys and
 webhooks), ``_agents``, ``_children``, ``_lineage`` (forks and retries), ``_mcp``,
 ``_observe``, ``_queues``, ``_replay_check`` (the replay gate), ``_schedules`` (cron
-schedules) and ``_streams``.
+schedules), ``_shadow`` (the shadow lab: ``_shadow_journal``, ``_shadow_verdict``,
+``_shadow_app``) and ``_streams``.
 """
 
 from ._core import DEFAULT_URL, App
@@ -13,16 +14,24 @@ from ._lineage import local_user
 from ._queues import Queue
 from ._replay_check import ReplayReport, RunCheck
 from ._schedules import Schedule
+from ._shadow_journal import RecordedRun
+from ._shadow_verdict import ArgumentChange, ShadowReport, ShadowRun, ShadowSide, StubAnswer
 from ._streams import TokenEvent, TokenFollower
 
 __all__ = [
     "DEFAULT_URL",
     "App",
+    "ArgumentChange",
     "Queue",
+    "RecordedRun",
     "ReplayReport",
     "RunCheck",
     "RunHandle",
     "Schedule",
+    "ShadowReport",
+    "ShadowRun",
+    "ShadowSide",
+    "StubAnswer",
     "TokenEvent",
     "TokenFollower",
     "local_user",

@@ -48,6 +48,7 @@ from ._queues import Queue, Queues
 from ._replay_check import ReplayReport, replay_check
 from ._runtime import DEFAULT_URL, Runtime, Via, rate_limits_of
 from ._schedules import Schedule, Schedules
+from ._shadow_app import app_shadow
 from ._streams import Streams
 from ._versions import check_version
 from ._waiting import raise_if_refused, waiting
@@ -620,6 +621,8 @@ class App:
         return await replay_check(
             self, runs, workflows=workflows, versions=versions, database=database
         )
+
+    shadow = app_shadow  # the shadow lab (docs/lab.md), in a module of its own
 
     def _redact(self, text: str) -> str:
         return self._runtime.redact(text)

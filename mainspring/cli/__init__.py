@@ -18,6 +18,7 @@ from ._replay import replay_check
 from ._runs import cancel, runs, show, signal, submit
 from ._schedules import schedules_commands
 from ._serve import serve
+from ._shadow import shadow
 from ._worker import worker
 
 __all__ = ["cli", "main"]
@@ -55,6 +56,7 @@ cli.command()(retry)
 cli.command()(demo)
 cli.command()(prune)
 cli.command(name="replay-check")(replay_check)
+cli.command()(shadow)
 cli.add_typer(db_commands)
 cli.add_typer(keys_commands)
 cli.add_typer(webhooks_commands)

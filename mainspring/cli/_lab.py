@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shlex
 import sys
@@ -30,6 +31,7 @@ from ..lab import (
     rich_table,
     run_chaos,
     run_lab,
+    run_regressions,
     run_suite,
     run_workflow_lab,
     suite_html,
@@ -37,6 +39,7 @@ from ..lab import (
 )
 from ..lab import preflight as check
 from ._common import JsonOption, cli_errors, console, print_json
+from ._load import load_app
 from ._sim import sim
 
 __all__ = ["lab_commands", "preflight"]
@@ -173,6 +176,14 @@ def run_target(
             help="What a stubbed tool returns (repeatable), when no placeholder fits.",
         ),
     ] = None,
+    regressions: Annotated[
+        Path | None,
+        typer.Option(
+            metavar="FILE",
+            help="Instead of trials: shadow the runs of this regression suite (`mainspring"
+            " shadow --save-suite`) against MODULE:APP; exit 1 when a decision moved.",
+        ),
+    ] = None,
 ) -> None:
     """Run your own workflow or agent under faults for each policy and compare them.
 
@@ -180,7 +191,9 @@ def run_target(
     effect is performed: write and irreversible tools run as stubs unless --live.
     With --out DIR, each failed trial's store is kept in DIR/trials for `mainspring show`.
     """
-
+    if regressions is not None:
+        _regressions(target, regressions, stub or [], json_out)
+        return
     with cli_errors():
         stubs = _stubs(stub or [])
         if live and not yes:
@@ -232,6 +245,28 @@ def _progress(text: str) -> Status:
     err = console()
     err.stderr = True
     return err.status(text)
+
+
+def _regressions(target: str, path: Path, stub: list[str], json_out: bool) -> None:
+    """``lab run MODULE:APP --regressions FILE``: the suite's runs shadowed again."""
+    with cli_errors():
+        given = _stubs(stub)
+        stubs = {name: (lambda value: lambda arguments: value)(v) for name, v in given.items()}
+        app = load_app(target)
+        try:
+            result = asyncio.run(run_regressions(app, path, stubs=stubs))
+        finally:
+            app.close()
+    if json_out:
+        print_json(result.to_dict())
+    else:
+        out = console()
+        for run_id, reply, expected, got in result.failures:
+            out.print(f"{run_id[:12]}: reply {reply} moved: expected {expected}, got {got}")
+        out.print(
+            f"{result.checked - len(result.failures)} of {result.checked} runs decide as saved"
+        )
+    raise typer.Exit(0 if result.ok else 1)
 
 
 def _stubs(given: list[str]) -> dict[str, object]:

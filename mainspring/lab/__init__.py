@@ -10,7 +10,10 @@ kill real worker processes at random and audit the journal and the effect ledger
 faults (:func:`run_suite`, the horizon suite: its provider :class:`SuiteModelServer`,
 its kill points :class:`SuiteFaults`, peer contenders :class:`RunnerContender`, other
 Apps :class:`AppContender`);
-check a workflow or agent against the pre-release checklist (:func:`preflight`).
+check a workflow or agent against the pre-release checklist (:func:`preflight`);
+report a shadow of recorded runs (``App.shadow``) as a page (:func:`shadow_html`) and
+keep the runs it changed as a regression suite CI replays (:func:`save_regressions`,
+:func:`run_regressions`).
 """
 
 from ._chaos import ChaosResult, run_chaos
@@ -21,6 +24,15 @@ from ._preflight import CHECKS, Finding, PreflightReport, preflight
 from ._profile import POLICIES, POLICY_TITLES, FailureCause, LabProfile, Policy, parse_policies
 from ._report import failure_lines, html_report, markdown_report, rich_table
 from ._run import PASS_K, Cell, LabResult, TrialFailure, parse_steps, run_lab
+from ._shadow_report import shadow_html, shadow_lines
+from ._shadow_suite import (
+    Regression,
+    RegressionResult,
+    Regressions,
+    load_regressions,
+    run_regressions,
+    save_regressions,
+)
 from ._stats import pass_hat_k, theory_success, wilson
 from ._stubs import lab_stubs
 from ._suite import SuiteCell, SuiteProfile, run_suite, suite_markdown
@@ -52,6 +64,9 @@ __all__ = [
     "PolicyRates",
     "PreflightReport",
     "ProviderFaults",
+    "Regression",
+    "RegressionResult",
+    "Regressions",
     "RunnerContender",
     "SuiteCell",
     "SuiteFaults",
@@ -66,6 +81,7 @@ __all__ = [
     "html_report",
     "import_object",
     "lab_stubs",
+    "load_regressions",
     "markdown_report",
     "parse_json_args",
     "parse_policies",
@@ -77,8 +93,12 @@ __all__ = [
     "rich_table",
     "run_chaos",
     "run_lab",
+    "run_regressions",
     "run_suite",
     "run_workflow_lab",
+    "save_regressions",
+    "shadow_html",
+    "shadow_lines",
     "suite_html",
     "suite_markdown",
     "theory_success",
