@@ -267,7 +267,7 @@ def submit_load(res: Resources, backend: str, args: argparse.Namespace) -> dict[
     raw = raw_inserts(res.database(backend), min(args.seconds, 2.0))
     url = res.database(backend)
     app = make_app(url)
-    _, token = app.create_key("bench", ["submit"])
+    _, token = app.admin.create_key("bench", ["submit"])
     app.close()
     rows = []
     with server(res, url) as base:
@@ -289,7 +289,7 @@ def resume_latency(res: Resources, backend: str, args: argparse.Namespace) -> li
     waiting runs; times are from the POST to the step after the wait."""
     url = res.database(backend)
     app = make_app(url)
-    _, token = app.create_key("bench", ["submit"])
+    _, token = app.admin.create_key("bench", ["submit"])
     worker = res.spawn("--role", "work", "--url", url, "--concurrency", "200")
     rng = random.Random(7)
     rows = []

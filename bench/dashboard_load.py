@@ -105,7 +105,7 @@ def main() -> None:
             f"seeded {args.runs:,} runs + one of {args.steps:,} steps on {app.store.dialect}"
             f" in {time.perf_counter() - t0:.1f} s"
         )
-        _, key = app.create_key("bench", ["admin"])
+        _, key = app.admin.create_key("bench", ["admin"])
 
         api = create_app(app, webhooks=False)
 
@@ -155,8 +155,8 @@ def main() -> None:
                     _timed(lambda: app.store.load_steps(long_run), max(5, n // 4)),
                 ),
                 (
-                    f"trace, {args.steps:,}-step run, app.trace()",
-                    _timed(lambda: app.trace(long_run), max(5, n // 4)),
+                    f"trace, {args.steps:,}-step run, app.observe.trace()",
+                    _timed(lambda: app.observe.trace(long_run), max(5, n // 4)),
                     _timed(lambda: app.store.load_steps(long_run), max(5, n // 4)),
                 ),
             ]

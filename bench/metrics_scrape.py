@@ -4,7 +4,7 @@ Fills a SQLite store with N runs (90 % succeeded, 4 % waiting, 3 % queued, 3 %
 failed, changed one after another over the past day), each with a three-step journal
 (a model call with tokens, a tool call, a plain step), written with bulk INSERTs so
 that filling stays quick. Then times what a server does per scrape with one kept
-collector (``app.metrics().render()``): the first scrape (every journal read once) and
+collector (``app.observe.metrics().render()``): the first scrape (every journal read once) and
 later scrapes (median of ``--repeat``), beside a bare ``SELECT id, workflow, status,
 updated_at FROM ms_runs`` (the floor of any scrape that looks at every run, which a
 kept collector no longer does), as a ratio. A report: nothing is asserted.
@@ -89,7 +89,7 @@ def main() -> None:
             t0 = time.perf_counter()
             app = _fill(path, n)
             fill_s = time.perf_counter() - t0
-            collector = app.metrics()
+            collector = app.observe.metrics()
             first = _ms(collector.render)
             scrape = statistics.median(_ms(collector.render) for _ in range(args.repeat))
             floor = statistics.median(_ms(app.store.run_stamps) for _ in range(args.repeat))

@@ -1,8 +1,8 @@
 """Trace query time of a 1,000-step agent run, and a metrics scrape over it.
 
 Journals a scripted agent run of 501 model turns and 500 tool calls (1,001 steps,
-tokens on every model step) on SQLite, then times ``app.trace(run_id)`` (load the
-journal and build the entries), ``app.diagnose(run_id)`` and a ``/metrics`` render,
+tokens on every model step) on SQLite, then times ``app.observe.trace(run_id)`` (load the
+journal and build the entries), ``app.observe.diagnose(run_id)`` and a ``/metrics`` render,
 median of ``--repeat`` timings. A report: nothing is asserted.
 ``python bench/trace_query.py [--turns 501] [--repeat 7]``
 """
@@ -65,10 +65,10 @@ async def main() -> None:
         await app.run(agent, "read every ticket")
         run_s = time.perf_counter() - t0
         run_id = app.list_runs()[0].id
-        steps = len(app.steps(run_id))
+        steps = len(app.observe.steps(run_id))
         load_ms = _median_ms(lambda: app.store.load_steps(run_id), args.repeat)
-        trace_ms = _median_ms(lambda: app.trace(run_id), args.repeat)
-        doctor_ms = _median_ms(lambda: app.diagnose(run_id), args.repeat)
+        trace_ms = _median_ms(lambda: app.observe.trace(run_id), args.repeat)
+        doctor_ms = _median_ms(lambda: app.observe.diagnose(run_id), args.repeat)
         collector = MetricsCollector(app.store)
         first_scrape_ms = _median_ms(lambda: MetricsCollector(app.store).render(), args.repeat)
         collector.render()
@@ -76,8 +76,8 @@ async def main() -> None:
         app.close()
     print(f"journaled run: {steps} steps in {run_s:.2f}s (SQLite, FULL)")
     print(f"load_steps (the raw journal):          {load_ms:7.2f} ms")
-    print(f"app.trace(run_id):                     {trace_ms:7.2f} ms")
-    print(f"app.diagnose(run_id) (trace + doctor): {doctor_ms:7.2f} ms")
+    print(f"app.observe.trace(run_id):                     {trace_ms:7.2f} ms")
+    print(f"app.observe.diagnose(run_id) (trace + doctor): {doctor_ms:7.2f} ms")
     print(f"/metrics render, cold collector:       {first_scrape_ms:7.2f} ms")
     print(f"/metrics render, finished run cached:  {cached_scrape_ms:7.2f} ms")
 

@@ -35,7 +35,7 @@ async def app(tmp_path: Path) -> AsyncIterator[ms.App]:
     try:
         yield made
     finally:
-        await made.close_mcp()
+        await made.mcp.close()
         made.close()
 
 
@@ -45,10 +45,10 @@ def stdio(app: ms.App, folder: Path, ledger: Path, **options: Any) -> MCPToolset
     trusted (it is our own server) unless ``trust_annotations=False`` is given."""
     env = {"PYTHONPATH": str(ROOT), "FS_LEDGER": str(ledger), **options.pop("env", {})}
     options.setdefault("trust_annotations", True)
-    return app.mcp(
+    return app.mcp.add(
         "fs", command=[sys.executable, str(SERVER), str(folder)], env=env, prefix="fs_", **options
     )
 
 
 def tool_steps(app: ms.App, run_id: str) -> list[tuple[str, str, str]]:
-    return [(s.name, s.status, s.role) for s in app.steps(run_id) if s.role != "model"]
+    return [(s.name, s.status, s.role) for s in app.observe.steps(run_id) if s.role != "model"]

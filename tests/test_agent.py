@@ -65,7 +65,7 @@ async def test_agent_uses_tools_and_finishes(app: ms.App) -> None:
     ]
     assert len(sent) == 1
     run_id = app.list_runs()[0].id
-    names = [s.name for s in app.steps(run_id)]
+    names = [s.name for s in app.observe.steps(run_id)]
     assert names == [
         "model:scripted:scripted",
         "model:scripted:scripted",

@@ -53,7 +53,7 @@ async def test_an_agent_as_a_tool_runs_as_a_child_and_answers(fapp: ms.App):
     kids = fapp.children(handle.run_id)
     assert [(k.workflow, k.status) for k in kids] == [("researcher", "succeeded")] * 2
     # each child is a run of its own, with its own journal (its model call)
-    assert any(s.name.startswith("model:") for s in fapp.steps(kids[0].id))
+    assert any(s.name.startswith("model:") for s in fapp.observe.steps(kids[0].id))
     first_task = next(m for m in researcher_model.requests[0].messages if m.kind == "user")
     assert first_task.content.startswith("Task: capital of France?")
 

@@ -2,7 +2,7 @@
 misbehaves (docs/agents.md, "What happens when things go wrong").
 
 Each test checks the run's outcome, what the model was told in its next request
-(``ScriptedModel.requests[i].messages``) and what the journal shows (``app.steps``).
+(``ScriptedModel.requests[i].messages``) and what the journal shows (``app.observe.steps``).
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def _run_id(app: ms.App) -> str:
 
 
 def _steps(app: ms.App, name: str | None = None) -> list[ms.StepRecord]:
-    steps = app.steps(_run_id(app))
+    steps = app.observe.steps(_run_id(app))
     return [s for s in steps if name is None or s.name == name]
 
 
@@ -384,7 +384,7 @@ async def test_the_final_error_quotes_the_last_repair_and_doctor_names_it(
     # The repair the model was given last, and the call it was about.
     assert 'about the call lookup({"ticket": "seven"})' in message
     assert "ticket" in message.split("the last repair asked", 1)[1]
-    diagnosis = app.diagnose(_run_id(app))
+    diagnosis = app.observe.diagnose(_run_id(app))
     assert diagnosis.findings[0].kind == "invalid_calls"
     assert diagnosis.summary.startswith("the model could not produce a valid call")
     assert 'lookup({"ticket": "seven"})' in diagnosis.findings[0].evidence[0]
@@ -903,7 +903,7 @@ async def test_auth_and_quota_errors_wait_for_a_human(
     # The replayed turn tells the model exactly what it was told before the wait.
     assert _result_for(resumed, "call_0_0") == _result_for(model.requests[1].messages, "call_0_0")
     assert f"Last error: {error.__name__}: " in _state_block(resumed)
-    kinds = [s.kind for s in app.steps(handle.run_id)]
+    kinds = [s.kind for s in app.observe.steps(handle.run_id)]
     assert kinds.count("signal") == 1
     failed = [s for s in _steps(app, MODEL_STEP) if s.status == "failed"]
     assert [_error(s)["type"] for s in failed] == [f"mainspring._errors.{error.__name__}"]

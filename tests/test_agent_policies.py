@@ -246,7 +246,7 @@ async def test_a_pass_through_policy_leaves_the_journal_as_it_was(app: ms.App) -
         handle = app.submit(agent, "t")
         await drain(app)
         await handle.result()
-        steps = app.steps(handle.run_id)
+        steps = app.observe.steps(handle.run_id)
         journals.append([(s.kind, s.name, s.status, s.output) for s in steps])
     assert journals[0] == journals[1]
 

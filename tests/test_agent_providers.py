@@ -42,7 +42,7 @@ async def test_agent_over_openai_wire(app: ms.App) -> None:
         tool_msg = bodies[2]["messages"][-1]
         assert tool_msg["role"] == "tool"
         assert json.loads(tool_msg["content"]) == {"city": "Lyon", "sky": "clear", "c": 21}
-    steps = app.steps(app.list_runs()[0].id)
+    steps = app.observe.steps(app.list_runs()[0].id)
     # Rate limits are on by default: a booked slot before each model call.
     assert steps[0].role == "rate"
     first_model_step = next(s for s in steps if s.role == "model")

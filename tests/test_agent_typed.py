@@ -156,7 +156,7 @@ async def test_the_repair_budget_ends_in_an_error_naming_type_and_fields(app: ms
     )
     assert "argument 'severity' must be an integer (got 'high')" in message
     assert app.get_run(handle.run_id).status == "failed"  # failed, kept, not lost
-    assert len(app.steps(handle.run_id)) == 3  # every answer is in the journal
+    assert len(app.observe.steps(handle.run_id)) == 3  # every answer is in the journal
 
 
 async def test_the_typed_answer_survives_a_crash_and_a_new_app(db_url: str) -> None:
@@ -234,7 +234,7 @@ def test_the_http_api_serves_the_typed_answer_as_json(tmp_path: Any) -> None:
     agent = app.agent("triage", model=model, instructions="x", output_type=Report)
     run_id = app.submit(agent, "t").run_id
     asyncio.run(drain(app))
-    key = app.create_key("ops", ["admin"])[1]
+    key = app.admin.create_key("ops", ["admin"])[1]
     with TestClient(create_app(app, webhooks=False)) as client:
         got = client.get(f"/runs/{run_id}", headers={"Authorization": f"Bearer {key}"})
     assert got.status_code == 200, got.text
@@ -310,10 +310,10 @@ async def test_deps_reach_tools_built_once_per_process_never_journaled(
     assert len(seen) == 8 and len({d for _, d in seen}) == 2
     assert {a for a, _ in seen} == {"support0", "support1"}
     for handle in handles:
-        outputs = [s.output or "" for s in app.steps(handle.run_id)]
+        outputs = [s.output or "" for s in app.observe.steps(handle.run_id)]
         assert "ticket 7: printer on fire" in outputs[1] + outputs[2]
         record = app.get_run(handle.run_id)
-        journal = repr(app.steps(handle.run_id)) + repr(record)  # every column of both
+        journal = repr(app.observe.steps(handle.run_id)) + repr(record)  # every column of both
         assert "tok-SECRET" not in journal and "Counted" not in journal
 
 
@@ -420,7 +420,7 @@ async def test_a_failing_factory_builds_nothing_and_the_retry_builds_again(app: 
     await drain(app)
     assert (await handle.result()).answer == "open"
     assert attempts == [1, 2]
-    tool_step = next(s for s in app.steps(handle.run_id) if s.name == "tool:status")
+    tool_step = next(s for s in app.observe.steps(handle.run_id) if s.name == "tool:status")
     assert tool_step.output == '"open"' and tool_step.attempt == 2
 
 

@@ -191,6 +191,6 @@ def test_app_methods_take_the_handle_submit_returned(tmp_path: Path) -> None:
     assert app.signal(handle, "go", 7) >= 0
     assert app.requests(handle) == []
     assert app.cancel(handle) in ("cancelled", "running")
-    assert app.steps(handle) == app.steps(handle.run_id)
+    assert app.observe.steps(handle) == app.observe.steps(handle.run_id)
     with pytest.raises(TypeError, match="not by int 42"):
         app.get_run(42)  # type: ignore[arg-type]

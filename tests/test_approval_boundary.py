@@ -196,7 +196,7 @@ def test_a_submit_key_cannot_fork_or_retry_past_a_rejection(world: World) -> Non
     )
     world.drain()
     assert asyncio.run(world.app.result(run_id)) == "held: freeze"
-    steps = world.app.steps(run_id)
+    steps = world.app.observe.steps(run_id)
     wait = next(s for s in steps if s.name == "approval:deploy")
 
     # Patch the rejection into an approval: refused for every key.
@@ -234,7 +234,7 @@ def test_a_submit_key_cannot_fork_or_retry_past_a_rejection(world: World) -> Non
     kept = r.json()["id"]
     world.drain()
     assert asyncio.run(world.app.result(kept)) == "held: freeze"
-    row = next(s for s in world.app.steps(kept) if s.name == "approval:deploy")
+    row = next(s for s in world.app.observe.steps(kept) if s.name == "approval:deploy")
     answer = json.loads(row.output or "{}")["signal"]
     assert answer["by"] == "ana" and answer["kept_from"] == {"run_id": run_id, "by": "ana"}
     assert world.shipped == []
@@ -277,7 +277,7 @@ def test_a_submit_key_cannot_pay_the_attacker_through_an_agent(world: World) -> 
 
     # Fork from the model's turn with the tool call rewritten to pay the attacker: the
     # fork asks a reviewer again, showing the attacker's arguments; nothing is paid.
-    steps = world.app.steps(run_id)
+    steps = world.app.observe.steps(run_id)
     model_turn = next(s for s in steps if s.kind == "step" and s.name.startswith("model:"))
     hijack = {
         "tool_calls": [{"id": "c1", "name": "pay", "arguments": json.dumps(ATTACK)}],
@@ -335,7 +335,7 @@ def test_cli_fork_asks_again_unless_the_operator_keeps_the_decisions(
     world.drain()
     world.app.answer(run_id, "approval:deploy", decision="reject", reason="freeze")
     world.drain()
-    wait = next(s for s in world.app.steps(run_id) if s.name == "approval:deploy")
+    wait = next(s for s in world.app.observe.steps(run_id) if s.name == "approval:deploy")
     forks = {}
     for flags in ([], ["--keep-decisions"]):
         out = CliRunner().invoke(
@@ -347,6 +347,6 @@ def test_cli_fork_asks_again_unless_the_operator_keeps_the_decisions(
     world.drain()
     assert _pending(world, forks[False]) == ["approval:deploy"]  # asked again
     assert asyncio.run(world.app.result(forks[True])) == "held: freeze"
-    row = next(s for s in world.app.steps(forks[True]) if s.name == "approval:deploy")
+    row = next(s for s in world.app.observe.steps(forks[True]) if s.name == "approval:deploy")
     assert json.loads(row.output or "{}")["signal"]["by"] == "operator-olga"
     assert world.shipped == []

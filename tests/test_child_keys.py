@@ -120,8 +120,8 @@ def sched(db_url: str) -> Iterator[ms.App]:
     async def report(ctx: ms.RunContext) -> str:
         return "report"
 
-    app.schedule("daily", "0 9 * * *", report)
-    app.sync_schedules()
+    app.schedules.add("daily", "0 9 * * *", report)
+    app.schedules.sync()
     yield app
     app.close()
 
@@ -134,7 +134,7 @@ def test_a_schedule_key_cannot_be_squatted_by_submit(sched: ms.App) -> None:
         sched.submit("report", key="child:abc:0:0")
     assert sched.list_runs() == []
     sched.clock.advance(600)  # 09:00: the schedule starts its own run under that key
-    [started] = sched.tick_schedules()
+    [started] = sched.schedules.tick()
     assert sched.get_run(started).key == squat and sched.get_run(started).schedule == "daily"
 
 

@@ -188,11 +188,11 @@ async def test_a_replayed_parent_never_starts_a_child_twice(fapp: ms.App, clock:
 
     handle = fapp.submit(parent)
     await drain(fapp)
-    assert fapp.steps(handle.run_id) == []  # the child exists, its start is not journaled
+    assert fapp.observe.steps(handle.run_id) == []  # the child exists, its start is not journaled
     assert _count(fapp, "kid") == 1
     clock.advance(fapp.lease_s + 1)  # the lease expires: another worker replays it
     await drain(fapp)
-    assert [s.name for s in fapp.steps(handle.run_id)][:2] == ["child:kid", "child:kid"]
+    assert [s.name for s in fapp.observe.steps(handle.run_id)][:2] == ["child:kid", "child:kid"]
     assert _count(fapp, "kid") == 2
     clock.advance(fapp.lease_s + 1)
     await drain(fapp)

@@ -165,8 +165,8 @@ def test_trace_export_nests_a_child_under_its_parents_step(tmp_path: Path) -> No
         exporter = InMemorySpanExporter()
         provider = TracerProvider()
         provider.add_span_processor(SimpleSpanProcessor(exporter))
-        export_trace(app.trace(parent), tracer_provider=provider)
-        export_trace(app.trace(child), tracer_provider=provider)
+        export_trace(app.observe.trace(parent), tracer_provider=provider)
+        export_trace(app.observe.trace(child), tracer_provider=provider)
     finally:
         app.close()
     spans = exporter.get_finished_spans()

@@ -53,7 +53,7 @@ def test_all_pending_approvals_of_a_workflow_are_decided_at_once(tmp_path: Path)
         drain()
         for run_id in deploys:
             assert app.get_run(run_id).output == "true"
-        step = next(s for s in app.steps(deploys[0]) if s.name == "approval:ship")
+        step = next(s for s in app.observe.steps(deploys[0]) if s.name == "approval:ship")
         assert local_user() in (step.output or "")
         # The other workflow's approval and the question are still waiting.
         assert sorted(r.run_id for r in app.requests()) == sorted([other, question])

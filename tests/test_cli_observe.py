@@ -110,7 +110,7 @@ async def test_retry_and_fork_from_the_cli(db: str) -> None:
         result = _invoke("fork", agent_run, "--from-step", "0", "--db", db, "--json")
         assert result.exit_code == 0, result.output
         forked = json.loads(result.stdout)["run_id"]
-        assert [s.name for s in app.steps(forked)] == ["model:scripted:scripted"]
+        assert [s.name for s in app.observe.steps(forked)] == ["model:scripted:scripted"]
         assert app.get_run(forked).status == "queued"
     finally:
         app.close()

@@ -130,7 +130,7 @@ async def test_approval_gate_and_ask_journal_what_request_journals(fapp: ms.App)
         fapp.answer(handle.run_id, "question:why", answer="because", by="ana")
         await drain(fapp)
         await handle.result()
-        outputs.append([(s.kind, s.name, s.output) for s in fapp.steps(handle.run_id)])
+        outputs.append([(s.kind, s.name, s.output) for s in fapp.observe.steps(handle.run_id)])
     assert outputs[0] == outputs[1]
     assert json.loads(outputs[0][1][2] or "{}")["request"] == {
         "kind": "question",
@@ -188,7 +188,7 @@ async def test_sleep_until_parks_the_run_and_wakes_it_on_time(
     await drain(fapp)
     assert (await handle.result()).startswith("rested until 2026-01-01T01:00:00")
     # Nothing of its own in the journal: the instant came from ctx.now().
-    assert [s.kind for s in fapp.steps(handle.run_id)] == ["now"]
+    assert [s.kind for s in fapp.observe.steps(handle.run_id)] == ["now"]
 
 
 async def test_a_replay_after_the_instant_does_not_wait_again(

@@ -215,7 +215,9 @@ def test_an_agent_run_reads_turn_by_turn(
     rows = _rows(page)
     # Model and tool calls only: the recorded values and rate-limit bookings are hidden.
     assert {r["role"] for r in rows} == {"model", "tool", "wait"}
-    assert page.get_attribute("#step-count", "data-steps") == str(len(stack.app.steps(run_id)))
+    assert page.get_attribute("#step-count", "data-steps") == str(
+        len(stack.app.observe.steps(run_id))
+    )
     assert "106 internal rows hidden" in page.text_content("#hidden-note")
     assert all(r["label"] == "scripted:scripted" for r in rows if r["role"] == "model")
     # The first turn: its model call and two tool calls, tokens, cost and latency.
@@ -289,7 +291,7 @@ def test_a_1200_step_run_renders_one_page(
     agent_runs: tuple[Any, str, str], browser: Any, tmp_path: Path
 ) -> None:
     stack, _, run_id = agent_runs
-    assert len(stack.app.steps(run_id)) >= 1_199
+    assert len(stack.app.observe.steps(run_id)) >= 1_199
     page = _login(browser, stack)
     url = f"{stack.base}/ui/runs/{run_id}"
     started = time.monotonic()

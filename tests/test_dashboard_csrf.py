@@ -82,7 +82,7 @@ def test_a_page_on_another_port_cannot_cancel_through_a_proxys_basic_auth(
     served: tuple[str, ms.App], browser: Any
 ) -> None:
     base, app = served
-    key = app.create_key("ana", ["read", "submit"])[1]
+    key = app.admin.create_key("ana", ["read", "submit"])[1]
     run_id = app.submit("idle").run_id
     basic = base64.b64encode(b"ana:proxy-password").decode()
     # What a browser sends by itself to a host behind a Basic-auth proxy.

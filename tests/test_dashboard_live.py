@@ -67,7 +67,7 @@ def test_the_run_page_shows_the_answer_forming(
     served: tuple[str, ms.App], db_url: str, browser: Any
 ) -> None:
     base, server_app = served
-    key = server_app.create_key("ops", ["admin"])[1]
+    key = server_app.admin.create_key("ops", ["admin"])[1]
     # Two pauses: in the first model turn, mid-way through its tool call's arguments
     # (the turn's 6th piece: its text is three, then `{"top`, `ic": `); in the second,
     # mid-way through its text (its 7th piece).
@@ -167,17 +167,17 @@ def test_the_schedules_page_pauses_and_resumes_for_admins_only(
     served: tuple[str, ms.App], db_url: str, browser: Any
 ) -> None:
     base, server_app = served
-    admin = server_app.create_key("ops", ["admin"])[1]
-    reader = server_app.create_key("ana", ["read"])[1]
+    admin = server_app.admin.create_key("ops", ["admin"])[1]
+    reader = server_app.admin.create_key("ana", ["read"])[1]
     app = ms.App(db_url)
 
     @app.workflow
     async def report(ctx: ms.RunContext, scope: str) -> str:
         return f"report of {scope}"
 
-    app.schedule("nightly-report", "0 3 * * *", report, "all")
+    app.schedules.add("nightly-report", "0 3 * * *", report, "all")
     try:
-        app.sync_schedules()  # what a worker does at its first tick
+        app.schedules.sync()  # what a worker does at its first tick
         page = _login(browser, base, admin)
         page.click("a[href='/ui/schedules']")
         page.wait_for_url(f"{base}/ui/schedules")
@@ -187,7 +187,7 @@ def test_the_schedules_page_pauses_and_resumes_for_admins_only(
 
         row.locator("button.toggle").click()  # Pause: the page reloads with the new state
         page.locator("#schedule-nightly-report[data-paused=yes]").wait_for()
-        assert app.get_schedule("nightly-report").paused
+        assert app.schedules.get("nightly-report").paused
         row = page.locator("#schedule-nightly-report")
         assert "paused" in row.inner_text()
         assert row.locator("button.toggle").inner_text() == "Resume"
@@ -195,7 +195,7 @@ def test_the_schedules_page_pauses_and_resumes_for_admins_only(
 
         row.locator("button.toggle").click()  # Resume undoes it
         page.locator("#schedule-nightly-report[data-paused=no]").wait_for()
-        assert not app.get_schedule("nightly-report").paused
+        assert not app.schedules.get("nightly-report").paused
         assert page.locator("#schedule-nightly-report button.toggle").inner_text() == "Pause"
         page.close()
 

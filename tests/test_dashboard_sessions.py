@@ -30,7 +30,7 @@ def _login(client: TestClient, key: str) -> str:
 def test_a_session_works_on_every_server_of_the_database_and_ends_everywhere(
     app: ms.App, db_url: str
 ) -> None:
-    record, key = app.create_key("ana", ["read", "submit"])
+    record, key = app.admin.create_key("ana", ["read", "submit"])
     other = ms.App(db_url)  # a second `serve` over the same database
     try:
         with (
@@ -48,7 +48,7 @@ def test_a_session_works_on_every_server_of_the_database_and_ends_everywhere(
             # Revoking the key ends its sessions too.
             _login(a, key)
             assert a.get("/runs").status_code == 200
-            app.revoke_key(record.id)
+            app.admin.revoke_key(record.id)
             assert a.get("/runs").status_code == 401
     finally:
         other.close()
@@ -58,7 +58,7 @@ def test_sessions_are_stored_hashed_and_expire(tmp_path: Path) -> None:
     clock = ms.FakeClock(1_000.0)
     path = tmp_path / "sessions.db"
     app = ms.App(f"sqlite:///{path}", clock=clock)
-    _, key = app.create_key("ana", ["read"])
+    _, key = app.admin.create_key("ana", ["read"])
     with TestClient(create_app(app, webhooks=False)) as client:
         session = _login(client, key)
         assert client.get("/runs").status_code == 200

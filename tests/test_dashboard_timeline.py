@@ -150,7 +150,7 @@ def traced(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, ms.RunTrace]:
     db = f"sqlite:///{tmp_path_factory.mktemp('timeline') / 'runs.db'}"
     run_id = agent_run(db, 52, refuse_at=7, approve_at=20, flaky_at=12)
     app = ms.App(db)
-    trace = app.trace(run_id)
+    trace = app.observe.trace(run_id)
     app.close()
     return db, trace
 

@@ -211,7 +211,7 @@ def test_the_runs_list_is_built_for_triage(
     page.locator(f"#run-{busy}").wait_for()
     until(lambda: stack.app.get_run(busy).status == "waiting", "the busy parent to finish", 60)
     record = stack.app.get_run(busy)
-    last = max(s.finished_at or s.started_at for s in stack.app.steps(busy))
+    last = max(s.finished_at or s.started_at for s in stack.app.observe.steps(busy))
     assert last > record.created_at
     page.reload()
     shown_ts = float(page.get_attribute(f"#run-{busy} td.last-activity time", "data-ts"))

@@ -219,13 +219,13 @@ async def test_a_run_no_worker_can_replay_is_skipped_then_parked_never_failed(
         )
         assert worker.stats.outcomes == {"refused": 3}
         # Seen where an operator looks: metrics, show, doctor.
-        text = v2.metrics().render()[0].decode()
+        text = v2.observe.metrics().render()[0].decode()
         assert 'mainspring_runs_waiting{reason="replay"} 1.0' in text
         assert 'mainspring_replays_refused_total{workflow="flow"} 3.0' in text
         shown = CliRunner().invoke(cli, ["show", run_id, "--db", db_url])
         assert "left for a worker whose code can replay it: refused 3 time(s)" in shown.output
         assert "parked" in shown.output and "'a'" in shown.output
-        [finding] = [f for f in v2.diagnose(run_id).findings if f.kind == "nondeterminism"]
+        [finding] = [f for f in v2.observe.diagnose(run_id).findings if f.kind == "nondeterminism"]
         assert "now parked" in finding.evidence[1]
         # The code that wrote the journal comes back: it finishes the run at its retry.
         clock.advance(600 + 1)

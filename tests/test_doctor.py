@@ -40,11 +40,11 @@ async def _run(app: ms.App, turns: list[Any], **options: Any) -> ms.RunTrace:
     )
     with contextlib.suppress(ms.RunFailed):  # some rows of the table fail the run
         await app.run(agent, "close the tickets")
-    return app.trace(app.list_runs()[0].id)
+    return app.observe.trace(app.list_runs()[0].id)
 
 
 def _kinds(app: ms.App, trace: ms.RunTrace) -> set[str]:
-    diagnosis = app.diagnose(trace.run.id)
+    diagnosis = app.observe.diagnose(trace.run.id)
     for f in diagnosis.findings:
         assert f.evidence and f.next_steps
     return {f.kind for f in diagnosis.findings}
@@ -60,7 +60,7 @@ async def test_stopped_half_way(fapp: ms.App) -> None:
     trace = await _run(fapp, [ms.TransientError("upstream 503")] * 2, model_retry=FAST)
     assert trace.run.status == "failed"
     assert _kinds(fapp, trace) == {"stalled"}
-    finding = fapp.diagnose(trace.run.id).findings[0]
+    finding = fapp.observe.diagnose(trace.run.id).findings[0]
     assert "after 2 attempt(s) of TransientError" in finding.evidence[0]
     assert any("mainspring retry" in n for n in finding.next_steps)
 
@@ -85,7 +85,7 @@ async def test_a_healthy_agent_gets_no_warning(fapp: ms.App) -> None:
     turns = [call("lookup", {"ticket": n}) for n in range(9)] + [call("finish", {"answer": 1})]
     trace = await _run(fapp, turns)
     assert trace.run.status == "succeeded"
-    diagnosis = fapp.diagnose(trace.run.id)
+    diagnosis = fapp.observe.diagnose(trace.run.id)
     assert diagnosis.findings == ()
     assert diagnosis.summary == "succeeded; nothing from the failure table found"
 
@@ -118,7 +118,7 @@ async def test_a_healthy_agent_at_work_gets_no_warning(fapp: ms.App) -> None:
         await fapp.run(agent, "close the tickets")
     run = fapp.list_runs()[0]
     assert run.status == "waiting"
-    diagnosis = fapp.diagnose(run.id)
+    diagnosis = fapp.observe.diagnose(run.id)
     assert diagnosis.findings == (), [f.title for f in diagnosis.findings]
 
 
@@ -127,7 +127,7 @@ async def test_tool_error_ignored(fapp: ms.App) -> None:
     kinds = _kinds(fapp, trace)
     assert "ignored_tool_error" in kinds
     finding = next(
-        f for f in fapp.diagnose(trace.run.id).findings if f.kind == "ignored_tool_error"
+        f for f in fapp.observe.diagnose(trace.run.id).findings if f.kind == "ignored_tool_error"
     )
     assert "PermissionError" in finding.evidence[0] and "ticket 7 is locked" in finding.evidence[0]
 
@@ -150,7 +150,7 @@ async def test_done_but_wrong(fapp: ms.App) -> None:
         ],
     )
     assert _kinds(fapp, trace) == {"done_but_wrong"}
-    finding = fapp.diagnose(trace.run.id).findings[0]
+    finding = fapp.observe.diagnose(trace.run.id).findings[0]
     assert "2 of 3 plan items open" in finding.evidence[0]
 
 
@@ -164,6 +164,6 @@ async def test_a_healthy_run_has_no_findings(fapp: ms.App) -> None:
             call("finish", {"answer": "read it"}),
         ],
     )
-    diagnosis = fapp.diagnose(trace.run.id)
+    diagnosis = fapp.observe.diagnose(trace.run.id)
     assert diagnosis.findings == ()
     assert "nothing from the failure table" in diagnosis.summary

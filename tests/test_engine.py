@@ -52,7 +52,7 @@ async def test_completed_steps_never_rerun_after_a_crash(fapp: ms.App, clock: ms
     # Steps 0-2 ran once; step 3 ran twice under the same key; step 4 once.
     key = f"{handle.run_id}:0:"
     assert calls == [key + "0", key + "1", key + "2", key + "3", key + "3", key + "4"]
-    steps = fapp.steps(handle.run_id)
+    steps = fapp.observe.steps(handle.run_id)
     assert [(s.seq, s.status, s.attempt) for s in steps] == [
         (0, "completed", 1),
         (1, "completed", 1),
@@ -85,7 +85,7 @@ async def test_at_most_once_step_is_not_rerun(fapp: ms.App, clock: ms.FakeClock)
     await drain(fapp)
     assert await handle.result() == "ask a human"
     assert len(sent) == 1
-    [row] = fapp.steps(handle.run_id)
+    [row] = fapp.observe.steps(handle.run_id)
     assert row.status == "failed"
     assert "StepInterrupted" in json.loads(row.error or "{}")["type"]
 
@@ -144,7 +144,7 @@ async def test_retries_back_off_then_succeed(app: ms.App):
 
     assert await app.run(wf) == "ok"
     assert attempts == [1, 2, 3]
-    [row] = app.steps(app.list_runs()[0].id)
+    [row] = app.observe.steps(app.list_runs()[0].id)
     assert (row.status, row.attempt) == ("completed", 3)
 
 
@@ -305,7 +305,7 @@ async def test_continue_as_new_starts_a_fresh_session(app: ms.App):
 
     assert await app.run(long, 7) == {"done": 7, "sessions": 3}
     run_id = app.list_runs()[0].id
-    steps = app.steps(run_id)
+    steps = app.observe.steps(run_id)
     assert [(s.session, s.seq) for s in steps] == [
         (0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2), (2, 0)
     ]  # fmt: skip
@@ -449,7 +449,7 @@ async def test_a_stale_worker_writes_nothing(fapp: ms.App, clock: ms.FakeClock):
     proceed.set()
     await asyncio.wait_for(task, 10)
     assert stale.stats.outcomes == {"lost": 1}
-    rows = fapp.steps(handle.run_id)
+    rows = fapp.observe.steps(handle.run_id)
     assert all(r.epoch < taken.epoch for r in rows)
     assert [r.seq for r in rows] == [0, 1]
     assert rows[1].status == "started"  # the stale completion of step 1 was refused
@@ -576,7 +576,7 @@ async def test_parallel_steps_are_journaled_in_call_order(fapp: ms.App, clock: m
             # Crash once steps 1-4 are journaled (their commits may lag on a loaded
             # machine): the claim is that a crash then costs only step 0.
             for _ in range(500):
-                done = [r for r in fapp.steps(handle.run_id) if r.status == "completed"]
+                done = [r for r in fapp.observe.steps(handle.run_id) if r.status == "completed"]
                 if len(done) == 4:
                     break
                 await asyncio.sleep(0.01)
@@ -593,7 +593,7 @@ async def test_parallel_steps_are_journaled_in_call_order(fapp: ms.App, clock: m
     clock.advance(fapp.lease_s + 1)
     await drain(fapp)
     assert await handle.result() == [0, 1, 4, 9, 16, 81]
-    rows = fapp.steps(handle.run_id)
+    rows = fapp.observe.steps(handle.run_id)
     assert [(r.seq, r.status) for r in rows] == [(i, "completed") for i in range(6)]
     assert [r.output for r in rows] == ["0", "1", "4", "9", "16", "81"]
     # Steps 1-4 completed while step 0 still ran, and were journaled at once; the

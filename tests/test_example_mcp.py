@@ -32,7 +32,7 @@ async def test_the_files_agent_waits_for_approval_before_deleting(tmp_path: Path
         assert result.answer == "Summarised the inbox and deleted it."
         assert sorted(p.name for p in files.iterdir()) == ["summary.txt"]
     finally:
-        await app.close_mcp()
+        await app.mcp.close()
         app.close()
 
 

@@ -1,5 +1,5 @@
 """A parent's spending with and without its children: tokens, cost and duration of each
-child (and its own children), the same in ``App.family``, ``mainspring show`` and the
+child (and its own children), the same in ``app.observe.family``, ``mainspring show`` and the
 API's run view; a list of runs reads every run's usage in one query."""
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ def test_a_parent_counts_its_children_and_theirs(tmp_path: Path) -> None:
     db = f"sqlite:///{tmp_path / 'family.db'}"
     parent, children = _family(db)
     app = ms.App(db)
-    family = app.family(parent)
+    family = app.observe.family(parent)
     assert family.own.tokens == 1_000 and family.own.model_calls == 2
     assert [c.run.id for c in family.children] == children
     first, middle = family.children
@@ -97,7 +97,7 @@ def test_a_parent_counts_its_children_and_theirs(tmp_path: Path) -> None:
     assert family.with_children.tokens == 23_165
     assert all(c.duration_s > 0 for c in family.children) and family.duration_s > 0
     # A list's usage: one query for every run, each its own calls only.
-    usage = app.usage(app.list_runs(summary=True))
+    usage = app.observe.usage(app.list_runs(summary=True))
     assert usage[parent].tokens == 1_000 and usage[children[1]].tokens == 165
 
     # mainspring show: the run's own usage, each child's, and the totals.

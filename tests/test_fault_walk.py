@@ -111,7 +111,7 @@ def build(inner: Store, ledger_path: Path, faults: list[Fault]) -> Scenario:
     )
     scenario = Scenario(store, clock, ledger, history, app, state={"fixed": False})
     # An endpoint, so that every final transition queues an event (never delivered here).
-    inner.add_webhook("http://127.0.0.1:9/hook", clock.now())
+    inner.admin.add_webhook("http://127.0.0.1:9/hook", clock.now())
 
     def pay(n: int) -> int:
         ledger.apply(ms.current_step().idempotency_key, "pay", n)
@@ -218,7 +218,7 @@ def build(inner: Store, ledger_path: Path, faults: list[Fault]) -> Scenario:
     async def tick(ctx: ms.RunContext) -> int:
         return await ctx.step(pay, 1, name="scheduled_pay")
 
-    app.schedule("two-minutes", "*/2 * * * *", tick)
+    app.schedules.add("two-minutes", "*/2 * * * *", tick)
     return scenario
 
 

@@ -426,7 +426,7 @@ async def test_a_busy_retry_never_reverts_a_parallel_completed_step(db_url: str)
         handle = app.submit(wf)
         await drain(app)
         assert await handle.result() == ["charged", "other"]
-        rows = app.steps(handle.run_id)
+        rows = app.observe.steps(handle.run_id)
         assert [(r.name.rsplit(".", 1)[-1], r.status) for r in rows] == [
             ("charge", "completed"),
             ("other", "completed"),
@@ -455,7 +455,7 @@ async def test_gathered_waits_on_one_name_take_different_signals(db_url: str) ->
         await drain(app)
         for h in handles:
             assert await h.result() == [1, 2]
-            steps = app.steps(h.run_id)
+            steps = app.observe.steps(h.run_id)
             assert len({s.output for s in steps}) == 2
     finally:
         app.close()
@@ -572,7 +572,7 @@ async def test_a_stalled_holder_cannot_revive_a_dead_lettered_run(db_url: str) -
         run = app.get_run(handle.run_id)
         assert run.status == "failed" and "dead-lettered" in (run.error or "")
         assert ran == [0]  # the step after the dead-letter never ran
-        assert [s.status for s in app.steps(handle.run_id)] == ["started"]
+        assert [s.status for s in app.observe.steps(handle.run_id)] == ["started"]
         assert [e["event"] for e in app.store.outbox(handle.run_id)] == ["run.failed"]
     finally:
         app.close()

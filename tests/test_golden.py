@@ -51,7 +51,7 @@ async def test_golden_journal_replays(path: Path, tmp_path: Path) -> None:
     ]
     assert results["sessions"] == {"done": 7, "session": 1, "signal": 1}
     waiter = results["waiter"]
-    journal = {r.kind: r for r in app.steps(ids["waiter"])}
+    journal = {r.kind: r for r in app.observe.steps(ids["waiter"])}
     assert waiter["loud"] == "HELLO"
     assert waiter["when"] == "2026-01-01T00:00:00+00:00"  # journaled, not the new clock
     assert waiter["uuid"] == json.loads(journal["uuid"].output or "null")

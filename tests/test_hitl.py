@@ -72,7 +72,7 @@ async def test_approval_then_question_leave_the_worker_and_resume(fapp: ms.App) 
     assert await fapp.result(handle.run_id) == "1.3 to eu, approved by ana"
     assert effects == ["build", "ship 1.3 eu"]  # the build step was not run again
     # The journal keeps what was asked and what was answered.
-    rows = {s.name: s for s in fapp.steps(handle.run_id)}
+    rows = {s.name: s for s in fapp.observe.steps(handle.run_id)}
     out = json.loads(rows["approval:deploy"].output or "{}")
     assert out["request"]["preview"] == {"env": "prod", "version": "1.2"}
     assert out["signal"] == {"decision": "edit", "arguments": {"version": "1.3"}, "by": "ana"}
@@ -120,7 +120,7 @@ async def test_answers_are_checked_and_taken_once(fapp: ms.App) -> None:
     assert fapp.get_run(handle.run_id).status == "succeeded"
     with pytest.raises(ms.RunConflict, match="already succeeded"):
         fapp.answer(handle.run_id, "question:region", answer="us")
-    signals = [s for s in fapp.steps(handle.run_id) if s.kind == "signal"]
+    signals = [s for s in fapp.observe.steps(handle.run_id) if s.kind == "signal"]
     assert len(signals) == 2  # one wait per request, each answered once
 
 

@@ -88,7 +88,7 @@ async def test_a_react_graph_runs_as_a_run(
         "approval:review.1", "node:review", "node:tools", "node:model", "node:review",
         "node:tools", "node:model", "child:orders.report", names[-1],
     ]  # fmt: skip
-    trace = app.trace(run.run_id)
+    trace = app.observe.trace(run.run_id)
     models = [e for e in trace.entries if e.name == "node:model"]
     assert {e.kind for e in models} == {"model"} and all(e.tokens_in > 0 for e in models)
     assert trace.cost_usd > 0

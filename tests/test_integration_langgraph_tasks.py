@@ -80,7 +80,7 @@ async def test_a_retried_node_does_not_run_its_completed_tasks_again(db_url: str
     # The node ran twice (its step's two attempts); charge, completed in the first,
     # answered from the database in the second.
     assert calls == {"charge": 1, "notify": 2}
-    [step] = [s for s in app.steps(run.run_id) if s.name == "node:pay"]
+    [step] = [s for s in app.observe.steps(run.run_id) if s.name == "node:pay"]
     assert (step.attempt, step.status) == (2, "completed")
 
 

@@ -136,7 +136,7 @@ async def test_agent_with_handoff_agent_tool_and_tools_is_journaled(
     await drain(fapp)
     assert await handle.result() == "Charged order 7."
     assert all(r.path == "/v1/responses" for r in fake.requests)
-    steps = fapp.steps(handle.run_id)
+    steps = fapp.observe.steps(handle.run_id)
     assert [(s.role, s.name) for s in steps] == [
         ("model", f"model:openai:{MODEL}"),
         ("model", f"model:openai:{MODEL}"),
@@ -154,7 +154,7 @@ async def test_agent_with_handoff_agent_tool_and_tools_is_journaled(
     # tokens and the tool calls' inputs.
     first = json.loads(steps[0].output or "{}")
     assert first["rate_limit"]["x-ratelimit-limit-requests"] == "10000"
-    trace = fapp.trace(handle.run_id)
+    trace = fapp.observe.trace(handle.run_id)
     models = [e for e in trace.entries if e.kind == "model"]
     assert len(models) == 6 and all(e.tokens_in > 0 and e.tokens_out > 0 for e in models)
     tools = [(e.tool, e.input_summary) for e in trace.entries if e.kind == "tool"]
@@ -263,7 +263,7 @@ async def test_an_irreversible_tool_asks_and_runs_at_most_once(
     await drain(fapp)
     assert await handle.result() == "Charged."
     assert len(shop.done("charge")) == 1
-    [tool] = [s for s in fapp.steps(handle.run_id) if s.role == "tool"]
+    [tool] = [s for s in fapp.observe.steps(handle.run_id) if s.role == "tool"]
     assert json.loads(tool.output or "null") == "charged 4 for 7"
 
 
@@ -312,7 +312,7 @@ async def test_a_429_is_back_pressure_through_the_shared_limiter(
             break
         await asyncio.sleep(0.05)
     assert await handle.result() == "late but here"
-    steps = app.steps(handle.run_id)
+    steps = app.observe.steps(handle.run_id)
     models = [s for s in steps if s.role == "model"]
     assert [s.status for s in models] == ["failed", "completed"]
     assert "RateLimited" in (models[0].error or "")
@@ -428,7 +428,7 @@ async def test_mcp_tools_are_journaled_tool_steps(
     await drain(fapp)
     assert await handle.result() == "It costs 12 USD."
     assert catalog.calls == [{"sku": "A1"}]
-    names = [(s.role, s.name) for s in fapp.steps(handle.run_id)]
+    names = [(s.role, s.name) for s in fapp.observe.steps(handle.run_id)]
     assert ("tool", "tool:price") in names and ("step", "mcp:list:catalog") in names
     sent = [t["name"] for t in fake.requests[0].body["tools"]]
     assert sent == ["price"]
@@ -516,6 +516,6 @@ async def test_a_copy_of_a_journaled_tool_is_journaled_once_under_its_own_name(
     two = fapp.submit(finder, "find")
     await drain(fapp)
     assert (await one.result(), await two.result()) == ("ok", "found")
-    assert [(s.role, s.name) for s in fapp.steps(two.run_id) if s.role == "tool"] == [
+    assert [(s.role, s.name) for s in fapp.observe.steps(two.run_id) if s.role == "tool"] == [
         ("tool", "tool:find")
     ]

@@ -125,7 +125,7 @@ async def test_an_agent_runs_as_a_workflow_with_journaled_turns(
     ]
     assert ledger.report().keys == 1
     # the trace shows the turns with their tokens, cost and the tool's input
-    trace = app.trace(handle.run_id)
+    trace = app.observe.trace(handle.run_id)
     models = [e for e in trace.entries if e.kind == "model"]
     assert len(models) == 2 and all(e.tokens_in > 0 and e.cost_usd > 0 for e in models)
     assert [e.input_summary for e in trace.entries if e.kind == "tool"] == ['{"order":7}']

@@ -59,7 +59,7 @@ def test_a_webhook_delivery_leaves_no_secret_in_the_server_log(
 ) -> None:
     where, seen = receiver
     url = f"http://hookuser:HOOKPASSWORD@{where}/hook?token=QUERYTOKEN&sig=SIGVALUE"
-    stack.app.add_webhook(url, events=["run.failed"])
+    stack.app.admin.add_webhook(url, events=["run.failed"])
     # DEBUG: every library logs, httpx its request line with the URL in it.
     stack.serve("--worker", "--webhook-allow", "127.0.0.1/32", "--log-level", "debug")
     ops = stack.client(stack.admin)

@@ -53,7 +53,7 @@ async def test_stdio_tools_reach_the_model_and_run_as_tool_steps(
         ("tool:fs_write_file", "completed", "tool"),
     ]
     # The write carried the step's idempotency key to the server.
-    write = next(s for s in app.steps(run_id) if s.name == "tool:fs_write_file")
+    write = next(s for s in app.observe.steps(run_id) if s.name == "tool:fs_write_file")
     ledger = EffectLedger(ledger_path)
     key = f"{run_id}:{write.session}:{write.seq}"
     assert (ledger.calls(key), ledger.applied(key)) == (1, 1)
@@ -82,12 +82,12 @@ async def test_destructive_tool_waits_for_approval(
         result = await run.result()
         assert result.answer == "deleted"
         assert not (folder / "notes.txt").exists()
-        (delete,) = [s for s in app.steps(run.run_id) if s.name == "tool:fs_delete_file"]
+        (delete,) = [s for s in app.observe.steps(run.run_id) if s.name == "tool:fs_delete_file"]
         ledger = EffectLedger(ledger_path)
         assert ledger.calls(f"{run.run_id}:{delete.session}:{delete.seq}") == 1
         ledger.close()
     finally:
-        await app.close_mcp()
+        await app.mcp.close()
         app.close()
 
 
@@ -167,7 +167,7 @@ LISTING = [
 
 
 def test_effects_and_modes_come_from_the_annotations(app: ms.App) -> None:
-    fs = app.mcp(
+    fs = app.mcp.add(
         "unit", command=["true"], prefix="u_", effects={"add": "read"}, trust_annotations=True
     )
     listed = fs.tools_from(LISTING)
@@ -180,11 +180,11 @@ def test_effects_and_modes_come_from_the_annotations(app: ms.App) -> None:
         "u_add": ("read", "at_least_once", False),  # overridden by effects=
         "u_drop": ("irreversible", "at_most_once", True),
     }
-    trusted = app.mcp("plain", command=["true"], trust_annotations=True).tools_from(LISTING)
+    trusted = app.mcp.add("plain", command=["true"], trust_annotations=True).tools_from(LISTING)
     add = next(t for t in trusted.tools if t.name == "add")
     # No hint, from a trusted server: MCP's default (destructive) holds, so approval.
     assert (add.effect, add.mode, add.requires_approval) == ("irreversible", "at_most_once", True)
-    untrusted = app.mcp("stranger", command=["true"], idempotent=["put"]).tools_from(LISTING)
+    untrusted = app.mcp.add("stranger", command=["true"], idempotent=["put"]).tools_from(LISTING)
     assert {t.name: (t.effect, t.mode) for t in untrusted.tools} == {
         "look": ("irreversible", "at_most_once"),  # its readOnlyHint is not believed
         "put": ("irreversible", "at_most_once"),  # nor its idempotentHint
@@ -218,17 +218,17 @@ def test_toolset_configuration_errors(app: ms.App) -> None:
     ]
     for options, message in bad:
         with pytest.raises(ms.ConfigError, match=message):
-            app.mcp("bad", **options)
-    app.mcp("twice", command=["x"])
+            app.mcp.add("bad", **options)
+    app.mcp.add("twice", command=["x"])
     with pytest.raises(ms.ConfigError, match="already declared"):
-        app.mcp("twice", command=["x"])
-    fs = app.mcp("strict", command=["x"], allow=["look", "gone"])
+        app.mcp.add("twice", command=["x"])
+    fs = app.mcp.add("strict", command=["x"], allow=["look", "gone"])
     with pytest.raises(ms.ConfigError, match=r"allow= names tools it does not have: \['gone'\]"):
         fs.tools_from(LISTING)
     odd = [{"name": "has.dot", "inputSchema": {"type": "object"}}]
     with pytest.raises(ms.ConfigError, match=r"'has\.dot'.*not a valid tool name"):
-        app.mcp("odd", command=["x"]).tools_from(odd)
-    assert app.mcp("odd2", command=["x"], allow=[]).tools_from(odd).tools == ()
+        app.mcp.add("odd", command=["x"]).tools_from(odd)
+    assert app.mcp.add("odd2", command=["x"], allow=[]).tools_from(odd).tools == ()
     with pytest.raises(ms.ConfigError, match="tools= takes tools"):
         app.agent("a", model=ScriptedModel([]), instructions="x", tools=["read_file"])  # type: ignore[list-item]
 
@@ -262,7 +262,7 @@ async def test_a_run_keeps_its_listing_when_the_server_changes_under_it(
     await app.worker().run(until_idle=True)
     (request,) = app.requests()  # listed with delete_file; waiting for approval
     # A new deployment of the server no longer has delete_file.
-    await app.close_mcp()
+    await app.mcp.close()
     assert fs.env is not None
     fs.env["FS_HIDE"] = "delete_file"
     app.answer(run.run_id, request.id, decision="approve", by="reviewer")
@@ -273,16 +273,16 @@ async def test_a_run_keeps_its_listing_when_the_server_changes_under_it(
     assert "MCP server 'fs' no longer has the tool 'delete_file'" in told, told
     assert (folder / "notes.txt").exists()
     # The replay after the wait used the journaled listing: one listing step.
-    names = [s.name for s in app.steps(run.run_id)]
+    names = [s.name for s in app.observe.steps(run.run_id)]
     assert names.count("mcp:fs:tools") == 1
 
 
 async def test_a_server_that_cannot_start_fails_the_listing_clearly(app: ms.App) -> None:
-    broken = app.mcp("broken", command=[sys.executable, "-c", "import sys; sys.exit(3)"])
+    broken = app.mcp.add("broken", command=[sys.executable, "-c", "import sys; sys.exit(3)"])
     agent = app.agent("lost", model=ScriptedModel([]), instructions="x", tools=[broken])
     with pytest.raises(ms.RunFailed) as failed:
         await app.run(agent, "go")
     message = str(failed.value)
     assert "MCP server 'broken' (stdio) could not be reached" in message, message
-    (listing,) = app.steps(app.list_runs()[0].id)
+    (listing,) = app.observe.steps(app.list_runs()[0].id)
     assert (listing.name, listing.status, listing.attempt) == ("mcp:broken:tools", "failed", 3)

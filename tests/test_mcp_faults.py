@@ -43,7 +43,7 @@ def http_url(folder: Path, ledger_path: Path) -> Iterator[str]:
 
 
 async def test_streamable_http_server(app: ms.App, http_url: str, ledger_path: Path) -> None:
-    web = app.mcp("web", url=http_url, headers={"X-Team": "ops"}, trust_annotations=True)
+    web = app.mcp.add("web", url=http_url, headers={"X-Team": "ops"}, trust_annotations=True)
     model = ScriptedModel(
         [
             call("write_file", {"path": "a.txt", "content": "alpha"}),
@@ -56,7 +56,7 @@ async def test_streamable_http_server(app: ms.App, http_url: str, ledger_path: P
     assert result.status == "done"
     assert any("alpha" in getattr(m, "content", "") for m in model.requests[2].messages)
     run_id = app.list_runs()[0].id
-    write = next(s for s in app.steps(run_id) if s.name == "tool:write_file")
+    write = next(s for s in app.observe.steps(run_id) if s.name == "tool:write_file")
     assert write.role == "tool"
     ledger = EffectLedger(ledger_path)
     assert ledger.applied(f"{run_id}:{write.session}:{write.seq}") == 1
@@ -79,7 +79,7 @@ async def test_idempotent_write_survives_a_server_crash_mid_call(
     assert marker.exists()  # the first server died during the call
     assert (result.status, result.answer) == ("done", "written")
     run_id = app.list_runs()[0].id
-    (write,) = [s for s in app.steps(run_id) if s.name == "tool:fs_write_file"]
+    (write,) = [s for s in app.observe.steps(run_id) if s.name == "tool:fs_write_file"]
     assert (write.status, write.attempt) == ("completed", 2)
     key = f"{run_id}:{write.session}:{write.seq}"
     ledger = EffectLedger(ledger_path)
@@ -106,7 +106,7 @@ async def test_non_idempotent_write_is_not_sent_again_after_a_crash(
     result = await app.run(agent, "Append a line")
     assert result.status == "done"
     run_id = app.list_runs()[0].id
-    (append,) = [s for s in app.steps(run_id) if s.name == "tool:fs_append_line"]
+    (append,) = [s for s in app.observe.steps(run_id) if s.name == "tool:fs_append_line"]
     assert (append.status, append.attempt) == ("failed", 1)
     told = model.requests[1].messages[-1].content
     assert "may or may not have taken effect" in told and "append_line" in told
@@ -155,7 +155,7 @@ async def test_a_server_that_died_between_calls_is_restarted_before_a_write(
     result = await run.result()
     assert result.answer == "deleted"
     assert not (folder / "notes.txt").exists()
-    (delete,) = [s for s in app.steps(run.run_id) if s.name == "tool:fs_delete_file"]
+    (delete,) = [s for s in app.observe.steps(run.run_id) if s.name == "tool:fs_delete_file"]
     assert (delete.status, delete.attempt) == ("completed", 1)  # found dead before sending
     ledger = EffectLedger(ledger_path)
     assert ledger.calls(f"{run.run_id}:{delete.session}:{delete.seq}") == 1

@@ -25,7 +25,7 @@ call = ScriptedModel.call
 
 
 def _bank(app: ms.App, ledger: Path, name: str = "bank", **options: Any) -> MCPToolset:
-    return app.mcp(name, command=[sys.executable, str(BANK), str(ledger)], **options)
+    return app.mcp.add(name, command=[sys.executable, str(BANK), str(ledger)], **options)
 
 
 def _moved(ledger: Path) -> str:
@@ -125,4 +125,4 @@ def test_effect_of(annotations: dict[str, Any] | None, trusted: bool, effect: st
 
 def test_trust_must_be_a_boolean(app: ms.App) -> None:
     with pytest.raises(ms.ConfigError, match="trust_annotations must be True or False"):
-        app.mcp("odd", command=["x"], trust_annotations="yes")  # type: ignore[arg-type]
+        app.mcp.add("odd", command=["x"], trust_annotations="yes")  # type: ignore[arg-type]

@@ -76,7 +76,7 @@ async def test_an_endpoint_moved_under_a_waiting_run_neither_breaks_nor_repays(
     assert len(new) == 1  # ...and replayed from the journal: only the next call is new
     app = ms.App(f"sqlite:///{tmp_path / 'moved.db'}")
     [run] = app.list_runs()
-    names = {s.name for s in app.steps(run.id) if s.name.startswith("model:")}
+    names = {s.name for s in app.observe.steps(run.id) if s.name.startswith("model:")}
     assert names == {"model:openai:gpt-4.1-mini"}  # no URL, no key
     app.close()
 
@@ -100,7 +100,9 @@ async def test_a_journal_that_named_the_endpoint_still_replays(
         monkeypatch.setattr(loop, "model_step_name", legacy)
         run = first.submit(_agent(first, old.base_url, "sk-a"), "go")
         request = await _until_waiting(first, run.run_id)
-        [journaled] = [s.name for s in first.steps(run.run_id) if s.name.startswith("model:")]
+        [journaled] = [
+            s.name for s in first.observe.steps(run.run_id) if s.name.startswith("model:")
+        ]
         assert journaled == f"model:openai:gpt-4.1-mini@{old.base_url}"
         first.close()
         monkeypatch.undo()  # this version's code replays it
@@ -111,7 +113,9 @@ async def test_a_journal_that_named_the_endpoint_still_replays(
         await second.worker().run(until_idle=True)
         result: ms.AgentResult = await second.result(run.run_id)
         assert (result.answer, len(old.bodies), len(new.bodies)) == ("purged t", 1, 1)
-        assert second.trace(run.run_id).cost_usd > 0  # the legacy name still finds its price
+        assert (
+            second.observe.trace(run.run_id).cost_usd > 0
+        )  # the legacy name still finds its price
         second.close()
 
 
@@ -155,7 +159,7 @@ async def test_doctor_names_a_nondeterminism_error_and_what_to_do(tmp_path: Path
     await app.worker().run(until_idle=True)
     assert app.get_run(run.run_id).wait_reason == "replay"  # left for other code
 
-    diagnosis = app.diagnose(run.run_id)
+    diagnosis = app.observe.diagnose(run.run_id)
     [finding] = [f for f in diagnosis.findings if f.kind == "nondeterminism"]
     assert "NondeterminismError" in diagnosis.summary
     assert "'fetch'" in finding.evidence[0] and "'fetch_v2'" in finding.evidence[0]

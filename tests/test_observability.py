@@ -75,7 +75,7 @@ async def _support_run(app: ms.App, clock: FakeClock) -> tuple[str, list[str]]:
 
 async def test_trace_of_a_scripted_agent_run(fapp: ms.App, clock: FakeClock) -> None:
     run_id, sent = await _support_run(fapp, clock)
-    trace = fapp.trace(run_id)
+    trace = fapp.observe.trace(run_id)
     assert isinstance(trace, ms.RunTrace)
     kinds = [(e.kind, e.name) for e in trace.entries]
     assert kinds == [
@@ -107,7 +107,7 @@ async def test_trace_of_a_scripted_agent_run(fapp: ms.App, clock: FakeClock) -> 
     login = trace.entries[4]
     assert login.input_summary is not None and "[REDACTED]" in login.input_summary
     everything = json.dumps(trace.to_json()) + "".join(
-        (s.output or "") + (s.error or "") for s in fapp.steps(run_id)
+        (s.output or "") + (s.error or "") for s in fapp.observe.steps(run_id)
     )
     assert SECRET not in everything
     assert "[REDACTED]" in everything
@@ -153,13 +153,13 @@ async def test_redaction_can_be_turned_off(db_url: str) -> None:
 
     try:
         assert await app.run(leak) == SECRET
-        assert SECRET in (app.steps(app.list_runs()[0].id)[0].output or "")
+        assert SECRET in (app.observe.steps(app.list_runs()[0].id)[0].output or "")
     finally:
         app.close()
 
 
 def _families(app: ms.App) -> dict[str, Any]:
-    body, content_type = app.metrics().render()
+    body, content_type = app.observe.metrics().render()
     assert content_type.startswith("text/plain")
     return {f.name: f for f in text_string_to_metric_families(body.decode())}
 
@@ -340,8 +340,8 @@ async def test_counters_never_go_down_across_prune_retry_and_fork(
         (("direction", "input"), ("model", "scripted:scripted"), ("workflow", "helper")),
     )
     assert first[key] == 700 and after_fork[key] == 700  # the fork added no tokens
-    assert fapp.trace(fork.run_id).tokens_in == 0  # nor does its trace
-    assert fapp.trace(fork.run_id).entries[0].copied
+    assert fapp.observe.trace(fork.run_id).tokens_in == 0  # nor does its trace
+    assert fapp.observe.trace(fork.run_id).entries[0].copied
     clock.advance(10 * 86400)
     pruned = fapp.store.prune(86400, clock.now())
     assert pruned.runs == 3
@@ -360,7 +360,7 @@ async def test_otel_spans_follow_genai_conventions(fapp: ms.App, clock: FakeCloc
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    export_trace(fapp.trace(run_id), tracer_provider=provider)
+    export_trace(fapp.observe.trace(run_id), tracer_provider=provider)
     spans = exporter.get_finished_spans()
     assert len({s.context.trace_id for s in spans}) == 1  # one trace per run
     root = next(s for s in spans if s.parent is None)
@@ -840,7 +840,7 @@ async def test_live_spans_while_the_run_runs_and_backfill_gives_the_same_ids(
     from opentelemetry.trace import StatusCode
 
     provider, exporter = _memory_provider()
-    fapp.enable_tracing(provider)
+    fapp.observe.enable_tracing(provider)
     flaky = {"left": 1}
 
     def charge() -> str:
@@ -894,8 +894,8 @@ async def test_live_spans_while_the_run_runs_and_backfill_gives_the_same_ids(
 
     # Back-filling the same run gives the same trace and span ids, twice over.
     provider2, again = _memory_provider()
-    export_trace(fapp.trace(run_id), tracer_provider=provider2)
-    export_trace(fapp.trace(run_id), tracer_provider=provider2)
+    export_trace(fapp.observe.trace(run_id), tracer_provider=provider2)
+    export_trace(fapp.observe.trace(run_id), tracer_provider=provider2)
     back = again.get_finished_spans()
     assert _ids(back[: len(back) // 2]) == _ids(back[len(back) // 2 :])
     # the journal keeps the last attempt only: it, the wait and the root agree with live
@@ -941,7 +941,7 @@ async def test_traceparent_on_submit_puts_the_run_in_the_callers_trace(
     from mainspring.server import create_app
 
     provider, exporter = _memory_provider()
-    fapp.enable_tracing(provider)
+    fapp.observe.enable_tracing(provider)
 
     @fapp.workflow
     async def order(ctx: ms.RunContext) -> str:
@@ -986,14 +986,14 @@ async def test_traceparent_on_submit_puts_the_run_in_the_callers_trace(
 
     # Back-fill links the same way: the same ids, the same parent.
     provider2, again = _memory_provider()
-    export_trace(fapp.trace(linked), tracer_provider=provider2)
+    export_trace(fapp.observe.trace(linked), tracer_provider=provider2)
     back = again.get_finished_spans()
     assert _ids(back) == _ids([s for s in mine if s is not started])
 
 
 async def test_a_fork_sits_in_its_sources_trace_under_the_sources_root(fapp: ms.App) -> None:
     provider, exporter = _memory_provider()
-    fapp.enable_tracing(provider)
+    fapp.observe.enable_tracing(provider)
 
     @fapp.workflow
     async def steps(ctx: ms.RunContext) -> int:
@@ -1021,7 +1021,7 @@ async def test_a_fork_sits_in_its_sources_trace_under_the_sources_root(fapp: ms.
 
     # Back-fill agrees, and marks the step the fork copied (spent by the source).
     provider2, again = _memory_provider()
-    export_trace(fapp.trace(fork), tracer_provider=provider2)
+    export_trace(fapp.observe.trace(fork), tracer_provider=provider2)
     back = again.get_finished_spans()
     assert _ids([s for s in back if s.name != "step a"]) == _ids(
         [s for s in mine if not s.name.endswith("(started)")]
@@ -1035,7 +1035,7 @@ async def test_content_capture_is_opt_in_redacted_and_capped(
     fapp: ms.App, clock: FakeClock
 ) -> None:
     provider, exporter = _memory_provider()
-    fapp.enable_tracing(provider, capture_content=True, content_max_chars=30)
+    fapp.observe.enable_tracing(provider, capture_content=True, content_max_chars=30)
     second, _ = await _support_run(fapp, clock)
     spans = exporter.get_finished_spans()
     assert all(s.attributes["session.id"] == second for s in spans)
@@ -1051,7 +1051,7 @@ async def test_content_capture_is_opt_in_redacted_and_capped(
     assert SECRET not in everything
 
     provider, exporter = _memory_provider()
-    export_trace(fapp.trace(second), tracer_provider=provider, capture_content=True)
+    export_trace(fapp.observe.trace(second), tracer_provider=provider, capture_content=True)
     back = exporter.get_finished_spans()
     login = next(s for s in back if s.name == "execute_tool login")
     assert "[REDACTED]" in login.attributes["input.value"] and SECRET not in str(back[0].attributes)
@@ -1071,7 +1071,7 @@ async def test_unfinished_steps_and_runs_are_not_exported(fapp: ms.App) -> None:
     run_id = fapp.submit(stuck).run_id
     await drain(fapp)
     assert fapp.get_run(run_id).status == "sleeping"  # backing off before attempt 2
-    export_trace(fapp.trace(run_id), tracer_provider=provider)
+    export_trace(fapp.observe.trace(run_id), tracer_provider=provider)
     assert [s.name for s in exporter.get_finished_spans()] == ["step first"]
 
 
@@ -1081,7 +1081,7 @@ async def test_spans_carry_the_logical_model_never_the_url(
     import mainspring.agent._call as call_module
 
     provider, exporter = _memory_provider()
-    fapp.enable_tracing(provider)
+    fapp.observe.enable_tracing(provider)
     model = ScriptedModel([_reply(call("finish", {"answer": "ok"}), 10, 1)])
     model.provider, model.model_id = "openai", "gpt-4.1"
     # an older journal's name: the endpoint URL (with credentials) after "@"
@@ -1093,7 +1093,7 @@ async def test_spans_carry_the_logical_model_never_the_url(
     agent = fapp.agent("u", model=model, instructions="x")
     await fapp.run(agent, "hi")
     run_id = fapp.list_runs()[0].id
-    export_trace(fapp.trace(run_id), tracer_provider=provider)
+    export_trace(fapp.observe.trace(run_id), tracer_provider=provider)
     spans = exporter.get_finished_spans()
     chats = [s for s in spans if s.name.startswith("chat")]
     assert {s.name for s in chats} == {"chat gpt-4.1"} and len(chats) == 2
@@ -1122,10 +1122,10 @@ async def test_tracing_without_an_exporter_says_so_once(
         return await ctx.step(lambda: 1, name="one")
 
     with caplog.at_level("WARNING", logger="mainspring.observability"):
-        fapp.enable_tracing()
+        fapp.observe.enable_tracing()
         await fapp.run(one)
-        export_trace(fapp.trace(fapp.list_runs()[0].id))  # no provider: not silent either
-        fapp.enable_tracing()
+        export_trace(fapp.observe.trace(fapp.list_runs()[0].id))  # no provider: not silent either
+        fapp.observe.enable_tracing()
     said = [r.message for r in caplog.records if "spans go nowhere" in r.message]
     assert len(said) == 1, said
 
@@ -1188,7 +1188,12 @@ async def test_fork_replays_up_to_the_step_and_runs_live_after(
     report = ledger.report()
     assert report.calls == 6  # only charge2 and charge3 ran live in the fork
     assert {k for k in report.duplicate_calls} == set()
-    assert [s.name for s in fapp.steps(fork.run_id)] == ["charge0", "charge1", "charge2", "charge3"]
+    assert [s.name for s in fapp.observe.steps(fork.run_id)] == [
+        "charge0",
+        "charge1",
+        "charge2",
+        "charge3",
+    ]
 
 
 async def test_fork_and_retry_refuse_bad_input(fapp: ms.App, tmp_path: Path) -> None:
@@ -1242,6 +1247,6 @@ async def test_the_trace_shows_the_arguments_that_ran_after_a_repair(tmp_path: P
     agent = app.agent("recorder", model=model, instructions="Record 50.", tools=[record])
     await app.run(agent, "go")
     [run] = app.list_runs()
-    [tool] = [e for e in app.trace(run.id).entries if e.kind == "tool"]
+    [tool] = [e for e in app.observe.trace(run.id).entries if e.kind == "tool"]
     assert (tool.input_summary, tool.output_summary) == ('{"item": 50}', '{"recorded":54}')
     app.close()

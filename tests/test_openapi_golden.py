@@ -38,8 +38,8 @@ def _app(path: Path) -> ms.App:
     async def deploy(ctx: ms.RunContext) -> bool:
         return (await ctx.approval("deploy")).approved
 
-    app.schedule("nightly", "0 3 * * *", plain)
-    app.queue("slow", concurrency=1)
+    app.schedules.add("nightly", "0 3 * * *", plain)
+    app.queues.add("slow", concurrency=1)
     return app
 
 

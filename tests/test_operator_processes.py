@@ -211,7 +211,7 @@ def test_a_takeover_exports_the_spans_the_killed_worker_never_sent(
     a = subprocess.Popen([*WORKER, "--otel"], env=env, stderr=subprocess.DEVNULL)
     try:
         done = lambda: sum(  # noqa: E731
-            1 for s in app.steps(run_id) if s.status == "completed"
+            1 for s in app.observe.steps(run_id) if s.status == "completed"
         )
         _until(lambda: done() == quick, "A to journal the quick steps")
         a.send_signal(signal.SIGKILL)
@@ -229,7 +229,7 @@ def test_a_takeover_exports_the_spans_the_killed_worker_never_sent(
     )
     assert b.returncode == 0, b.stderr
     assert app.get_run(run_id).status == "succeeded"
-    journal = [s for s in app.steps(run_id) if s.kind == "step"]
+    journal = [s for s in app.observe.steps(run_id) if s.kind == "step"]
     assert len(journal) == quick + 1
     spans = _step_spans(receiver, run_id)
     steps = [s for s in spans if s["name"].startswith("step ")]

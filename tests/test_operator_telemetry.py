@@ -64,7 +64,7 @@ async def test_a_429_is_rate_limiting_in_metrics_and_spans_never_a_failed_step(
             inline_wait_s=0.0,
             rate_limits=False,  # no limiter: the provider's own 429s are what is counted
         )
-        app.enable_tracing(provider)
+        app.observe.enable_tracing(provider)
         agent = app.agent("triage", model=model, instructions="x")
         ids = [app.submit(agent, f"q{i}").run_id for i in range(3)]
         for _ in range(20):
@@ -75,7 +75,7 @@ async def test_a_429_is_rate_limiting_in_metrics_and_spans_never_a_failed_step(
         refused = server.too_many_requests
         assert refused >= 2  # the provider did refuse
         app.telemetry.flush()
-        values = _values(app.metrics().render()[0])
+        values = _values(app.observe.metrics().render()[0])
         step = "mainspring_steps_total"
         assert values[(step, (("kind", "model"), ("status", "rate_limited")))] == refused
         assert values[(step, (("kind", "model"), ("status", "failed")))] == 0
@@ -132,7 +132,7 @@ async def test_failed_runs_carry_public_error_names_and_no_span_runs_backwards(
         poll_interval_s=0.01,
         default_retry=ms.RetryPolicy.never(),
     )
-    app.enable_tracing(provider)
+    app.observe.enable_tracing(provider)
 
     @app.workflow
     async def kid(ctx: ms.RunContext) -> int:
@@ -209,7 +209,7 @@ async def test_content_capture_follows_the_standard_genai_variable(
         app = ms.App(f"sqlite:///{tmp_path / f'c{len(list(tmp_path.iterdir()))}.db'}")
         model = ScriptedModel([ScriptedModel.call("finish", {"answer": "done"})])
         agent = app.agent("support", model=model, instructions="x")
-        app.enable_tracing(provider, **kwargs)
+        app.observe.enable_tracing(provider, **kwargs)
         return {"app": app, "agent": agent, "exporter": exporter}
 
     for env, kwargs, captured in (
@@ -271,7 +271,7 @@ async def test_live_turns_hold_their_tool_calls_across_a_wait_and_another_proces
 
     def build(replies: list[Any]) -> tuple[ms.App, Any]:
         app = ms.App(url, poll_interval_s=0.01)
-        app.enable_tracing(provider)
+        app.observe.enable_tracing(provider)
 
         @app.tool
         def lookup(ticket: int) -> str:
@@ -301,7 +301,7 @@ async def test_live_turns_hold_their_tool_calls_across_a_wait_and_another_proces
     await drain(second)
     assert second.get_run(run_id).status == "succeeded"
     second.telemetry.flush()
-    rows = second.steps(run_id)
+    rows = second.observe.steps(run_id)
     models = [r.seq for r in rows if r.role == "model"]
     tools = {r.name: r.seq for r in rows if r.role == "tool"}
     spans = [s for s in exporter.get_finished_spans() if s.attributes.get("session.id") == run_id]

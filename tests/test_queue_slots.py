@@ -28,7 +28,7 @@ def _status(app: ms.App, handle: ms.RunHandle) -> str:
 
 
 async def test_a_run_backing_off_between_attempts_keeps_its_slot(app: ms.App) -> None:
-    app.queue("reports", concurrency=1)
+    app.queues.add("reports", concurrency=1)
     calls: list[str] = []
 
     def fetch(name: str) -> str:
@@ -50,7 +50,7 @@ async def test_a_run_backing_off_between_attempts_keeps_its_slot(app: ms.App) ->
     # The first failed once and sleeps before its next attempt: still in progress.
     assert (_status(app, first), _status(app, second)) == ("sleeping", "queued")
     assert calls == ["sales"]
-    [queue] = app.queues()
+    [queue] = app.queues.list()
     assert (queue.running, queue.retrying, queue.queued) == (0, 1, 1)
     app.clock.advance(BACK_OFF_S + 1)  # type: ignore[attr-defined]
     await drain(app)
@@ -64,7 +64,7 @@ async def test_a_run_backing_off_between_attempts_keeps_its_slot(app: ms.App) ->
 
 
 async def test_a_run_waiting_for_a_person_gives_its_slot_up(app: ms.App) -> None:
-    app.queue("deploys", concurrency=1)
+    app.queues.add("deploys", concurrency=1)
 
     @app.workflow
     async def deploy(ctx: ms.RunContext, env: str) -> str:
@@ -76,7 +76,7 @@ async def test_a_run_waiting_for_a_person_gives_its_slot_up(app: ms.App) -> None
     await drain(app)
     # Both wait for a person: a run waiting a day holds no slot.
     assert (_status(app, first), _status(app, second)) == ("waiting", "waiting")
-    [queue] = app.queues()
+    [queue] = app.queues.list()
     assert (queue.running, queue.retrying, queue.waiting) == (0, 0, 2)
     for handle in (first, second):
         app.answer(handle.run_id, "approval:go", decision="approve", by="ana")

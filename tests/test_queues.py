@@ -28,7 +28,7 @@ async def _record(ctx: ms.RunContext, label: str) -> str:
 
 
 def test_submit_to_a_declared_queue(app: ms.App) -> None:
-    emails = app.queue("emails", concurrency=10, per_key=1, rate=5.0)
+    emails = app.queues.add("emails", concurrency=10, per_key=1, rate=5.0)
     wf = app.workflow(_record)
     handle = app.submit(wf, "a", queue=emails, queue_key="customer-42", priority=5)
     run = app.get_run(handle.run_id)
@@ -37,7 +37,7 @@ def test_submit_to_a_declared_queue(app: ms.App) -> None:
     assert (by_name.queue, by_name.queue_key, by_name.priority) == ("emails", None, 0)
     plain = app.get_run(app.submit(wf, "c").run_id)
     assert (plain.queue, plain.queue_key, plain.priority) == (None, None, 0)
-    [q] = app.queues()
+    [q] = app.queues.list()
     assert (q.name, q.concurrency, q.per_key, q.rate, q.burst, q.queued) == (
         "emails",
         10,
@@ -51,18 +51,18 @@ def test_submit_to_a_declared_queue(app: ms.App) -> None:
 
 def test_queue_mistakes_are_named(app: ms.App) -> None:
     wf = app.workflow(_record)
-    app.queue("emails", concurrency=2)
+    app.queues.add("emails", concurrency=2)
     with pytest.raises(ms.ConfigError, match="'emials' is not declared"):
         app.submit(wf, "a", queue="emials")
     with pytest.raises(ms.ConfigError, match="need a queue"):
         app.submit(wf, "a", priority=3)
     with pytest.raises(ms.ConfigError, match="already declared with other limits"):
-        app.queue("emails", concurrency=3)
-    assert app.queue("emails", concurrency=2).concurrency == 2  # the same again is fine
+        app.queues.add("emails", concurrency=3)
+    assert app.queues.add("emails", concurrency=2).concurrency == 2  # the same again is fine
     with pytest.raises(ms.ConfigError, match="concurrency must be an int >= 1"):
-        app.queue("other", concurrency=0)
+        app.queues.add("other", concurrency=0)
     with pytest.raises(ms.ConfigError, match="rate must be"):
-        app.queue("other", rate=-1.0)
+        app.queues.add("other", rate=-1.0)
     with pytest.raises(ms.ConfigError, match="priority must be an int"):
         app.submit(wf, "a", queue="emails", priority=1.5)  # type: ignore[arg-type]
     with pytest.raises(ms.ConfigError, match="queue_key must be a string"):
@@ -71,7 +71,7 @@ def test_queue_mistakes_are_named(app: ms.App) -> None:
 
 
 def test_one_worker_starts_a_queue_by_priority_one_at_a_time(app: ms.App) -> None:
-    app.queue("serial", concurrency=1)
+    app.queues.add("serial", concurrency=1)
     order: list[str] = []
 
     async def note(ctx: ms.RunContext, label: str) -> str:
@@ -91,7 +91,7 @@ def test_one_worker_starts_a_queue_by_priority_one_at_a_time(app: ms.App) -> Non
 
 
 def test_a_run_waiting_for_a_person_gives_its_slot_back(app: ms.App) -> None:
-    app.queue("serial", concurrency=1)
+    app.queues.add("serial", concurrency=1)
 
     async def asks(ctx: ms.RunContext) -> str:
         return str(await ctx.wait_for("go"))
@@ -112,7 +112,7 @@ def test_the_rate_of_starts_follows_the_apps_clock(db_url: str) -> None:
     clock = ms.FakeClock()
     app = ms.App(db_url, clock=clock, poll_interval_s=0.01)
     try:
-        app.queue("slow", rate=1.0)  # one start a second
+        app.queues.add("slow", rate=1.0)  # one start a second
         wf = app.workflow(_record, name="record")
         ids = [app.submit(wf, str(i), queue="slow").run_id for i in range(4)]
 
@@ -235,7 +235,7 @@ def test_queues_over_http(app: ms.App) -> None:
 
     from mainspring.server import create_app
 
-    app.queue("emails", concurrency=3, per_key=1)
+    app.queues.add("emails", concurrency=3, per_key=1)
     app.workflow(_record, name="record")
     _, token = app.store.create_api_key("ops", ["read", "submit"], app.clock.now())
     auth = {"Authorization": f"Bearer {token}"}

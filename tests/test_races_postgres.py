@@ -401,7 +401,7 @@ def _ticking(dsn: str, offset: float) -> ms.App:
     async def report(ctx: ms.RunContext) -> str:
         return "report"
 
-    app.schedule("minutely", "* * * * *", report)
+    app.schedules.add("minutely", "* * * * *", report)
     return app
 
 
@@ -413,7 +413,7 @@ def _tick_rounds(dsn: str, rounds: int) -> None:
     apps = [_ticking(dsn, offset) for offset in (SKEW_S, 0.0, -SKEW_S)]
     try:
         for app in apps:
-            app.sync_schedules()
+            app.schedules.sync()
         for _ in range(rounds):
             _tick_round(apps)
     finally:
@@ -434,7 +434,7 @@ def _tick_round(apps: list[ms.App]) -> None:
     def tick(app: ms.App) -> None:
         try:
             while time.time() < due + 0.3:
-                started.extend(app.tick_schedules())
+                started.extend(app.schedules.tick())
                 time.sleep(random.uniform(0, 0.01))
         except BaseException as exc:  # reported below
             errors.append(exc)

@@ -35,7 +35,7 @@ async def test_a_scripted_model_books_no_slot_by_default(tmp_path: Path) -> None
         handle = app.submit(agent, "t")
         await drain(app)
         assert (await handle.result()).answer == "ok"
-        assert [s.role for s in app.steps(handle.run_id)] == ["model"]
+        assert [s.role for s in app.observe.steps(handle.run_id)] == ["model"]
     finally:
         app.close()
 
@@ -65,7 +65,7 @@ async def test_the_default_app_paces_a_provider_that_only_announces_its_limits(
                 raise AssertionError([app.get_run(r).status for r in ids])
             assert len(server.requests) == 6
             assert server.too_many_requests == 0
-            slept = [r for r in ids if any(s.role == "rate" for s in app.steps(r))]
+            slept = [r for r in ids if any(s.role == "rate" for s in app.observe.steps(r))]
             assert len(slept) == 6  # every call booked its slot
         finally:
             app.close()
@@ -115,7 +115,9 @@ async def test_a_run_journaled_without_a_limiter_replays_under_the_default(
             assert run.status == "succeeded", run.error
             assert refunds == [500] and len(server.requests) == 3
             roles = [
-                s.role for s in new.steps(handle.run_id) if s.role in ("model", "rate", "wait")
+                s.role
+                for s in new.observe.steps(handle.run_id)
+                if s.role in ("model", "rate", "wait")
             ]
             # The old turn as it was (refused, waited, sent), then a booked call.
             assert roles == ["model", "wait", "model", "rate", "model"], roles

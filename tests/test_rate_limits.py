@@ -331,7 +331,7 @@ async def test_an_agent_sleeps_durably_until_its_slot(db_url: str) -> None:
         clock.advance(1)
         await drain(app)
         assert (await handle.result()).answer == "ok"
-        names = [s.name for s in app.steps(handle.run_id)]
+        names = [s.name for s in app.observe.steps(handle.run_id)]
         assert names.count("rate:scripted:scripted:default") == 2
         # Waking up replayed the first booking from the journal: two calls, two bookings.
         with app.store._read() as cur:

@@ -36,7 +36,7 @@ async def test_a_learned_limit_below_the_default_reservation_caps_it(db_url: str
         try:
             assert await app.run(twice) == ["r0", "r1"]
             (run,) = app.list_runs()
-            bookings = [s for s in app.steps(run.id) if s.name.startswith("rate:")]
+            bookings = [s for s in app.observe.steps(run.id) if s.name.startswith("rate:")]
             second = json.loads(bookings[1].output or "{}")
             # The output reserved fits the learned 2,000 (less the 2 % headroom).
             assert 0 < second["estimate"]["output_tokens"] < 2000

@@ -61,20 +61,20 @@ async def test_429s_and_rate_waits_are_counted_alike_everywhere(tmp_path: Path) 
             refused = server.too_many_requests
             assert refused >= 2  # the test means something: the provider did refuse
             # The journal: each 429 is a failed model step, then a rate:wait step.
-            rows = [s for r in ids for s in app.steps(r)]
+            rows = [s for r in ids for s in app.observe.steps(r)]
             failed = [s for s in rows if s.name == f"model:{MODEL}" and s.status == "failed"]
             assert len(failed) == refused
             assert all("RateLimited" in (s.error or "") for s in failed)
             waits = [s for s in rows if s.name == f"rate:wait:{MODEL}"]
             assert len(waits) == refused
             # The trace, as an API and as `mainspring trace --json`.
-            traces = [build_trace(app.get_run(r), app.steps(r)) for r in ids]
+            traces = [build_trace(app.get_run(r), app.observe.steps(r)) for r in ids]
             assert sum(t.rate_limited for t in traces) == refused
             assert sum(t.rate_waits for t in traces) == refused
             waited = sum(t.rate_wait_s for t in traces)
             assert waited >= 30 * refused  # each waited the retry-after it was given
             # This process's counter, and the store-wide gauges of a server with --db.
-            live = _gauges(app.metrics().render()[0])
+            live = _gauges(app.observe.metrics().render()[0])
             assert live[("mainspring_rate_limited_total", MODEL)] == refused
             # The dashboard's run page.
             pages = _dashboard(app, ids)

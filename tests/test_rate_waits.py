@@ -65,7 +65,7 @@ async def test_a_429_storm_longer_than_every_retry_policy_only_waits(
         sleeps = await _sleep_through(app, clock, handle.run_id, 30)
         assert sleeps == 8  # one durable wait per refusal, each as long as asked
         assert (await handle.result()).answer == "ok"
-        steps = [s for s in app.steps(handle.run_id) if s.name == MODEL_STEP]
+        steps = [s for s in app.observe.steps(handle.run_id) if s.name == MODEL_STEP]
         # Eight refusals, eight steps that each spent one attempt (the policy has two).
         assert [(s.status, s.attempt) for s in steps] == [("failed", 1)] * 8 + [("completed", 1)]
         assert clock.now() - NOW >= 8 * 30
@@ -83,10 +83,12 @@ async def test_overloads_back_off_and_never_fail_the_run(db_url: str, limited: b
         handle = app.submit(agent, "t")
         assert await _sleep_through(app, clock, handle.run_id, 1) == 6
         assert (await handle.result()).answer == "ok"
-        steps = [s for s in app.steps(handle.run_id) if s.name == MODEL_STEP]
+        steps = [s for s in app.observe.steps(handle.run_id) if s.name == MODEL_STEP]
         assert [s.attempt for s in steps] == [1] * 7
         # No retry-after: a growing back-off (1 s doubling, jittered by a quarter).
-        waits = [s for s in app.steps(handle.run_id) if s.name == "rate:wait:scripted:scripted"]
+        waits = [
+            s for s in app.observe.steps(handle.run_id) if s.name == "rate:wait:scripted:scripted"
+        ]
         assert len(waits) == 6
     finally:
         app.close()
@@ -153,7 +155,7 @@ async def test_a_plain_workflow_calls_a_model_through_the_limiter_and_journal(
         await drain(app)
         assert await handle.result() == "summary"
         assert len(model.requests) == 2  # the refused one and the answered one, no more
-        names = [s.name for s in app.steps(handle.run_id)]
+        names = [s.name for s in app.observe.steps(handle.run_id)]
         assert names.count(MODEL_STEP) == 2
         assert ("rate:scripted:scripted:default" in names) is limited
     finally:
@@ -192,7 +194,7 @@ async def test_a_slot_that_lapsed_is_waited_for_on_the_runs_clock(db_url: str) -
         assert (await ha.result()).answer == "ok"
         assert (await hb.result()).answer == "ok"
         # A lapsed slot is no refusal: nothing counts it as a 429.
-        body = app.metrics().render()[0].decode()
+        body = app.observe.metrics().render()[0].decode()
         limited = [
             line for line in body.splitlines() if line.startswith("mainspring_rate_limited_total{")
         ]
@@ -201,7 +203,7 @@ async def test_a_slot_that_lapsed_is_waited_for_on_the_runs_clock(db_url: str) -
             'mainspring_rate_limited_total{kind="model",model="scripted:scripted"} 0.0'
         ]
         assert "mainspring_store_rate_limited{" not in body
-        assert sum(app.trace(h.run_id).rate_limited for h in (ha, hb)) == 0
+        assert sum(app.observe.trace(h.run_id).rate_limited for h in (ha, hb)) == 0
     finally:
         app.close()
 
@@ -249,7 +251,7 @@ async def test_a_probe_whose_worker_dies_is_released_when_its_run_is_taken_over(
             clock.advance(1)
         assert (await ha.result()).answer == "ok"
         assert (await hb.result()).answer == "ok"
-        bookings = [s for s in app.steps(ha.run_id) if s.name.startswith("rate:")]
+        bookings = [s for s in app.observe.steps(ha.run_id) if s.name.startswith("rate:")]
         assert len(bookings) == 1  # the journaled probe, re-sent under its new owner
     finally:
         app.close()
@@ -331,7 +333,7 @@ async def test_a_re_sent_probe_keeps_the_gate_when_another_run_books_at_once(
         await drain(app)
         assert limits.contended is not None and limits.contended.retry  # the gate was held
         assert app.get_run(ha.run_id).status == "succeeded"
-        bookings = [s for s in app.steps(ha.run_id) if s.name.startswith("rate:")]
+        bookings = [s for s in app.observe.steps(ha.run_id) if s.name.startswith("rate:")]
         assert len(bookings) == 1  # the probe went at once, under its new owner
     finally:
         app.close()

@@ -117,7 +117,7 @@ def test_no_secret_reaches_any_sink(tmp_path: Path) -> None:
     assert {d.event for d in deliveries} >= {"run.succeeded", "run.failed", "run.cancelled"}
     sinks["webhook bodies"] = "\n".join(d.body().decode() for d in deliveries)
     for rid in (run, failed, cancelled):
-        sinks[f"trace {rid}"] = json.dumps(_plain(app.trace(rid)), default=str)
+        sinks[f"trace {rid}"] = json.dumps(_plain(app.observe.trace(rid)), default=str)
         for args in (["show", rid, "--json"], ["show", rid, "-v"], ["trace", rid]):
             out = CliRunner().invoke(cli, [*args, "--db", f"sqlite:///{db}"])
             assert out.exit_code == 0, out.output

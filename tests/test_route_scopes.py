@@ -133,7 +133,7 @@ def _app(path: Path) -> ms.App:
 
         await ctx.step(fail, name="fail", retry=ms.RetryPolicy.never())
 
-    app.schedule("nightly", "0 3 * * *", plain)
+    app.schedules.add("nightly", "0 3 * * *", plain)
     return app
 
 
@@ -147,7 +147,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Fixt
     gone, keys["revoked"] = app.store.create_api_key("gone", ["admin"], now)
     app.store.revoke_api_key(gone.id, now)
     finished = app.submit("plain").run_id
-    app.sync_schedules()  # stored, as a worker's first tick stores it
+    app.schedules.sync()  # stored, as a worker's first tick stores it
     fixture = Fixture(app=app, keys=keys, finished=finished)
     fixture.drain()
     sock = socket.socket()
@@ -285,7 +285,7 @@ def test_the_session_cookie_is_always_origin_checked(
         else:
             _, ok, make = MATRIX[operation]
             url, body = make(fixture)
-        before = (len(fixture.app.list_runs(limit=1000)), len(fixture.app.list_webhooks()))
+        before = (len(fixture.app.list_runs(limit=1000)), len(fixture.app.admin.list_webhooks()))
         if operation == "POST /ui/login":
             body_kw: dict[str, Any] = {"content": f"key={fixture.keys['admin']}"}
         else:
@@ -296,7 +296,10 @@ def test_the_session_cookie_is_always_origin_checked(
                 r = client.request(method, url, headers=headers, **body_kw)
                 assert r.status_code == 403, (beside, where, r.status_code, r.text)
                 assert "cross-site request refused" in r.json()["error"]["message"]
-        assert (len(fixture.app.list_runs(limit=1000)), len(fixture.app.list_webhooks())) == before
+        assert (
+            len(fixture.app.list_runs(limit=1000)),
+            len(fixture.app.admin.list_webhooks()),
+        ) == before
         # From the own origin the session works: so nothing above had happened (a second
         # cancel or answer would be a 409; logout would have ended the session).
         r = client.request(method, url, headers={**cookie, "Origin": base}, **body_kw)

@@ -37,7 +37,7 @@ def _app(url: str, offset: float) -> ms.App:
     async def report(ctx: ms.RunContext) -> str:
         return "report"
 
-    app.schedule("minutely", CRON, report)
+    app.schedules.add("minutely", CRON, report)
     return app
 
 
@@ -74,32 +74,32 @@ def test_workers_whose_clocks_differ_fire_each_due_time_once_never_early(
     workers: dict[str, ms.App],
 ) -> None:
     ahead, on_time, behind = workers["ahead"], workers["on_time"], workers["behind"]
-    ahead.sync_schedules()  # the fast one stores it first: it must not place it ahead
+    ahead.schedules.sync()  # the fast one stores it first: it must not place it ahead
     for app in (on_time, behind):
-        app.sync_schedules()
-    assert ahead.get_schedule("minutely").next_at <= next_due(CRON, "UTC", time.time())
+        app.schedules.sync()
+    assert ahead.schedules.get("minutely").next_at <= next_due(CRON, "UTC", time.time())
     assert _kinds(ahead) == []
 
     due = _due_soon(ahead)
     # Due in a second of true time; 149 s ago by the fast worker's clock.
-    assert [app.tick_schedules() for app in (ahead, on_time, behind)] == [[], [], []]
+    assert [app.schedules.tick() for app in (ahead, on_time, behind)] == [[], [], []]
     assert _kinds(ahead) == [] and ahead.list_runs() == []
     _until(due)
-    started = ahead.tick_schedules() + on_time.tick_schedules() + behind.tick_schedules()
+    started = ahead.schedules.tick() + on_time.schedules.tick() + behind.schedules.tick()
     assert len(started) == 1
     run = ahead.get_run(started[0])
     assert run.schedule == "minutely" and run.created_at >= due
     # Moved on to the first time after the one it fired: none jumped over.
-    assert ahead.get_schedule("minutely").next_at == next_due(CRON, "UTC", due)
+    assert ahead.schedules.get("minutely").next_at == next_due(CRON, "UTC", due)
     assert _kinds(ahead) == []
 
 
 def test_a_worker_whose_clock_is_behind_still_fires_on_time(workers: dict[str, ms.App]) -> None:
     behind = workers["behind"]
-    behind.sync_schedules()
+    behind.schedules.sync()
     due = _due_soon(behind)
     _until(due)
-    [started] = behind.tick_schedules()  # 149 s before the due time by its own clock
+    [started] = behind.schedules.tick()  # 149 s before the due time by its own clock
     assert behind.get_run(started).created_at >= due
     assert _kinds(behind) == []
 
@@ -125,11 +125,11 @@ def test_the_invariant_catches_early_and_skipped_due_times(db_url: str) -> None:
     async def report(ctx: ms.RunContext) -> str:
         return "report"
 
-    app.schedule("daily", "0 9 * * *", report)
+    app.schedules.add("daily", "0 9 * * *", report)
     try:
-        app.sync_schedules()
+        app.schedules.sync()
         assert [v.kind for v in check_invariants(app.store, now=clock.now())] == []
-        nine = app.get_schedule("daily").next_at
+        nine = app.schedules.get("daily").next_at
         # What a worker 20 minutes ahead did: fired 09:00 at 08:50, moved on a day.
         app.store.fire_schedule(
             name="daily",

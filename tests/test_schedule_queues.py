@@ -1,4 +1,4 @@
-"""A schedule can start its runs on a queue (``app.schedule(..., queue=...)``, the
+"""A schedule can start its runs on a queue (``app.schedules.add(..., queue=...)``, the
 decorator, a schedules file): the runs wait their turn within the queue's limits,
 and every place that lists schedules shows the queue. On SQLite and PostgreSQL."""
 
@@ -23,36 +23,36 @@ MONDAY_0850 = 1_767_603_000.0  # 2026-01-05T08:50:00Z
 @pytest.fixture
 def app(db_url: str) -> Iterator[ms.App]:
     application = ms.App(db_url, clock=FakeClock(start=MONDAY_0850), poll_interval_s=0.01)
-    reports = application.queue("reports", concurrency=1)
+    reports = application.queues.add("reports", concurrency=1)
 
     @application.workflow
     async def report(ctx: ms.RunContext, scope: str) -> str:
         return await ctx.step(lambda: f"report of {scope}", name="build")
 
-    @application.schedule("0 9 * * *", queue=reports)  # the decorator form
+    @application.schedules.add("0 9 * * *", queue=reports)  # the decorator form
     @application.workflow
     async def digest(ctx: ms.RunContext) -> str:
         return "digest"
 
-    application.schedule("daily", "0 9 * * *", report, "all", queue="reports")
+    application.schedules.add("daily", "0 9 * * *", report, "all", queue="reports")
     yield application
     application.close()
 
 
 def test_a_schedule_starts_its_runs_on_its_queue(app: ms.App) -> None:
-    app.sync_schedules()
+    app.schedules.sync()
     # The queue's limits are in the store before anything was submitted to it.
-    [queue] = app.queues()
+    [queue] = app.queues.list()
     assert (queue.name, queue.concurrency) == ("reports", 1)
-    assert {s.name: s.queue for s in app.list_schedules()} == {
+    assert {s.name: s.queue for s in app.schedules.list()} == {
         "daily": "reports",
         "digest": "reports",
     }
     app.clock.advance(600)  # type: ignore[attr-defined]
-    started = app.tick_schedules()
+    started = app.schedules.tick()
     assert len(started) == 2
     assert {app.get_run(r).queue for r in started} == {"reports"}
-    [queue] = app.queues()
+    [queue] = app.queues.list()
     assert queue.queued == 2
     # Concurrency 1: the worker takes one at a time (a claim of two takes one).
     claimed = app.store.claim(
@@ -65,23 +65,23 @@ def test_a_schedule_starts_its_runs_on_its_queue(app: ms.App) -> None:
 
 
 def test_a_changed_queue_is_a_changed_definition(app: ms.App) -> None:
-    app.sync_schedules()
-    app.queue("slow", concurrency=2)
-    app.schedule("daily", "0 9 * * *", "report", "all", queue="slow")
-    app.sync_schedules()
-    assert app.get_schedule("daily").queue == "slow"
-    app.schedule("daily", "0 9 * * *", "report", "all")  # no queue any more
-    app.sync_schedules()
-    assert app.get_schedule("daily").queue is None
+    app.schedules.sync()
+    app.queues.add("slow", concurrency=2)
+    app.schedules.add("daily", "0 9 * * *", "report", "all", queue="slow")
+    app.schedules.sync()
+    assert app.schedules.get("daily").queue == "slow"
+    app.schedules.add("daily", "0 9 * * *", "report", "all")  # no queue any more
+    app.schedules.sync()
+    assert app.schedules.get("daily").queue is None
 
 
 def test_an_undeclared_queue_is_refused_at_once(app: ms.App, tmp_path: Path) -> None:
     with pytest.raises(ms.ConfigError, match="queue 'typo' is not declared in this App"):
-        app.schedule("x", "0 9 * * *", "report", "all", queue="typo")
+        app.schedules.add("x", "0 9 * * *", "report", "all", queue="typo")
     bad = tmp_path / "bad.toml"
     bad.write_text('[[schedule]]\nname = "x"\ncron = "0 3 * * *"\nworkflow = "report"\nqueue = 3\n')
     with pytest.raises(ms.ConfigError, match="entry 1: 'queue' is a queue's name"):
-        app.load_schedules(bad)
+        app.schedules.load(bad)
 
 
 def test_a_schedules_file_names_the_queue_and_every_surface_shows_it(
@@ -98,9 +98,9 @@ def test_a_schedules_file_names_the_queue_and_every_surface_shows_it(
         'args = ["night"]\nqueue = "reports"\n',
         encoding="utf-8",
     )
-    [declared] = app.load_schedules(path)
+    [declared] = app.schedules.load(path)
     assert declared.queue == "reports"
-    app.sync_schedules()
+    app.schedules.sync()
     runner = CliRunner()
     listed = json.loads(runner.invoke(cli, ["schedules", "list", "--db", app.url, "--json"]).output)
     assert {s["name"]: s["queue"] for s in listed} == dict.fromkeys(

@@ -43,7 +43,7 @@ def pair(db_url: str) -> Any:
     clock = FakeClock(start=MONDAY_0850)
     apps = [_app(db_url, clock), _app(db_url, clock)]
     for app in apps:
-        app.schedule("standup", "0 9 * * 1-5", "report", "team")
+        app.schedules.add("standup", "0 9 * * 1-5", "report", "team")
     yield clock, apps
     for app in apps:
         app.close()
@@ -51,12 +51,12 @@ def pair(db_url: str) -> Any:
 
 def test_each_due_time_starts_one_run_across_two_workers(pair: Any) -> None:
     clock, (a, b) = pair
-    assert a.tick_schedules() == [] and b.tick_schedules() == []  # 08:50: nothing due
+    assert a.schedules.tick() == [] and b.schedules.tick() == []  # 08:50: nothing due
     clock.advance(600)  # 09:00 Monday
-    first = a.tick_schedules() + b.tick_schedules()
+    first = a.schedules.tick() + b.schedules.tick()
     assert len(first) == 1
     clock.advance(86_400)  # 09:00 Tuesday: the other worker ticks first this time
-    second = b.tick_schedules() + a.tick_schedules()
+    second = b.schedules.tick() + a.schedules.tick()
     assert len(second) == 1
     runs = _runs(a)
     assert [r.key for r in runs] == [
@@ -66,7 +66,7 @@ def test_each_due_time_starts_one_run_across_two_workers(pair: Any) -> None:
     assert {r.workflow for r in runs} == {"report"}
     assert {r.schedule for r in runs} == {"standup"}
     assert a.get_run(a.submit("report", "by hand").run_id).schedule is None
-    row = a.get_schedule("standup")
+    row = a.schedules.get("standup")
     assert row.last_run == second[0] and row.next_at == _at(2026, 1, 7, 9)
     assert row.last_at == _at(2026, 1, 6, 9)
 
@@ -74,7 +74,7 @@ def test_each_due_time_starts_one_run_across_two_workers(pair: Any) -> None:
 def test_ticks_racing_in_threads_start_one_run(pair: Any) -> None:
     clock, apps = pair
     for app in apps:
-        app.tick_schedules()  # both synced before the race
+        app.schedules.tick()  # both synced before the race
     clock.advance(600)
     started: list[str] = []
     barrier = threading.Barrier(4)
@@ -82,7 +82,7 @@ def test_ticks_racing_in_threads_start_one_run(pair: Any) -> None:
     def tick(app: ms.App) -> None:
         barrier.wait()
         for _ in range(5):
-            started.extend(app.tick_schedules())
+            started.extend(app.schedules.tick())
 
     threads = [threading.Thread(target=tick, args=(app,)) for app in apps * 2]
     for t in threads:
@@ -95,7 +95,7 @@ def test_ticks_racing_in_threads_start_one_run(pair: Any) -> None:
 
 def test_worker_loops_start_and_finish_the_run(pair: Any) -> None:
     clock, (a, b) = pair
-    a.tick_schedules()  # synced: next due 09:00
+    a.schedules.tick()  # synced: next due 09:00
     clock.advance(600)
 
     async def work() -> None:
@@ -110,20 +110,20 @@ def test_worker_loops_start_and_finish_the_run(pair: Any) -> None:
 
 def test_skip_starts_nothing_for_missed_times(pair: Any) -> None:
     clock, (a, b) = pair
-    a.tick_schedules()
+    a.schedules.tick()
     clock.advance(600 + 3 * 86_400 + 1800)  # no worker from Monday 08:50 to Thursday 09:30
-    assert a.tick_schedules() == [] and b.tick_schedules() == []
+    assert a.schedules.tick() == [] and b.schedules.tick() == []
     assert _runs(a) == []
-    assert a.get_schedule("standup").next_at == _at(2026, 1, 9, 9)  # Friday
+    assert a.schedules.get("standup").next_at == _at(2026, 1, 9, 9)  # Friday
     clock.advance(86_400 - 1800)  # Friday 09:00: back on time
-    assert len(b.tick_schedules()) == 1
+    assert len(b.schedules.tick()) == 1
 
 
 def test_skip_runs_a_time_that_is_only_a_little_late(pair: Any) -> None:
     clock, (a, _) = pair
-    a.tick_schedules()
+    a.schedules.tick()
     clock.advance(600 + 30)  # 09:00:30: within the grace
-    (run_id,) = a.tick_schedules()
+    (run_id,) = a.schedules.tick()
     assert a.get_run(run_id).key == "schedule:standup:2026-01-05T09:00:00Z"
 
 
@@ -132,14 +132,14 @@ def test_once_starts_one_run_for_the_most_recent_missed_time(db_url: str) -> Non
     a, b = _app(db_url, clock), _app(db_url, clock)
     try:
         for app in (a, b):
-            app.schedule("standup", "0 9 * * 1-5", "report", "team", catch_up="once")
-        a.tick_schedules()
+            app.schedules.add("standup", "0 9 * * 1-5", "report", "team", catch_up="once")
+        a.schedules.tick()
         clock.advance(600 + 3 * 86_400 + 1800)  # Thursday 09:30
-        started = a.tick_schedules() + b.tick_schedules()
+        started = a.schedules.tick() + b.schedules.tick()
         assert len(started) == 1
         assert [r.key for r in _runs(a)] == ["schedule:standup:2026-01-08T09:00:00Z"]
-        assert a.tick_schedules() == []
-        assert a.get_schedule("standup").next_at == _at(2026, 1, 9, 9)
+        assert a.schedules.tick() == []
+        assert a.schedules.get("standup").next_at == _at(2026, 1, 9, 9)
     finally:
         a.close()
         b.close()
@@ -147,21 +147,21 @@ def test_once_starts_one_run_for_the_most_recent_missed_time(db_url: str) -> Non
 
 def test_pause_and_resume(pair: Any) -> None:
     clock, (a, b) = pair
-    a.tick_schedules()
-    assert b.pause_schedule("standup").paused
+    a.schedules.tick()
+    assert b.schedules.pause("standup").paused
     clock.advance(600)  # 09:00 Monday, paused
-    assert a.tick_schedules() == [] and b.tick_schedules() == []
+    assert a.schedules.tick() == [] and b.schedules.tick() == []
     clock.advance(3600)
-    resumed = a.resume_schedule("standup")
+    resumed = a.schedules.resume("standup")
     assert not resumed.paused
     assert resumed.next_at == _at(2026, 1, 6, 9)  # Monday's time passed while paused
     clock.advance(86_400 - 3600)
-    assert len(b.tick_schedules()) == 1
-    assert a.resume_schedule("standup").next_at == _at(2026, 1, 7, 9)  # not paused: unchanged
+    assert len(b.schedules.tick()) == 1
+    assert a.schedules.resume("standup").next_at == _at(2026, 1, 7, 9)  # not paused: unchanged
     with pytest.raises(ms.ScheduleNotFound, match="no schedule named 'nope'"):
-        a.pause_schedule("nope")
+        a.schedules.pause("nope")
     with pytest.raises(ms.ScheduleNotFound):
-        a.resume_schedule("nope")
+        a.schedules.resume("nope")
 
 
 def test_time_zone_and_the_dst_change(db_url: str) -> None:
@@ -169,23 +169,23 @@ def test_time_zone_and_the_dst_change(db_url: str) -> None:
     clock = FakeClock(start=_at(2026, 3, 6, 12, tz="America/New_York"))
     app = _app(db_url, clock)
     try:
-        app.schedule("nine", "0 9 * * *", "report", "ny", tz="America/New_York")
-        app.schedule("half-two", "30 2 * * *", "report", "gap", tz="America/New_York")
-        app.tick_schedules()
-        assert app.get_schedule("nine").next_at == _at(2026, 3, 7, 9, tz="America/New_York")
+        app.schedules.add("nine", "0 9 * * *", "report", "ny", tz="America/New_York")
+        app.schedules.add("half-two", "30 2 * * *", "report", "gap", tz="America/New_York")
+        app.schedules.tick()
+        assert app.schedules.get("nine").next_at == _at(2026, 3, 7, 9, tz="America/New_York")
         # 09:00 in New York is 14:00 UTC before the change and 13:00 UTC after it.
-        nine = app.get_schedule("nine")
+        nine = app.schedules.get("nine")
         assert datetime.fromtimestamp(nine.next_at, UTC).hour == 14
         clock.advance(nine.next_at - clock.now())
-        app.tick_schedules()
-        after = app.get_schedule("nine").next_at
+        app.schedules.tick()
+        after = app.schedules.get("nine").next_at
         assert datetime.fromtimestamp(after, UTC).hour == 13
         assert after - nine.next_at == 23 * 3600  # the day of the change has 23 hours
         # 02:30 does not exist on 2026-03-08: it runs at 03:30 EDT, the same instant.
-        gap = app.get_schedule("half-two").next_at
+        gap = app.schedules.get("half-two").next_at
         assert gap == _at(2026, 3, 8, 3, 30, tz="America/New_York")
         clock.advance(gap - clock.now())
-        (run_id,) = app.tick_schedules()
+        (run_id,) = app.schedules.tick()
         assert app.get_run(run_id).key == "schedule:half-two:2026-03-08T07:30:00Z"
     finally:
         app.close()
@@ -196,13 +196,13 @@ def test_fall_back_runs_a_repeated_wall_time_once(db_url: str) -> None:
     clock = FakeClock(start=_at(2026, 11, 1, 0, 45, tz="America/New_York"))
     app = _app(db_url, clock)
     try:
-        app.schedule("half-hourly", "*/30 * * * *", "report", "ny", tz="America/New_York")
-        app.schedule("half-one", "30 1 * * *", "report", "once", tz="America/New_York")
-        app.tick_schedules()
+        app.schedules.add("half-hourly", "*/30 * * * *", "report", "ny", tz="America/New_York")
+        app.schedules.add("half-one", "30 1 * * *", "report", "once", tz="America/New_York")
+        app.schedules.tick()
         keys: list[str] = []
         for _ in range(12):  # every 15 minutes, 01:00 EDT to 02:45 EST (05:00Z to 07:45Z)
             clock.advance(900)
-            keys += [app.get_run(r).key or "" for r in app.tick_schedules()]
+            keys += [app.get_run(r).key or "" for r in app.schedules.tick()]
         assert sorted(keys) == [
             "schedule:half-hourly:2026-11-01T05:00:00Z",  # 01:00 EDT
             "schedule:half-hourly:2026-11-01T05:30:00Z",  # 01:30 EDT
@@ -211,7 +211,7 @@ def test_fall_back_runs_a_repeated_wall_time_once(db_url: str) -> None:
             "schedule:half-hourly:2026-11-01T07:30:00Z",  # 02:30 EST
             "schedule:half-one:2026-11-01T05:30:00Z",  # 01:30 EDT, the first one
         ]
-        assert app.get_schedule("half-one").next_at == _at(
+        assert app.schedules.get("half-one").next_at == _at(
             2026, 11, 2, 1, 30, tz="America/New_York"
         )
     finally:
@@ -223,19 +223,19 @@ def test_a_changed_definition_starts_afresh_and_an_unchanged_one_keeps_its_state
 ) -> None:
     clock = FakeClock(start=MONDAY_0850)
     a = _app(db_url, clock)
-    a.schedule("standup", "0 9 * * 1-5", "report", "team")
-    a.tick_schedules()
-    a.pause_schedule("standup")
+    a.schedules.add("standup", "0 9 * * 1-5", "report", "team")
+    a.schedules.tick()
+    a.schedules.pause("standup")
     a.close()
     b = _app(db_url, clock)  # a redeploy with the same definition: still paused
-    b.schedule("standup", "0 9 * * 1-5", "report", "team")
-    b.tick_schedules()
-    assert b.get_schedule("standup").paused
+    b.schedules.add("standup", "0 9 * * 1-5", "report", "team")
+    b.schedules.tick()
+    assert b.schedules.get("standup").paused
     b.close()
     c = _app(db_url, clock)  # a new time: rewritten, next due at the new time
-    c.schedule("standup", "30 8 * * *", "report", "team")
-    c.tick_schedules()
-    row = c.get_schedule("standup")
+    c.schedules.add("standup", "30 8 * * *", "report", "team")
+    c.schedules.tick()
+    row = c.schedules.get("standup")
     assert row.cron == "30 8 * * *" and row.next_at == _at(2026, 1, 6, 8, 30)
     c.close()
 
@@ -244,7 +244,7 @@ def test_decorator_and_file(tmp_path: Path) -> None:
     clock = FakeClock(start=MONDAY_0850)
     app = ms.App(f"sqlite:///{tmp_path / 'db.sqlite'}", clock=clock)
 
-    @app.schedule("*/15 * * * *", tz="Europe/Paris", catch_up="once")
+    @app.schedules.add("*/15 * * * *", tz="Europe/Paris", catch_up="once")
     @app.workflow
     async def poll(ctx: ms.RunContext) -> None:
         return None
@@ -259,14 +259,14 @@ def test_decorator_and_file(tmp_path: Path) -> None:
         'args = ["ops"]\nkwargs = {short = true}\ntz = "Asia/Tokyo"\n',
         encoding="utf-8",
     )
-    (loaded,) = app.load_schedules(toml)
+    (loaded,) = app.schedules.load(toml)
     assert loaded.tz == "Asia/Tokyo" and loaded.catch_up == "skip"
-    assert set(app.schedules) == {"poll", "digest"}
-    assert app.schedules["poll"].catch_up == "once"
-    app.tick_schedules()
-    assert [s.name for s in app.list_schedules()] == ["digest", "poll"]
+    assert set(app.schedules.declared) == {"poll", "digest"}
+    assert app.schedules.declared["poll"].catch_up == "once"
+    app.schedules.tick()
+    assert [s.name for s in app.schedules.list()] == ["digest", "poll"]
     clock.advance(600)
-    (run_id,) = app.tick_schedules()
+    (run_id,) = app.schedules.tick()
     assert app.get_run(run_id).workflow == "poll"
     app.close()
 
@@ -274,15 +274,18 @@ def test_decorator_and_file(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("call", "message"),
     [
-        (lambda app: app.schedule("x", "0 9 * *", "report"), "not a cron expression of five"),
-        (lambda app: app.schedule("x", "0 25 * * *", "report"), "not a cron expression"),
-        (lambda app: app.schedule("x", "0 9 * * *", "report", tz="Mars/Base"), "unknown time"),
-        (lambda app: app.schedule("x", "0 9 * * *", "report", catch_up="all"), "catch_up must"),
-        (lambda app: app.schedule("x", "0 9 * * *", "nope"), "no workflow named 'nope'"),
-        (lambda app: app.schedule("x", "0 9 * * *"), "name the workflow it starts"),
-        (lambda app: app.schedule("0 9 * * *", tz="UTC", x=1), "as a decorator takes only"),
-        (lambda app: app.schedule("0 9 * * *")(lambda ctx: None), "decorates a workflow"),
-        (lambda app: app.schedule("x", "0 9 * * *", "report", 1, 2), "argument"),
+        (lambda app: app.schedules.add("x", "0 9 * *", "report"), "not a cron expression of five"),
+        (lambda app: app.schedules.add("x", "0 25 * * *", "report"), "not a cron expression"),
+        (lambda app: app.schedules.add("x", "0 9 * * *", "report", tz="Mars/Base"), "unknown time"),
+        (
+            lambda app: app.schedules.add("x", "0 9 * * *", "report", catch_up="all"),
+            "catch_up must",
+        ),
+        (lambda app: app.schedules.add("x", "0 9 * * *", "nope"), "no workflow named 'nope'"),
+        (lambda app: app.schedules.add("x", "0 9 * * *"), "name the workflow it starts"),
+        (lambda app: app.schedules.add("0 9 * * *", tz="UTC", x=1), "as a decorator takes only"),
+        (lambda app: app.schedules.add("0 9 * * *")(lambda ctx: None), "decorates a workflow"),
+        (lambda app: app.schedules.add("x", "0 9 * * *", "report", 1, 2), "argument"),
     ],
 )
 def test_bad_declarations_say_what_is_wrong(tmp_path: Path, call: Any, message: str) -> None:
@@ -296,12 +299,12 @@ def test_a_bad_schedules_file_names_the_entry_and_field(tmp_path: Path) -> None:
     bad = tmp_path / "s.json"
     bad.write_text('{"schedule": [{"name": "a", "cron": "0 9 * * *", "workflw": "r"}]}')
     with pytest.raises(ms.ConfigError, match=r"entry 1: unknown field\(s\) \['workflw'\]"):
-        app.load_schedules(bad)
+        app.schedules.load(bad)
     bad.write_text('{"schedule": [{"name": "a", "cron": "0 9 * * *", "workflow": "report"}]}')
     with pytest.raises(ms.ConfigError, match=r"entry 1: .*argument"):
-        app.load_schedules(bad)
+        app.schedules.load(bad)
     with pytest.raises(ms.ConfigError, match="cannot read it"):
-        app.load_schedules(tmp_path / "missing.toml")
+        app.schedules.load(tmp_path / "missing.toml")
 
 
 @pytest.mark.slow
@@ -310,8 +313,8 @@ def test_many_due_times_raced_by_four_workers_start_one_run_each(db_url: str) ->
     apps = [_app(db_url, clock) for _ in range(4)]
     try:
         for app in apps:
-            app.schedule("minutely", "* * * * *", "report", "all")
-            app.tick_schedules()
+            app.schedules.add("minutely", "* * * * *", "report", "all")
+            app.schedules.tick()
         started: list[str] = []
         lock = threading.Lock()
         for _ in range(60):
@@ -320,7 +323,7 @@ def test_many_due_times_raced_by_four_workers_start_one_run_each(db_url: str) ->
 
             def tick(app: ms.App, barrier: threading.Barrier = barrier) -> None:
                 barrier.wait()
-                ids = app.tick_schedules()
+                ids = app.schedules.tick()
                 with lock:
                     started.extend(ids)
 

@@ -36,8 +36,8 @@ def app(db_url: str) -> Iterator[ms.App]:
     async def report(ctx: ms.RunContext, scope: str) -> str:
         return scope
 
-    application.schedule("standup", "0 9 * * 1-5", report, "team", tz="Europe/Paris")
-    application.sync_schedules()
+    application.schedules.add("standup", "0 9 * * 1-5", report, "team", tz="Europe/Paris")
+    application.schedules.sync()
     yield application
     application.close()
 
@@ -65,7 +65,7 @@ def test_http_api_lists_pauses_and_resumes(app: ms.App) -> None:
         assert refused.status_code == 403 and "admin" in refused.json()["error"]["message"]
         paused = client.post("/schedules/standup/pause", headers=admin)
         assert paused.status_code == 200 and paused.json()["paused"] is True
-        assert app.get_schedule("standup").paused
+        assert app.schedules.get("standup").paused
         resumed = client.post("/schedules/standup/resume", headers=admin).json()
         assert resumed["paused"] is False
         missing = client.post("/schedules/nope/pause", headers=admin)
@@ -91,7 +91,7 @@ def test_cli_lists_pauses_and_resumes(app: ms.App) -> None:
     assert "active" in table.output
     paused = _cli("schedules", "pause", "standup", "--db", url)
     assert paused.exit_code == 0 and "schedule standup is paused" in paused.output
-    assert app.get_schedule("standup").paused
+    assert app.schedules.get("standup").paused
     assert "paused" in _cli("schedules", "list", "--db", url).output
     resumed = _cli("schedules", "resume", "standup", "--db", url, "--json")
     assert resumed.exit_code == 0 and json.loads(resumed.output)["paused"] is False
@@ -119,7 +119,7 @@ def test_dashboard_lists_schedules_with_pause_for_admins(app: ms.App) -> None:
         assert 'id="schedule-standup"' in page and 'data-paused="no"' in page
         assert "<code>0 9 * * 1-5</code>" in page
         # The next time as the schedule's own zone reads it, and in UTC beside it.
-        nxt = app.get_schedule("standup").next_at
+        nxt = app.schedules.get("standup").next_at
         paris = datetime.fromtimestamp(nxt, ZoneInfo("Europe/Paris"))
         assert paris.strftime("%Y-%m-%d %H:%M %Z") in page and paris.hour == 9
         assert datetime.fromtimestamp(nxt, UTC).strftime("%Y-%m-%d %H:%M:%S UTC") in page
@@ -137,9 +137,9 @@ def test_dashboard_lists_schedules_with_pause_for_admins(app: ms.App) -> None:
         assert 'data-paused="yes"' in page and 'data-action="resume"' in page
         assert 'href="/ui/schedules"' in client.get("/ui/").text  # linked from every page
         # A run a schedule started says so on its page.
-        app.resume_schedule("standup")
-        app.clock.advance(app.get_schedule("standup").next_at - app.clock.now())  # type: ignore[attr-defined]
-        (run_id,) = app.tick_schedules()
+        app.schedules.resume("standup")
+        app.clock.advance(app.schedules.get("standup").next_at - app.clock.now())  # type: ignore[attr-defined]
+        (run_id,) = app.schedules.tick()
         run_page = client.get(f"/ui/runs/{run_id}").text
         assert "started by the" in run_page
         assert "<code>standup</code> (schedule:standup:2026-01-06T08:00:00Z)" in run_page

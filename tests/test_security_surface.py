@@ -37,7 +37,7 @@ def app(tmp_path: Path) -> Iterator[ms.App]:
 
 @pytest.fixture
 def admin(app: ms.App) -> str:
-    return app.create_key("ops", ["admin"])[1]
+    return app.admin.create_key("ops", ["admin"])[1]
 
 
 @pytest.fixture
@@ -368,26 +368,26 @@ def test_admin_operations_are_app_methods_on_the_apps_clock(tmp_path: Path) -> N
     App, stamped with its clock, refused with a ConfigError when malformed."""
     clock = ms.FakeClock(1_000.0)
     app = ms.App(f"sqlite:///{tmp_path / 'admin.db'}", clock=clock)
-    key, token = app.create_key("ci", ["submit", "read"])
+    key, token = app.admin.create_key("ci", ["submit", "read"])
     assert key.scopes == ("read", "submit") and key.created_at == 1_000.0  # SCOPES order
-    assert app.get_key("nope") is None and app.verify_key("msk_nope_x") is None
+    assert app.admin.get_key("nope") is None and app.admin.verify_key("msk_nope_x") is None
     clock.advance(100)
-    assert app.verify_key(token) == key  # genuine; its use is recorded
-    used = app.get_key(key.id)
+    assert app.admin.verify_key(token) == key  # genuine; its use is recorded
+    used = app.admin.get_key(key.id)
     assert used is not None and used.last_used_at == 1_100.0
-    assert app.revoke_key(key.id) and not app.revoke_key(key.id)
-    revoked = app.get_key(key.id)
+    assert app.admin.revoke_key(key.id) and not app.admin.revoke_key(key.id)
+    revoked = app.admin.get_key(key.id)
     assert revoked is not None and revoked.revoked_at == 1_100.0 and not revoked.allows("read")
-    assert [k.id for k in app.list_keys()] == [key.id]
-    hook, secret = app.add_webhook("https://example.com/h", events=["run.failed"], secret="s")
+    assert [k.id for k in app.admin.list_keys()] == [key.id]
+    hook, secret = app.admin.add_webhook("https://example.com/h", events=["run.failed"], secret="s")
     assert (hook.events, hook.created_at, secret) == (("run.failed",), 1_100.0, "s")
-    assert app.list_webhooks() == [hook] and app.remove_webhook(hook.id)
-    assert not app.remove_webhook(hook.id) and app.list_webhooks() == []
+    assert app.admin.list_webhooks() == [hook] and app.admin.remove_webhook(hook.id)
+    assert not app.admin.remove_webhook(hook.id) and app.admin.list_webhooks() == []
     for bad in (
-        lambda: app.create_key("x", ["root"]),
-        lambda: app.create_key(" ", ["read"]),
-        lambda: app.add_webhook("ftp://example.com"),
-        lambda: app.add_webhook("https://example.com", events=["run.exploded"]),
+        lambda: app.admin.create_key("x", ["root"]),
+        lambda: app.admin.create_key(" ", ["read"]),
+        lambda: app.admin.add_webhook("ftp://example.com"),
+        lambda: app.admin.add_webhook("https://example.com", events=["run.exploded"]),
     ):
         with pytest.raises(ms.ConfigError):
             bad()

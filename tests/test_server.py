@@ -142,7 +142,7 @@ def test_sse_shows_every_step_and_resumes_from_last_event_id(stack: Stack) -> No
     with ops.stream("GET", f"/runs/{run_id}/events") as stream:
         whole = _events(stream, lambda e: e["event"] == "end")
     names = [e["data"]["name"] for e in whole if e["event"] == "step"]
-    assert names == [s.name for s in stack.app.steps(run_id)]
+    assert names == [s.name for s in stack.app.observe.steps(run_id)]
 
 
 def test_keys_scopes_and_bad_requests_change_nothing(stack: Stack, tmp_path: Path) -> None:
@@ -253,7 +253,7 @@ def test_metrics_fork_and_retry_over_http(stack: Stack) -> None:
     fork_id = forked.json()["id"]
     assert forked.headers["location"] == f"/runs/{fork_id}" and fork_id != source
     until(lambda: _run(ops, fork_id)["status"] == "waiting", "the fork to reach the wait")
-    names = [s.name for s in stack.app.steps(fork_id)]
+    names = [s.name for s in stack.app.observe.steps(fork_id)]
     assert names == ["before-0", "before-1", "before-2", "go"]
     bad = ops.post(f"/runs/{source}/fork", json={"from_step": 99})
     assert bad.status_code == 422 and "has no step 0:99" in bad.json()["error"]["message"]
@@ -329,7 +329,7 @@ def test_invented_methods_add_no_series_to_metrics(tmp_path: Path) -> None:
     from mainspring.server import create_app
 
     app = ms.App(f"sqlite:///{tmp_path / 'm.db'}")
-    metrics_key = {"Authorization": f"Bearer {app.create_key('prom', ['metrics'])[1]}"}
+    metrics_key = {"Authorization": f"Bearer {app.admin.create_key('prom', ['metrics'])[1]}"}
     with TestClient(create_app(app, webhooks=False)) as client:
 
         def series() -> set[tuple[str, str, str]]:

@@ -73,7 +73,7 @@ async def _agent_run(app: ms.App) -> str:
 async def test_model_tool_and_run_content_in_both_conventions(tmp_path: Path) -> None:
     app = ms.App(f"sqlite:///{tmp_path / 'c.db'}", poll_interval_s=0.01)
     provider, exporter = _memory()
-    app.enable_tracing(provider, capture_content=True)
+    app.observe.enable_tracing(provider, capture_content=True)
     run_id = await _agent_run(app)
     spans = exporter.get_finished_spans()
     assert SECRET not in str([dict(s.attributes or {}) for s in spans])  # redacted first
@@ -129,7 +129,7 @@ async def test_model_tool_and_run_content_in_both_conventions(tmp_path: Path) ->
 
     # Back-filled from the journal: the same conventions from its redacted summaries.
     provider2, again = _memory()
-    export_trace(app.trace(run_id), tracer_provider=provider2, capture_content=True)
+    export_trace(app.observe.trace(run_id), tracer_provider=provider2, capture_content=True)
     back_spans = {s.name: dict(s.attributes or {}) for s in again.get_finished_spans()}
     assert "[REDACTED]" in back_spans["execute_tool login"]["gen_ai.tool.call.arguments"]
     assert back_spans["invoke_agent desk"]["output.value"] == "logged in"
@@ -140,10 +140,10 @@ async def test_model_tool_and_run_content_in_both_conventions(tmp_path: Path) ->
 async def test_without_capture_spans_carry_no_content(tmp_path: Path) -> None:
     app = ms.App(f"sqlite:///{tmp_path / 'n.db'}", poll_interval_s=0.01)
     provider, exporter = _memory()
-    app.enable_tracing(provider)
+    app.observe.enable_tracing(provider)
     run_id = await _agent_run(app)
     provider2, again = _memory()
-    export_trace(app.trace(run_id), tracer_provider=provider2)
+    export_trace(app.observe.trace(run_id), tracer_provider=provider2)
     for s in [*exporter.get_finished_spans(), *again.get_finished_spans()]:
         attrs = dict(s.attributes or {})
         assert "openinference.span.kind" in attrs  # the conventions, without content

@@ -76,7 +76,7 @@ async def test_a_reader_left_open_grows_the_log_which_is_seen_and_bounded_once_i
     assert "read transaction" in warning and "limit_mb=12.6" in warning
     status = CliRunner().invoke(cli, ["db", "status", "--db", store.url])
     assert "past its limit, a read transaction left open" in status.output
-    text = app.metrics().render()[0].decode()
+    text = app.observe.metrics().render()[0].decode()
     [gauge] = [line for line in text.splitlines() if line.startswith("mainspring_store_wal_bytes")]
     assert float(gauge.split()[-1]) >= grown
     # The reader ends; the next checkpoint lets the log start over, at the limit

@@ -133,12 +133,12 @@ async def test_a_step_declares_its_role_and_interceptors_see_it(tmp_path: Path) 
         handle = app.submit(wf)
         await drain(app)
         assert await handle.result() == 3
-        assert [(s.name, s.role) for s in app.steps(handle.run_id)] == [
+        assert [(s.name, s.role) for s in app.observe.steps(handle.run_id)] == [
             ("lookup", "tool"),
             ("plain", "step"),
         ]
         assert seen.seen == [("lookup", "tool"), ("plain", "step")]
-        assert [e.role for e in app.trace(handle.run_id).entries] == ["tool", "step"]
+        assert [e.role for e in app.observe.trace(handle.run_id).entries] == ["tool", "step"]
     finally:
         app.close()
 
@@ -187,7 +187,7 @@ async def test_role_is_not_identity_a_journal_of_another_role_replays(tmp_path: 
         await drain(app)
         assert await handle.result() == 42
         assert ran == [1]  # replayed from the journal, never run again
-        assert app.steps(handle.run_id)[0].role == "step"  # the journal keeps what it wrote
+        assert app.observe.steps(handle.run_id)[0].role == "step"  # the journal keeps what it wrote
     finally:
         app.close()
 
@@ -226,7 +226,7 @@ async def test_the_agent_declares_model_tool_and_rate_roles(tmp_path: Path) -> N
                 break
             clock.advance(max(1.0, (run.wake_at or 0) - clock.now()))
         assert (await handle.result()).answer == "ok"
-        roles = {(s.name.split(":")[0], s.role) for s in app.steps(handle.run_id)}
+        roles = {(s.name.split(":")[0], s.role) for s in app.observe.steps(handle.run_id)}
         assert {("model", "model"), ("tool", "tool"), ("rate", "rate"), ("rate", "wait")} <= roles
         assert {role for prefix, role in roles if prefix not in ("model", "tool", "rate")} <= {
             "step"

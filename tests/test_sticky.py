@@ -61,7 +61,7 @@ def journal(app: ms.App, run_id: str) -> list[tuple[Any, ...]]:
             r.finished_at,
             r.wake_at,
         )
-        for r in app.steps(run_id)
+        for r in app.observe.steps(run_id)
     ]
 
 
@@ -486,7 +486,7 @@ async def test_a_task_using_the_context_while_kept_spoils_it(tmp_path: Path):
     assert record.status == "succeeded"
     assert worker.stats.resumed == 0  # spoiled: replayed instead
     assert refused[:1] == ["_Closed"]  # the dormant context refused the stray task
-    assert [r.name for r in app.steps(handle.run_id)][:1] == ["go"]
+    assert [r.name for r in app.observe.steps(handle.run_id)][:1] == ["go"]
 
 
 async def test_the_holder_claims_a_kept_run_at_its_wake_time(tmp_path: Path):

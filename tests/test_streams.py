@@ -111,7 +111,7 @@ async def test_async_for_sees_the_text_while_the_call_is_in_flight(db_url: str) 
         assert seen[-1].end == "done" and all(e.end is None for e in seen[:-1])
         assert await handle.result() == TEXT
         # The journal keeps the reply once; the pieces live only in the stream table.
-        [step] = app.steps(handle.run_id)
+        [step] = app.observe.steps(handle.run_id)
         assert step.role == "model" and json.loads(step.output or "{}")
         assert TEXT in (step.output or "") and (step.output or "").count(TEXT) == 1
         batches = app.store.tokens_after(handle.run_id)
@@ -229,7 +229,7 @@ def served(tmp_path: Any, db_url: str) -> Iterator[tuple[str, str, str]]:
     """The HTTP API of an App on ``db_url`` under uvicorn on 127.0.0.1 (its own thread
     and App, as a server process would be): (base url, admin key, db url)."""
     app = ms.App(db_url)
-    key = app.create_key("ops", ["admin"])[1]
+    key = app.admin.create_key("ops", ["admin"])[1]
     try:
         with uvicorn_serving(app) as base:
             yield base, key, db_url
@@ -373,7 +373,7 @@ async def test_two_model_calls_at_once_stream_side_by_side(db_url: str) -> None:
         events = [e async for e in app.stream(handle.run_id, poll_s=0.01)]
         steps = sorted(
             (s.seq, json.loads(s.output or "{}")["text"])
-            for s in app.steps(handle.run_id)
+            for s in app.observe.steps(handle.run_id)
             if s.role == "model"
         )
         for seq, reply in steps:
@@ -494,7 +494,7 @@ async def test_an_agent_streams_its_turns_over_the_wire_and_journals_only_replie
     assert len(streams) == 2  # one per model turn
     assert "".join(e.text for e in events) == "Let me look." + TEXT
     assert [e.end for e in events if e.end] == ["done", "done"]
-    models = [s for s in app.steps(run_id) if s.role == "model"]
+    models = [s for s in app.observe.steps(run_id) if s.role == "model"]
     assert [(s.session, s.seq) for s in models] == sorted(streams)
     assert TEXT in (models[-1].output or "") and '"weather"' in (models[0].output or "")
 
@@ -658,7 +658,7 @@ async def test_a_provider_stream_that_breaks_off_is_retried_and_streams_anew(
     assert TEXT.startswith("".join(e.text for e in first)) and len(first) > 1
     second = [e for e in events if e.attempt == 2]
     assert "".join(e.text for e in second) == TEXT and second[-1].end == "done"
-    [model_step] = [s for s in app.steps(run_id) if s.role == "model"]
+    [model_step] = [s for s in app.observe.steps(run_id) if s.role == "model"]
     assert (model_step.status, model_step.attempt) == ("completed", 2)
     # The drop was a transient error of attempt 1 (the SDK says "connection error" or
     # the adapter "the stream broke off"), retried as such.

@@ -129,7 +129,7 @@ def test_a_worker_frozen_past_its_lease_writes_nothing_more_to_the_stream(
         # A reader following the docs ends with exactly the journaled reply.
         follower = app.follow_tokens(run_id)
         events = follower.poll() + follower.close_open()
-        [step] = [s for s in app.steps(run_id) if s.role == "model"]
+        [step] = [s for s in app.observe.steps(run_id) if s.role == "model"]
         assert step.attempt == 2
         text = assemble(events)[(step.session, step.seq)]
         assert text == json.loads(step.output or "{}")["text"]

@@ -86,7 +86,7 @@ async def test_secrets_split_across_batches_never_reach_the_stream(db_url: str) 
         await asyncio.sleep(0.03)  # a few pieces per batch of 80 ms
 
     app = ms.App(db_url, poll_interval_s=0.01)
-    key = app.create_key("ana", ["read"])[1]
+    key = app.admin.create_key("ana", ["read"])[1]
     model = ScriptedModel(
         [
             ScriptedModel.call(
@@ -124,7 +124,7 @@ async def test_secrets_split_across_batches_never_reach_the_stream(db_url: str) 
             )
             assert leaked == [], f"{sink} shows {leaked}"
             assert "[REDACTED]" in seen
-        [step] = [s for s in app.steps(run_id) if s.role == "model"]
+        [step] = [s for s in app.observe.steps(run_id) if s.role == "model"]
         reply = json.loads(step.output or "{}")
         assert "".join(e.text for e in events) == reply["text"]
         args = "".join(e.arguments for e in events if e.kind == "tool_call")

@@ -77,7 +77,7 @@ async def test_tool_call_arguments_stream_through_the_official_sdks(
     events = [e async for e in app.stream(run_id, poll_s=0.01)]
     # Text events are as before: the text of every turn, whole.
     assert "".join(e.text for e in events) == "Let me look." + TEXT
-    models = [s for s in app.steps(run_id) if s.role == "model"]
+    models = [s for s in app.observe.steps(run_id) if s.role == "model"]
     streamed = _calls(events)
     journaled = {
         (s.session, s.seq, i): c
@@ -184,7 +184,7 @@ async def test_the_default_stream_hands_out_each_tool_call_whole() -> None:
 
 async def test_sse_sends_tool_calls_as_tool_call_delta_events(db_url: str) -> None:
     app = ms.App(db_url, poll_interval_s=0.01)
-    key = app.create_key("ops", ["read"])[1]
+    key = app.admin.create_key("ops", ["read"])[1]
     model = ScriptedModel(
         [ScriptedModel.call("weather", {"city": "Lyon", "days": 2}, text="Looking."), "Clear."],
         chunk_size=5,

@@ -221,7 +221,7 @@ async def _stopped_sync_step(
     assert seen == [True]  # the run's end committed after b's thread returned
     run = app.get_run(run_id)
     assert run.status == ("succeeded" if how == "gather" else "cancelled")
-    [b] = [r for r in app.steps(run_id) if r.name == "b"]
+    [b] = [r for r in app.observe.steps(run_id) if r.name == "b"]
     assert (b.status, b.output) == ("completed", '"b done"')  # what really happened
     assert effects == ["b"]
 
@@ -251,7 +251,7 @@ async def test_a_stopped_sync_step_past_its_timeout_is_journaled_as_unknown(app:
         run_id = app.submit(wf).run_id
         await asyncio.wait_for(app.worker().run(until_idle=True), 30)
         assert app.get_run(run_id).status == "succeeded"
-        [row] = [r for r in app.steps(run_id) if r.name == "stuck"]
+        [row] = [r for r in app.observe.steps(run_id) if r.name == "stuck"]
         error = json.loads(row.error or "{}")
         assert (row.status, error["type"].rsplit(".", 1)[-1]) == ("failed", "StepInterrupted")
         assert "may or may not take effect" in error["message"]

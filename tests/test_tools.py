@@ -464,7 +464,7 @@ async def test_a_tool_runs_as_a_journaled_step_with_its_idempotency_key(app: ms.
             effect="write",
         )
     ]
-    assert [s.name for s in app.steps(run.id)] == ["before", "tool:send"]
+    assert [s.name for s in app.observe.steps(run.id)] == ["before", "tool:send"]
 
 
 async def test_tool_run_passes_arguments_whatever_their_names(app: ms.App) -> None:

@@ -69,7 +69,7 @@ async def test_a_step_raising_a_base_exception_is_a_failed_attempt(app: ms.App, 
 
     assert await app.run(wf) == "done"
     assert attempts == [1, 2]
-    [row] = app.steps(app.list_runs()[0].id)
+    [row] = app.observe.steps(app.list_runs()[0].id)
     assert row.status == "completed" and row.attempt == 2
     assert kind in json.loads(row.error or "{}")["type"]  # why attempt 1 failed
 
@@ -314,7 +314,7 @@ async def test_at_most_once_timeout_is_interrupted_never_retried(app: ms.App):
         release.set()
     assert result.startswith("unknown outcome: at_most_once step ")
     assert calls == [1]
-    [row] = app.steps(app.list_runs()[0].id)
+    [row] = app.observe.steps(app.list_runs()[0].id)
     assert row.status == "failed"
     assert json.loads(row.error or "{}")["type"] == "mainspring._errors.StepInterrupted"
 
@@ -387,7 +387,7 @@ async def test_gathered_waits_wake_on_the_second_name(fapp: ms.App):
     await drain(fapp)
     record = fapp.get_run(handle.run_id)
     assert (record.status, record.wait_reason) == ("waiting", "signal:a")
-    assert [(r.name, r.status) for r in fapp.steps(handle.run_id)] == [
+    assert [(r.name, r.status) for r in fapp.observe.steps(handle.run_id)] == [
         ("a", "started"),
         ("b", "completed"),  # it woke, and took its signal
     ]
@@ -469,7 +469,7 @@ async def test_sibling_steps_are_stopped_before_the_outcome_is_committed(app: ms
     never.set()
     for _ in range(20):
         await asyncio.sleep(0)
-    assert sorted(r.name for r in app.steps(run_id)) == ["fails", "slow"]  # no "after"
+    assert sorted(r.name for r in app.observe.steps(run_id)) == ["fails", "slow"]  # no "after"
     assert app.get_run(run_id).status == "succeeded"
 
 
@@ -493,7 +493,7 @@ async def test_a_run_suspends_only_after_its_running_steps_end(app: ms.App, mode
     await drain(app)
     record = app.get_run(handle.run_id)
     assert (record.status, record.wait_reason) == ("waiting", "signal:go")
-    assert [(r.name, r.status) for r in app.steps(handle.run_id)] == [
+    assert [(r.name, r.status) for r in app.observe.steps(handle.run_id)] == [
         ("launch", "completed"),
         ("go", "started"),
     ]

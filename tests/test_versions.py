@@ -113,7 +113,7 @@ def apps(db_url: str) -> Iterator[Callable[..., ms.App]]:
 
 
 def rows(app: ms.App, run_id: str) -> list[tuple[int, str, str]]:
-    return [(s.seq, s.kind, s.name) for s in app.steps(run_id)]
+    return [(s.seq, s.kind, s.name) for s in app.observe.steps(run_id)]
 
 
 def left_for_others(app: ms.App, run_id: str) -> dict[str, Any]:
@@ -154,7 +154,7 @@ async def test_a_run_from_before_a_patch_takes_the_old_branch(
     assert [k for _, k, _ in rows(v2, old.run_id)] == ["step", "step", "signal", "step"]
     assert rows(v2, new.run_id)[1] == (1, "patch", "b2-instead-of-b")
     # Replaying the new run again (a fresh replay, no worker memory) takes b2 again.
-    assert [s.kind for s in v2.steps(new.run_id)].count("patch") == 1
+    assert [s.kind for s in v2.observe.steps(new.run_id)].count("patch") == 1
 
 
 async def test_a_change_without_a_patch_is_still_nondeterminism(
@@ -170,7 +170,7 @@ async def test_a_change_without_a_patch_is_still_nondeterminism(
     error = left_for_others(v2, old.run_id)
     assert error["type"] == "mainspring._errors.NondeterminismError"
     assert "step_b" in error["message"]
-    [finding] = [f for f in v2.diagnose(old.run_id).findings if f.kind == "nondeterminism"]
+    [finding] = [f for f in v2.observe.diagnose(old.run_id).findings if f.kind == "nondeterminism"]
     assert any("ctx.patched" in step for step in finding.next_steps)
     assert any("not failed" in step for step in finding.next_steps)
     await drain(v1)  # the old code is still deployed: it finishes the run
@@ -540,7 +540,7 @@ def test_the_http_api_shows_and_filters_versions(apps: Callable[..., ms.App]) ->
     v2 = apps(hello, version="v2")
     a = v1.submit("order", 1).run_id
     b = v2.submit("order", 2).run_id
-    _, token = v1.create_key("reader", ["read"])
+    _, token = v1.admin.create_key("reader", ["read"])
     with TestClient(create_app(v1, webhooks=False)) as client:
         auth = {"Authorization": f"Bearer {token}"}
         assert client.get(f"/runs/{a}", headers=auth).json()["version"] == "v1"

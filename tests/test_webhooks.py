@@ -382,13 +382,13 @@ def test_registration_refuses_what_is_not_globally_routable(tmp_path: Path) -> N
         "LOCALHOST.",
     ]
     app = ms.App(f"sqlite:///{tmp_path / 'hooks.db'}")
-    admin = {"Authorization": f"Bearer {app.create_key('ops', ['admin'])[1]}"}
+    admin = {"Authorization": f"Bearer {app.admin.create_key('ops', ['admin'])[1]}"}
     with TestClient(create_app(app, webhooks=False)) as client:
         for host in hosts:
             r = client.post("/webhooks", json={"url": f"http://{host}/hook"}, headers=admin)
             assert r.status_code == 422, (host, r.text)
             assert r.json()["error"]["message"].startswith("webhook URL refused: "), host
-        assert app.list_webhooks() == []
+        assert app.admin.list_webhooks() == []
         ok = client.post("/webhooks", json={"url": "https://[2606:4700::1111]/h"}, headers=admin)
         assert ok.status_code == 201, ok.text
     app.close()
@@ -402,7 +402,7 @@ def test_a_malformed_webhook_url_is_a_clear_422_not_a_server_error(tmp_path: Pat
     from mainspring.server import create_app
 
     app = ms.App(f"sqlite:///{tmp_path / 'hooks.db'}")
-    admin = {"Authorization": f"Bearer {app.create_key('ops', ['admin'])[1]}"}
+    admin = {"Authorization": f"Bearer {app.admin.create_key('ops', ['admin'])[1]}"}
     bad = ["http://[::1", "http://[zz]/x", "http://a]b/", "https://h:99999/", "http:///path"]
     with TestClient(create_app(app, webhooks=False), raise_server_exceptions=False) as client:
         for url in bad:
@@ -410,8 +410,8 @@ def test_a_malformed_webhook_url_is_a_clear_422_not_a_server_error(tmp_path: Pat
             assert r.status_code == 422, (url, r.text)
             assert repr(url) in r.json()["error"]["message"], r.text
             with pytest.raises(ms.ConfigError, match="webhook URL"):
-                app.add_webhook(url)
-    assert app.list_webhooks() == []
+                app.admin.add_webhook(url)
+    assert app.admin.list_webhooks() == []
     app.close()
 
 

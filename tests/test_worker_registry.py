@@ -104,7 +104,7 @@ def test_the_servers_metrics_report_workers_from_the_store(db_url: str) -> None:
     app.store.heartbeat(**_beat("long-dead", at=now - 7200))  # dropped from the gauges
     app.store.heartbeat(**_beat("stopped-1", at=now))
     app.store.worker_stopped("stopped-1", now)
-    body, _ = app.metrics().render()
+    body, _ = app.observe.metrics().render()
     text = body.decode()
     assert 'mainspring_workers{state="alive"} 1.0' in text
     assert 'mainspring_workers{state="dead"} 1.0' in text

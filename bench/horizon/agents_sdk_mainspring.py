@@ -96,7 +96,7 @@ async def run(args: RunnerArgs) -> int:
         if run.status == "succeeded":
             return 0 if await handle.result() == "done" else 1
         if run.status in ("failed", "cancelled"):
-            rows = [f"{r.seq}:{r.kind}:{r.name}:{r.status}" for r in app.steps(run.id)[:12]]
+            rows = [f"{r.seq}:{r.kind}:{r.name}:{r.status}" for r in app.observe.steps(run.id)[:12]]
             print(f"gave up: {run.error} (journal: {rows})", file=sys.stderr)
             return 1
         if run.status == "waiting":

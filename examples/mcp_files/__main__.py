@@ -27,14 +27,14 @@ async def run(folder: Path) -> int:
         app.answer(request.run_id, request.id, decision="approve", by="reviewer")
         await app.worker().run(until_idle=True)
         result = await run.result()
-        for step in app.steps(run.run_id):
+        for step in app.observe.steps(run.run_id):
             if step.role != "model":
                 print(f"step {step.name}: {step.status}")
         print(f"files: {sorted(p.name for p in files.iterdir())}")
         print(f"answer: {result.answer}")
         return 0 if result.status == "done" and not (files / "inbox.txt").exists() else 1
     finally:
-        await app.close_mcp()
+        await app.mcp.close()
         app.close()
 
 

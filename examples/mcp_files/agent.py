@@ -15,7 +15,7 @@ call = ScriptedModel.call
 
 def build(app: ms.App, folder: Path) -> ms.AgentWorkflow[Any]:
     """The agent, on an MCP server started (per worker process) over ``folder``."""
-    fs = app.mcp(
+    fs = app.mcp.add(
         "files",
         command=[sys.executable, str(SERVER), str(folder)],
         # The server imports nothing of mainspring unless FS_LEDGER is set; the path

@@ -1,7 +1,7 @@
 """The App's admin operations: API keys and webhook endpoints of its store.
 
 What ``mainspring keys …`` / ``mainspring webhooks …``, the HTTP API's ``/webhooks``
-and the dashboard's sign-in call. A part of :class:`~mainspring.App`.
+and the dashboard's sign-in call. ``app.admin``, a part of :class:`~mainspring.App`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ __all__ = ["Admin"]
 
 
 class Admin(Part):
-    """API keys (hashed in the store, each token shown once) and webhook endpoints."""
+    """``app.admin``: API keys (hashed in the store, each token shown once) and webhook
+    endpoints."""
 
     # -- API keys --------------------------------------------------------------------
 
@@ -31,25 +32,25 @@ class Admin(Part):
         Raises:
             ConfigError: an unknown scope, no scope, or an empty name.
         """
-        return self.store.create_api_key(name, scopes, self.clock.now())
+        return self._store.create_api_key(name, scopes, self._clock.now())
 
     def list_keys(self) -> list[ApiKey]:
         """Every API key's record (revoked ones too), oldest first; never the tokens."""
-        return self.store.list_api_keys()
+        return self._store.list_api_keys()
 
     def get_key(self, key_id: str) -> ApiKey | None:
         """A key's record by its id (revoked keys too); ``None`` if there is none."""
-        return self.store.get_api_key(key_id)
+        return self._store.get_api_key(key_id)
 
     def verify_key(self, token: str) -> ApiKey | None:
         """The key a token belongs to, if the token is genuine (a revoked key too:
         check :meth:`ApiKey.allows <mainspring.storage.ApiKey.allows>` for a scope)."""
-        return self.store.verify_api_key(token, self.clock.now())
+        return self._store.verify_api_key(token, self._clock.now())
 
     def revoke_key(self, key_id: str) -> bool:
         """Revoke a key: its next request gets ``401``. ``False`` when there is no
         such key or it was already revoked."""
-        return self.store.revoke_api_key(key_id, self.clock.now())
+        return self._store.revoke_api_key(key_id, self._clock.now())
 
     # -- webhooks --------------------------------------------------------------------
 
@@ -67,13 +68,13 @@ class Admin(Part):
         Raises:
             ConfigError: the URL is not http(s) or an event is unknown.
         """
-        return self.store.add_webhook(url, self.clock.now(), secret=secret, events=events)
+        return self._store.add_webhook(url, self._clock.now(), secret=secret, events=events)
 
     def list_webhooks(self) -> list[Webhook]:
         """The registered endpoints (not removed), oldest first."""
-        return self.store.list_webhooks()
+        return self._store.list_webhooks()
 
     def remove_webhook(self, webhook_id: str) -> bool:
         """Stop delivering to an endpoint (its queued deliveries are dropped).
         ``False`` when there is no such endpoint."""
-        return self.store.remove_webhook(webhook_id, self.clock.now())
+        return self._store.remove_webhook(webhook_id, self._clock.now())

@@ -1,171 +1,89 @@
-"""Agents as an App defines them (``app.agent``), and model calls from any workflow
-(``app.call_model``), both booked through the App's shared rate limits. A part of
-:class:`~mainspring.App`."""
+"""Agents as an App registers them (``app.add(agent)``, ``app.agent(...)``), and model
+calls from any workflow (``app.call_model``), both booked through the App's shared
+rate limits. A part of :class:`~mainspring.App`."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Concatenate, ParamSpec
 
 from typing_extensions import TypeVar
 
 from .._errors import ConfigError
-from ..agent import (
-    Agent,
-    AgentResult,
-    AgentWorkflow,
-    CompletionValidator,
-    Policy,
-    call_model,
-)
-from ..context import ContextPolicy
+from ..agent import Agent, AgentLoop, AgentResult, AgentWorkflow, call_model
 from ..journal import RetryPolicy, RunContext
-from ..limits import BoundRateLimits, Limits, Price, price_of
+from ..limits import BoundRateLimits
 from ..models import Message, Model, ModelResponse, ModelSettings, ToolSpec, resolve_model
-from ..tools import Tool, Toolset
-from ._mcp import MCPServers
-from ._runtime import Part, Runtime
+from ._runtime import Part, Runtime, takes_options_of
 
-__all__ = ["Agents"]
+__all__ = ["Agents", "agent_options"]
 
 OutputT = TypeVar("OutputT", default=Any)
+P = ParamSpec("P")
+S = TypeVar("S")
+
+
+def agent_options(
+    make: Callable[P, Agent[OutputT]],
+) -> Callable[
+    [Callable[Concatenate[S, ...], Any]], Callable[Concatenate[S, P], AgentWorkflow[OutputT]]
+]:
+    """``app.agent``'s parameters are :class:`~mainspring.Agent`'s, declared there once,
+    and what it returns is the workflow of an ``Agent[OutputT]`` (the ``output_type``
+    a type checker sees through)."""
+    forward: Any = takes_options_of(make)
+    return forward  # type: ignore[no-any-return]
 
 
 class Agents(Part):
-    """Defining agents and calling models, for an App."""
+    """Registering agents and calling models, for an App."""
 
-    def __init__(self, runtime: Runtime, mcp: MCPServers) -> None:
+    def __init__(self, runtime: Runtime) -> None:
         super().__init__(runtime)
-        self._mcp = mcp  # tells an agent's toolsets from its tools
         self._models: dict[str, Model] = {}  # call_model's adapters, by spec
+        self._workflows: dict[str, AgentWorkflow[Any]] = {}  # by name, as registered
 
-    def agent(
-        self,
-        name: str,
-        *,
-        model: str | Model,
-        instructions: str,
-        tools: Sequence[Tool[Any, Any] | Toolset] = (),
-        limits: Limits | None = None,
-        context: ContextPolicy | None = None,
-        settings: ModelSettings | None = None,
-        planning: bool = False,
-        planning_settings: ModelSettings | None = None,
-        validators: Sequence[CompletionValidator] = (),
-        max_repairs: int = 3,
-        session_turns: int | None = None,
-        session_tokens: int | None = None,
-        session_bytes: int | None = None,
-        session_wall_s: float | None = None,
-        prices: dict[str, Price] | None = None,
-        model_retry: RetryPolicy | None = None,
-        ask_human: bool = False,
-        rate_account: str = "default",
-        policies: Sequence[Policy] = (),
-        output_type: type[OutputT] | None = None,
-        deps: Callable[[], Any] | None = None,
-        deps_type: type | None = None,
-        handoffs: Sequence[AgentWorkflow] = (),
-    ) -> AgentWorkflow[OutputT]:
-        """Define an agent and register the workflow that runs it, under ``name``.
+    def add(self, agent: Agent[OutputT]) -> AgentWorkflow[OutputT]:
+        """Register ``agent`` and the workflow that runs it, under its name; return
+        the workflow (registering the same agent again returns it again).
 
-        Run it like any workflow with the task as its argument:
-        ``app.submit(agent, "Answer ticket 7")`` or ``await app.run(agent, "...")``.
+        Its plain tools join the App's registry (if new), and it is bound to the App's
+        rate limits, clock and randomness.
 
-        Args:
-            model: ``"openai:gpt-4.1-mini"``, ``"anthropic:claude-sonnet-4-5"``,
-                ``"openai:NAME@http://host/v1"`` (any OpenAI-compatible endpoint) or a
-                :class:`~mainspring.models.Model` (``ScriptedModel`` in tests).
-            tools: its allowlist: tools (registered if new) and toolsets (``app.mcp``).
-            limits: steps, tool calls, tokens, cost and wall time (pause and ask first).
-            context: how much history each request carries.
-            settings / planning_settings: sampling for execution and planning turns.
-            planning: ask for a plan (with ``update_state``) on the first turn.
-            validators: ``(answer, state) -> None | problem`` checks of ``finish``.
-            max_repairs: turns in a row without a usable action before the run fails.
-            session_turns / session_tokens / session_bytes / session_wall_s: end the
-                session when it reaches any of these bounds (turns; input + output
-                tokens; bytes of model replies and tool results journaled; seconds),
-                and start the next from a hand-off of the state and a summary.
-            prices: USD per million tokens per model id (defaults: ``limits.PRICES``).
-            model_retry: back-off for transient model errors (8 attempts, 1 s doubling to 30 s).
-            ask_human: give the model an ``ask_human(question, choices?)`` tool; the
-                run waits durably for the answer (a request, like an approval).
-            rate_account: which account's rate limits the model calls count against
-                (with the App's ``rate_limits``); ``"default"`` unless you use several.
-            policies: :class:`~mainspring.agent.Policy` s wrapped around the agent's
-                tool and model calls, the first outermost, inside the built-in ones
-                (allowlist, arguments, tool-call budget) and outside the approval of
-                ``requires_approval`` tools (see ``docs/agents.md``).
-            output_type: the type of the final answer (a pydantic model, a dataclass,
-                a ``TypedDict``, ``list[str]``...): ``finish`` takes its schema, the
-                answer is validated (repaired like tool arguments) and the result's
-                ``output`` is an instance of it (see ``docs/agents.md``).
-            deps / deps_type: a function that builds the dependencies the tools get
-                as ``ctx.deps`` (a client, a pool), called once per worker process and
-                never journaled; ``deps_type`` checks what it builds.
-            handoffs: agents (what ``app.agent`` returned) the model may hand the
-                task over to by calling ``transfer_to_<name>``: that agent runs as a
-                child run from this one's state, and its result is this run's result
-                (see ``docs/composition.md``).
+        Raises:
+            ConfigError: ``agent`` is not an :class:`~mainspring.Agent`, or another
+                workflow has its name.
         """
-        plain, toolsets = self._mcp.split_tools(name, tools)
-        for t in plain:
-            if t.name not in self.runtime.tools:
-                self.runtime.tools.add(t)
-        resolved = resolve_model(model)
-        budget = limits or Limits()
-        priced = budget.max_cost_usd if budget.max_cost_usd is not None else budget.checkpoint_usd
-        if priced is not None and price_of(resolved.model_id, prices) is None:
-            # Its cost would count as 0 and the cap would never fire.
-            which = "max_cost_usd" if budget.max_cost_usd is not None else "checkpoint_usd"
+        if not isinstance(agent, Agent):
             raise ConfigError(
-                f"agent {name!r} has {which}={priced!r} but no price for "
-                f"model {resolved.model_id!r}: pass prices={{{resolved.model_id!r}: "
-                "ms.limits.Price(input=..., output=...)}} (USD per million tokens)"
+                f"app.add takes an agent (ms.Agent(name, model=..., instructions=...)), "
+                f"got {agent!r:.100}"
             )
-        spec = Agent(
-            name=name,
-            model=resolved,
-            instructions=instructions,
-            tools=self.runtime.tools,
-            allowed=tuple(t.name for t in plain),
-            toolsets=toolsets,
-            limits=budget,
-            context=context or ContextPolicy(),
-            settings=settings,
-            planning=planning,
-            planning_settings=planning_settings,
-            validators=tuple(validators),
-            max_repairs=max_repairs,
-            session_turns=session_turns,
-            session_tokens=session_tokens,
-            session_bytes=session_bytes,
-            session_wall_s=session_wall_s,
-            prices=prices,
-            ask_human=ask_human,
+        runtime = self._runtime
+        if runtime.agents.get(agent.name) is agent:
+            return self._workflows[agent.name]
+        for t in agent.plain_tools:
+            if t.name not in runtime.tools:
+                runtime.tools.add(t)
+        loop = AgentLoop(
+            agent=agent,
+            tools=runtime.tools,
             rate_limits=self._bound_rate_limits(),
-            rate_account=rate_account,
-            policies=tuple(policies),
-            handoffs=tuple(handoffs),
-            clock=self.clock,
-            rng=self.runtime.rng,
-            inline_wait_s=self.runtime.inline_wait_s,
-            output_type=output_type,
-            deps=deps,
-            deps_type=deps_type,
-            **({"model_retry": model_retry} if model_retry is not None else {}),
+            clock=self._clock,
+            rng=runtime.rng,
+            inline_wait_s=runtime.inline_wait_s,
         )
 
         async def run_agent(ctx: RunContext, task: str) -> AgentResult[OutputT]:
-            return await spec.run(ctx, task)
+            return await loop.run(ctx, task)
 
-        run_agent.__name__ = run_agent.__qualname__ = name
-        run_agent.__annotations__["return"] = spec.result_type  # revives the typed output
-        self.runtime.register(run_agent, name)  # refuses a name taken
+        run_agent.__name__ = run_agent.__qualname__ = agent.name
+        run_agent.__annotations__["return"] = agent.result_type  # revives the typed output
+        runtime.register(run_agent, agent.name)  # refuses a name taken
         # the agent's own kind of workflow: the same run, plus ``as_tool``
-        workflow = self.runtime.workflows[name] = AgentWorkflow.for_agent(run_agent, name)
-        self.runtime.agents[name] = spec
+        workflow = AgentWorkflow.for_agent(run_agent, agent.name)
+        runtime.workflows[agent.name] = self._workflows[agent.name] = workflow
+        runtime.agents[agent.name] = agent
         return workflow
 
     async def call_model(
@@ -215,15 +133,15 @@ class Agents(Part):
             account=account,
             retry=retry,
             max_rate_wait_s=max_rate_wait_s,
-            clock=self.clock,
-            rng=self.runtime.rng,
-            inline_wait_s=self.runtime.inline_wait_s,
+            clock=self._clock,
+            rng=self._runtime.rng,
+            inline_wait_s=self._runtime.inline_wait_s,
         )
 
     def _bound_rate_limits(self) -> BoundRateLimits | None:
         """The App's rate limits bound to its store (opened when first booked on) and
         its clock: what its agents and :meth:`call_model` book against."""
-        limits = self.runtime.rate_limits
+        limits = self._runtime.rate_limits
         if limits is None:
             return None
-        return limits.bind(lambda: self.store, self.clock)
+        return limits.bind(lambda: self._store, self._clock)

@@ -25,13 +25,13 @@ class Children(Part):
         """The child runs ``run_id`` started (``ctx.child``) in the order it started
         them (by journal position), as summaries (no input, output or hand-off)."""
         run_id = run_id_of(run_id)
-        found = self.store.list_runs(parent=run_id, limit=10_000, summary=True)
+        found = self._store.list_runs(parent=run_id, limit=10_000, summary=True)
         return sorted((r for r in found if r.parent_kind == "child"), key=_position)
 
     def child_workflow(self, target: Any) -> Workflow[Any, Any]:
         """The registered workflow a ``ctx.child`` names (a workflow, an agent's
         workflow, or a name)."""
-        return self.get_workflow(target)
+        return self._get_workflow(target)
 
     def start_child(
         self,
@@ -47,22 +47,22 @@ class Children(Part):
         """Create the child run ``key`` names, or find it (a replay); its id.
         ``on_parent_close``: what the parent's end does to it (kept on its row)."""
         encoded = self._redact(workflow.encode_input(tuple(args), dict(kwargs)))
-        record = self.store.get_run(parent)
+        record = self._store.get_run(parent)
         traceparent = child_traceparent(
             parent, record.traceparent if record is not None else None, parent_step
         )
-        child, created = self.store.create_run(
+        child, created = self._store.create_run(
             run_id=new_id(),
             workflow=workflow.name,
             input=encoded,
             key=key,
-            now=self.clock.now(),
+            now=self._clock.now(),
             traceparent=traceparent,
             parent=parent,
             parent_step=parent_step,
             # The code running the parent starts it: its version, so the workers
             # that may take the parent may take the child too.
-            version=self.version,
+            version=self._version,
             parent_close=on_parent_close,
         )
         if created:

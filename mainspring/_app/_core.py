@@ -1,9 +1,12 @@
 """``App``: the registry of workflows over one store, and the way to start runs.
 
-The App is its core verbs (registering, submitting and running, looking at and steering
-runs) over a :class:`~._runtime.Runtime` built once here, and a handful of parts over
-that same runtime (admin, agents, children, lineage, MCP servers, observation, queues,
-schedules, streams) whose methods it offers as its own (:class:`~._runtime.Via`).
+The App is its core verbs (defining workflows, tools and agents; submitting and running
+runs; looking at and steering them) over a :class:`~._runtime.Runtime` built once here,
+and a handful of parts over that same runtime. Some parts are namespaces users reach as
+attributes (``app.admin``, ``app.observe``, ``app.queues``, ``app.schedules``,
+``app.mcp``); the others (agents, children, lineage, streams) lend the App a few core
+verbs (:class:`~._runtime.Via`). The methods that moved into a namespace stay one
+release under their old names, warning (:class:`~._runtime.Moved`).
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from concurrent.futures import Executor
 from typing import Any, Concatenate, Generic, Literal, ParamSpec, TypeVar, overload
 
+from typing_extensions import TypeVar as DefaultTypeVar
+
 from .._clock import Clock, SystemClock
 from .._errors import (
     ConfigError,
@@ -27,27 +32,27 @@ from .._errors import (
 from .._keys import check_client_key
 from .._serde import dumps, loads
 from .._signals import is_request_signal
-from ..agent import Agent
+from ..agent import Agent, AgentWorkflow, split_tools
 from ..hitl import Decision, Request, answer_payload
 from ..journal import Committer, Engine, RetryPolicy, RunContext, StepInterceptor, Workflow
 from ..limits import RateLimit, RateLimits
 from ..models import without_endpoint
 from ..observability import Redactor, Telemetry, parse_traceparent
-from ..storage import CatchUp, RunRecord, Store, redact_url
-from ..tools import Effect, MCPToolset, Tool, ToolRegistry, Validator
+from ..storage import RunRecord, Store, redact_url
+from ..tools import Effect, MCPToolset, Tool, ToolRegistry, Toolset, Validator
 from ..tools import tool as make_tool
 from ..worker import Worker
 from ._admin import Admin
-from ._agents import Agents
+from ._agents import Agents, agent_options
 from ._children import Children
 from ._handle import RunHandle, run_id_of
-from ._lineage import NO_EDIT, Lineage, local_user, new_id
+from ._lineage import Lineage, local_user, new_id
 from ._mcp import MCPServers
 from ._observe import Observe
 from ._queues import Queue, Queues
 from ._replay_check import ReplayReport, replay_check
-from ._runtime import DEFAULT_URL, Runtime, Via, rate_limits_of
-from ._schedules import Schedule, Schedules
+from ._runtime import DEFAULT_URL, Moved, Runtime, Via, deprecated, rate_limits_of
+from ._schedules import Schedules
 from ._shadow_app import app_shadow
 from ._streams import Streams
 from ._versions import check_version
@@ -60,9 +65,12 @@ log = logging.getLogger("mainspring")
 P = ParamSpec("P")
 R = TypeVar("R")
 T = TypeVar("T")
-W = TypeVar("W", bound=Workflow[Any, Any])
+
+OutputT = DefaultTypeVar("OutputT", default=Any)
 
 _DEFAULT_REDACTOR = Redactor()
+# What a deprecated alias of the engine's plumbing says instead of a new spelling.
+_PLUMBING = "the engine starts child runs itself (ctx.child); no App method is needed"
 
 
 class Shared(Generic[T]):
@@ -170,9 +178,9 @@ class App:
         )
         self._admin = Admin(runtime)
         self._children = Children(runtime)
-        self._lineage = Lineage(runtime)
+        self._lineage = Lineage(runtime, lambda run_id, created: RunHandle(self, run_id, created))
         self._mcp = MCPServers()
-        self._agents = Agents(runtime, self._mcp)
+        self._agents = Agents(runtime)
         self._observe = Observe(runtime, self._children.children)
         self._queues = Queues(runtime)
         self._schedules = Schedules(runtime, self._queues)
@@ -266,6 +274,24 @@ class App:
 
         return register(fn) if fn is not None else register
 
+    @agent_options(Agent)
+    def agent(self, *args: Any, **options: Any) -> AgentWorkflow[Any]:
+        """Define an agent and register it: ``app.agent("triage", model=...,
+        instructions=..., tools=[...])`` is ``app.add(ms.Agent("triage", model=..., ...))``
+        and takes the same arguments (see :class:`~mainspring.Agent`). Returns the
+        workflow that runs it: ``app.submit(triage, "Answer ticket 7")``.
+
+        Raises:
+            ConfigError: a bad option (the message names it), or another workflow has
+                the name.
+        """
+        return self.add(Agent(*args, **options))
+
+    def add(self, agent: Agent[OutputT]) -> AgentWorkflow[OutputT]:
+        return self._agents.add(agent)
+
+    add.__doc__ = Agents.add.__doc__
+
     def get_workflow(self, workflow: Workflow[Any, Any] | str) -> Workflow[Any, Any]:
         return self._runtime.get_workflow(workflow)
 
@@ -287,7 +313,7 @@ class App:
         A ``key`` makes submission idempotent: the same key returns the same run.
 
         Args:
-            queue: a queue declared with :meth:`queue` (or its name): the run starts
+            queue: a queue declared with ``app.queues.add`` (or its name): the run starts
                 only within the queue's limits.
             queue_key: the run's key within its queue, for its ``per_key`` limit
                 (a customer, a tenant).
@@ -332,7 +358,7 @@ class App:
         check_client_key(key)
         wf = self.get_workflow(workflow)
         encoded = self._redact(wf.encode_input(tuple(args), dict(kwargs or {})))
-        queued = self._queues.fields(queue, queue_key, priority)
+        queued = self._queues._fields(queue, queue_key, priority)
         record, created = self.store.create_run(
             **queued,
             run_id=new_id(),
@@ -445,7 +471,7 @@ class App:
             canonical_step_name=without_endpoint,
         )
         committer.observers.append(self.telemetry.committed)
-        self._observe.trace_from_environment()
+        self._observe._trace_from_environment()
         return engine
 
     # -- looking and steering ----------------------------------------------------------
@@ -661,130 +687,95 @@ class App:
 
     # -- the parts' methods, as the App's ----------------------------------------------
 
-    create_key = Via("_admin", Admin.create_key)
-    list_keys = Via("_admin", Admin.list_keys)
-    get_key = Via("_admin", Admin.get_key)
-    verify_key = Via("_admin", Admin.verify_key)
-    revoke_key = Via("_admin", Admin.revoke_key)
-    add_webhook = Via("_admin", Admin.add_webhook)
-    list_webhooks = Via("_admin", Admin.list_webhooks)
-    remove_webhook = Via("_admin", Admin.remove_webhook)
-
-    agent = Via("_agents", Agents.agent)
     call_model = Via("_agents", Agents.call_model)
-
     children = Via("_children", Children.children)
-    child_workflow = Via("_children", Children.child_workflow)
-    start_child = Via("_children", Children.start_child)
-
-    mcp = Via("_mcp", MCPServers.mcp)
-    close_mcp = Via("_mcp", MCPServers.close_mcp)
-    split_tools = Via("_mcp", MCPServers.split_tools)
-
-    @property
-    def mcp_servers(self) -> dict[str, MCPToolset]:
-        """The MCP servers declared with :meth:`mcp`, by name."""
-        return self._mcp.mcp_servers
-
-    trace = Via("_observe", Observe.trace)
-    usage = Via("_observe", Observe.usage)
-    family = Via("_observe", Observe.family)
-    diagnose = Via("_observe", Observe.diagnose)
-    metrics = Via("_observe", Observe.metrics)
-    enable_tracing = Via("_observe", Observe.enable_tracing)
-    disable_tracing = Via("_observe", Observe.disable_tracing)
-    steps = Via("_observe", Observe.steps)
-
-    queue = Via("_queues", Queues.queue)
-    queues = Via("_queues", Queues.queues)
-
-    @overload
-    def schedule(
-        self,
-        cron: str,
-        /,
-        *,
-        name: str | None = None,
-        tz: str = "UTC",
-        catch_up: CatchUp = "skip",
-        queue: Queue | str | None = None,
-    ) -> Callable[[W], W]: ...
-
-    @overload
-    def schedule(
-        self,
-        name: str,
-        cron: str,
-        workflow: Workflow[Any, Any] | str,
-        /,
-        *args: Any,
-        tz: str = "UTC",
-        catch_up: CatchUp = "skip",
-        queue: Queue | str | None = None,
-        **kwargs: Any,
-    ) -> Schedule: ...
-
-    def schedule(
-        self,
-        name_or_cron: str,
-        cron: str | None = None,
-        workflow: Workflow[Any, Any] | str | None = None,
-        /,
-        *args: Any,
-        name: str | None = None,
-        tz: str = "UTC",
-        catch_up: CatchUp = "skip",
-        queue: Queue | str | None = None,
-        **kwargs: Any,
-    ) -> Any:
-        return self._schedules.schedule(
-            name_or_cron,
-            cron,
-            workflow,
-            *args,
-            name=name,
-            tz=tz,
-            catch_up=catch_up,
-            queue=queue,
-            **kwargs,
-        )
-
-    schedule.__doc__ = Schedules.schedule.__doc__
-
-    load_schedules = Via("_schedules", Schedules.load_schedules)
-    schedule_now = Via("_schedules", Schedules.schedule_now)
-    sync_schedules = Via("_schedules", Schedules.sync_schedules)
-    tick_schedules = Via("_schedules", Schedules.tick_schedules)
-    list_schedules = Via("_schedules", Schedules.list_schedules)
-    get_schedule = Via("_schedules", Schedules.get_schedule)
-    pause_schedule = Via("_schedules", Schedules.pause_schedule)
-    resume_schedule = Via("_schedules", Schedules.resume_schedule)
-
-    @property
-    def schedules(self) -> dict[str, Schedule]:
-        """The schedules declared in this App, by name."""
-        return self._schedules.schedules
-
     follow_tokens = Via("_streams", Streams.follow_tokens)
     stream = Via("_streams", Streams.stream)
 
-    def fork(
-        self,
-        run_id: str | RunHandle,
-        *,
-        from_step: int | str,
-        edit: Any = NO_EDIT,
-        decisions: Literal["ask", "keep"] = "ask",
-        by: str | None = None,
-    ) -> RunHandle:
-        forked = self._lineage.fork(
-            run_id, from_step=from_step, edit=edit, decisions=decisions, by=by
+    fork = Via("_lineage", Lineage.fork)
+    retry = Via("_lineage", Lineage.retry)
+
+    # -- the namespaces ------------------------------------------------------------------
+
+    @property
+    def admin(self) -> Admin:
+        """API keys and webhook endpoints: ``app.admin.create_key(...)``,
+        ``app.admin.add_webhook(...)``."""
+        return self._admin
+
+    @property
+    def observe(self) -> Observe:
+        """Traces, usage, diagnoses and metrics of the runs, and live span export:
+        ``app.observe.trace(run_id)``, ``app.observe.metrics()``."""
+        return self._observe
+
+    @property
+    def queues(self) -> Queues:
+        """Queues: ``app.queues.add("emails", concurrency=2)``, ``app.queues.list()``."""
+        return self._queues
+
+    @property
+    def schedules(self) -> Schedules:
+        """Cron schedules: ``app.schedules.add("0 3 * * *")`` (a decorator) or
+        ``app.schedules.add(name, cron, workflow, *args)``, ``.pause(name)``,
+        ``.list()``..."""
+        return self._schedules
+
+    @property
+    def mcp(self) -> MCPServers:
+        """MCP tool servers: ``app.mcp.add("fs", command=[...])``, ``app.mcp.close()``."""
+        return self._mcp
+
+    # -- deprecated: the old spellings, for one release ---------------------------------
+
+    create_key = Moved("admin", Admin.create_key)
+    list_keys = Moved("admin", Admin.list_keys)
+    get_key = Moved("admin", Admin.get_key)
+    verify_key = Moved("admin", Admin.verify_key)
+    revoke_key = Moved("admin", Admin.revoke_key)
+    add_webhook = Moved("admin", Admin.add_webhook)
+    list_webhooks = Moved("admin", Admin.list_webhooks)
+    remove_webhook = Moved("admin", Admin.remove_webhook)
+
+    trace = Moved("observe", Observe.trace)
+    steps = Moved("observe", Observe.steps)
+    usage = Moved("observe", Observe.usage)
+    family = Moved("observe", Observe.family)
+    diagnose = Moved("observe", Observe.diagnose)
+    metrics = Moved("observe", Observe.metrics)
+    enable_tracing = Moved("observe", Observe.enable_tracing)
+    disable_tracing = Moved("observe", Observe.disable_tracing)
+
+    queue = Moved("queues", Queues.add)
+
+    schedule = Moved("schedules", Schedules.add)
+    load_schedules = Moved("schedules", Schedules.load)
+    schedule_now = Moved("schedules", Schedules.now)
+    sync_schedules = Moved("schedules", Schedules.sync)
+    tick_schedules = Moved("schedules", Schedules.tick)
+    list_schedules = Moved("schedules", Schedules.list)
+    get_schedule = Moved("schedules", Schedules.get)
+    pause_schedule = Moved("schedules", Schedules.pause)
+    resume_schedule = Moved("schedules", Schedules.resume)
+
+    close_mcp = Moved("mcp", MCPServers.close)
+
+    @property
+    def mcp_servers(self) -> dict[str, MCPToolset]:
+        """Deprecated: ``app.mcp.servers``."""
+        deprecated("app.mcp_servers is deprecated: use app.mcp.servers")
+        return self._mcp.servers
+
+    def split_tools(
+        self, agent: str, tools: Sequence[Tool[Any, Any] | Toolset]
+    ) -> tuple[list[Tool[Any, Any]], tuple[Toolset, ...]]:
+        """Deprecated: an :class:`Agent` splits its ``tools=`` itself
+        (``agent.plain_tools``, ``agent.toolsets``)."""
+        deprecated(
+            "app.split_tools is deprecated: an ms.Agent splits its tools= itself "
+            "(agent.plain_tools, agent.toolsets)"
         )
-        return RunHandle(self, forked, True)
+        return split_tools(agent, tools)
 
-    fork.__doc__ = Lineage.fork.__doc__
-
-    def retry(self, run_id: str | RunHandle) -> RunHandle:
-        return RunHandle(self, self._lineage.retry(run_id), False)
-
-    retry.__doc__ = Lineage.retry.__doc__
+    child_workflow = Moved("_children", Children.child_workflow, instead=_PLUMBING)
+    start_child = Moved("_children", Children.start_child, instead=_PLUMBING)

@@ -1,7 +1,7 @@
 """Runs made from other runs: :meth:`~mainspring.App.fork` (time travel from a
 journal position) and :meth:`~mainspring.App.retry` (a failed run again from its
-failing step). A part of :class:`~mainspring.App`, which hands out the new runs'
-:class:`RunHandle` s."""
+failing step). A part of :class:`~mainspring.App`, whose :class:`RunHandle` s it hands
+out."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import json
 import os
 import re
 import uuid
+from collections.abc import Callable
 from typing import Any, Literal
 
 from .._errors import ConfigError, RunConflict
@@ -18,7 +19,7 @@ from .._signals import is_request_signal
 from ..observability import fork_traceparent
 from ..storage import CHILD_SIGNAL_PREFIX, RunRecord, StepRecord
 from ._handle import RunHandle, run_id_of
-from ._runtime import Part
+from ._runtime import Part, Runtime
 
 __all__ = ["NO_EDIT", "Lineage", "local_user", "new_id"]
 
@@ -27,7 +28,12 @@ NO_EDIT = _NO_EDIT  # App.fork's default: no edit
 
 
 class Lineage(Part):
-    """Forks and retries of an App's runs."""
+    """Forks and retries of an App's runs; ``handle`` makes the :class:`RunHandle` of a
+    run id (``created``: a new run) for the App."""
+
+    def __init__(self, runtime: Runtime, handle: Callable[[str, bool], RunHandle]) -> None:
+        super().__init__(runtime)
+        self._handle = handle
 
     def fork(
         self,
@@ -37,7 +43,7 @@ class Lineage(Part):
         edit: Any = _NO_EDIT,
         decisions: Literal["ask", "keep"] = "ask",
         by: str | None = None,
-    ) -> str:
+    ) -> RunHandle:
         """Start a new run that replays ``run_id``'s journal up to ``from_step`` and
         executes live from the step after it (time-travel debugging).
 
@@ -73,7 +79,7 @@ class Lineage(Part):
         run_id = run_id_of(run_id)
         if decisions not in ("ask", "keep"):
             raise ConfigError(f"decisions must be 'ask' or 'keep', not {decisions!r}")
-        source = self.get_run(run_id)
+        source = self._get_run(run_id)
         session, seq = _position(from_step, source.session)
         steps, target = self._fork_point(run_id, source, session, seq)
         requests = [s for s in steps if s.seq <= seq and _is_request_step(s)]
@@ -89,22 +95,22 @@ class Lineage(Part):
         if edit is not _NO_EDIT:
             patched = _merge_patch(loads(target.output), edit)
             output = dumps(patched, what=f"edited output of step {session}:{seq}")
-            if self.redactor is not None:
-                output = self.redactor.redact_json(output)
+            if self._redactor is not None:
+                output = self._redactor.redact_json(output)
             outputs[seq] = output
-        record = self.store.fork_run(
+        record = self._store.fork_run(
             source,
             run_id=new_id(),
             session=session,
             upto_seq=upto,
             output=None,
             outputs=outputs,
-            now=self.clock.now(),
+            now=self._clock.now(),
             parent_step=f"{session}:{seq}",
             # in the source's trace: a what-if branch of the run, in the same tree
             traceparent=fork_traceparent(source.id, source.traceparent),
         )
-        return record.id
+        return self._handle(record.id, True)
 
     def _fork_point(
         self, run_id: str, source: RunRecord, session: int, seq: int
@@ -116,7 +122,7 @@ class Lineage(Part):
                 f"current session {source.session} can be forked (the hand-off that "
                 f"started session {session} is not kept)"
             )
-        steps = self.store.load_steps(run_id, session)
+        steps = self._store.load_steps(run_id, session)
         target = next((s for s in steps if s.seq == seq), None)
         if target is None:
             have = f"0..{steps[-1].seq}" if steps else "none"
@@ -126,7 +132,7 @@ class Lineage(Part):
             )
         return steps, target
 
-    def retry(self, run_id: str | RunHandle) -> str:
+    def retry(self, run_id: str | RunHandle) -> RunHandle:
         """Queue a failed run again, from its failing step: the steps it completed
         replay from the journal and are not executed again; the failing step runs
         again with the same idempotency key.
@@ -140,16 +146,16 @@ class Lineage(Part):
             RunConflict: the run is not failed.
         """
         run_id = run_id_of(run_id)
-        record = self.get_run(run_id)
+        record = self._get_run(run_id)
         if record.status != "failed":
             raise RunConflict(
                 f"cannot retry run {run_id!r}: it is {record.status}, and only a failed "
                 "run can be retried (fork it to run it again from a step)",
                 run_id=run_id,
             )
-        from_seq = _failing_seq(record, self.store.load_steps(run_id, record.session))
-        self.store.retry_run(run_id, from_seq=from_seq, now=self.clock.now())
-        return run_id
+        from_seq = _failing_seq(record, self._store.load_steps(run_id, record.session))
+        self._store.retry_run(run_id, from_seq=from_seq, now=self._clock.now())
+        return self._handle(run_id, False)
 
 
 def local_user() -> str:

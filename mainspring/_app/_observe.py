@@ -1,5 +1,5 @@
 """What an App lets one see of its runs: traces, diagnoses, Prometheus metrics and
-live OpenTelemetry export. A part of :class:`~mainspring.App`."""
+live OpenTelemetry export. ``app.observe``, a part of :class:`~mainspring.App`."""
 
 from __future__ import annotations
 
@@ -33,7 +33,8 @@ log = logging.getLogger("mainspring.observability")
 
 
 class Observe(Part):
-    """Traces, diagnoses, metrics and tracing of an App's runs."""
+    """``app.observe``: traces, usage, diagnoses and metrics of an App's runs, and the
+    live export of their spans (OpenTelemetry)."""
 
     def __init__(
         self, runtime: Runtime, children: Callable[[str | RunHandle], list[RunRecord]]
@@ -51,9 +52,9 @@ class Observe(Part):
             RunNotFound: no such run.
         """
         run_id = run_id_of(run_id)
-        record = self.get_run(run_id)
+        record = self._get_run(run_id)
         return build_trace(
-            record, self.store.load_steps(run_id), self.runtime.prices(record.workflow)
+            record, self._store.load_steps(run_id), self._runtime.prices(record.workflow)
         )
 
     def usage(self, runs: Sequence[RunRecord]) -> dict[str, Usage]:
@@ -65,8 +66,8 @@ class Observe(Part):
         cache = self._usage_cache
         out = {r.id: cache[(r.id, r.updated_at)] for r in runs if (r.id, r.updated_at) in cache}
         todo = [r for r in runs if r.id not in out]
-        prices = {r.id: self.runtime.prices(r.workflow) for r in todo}
-        found = usage_by_run(self.store.model_steps([r.id for r in todo]), prices)
+        prices = {r.id: self._runtime.prices(r.workflow) for r in todo}
+        found = usage_by_run(self._store.model_steps([r.id for r in todo]), prices)
         for r in todo:
             out[r.id] = found.get(r.id, Usage())
             if r.finished:
@@ -82,26 +83,26 @@ class Observe(Part):
         Raises:
             RunNotFound: no such run.
         """
-        record = self.get_run(run_id_of(run_id))
-        return family_usage(record, self._children, self.usage, self.clock.now())
+        record = self._get_run(run_id_of(run_id))
+        return family_usage(record, self._children, self.usage, self._clock.now())
 
     def diagnose(self, run_id: str | RunHandle, *, stall_after_s: float = 600.0) -> Diagnosis:
         """``mainspring doctor``: match the run against the failure table (stopped
         half-way, looping, stale state, ignored tool error, context bloat, done but
         wrong), with what to check next."""
         run_id = run_id_of(run_id)
-        return diagnose(self.trace(run_id), now=self.clock.now(), stall_after_s=stall_after_s)
+        return diagnose(self.trace(run_id), now=self._clock.now(), stall_after_s=stall_after_s)
 
     def metrics(self) -> MetricsCollector:
         """The Prometheus collector over this App's store (kept, so that finished
-        runs are aggregated once). ``app.metrics().render()`` is what ``/metrics``
+        runs are aggregated once). ``app.observe.metrics().render()`` is what ``/metrics``
         serves. Needs the ``[metrics]`` extra."""
         if self._metrics is None:
             prices = dict(PRICES)
-            for spec in self.runtime.agents.values():
+            for spec in self._runtime.agents.values():
                 prices.update(spec.prices or {})
             self._metrics = MetricsCollector(
-                self.store, prices=prices, telemetry=self.runtime.telemetry, clock=self.clock.now
+                self._store, prices=prices, telemetry=self._runtime.telemetry, clock=self._clock.now
             )
         return self._metrics
 
@@ -144,28 +145,28 @@ class Observe(Part):
         if content_max_chars < 1:
             raise ConfigError(f"content_max_chars must be >= 1, got {content_max_chars!r}")
         if capture_content is None:
-            capture_content = self.runtime.telemetry.capture_content
+            capture_content = self._runtime.telemetry.capture_content
         if capture_content is None:
             capture_content = capture_from_environment(os.environ)
-        redactor = self.redactor
-        self.runtime.telemetry.enable_tracing(
+        redactor = self._redactor
+        self._runtime.telemetry.enable_tracing(
             tracer_provider,
-            is_agent=lambda workflow: workflow in self.runtime.agents,
+            is_agent=lambda workflow: workflow in self._runtime.agents,
             redact=redactor.redact_json if redactor is not None else None,
             capture_content=capture_content,
             content_max_chars=content_max_chars,
-            steps=lambda run_id, session: self.store.load_steps(run_id, session),
+            steps=lambda run_id, session: self._store.load_steps(run_id, session),
         )
 
     def disable_tracing(self) -> None:
         """Export no spans live from this process's workers, even when the ``OTEL_*``
         variables configure an exporter (``mainspring worker --no-otel``)."""
-        self.runtime.telemetry.disable_tracing()
+        self._runtime.telemetry.disable_tracing()
 
-    def trace_from_environment(self) -> None:
+    def _trace_from_environment(self) -> None:
         """A worker starts: export live if the ``OTEL_*`` variables configure an
         exporter and nobody enabled or disabled tracing in code."""
-        if self.runtime.telemetry.tracing is not None:
+        if self._runtime.telemetry.tracing is not None:
             return
         where = exporter_from_environment(os.environ)
         if where is None:
@@ -173,7 +174,7 @@ class Observe(Part):
         try:
             self.enable_tracing()
         except MissingExtra as exc:
-            self.runtime.telemetry.tracing = False  # said once
+            self._runtime.telemetry.tracing = False  # said once
             log.warning(
                 "OpenTelemetry: the OTEL_* variables send spans %s, but %s",
                 where if where.startswith("the ") else f"over {where}",
@@ -182,5 +183,5 @@ class Observe(Part):
 
     def steps(self, run_id: str | RunHandle) -> list[StepRecord]:
         run_id = run_id_of(run_id)
-        self.get_run(run_id)
-        return self.store.load_steps(run_id)
+        self._get_run(run_id)
+        return self._store.load_steps(run_id)

@@ -4,15 +4,20 @@ An App is a handful of plain parts (admin, agents, children, lineage, MCP server
 observation, queues, schedules, streams), each an object over one shared
 :class:`Runtime`: the store, the clock and randomness, redaction, rate limits, the
 worker settings and the registries of workflows, tools and agents. A part reads the
-runtime's names as its own (``self.store``, ``self.clock``) through :class:`Part`, and
-the App delegates its public methods to its parts (:class:`Via`), so that one object
-is shared by reference and nothing is created lazily by whichever method runs first.
+runtime's names through :class:`Part` (``self._store``, ``self._clock``: private, so
+that a part offered as a namespace shows only its own methods). The App offers some
+parts as namespaces (``app.schedules``), lends itself a few of their methods
+(:class:`Via`) and keeps the methods that moved into a namespace for one release under
+their old names (:class:`Moved`), so that one object is shared by reference and nothing
+is created lazily by whichever method runs first.
 """
 
 from __future__ import annotations
 
+import inspect
 import os
 import random
+import warnings
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import InitVar, dataclass, field
 from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, overload
@@ -27,10 +32,20 @@ from ..storage import RunRecord, Store, open_store, redact_url
 from ..tools import ToolRegistry
 from ._handle import RunHandle, run_id_of
 
-__all__ = ["DEFAULT_URL", "Part", "Runtime", "Via", "rate_limits_of"]
+__all__ = [
+    "DEFAULT_URL",
+    "Moved",
+    "Part",
+    "Runtime",
+    "Via",
+    "deprecated",
+    "rate_limits_of",
+    "takes_options_of",
+]
 
 P = ParamSpec("P")
 R = TypeVar("R")
+S = TypeVar("S")
 
 DEFAULT_URL = "sqlite:///mainspring.db"
 
@@ -131,42 +146,44 @@ class Runtime:
         """The workflows and agents' ``(workflow, logical model)`` whose counters a
         scrape reports at 0 before their first event."""
         agents = [
-            (name, f"{a.model.provider}:{a.model.model_id}") for name, a in self.agents.items()
+            (name, f"{a.resolved_model.provider}:{a.resolved_model.model_id}")
+            for name, a in self.agents.items()
         ]
         return list(self.workflows), agents
 
 
 class Part:
-    """Base of an App's parts: the runtime they share, and its names the parts'
-    methods read as their own (they were written as the App's methods)."""
+    """Base of an App's parts: the runtime they share, and the names of it their
+    methods read. Private, so that a part offered as a namespace (``app.schedules``)
+    shows only its own methods."""
 
     def __init__(self, runtime: Runtime) -> None:
-        self.runtime = runtime
+        self._runtime = runtime
 
     @property
-    def store(self) -> Store:
-        return self.runtime.store
+    def _store(self) -> Store:
+        return self._runtime.store
 
     @property
-    def clock(self) -> Clock:
-        return self.runtime.clock
+    def _clock(self) -> Clock:
+        return self._runtime.clock
 
     @property
-    def redactor(self) -> Redactor | None:
-        return self.runtime.redactor
+    def _redactor(self) -> Redactor | None:
+        return self._runtime.redactor
 
     @property
-    def version(self) -> str | None:
-        return self.runtime.version
+    def _version(self) -> str | None:
+        return self._runtime.version
 
-    def get_run(self, run_id: str | RunHandle) -> RunRecord:
-        return self.runtime.get_run(run_id)
+    def _get_run(self, run_id: str | RunHandle) -> RunRecord:
+        return self._runtime.get_run(run_id)
 
-    def get_workflow(self, workflow: Workflow[Any, Any] | str) -> Workflow[Any, Any]:
-        return self.runtime.get_workflow(workflow)
+    def _get_workflow(self, workflow: Workflow[Any, Any] | str) -> Workflow[Any, Any]:
+        return self._runtime.get_workflow(workflow)
 
     def _redact(self, text: str) -> str:
-        return self.runtime.redact(text)
+        return self._runtime.redact(text)
 
 
 class Via(Generic[P, R]):
@@ -196,6 +213,77 @@ class Via(Generic[P, R]):
             return self._method
         bound: Callable[P, R] = self._method.__get__(getattr(obj, self._part))
         return bound
+
+
+class Moved(Generic[P, R]):
+    """An App method that moved under a namespace (the App's ``pause_schedule`` is now
+    ``app.schedules.pause``): kept for one release, it warns with the new spelling
+    each time it is read and then is the new method, parameters and all.
+
+    ``namespace`` is the App attribute the method moved to; ``instead`` replaces the
+    advice when the method left the public API (the engine's plumbing)."""
+
+    def __init__(
+        self, namespace: str, method: Callable[Concatenate[Any, P], R], *, instead: str = ""
+    ) -> None:
+        self._namespace = namespace
+        self._method = method
+        self._new = f"app.{namespace}.{method.__name__}"
+        self._instead = instead or f"use {self._new}"
+        self.__wrapped__ = method
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._old = f"app.{name}"
+        self.__doc__ = f"Deprecated: {self._instead} ({self._old} goes in the next release)."
+
+    @property
+    def old(self) -> str:
+        """The old spelling (``"app.pause_schedule"``, deprecated)."""
+        return self._old
+
+    @property
+    def new(self) -> str:
+        """The new spelling (``app.schedules.pause``)."""
+        return self._new
+
+    @overload
+    def __get__(self, obj: None, owner: type | None = None) -> Moved[P, R]: ...
+
+    @overload
+    def __get__(self, obj: object, owner: type | None = None) -> Callable[P, R]: ...
+
+    def __get__(self, obj: object, owner: type | None = None) -> Moved[P, R] | Callable[P, R]:
+        if obj is None:
+            return self
+        deprecated(f"{self._old} is deprecated: {self._instead}")
+        bound: Callable[P, R] = self._method.__get__(getattr(obj, self._namespace))
+        return bound
+
+
+def deprecated(message: str, *, stacklevel: int = 2) -> None:
+    """Warn of a spelling that goes in the next release (``DeprecationWarning``: shown
+    by default in ``__main__`` and under pytest, and an error under ``-W error``).
+    ``stacklevel`` as :func:`warnings.warn`'s in the caller: 2 names its caller."""
+    warnings.warn(message, DeprecationWarning, stacklevel=stacklevel + 1)
+
+
+def takes_options_of(
+    make: Callable[P, Any],
+) -> Callable[[Callable[Concatenate[S, ...], R]], Callable[Concatenate[S, P], R]]:
+    """A method whose parameters are ``make``'s (a constructor: ``app.mcp.add`` takes
+    :class:`~mainspring.tools.MCPToolset`'s), so that they are declared once: type
+    checkers see ``make``'s parameters, ``help`` and ``inspect.signature`` show them."""
+
+    def decorate(method: Callable[Concatenate[S, ...], R]) -> Callable[Concatenate[S, P], R]:
+        signature = inspect.signature(make)
+        this = inspect.Parameter("self", inspect.Parameter.POSITIONAL_ONLY)
+        method.__signature__ = signature.replace(  # type: ignore[attr-defined]
+            parameters=[this, *signature.parameters.values()],
+            return_annotation=inspect.signature(method).return_annotation,
+        )
+        return method
+
+    return decorate
 
 
 def rate_limits_of(

@@ -1,22 +1,25 @@
 """Schedules: cron expressions that start runs of a workflow, fired by whichever
-worker ticks first (docs/schedules-and-queues.md). A part of :class:`~mainspring.App`.
+worker ticks first (docs/schedules-and-queues.md). ``app.schedules``, a part of
+:class:`~mainspring.App`.
 
-A schedule is declared in code (``app.schedule``) or in a file
-(``app.load_schedules``); a worker writes the declarations to the store's
+A schedule is declared in code (``app.schedules.add``) or in a file
+(``app.schedules.load``); a worker writes the declarations to the store's
 ``ms_schedules`` table at its first tick and then, at every tick, fires the due
 schedules through :meth:`~mainspring.storage.Store.fire_schedule` (one worker wins
 each due time; the run's key is ``schedule:<name>:<due time in UTC>``). Cron times
 are computed in ``_cron.py``; due times are compared with the database's clock
-(:meth:`Schedules.schedule_now`).
+(:meth:`Schedules.now`).
 """
 
 from __future__ import annotations
 
+import builtins
 import logging
 import os
+from collections.abc import Callable, ItemsView, Iterator, KeysView, ValuesView
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, overload
 
 from .._clock import SystemClock
 from .._config import config_entries
@@ -27,7 +30,7 @@ from ..journal import Workflow
 from ..storage import CatchUp, ScheduleRecord
 from ._lineage import new_id
 from ._queues import Queue, Queues
-from ._runtime import Part, Runtime
+from ._runtime import Part, Runtime, deprecated
 
 __all__ = [
     "SKIP_GRACE_S",
@@ -44,6 +47,8 @@ SKIP_GRACE_S = 60.0
 """Under ``catch_up="skip"``, how late a due time may be and still start its run."""
 
 _CATCH_UPS: tuple[CatchUp, ...] = ("skip", "once")
+
+W = TypeVar("W", bound=Workflow[Any, Any])
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -63,7 +68,13 @@ class Schedule:
 
 
 class Schedules(Part):
-    """Declaring, firing, listing and pausing schedules."""
+    """``app.schedules``: declaring (:meth:`add`, :meth:`load`), firing (:meth:`sync`,
+    :meth:`tick`, what workers call), listing and pausing schedules.
+
+    For one release it is also the mapping of the declared schedules that
+    ``app.schedules`` was (``app.schedules["nightly"]``), with a ``DeprecationWarning``:
+    read :attr:`declared` instead.
+    """
 
     def __init__(self, runtime: Runtime, queues: Queues) -> None:
         super().__init__(runtime)
@@ -71,7 +82,33 @@ class Schedules(Part):
         self._declared: dict[str, Schedule] = {}  # by name, as this App declares them
         self._synced = False  # written to the store since the last declaration
 
-    def schedule(
+    @overload
+    def add(
+        self,
+        cron: str,
+        /,
+        *,
+        name: str | None = None,
+        tz: str = "UTC",
+        catch_up: CatchUp = "skip",
+        queue: Queue | str | None = None,
+    ) -> Callable[[W], W]: ...
+
+    @overload
+    def add(
+        self,
+        name: str,
+        cron: str,
+        workflow: Workflow[Any, Any] | str,
+        /,
+        *args: Any,
+        tz: str = "UTC",
+        catch_up: CatchUp = "skip",
+        queue: Queue | str | None = None,
+        **kwargs: Any,
+    ) -> Schedule: ...
+
+    def add(
         self,
         name_or_cron: str,
         cron: str | None = None,
@@ -88,9 +125,9 @@ class Schedules(Part):
 
         Two forms::
 
-            app.schedule("nightly", "0 3 * * *", report, "all", tz="Europe/Paris")
+            app.schedules.add("nightly", "0 3 * * *", report, "all", tz="Europe/Paris")
 
-            @app.schedule("0 9 * * 1-5", tz="America/New_York")  # named after the workflow
+            @app.schedules.add("0 9 * * 1-5", tz="America/New_York")  # named after it
             @app.workflow
             async def standup(ctx): ...
 
@@ -100,7 +137,7 @@ class Schedules(Part):
                 ``"skip"`` starts none of them (only a time at most 60 seconds
                 late runs); ``"once"`` starts one run, for the
                 most recent. Either way the schedule then resumes at its next time.
-            queue: a queue declared with ``app.queue`` (or its name): the runs the
+            queue: a queue declared with ``app.queues.add`` (or its name): the runs the
                 schedule starts wait their turn there, within its limits.
 
         Raises:
@@ -111,16 +148,16 @@ class Schedules(Part):
         if cron is None:
             if workflow is not None or args or kwargs:
                 raise ConfigError(
-                    "app.schedule(cron) as a decorator takes only the cron expression and "
-                    "name=, tz=, catch_up=, queue=; to pass arguments, call "
-                    "app.schedule(name, cron, workflow, *args)"
+                    "app.schedules.add(cron) as a decorator takes only the cron expression "
+                    "and name=, tz=, catch_up=, queue=; to pass arguments, call "
+                    "app.schedules.add(name, cron, workflow, *args)"
                 )
             cron_expr = name_or_cron
 
             def decorate(target: Any) -> Any:
                 if not isinstance(target, Workflow):
                     raise ConfigError(
-                        "@app.schedule(...) decorates a workflow: put it above @app.workflow"
+                        "@app.schedules.add(...) decorates a workflow: put it above @app.workflow"
                     )
                 self._declare(name or target.name, cron_expr, target, (), {}, tz, catch_up, queue)
                 return target
@@ -129,7 +166,7 @@ class Schedules(Part):
         if workflow is None:
             raise ConfigError(f"schedule {name_or_cron!r}: name the workflow it starts")
         if name is not None:
-            raise ConfigError("app.schedule(name, cron, workflow): name= is for the decorator")
+            raise ConfigError("app.schedules.add(name, cron, workflow): name= is for the decorator")
         return self._declare(name_or_cron, cron, workflow, args, kwargs, tz, catch_up, queue)
 
     def _declare(
@@ -154,9 +191,9 @@ class Schedules(Part):
         if queue_name is not None and queue_name not in self._queues.declared:
             raise ConfigError(
                 f"{where}: queue {queue_name!r} is not declared in this App; declare it first "
-                f"with app.queue({queue_name!r}, concurrency=...)"
+                f"with app.queues.add({queue_name!r}, concurrency=...)"
             )
-        found = self.get_workflow(workflow)
+        found = self._get_workflow(workflow)
         found.encode_input(tuple(args), dict(kwargs))  # arguments it cannot take fail now
         declared = Schedule(
             name=name,
@@ -172,7 +209,7 @@ class Schedules(Part):
         self._synced = False
         return declared
 
-    def load_schedules(self, path: str | os.PathLike[str]) -> list[Schedule]:
+    def load(self, path: str | os.PathLike[str]) -> builtins.list[Schedule]:
         """Declare the schedules a TOML or JSON file lists.
 
         TOML::
@@ -195,7 +232,7 @@ class Schedules(Part):
         """
         file = Path(path)
         entries = config_entries(file, what="schedules", key="schedule")
-        out: list[Schedule] = []
+        out: builtins.list[Schedule] = []
         fields = {"name", "cron", "workflow", "args", "kwargs", "tz", "catch_up", "queue"}
         for i, entry in enumerate(entries, 1):
             where = f"schedules file {str(file)!r}, entry {i}"
@@ -228,33 +265,33 @@ class Schedules(Part):
                 raise ConfigError(f"{where}: {exc}") from None
         return out
 
-    def schedule_now(self) -> float:
+    def now(self) -> float:
         """The time schedules are due by: the database's clock
         (:meth:`~mainspring.storage.Store.database_now`) when this App runs on the
         real clock, so that workers whose clocks disagree still fire each due time
         once, never early and never skipping one; the App's own clock when it is a
         fake one (tests move it by hand)."""
-        if isinstance(self.clock, SystemClock):
-            return self.store.database_now()
-        return self.clock.now()
+        if isinstance(self._clock, SystemClock):
+            return self._store.database_now()
+        return self._clock.now()
 
     @property
-    def schedules(self) -> dict[str, Schedule]:
+    def declared(self) -> dict[str, Schedule]:
         """The schedules declared in this App, by name."""
         return dict(self._declared)
 
-    def sync_schedules(self) -> None:
+    def sync(self) -> None:
         """Write this App's declared schedules to the store (a worker does at its
         first tick). A new schedule, or one whose definition changed, is next due at
         its first time after now; an unchanged one keeps its state."""
-        now = self.schedule_now()
+        now = self.now()
         for declared in self._declared.values():
-            found = self.get_workflow(declared.workflow)
+            found = self._get_workflow(declared.workflow)
             encoded = self._redact(found.encode_input(declared.args, declared.kwargs))
             if declared.queue is not None:
                 # The queue's declared limits, in the store before its first run.
-                self._queues.fields(declared.queue, None, 0)
-            _, changed = self.store.put_schedule(
+                self._queues._fields(declared.queue, None, 0)
+            _, changed = self._store.put_schedule(
                 name=declared.name,
                 cron=declared.cron,
                 tz=declared.tz,
@@ -269,27 +306,27 @@ class Schedules(Part):
                 log.info("schedule %s: %s in %s", declared.name, declared.cron, declared.tz)
         self._synced = True
 
-    def tick_schedules(self) -> list[str]:
+    def tick(self) -> builtins.list[str]:
         """Fire the schedules due now: for each, start at most one run (see
         ``catch_up``) and move it to its next time. Safe from any number of workers
         at once: each due time starts one run. Returns the ids of the runs this call
         started."""
         if not self._synced:
-            self.sync_schedules()
-        now = self.schedule_now()
-        started: list[str] = []
-        for row in self.store.due_schedules(now):
+            self.sync()
+        now = self.now()
+        started: builtins.list[str] = []
+        for row in self._store.due_schedules(now):
             try:
                 latest = max(previous_due(row.cron, row.tz, now), row.next_at)
                 due = latest if row.catch_up == "once" or now - latest <= SKIP_GRACE_S else None
-                run = self.store.fire_schedule(
+                run = self._store.fire_schedule(
                     name=row.name,
                     seen_next_at=row.next_at,
                     next_at=next_due(row.cron, row.tz, now),
                     due_at=due,
                     run_id=new_id(),
                     key=schedule_key(row.name, latest),
-                    version=self.version,
+                    version=self._version,
                     now=now,
                 )
             except ConfigError as exc:  # a row another version wrote that this one cannot read
@@ -300,42 +337,73 @@ class Schedules(Part):
                 log.info("schedule %s: started run %s for %s", row.name, run, iso(latest))
         return started
 
-    def list_schedules(self) -> list[ScheduleRecord]:
+    def list(self) -> builtins.list[ScheduleRecord]:
         """Every schedule in the store (those some worker has synced), by name."""
-        return self.store.list_schedules()
+        return self._store.list_schedules()
 
-    def get_schedule(self, name: str) -> ScheduleRecord:
+    def get(self, name: str) -> ScheduleRecord:
         """The stored schedule ``name``.
 
         Raises:
             ScheduleNotFound: no schedule has that name in the store.
         """
-        found = self.store.get_schedule(name)
+        found = self._store.get_schedule(name)
         if found is None:
             raise ScheduleNotFound(f"no schedule named {name!r}")
         return found
 
-    def pause_schedule(self, name: str) -> ScheduleRecord:
+    def pause(self, name: str) -> ScheduleRecord:
         """Stop ``name`` from starting runs (on every worker) until resumed.
 
         Raises:
             ScheduleNotFound: no schedule has that name in the store.
         """
-        if not self.store.set_schedule_paused(name, True, now=self.schedule_now()):
+        if not self._store.set_schedule_paused(name, True, now=self.now()):
             raise ScheduleNotFound(f"no schedule named {name!r}")
-        return self.get_schedule(name)
+        return self.get(name)
 
-    def resume_schedule(self, name: str) -> ScheduleRecord:
+    def resume(self, name: str) -> ScheduleRecord:
         """Let ``name`` start runs again, from its next time after now: the times
         that passed while it was paused start nothing, whatever its catch-up.
 
         Raises:
             ScheduleNotFound: no schedule has that name in the store.
         """
-        row = self.get_schedule(name)
-        now = self.schedule_now()
+        row = self.get(name)
+        now = self.now()
         if row.paused:
-            self.store.set_schedule_paused(
+            self._store.set_schedule_paused(
                 name, False, now=now, next_at=next_due(row.cron, row.tz, now)
             )
-        return self.get_schedule(name)
+        return self.get(name)
+
+    # -- the mapping app.schedules was, for one release ------------------------------
+
+    def _as_mapping(self) -> dict[str, Schedule]:
+        deprecated(
+            "app.schedules as a mapping of the declared schedules is deprecated: "
+            "use app.schedules.declared",
+            stacklevel=3,
+        )
+        return self._declared
+
+    def __getitem__(self, name: str) -> Schedule:
+        return self._as_mapping()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(dict(self._as_mapping()))
+
+    def __len__(self) -> int:
+        return len(self._as_mapping())
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._as_mapping()
+
+    def keys(self) -> KeysView[str]:
+        return dict(self._as_mapping()).keys()
+
+    def values(self) -> ValuesView[Schedule]:
+        return dict(self._as_mapping()).values()
+
+    def items(self) -> ItemsView[str, Schedule]:
+        return dict(self._as_mapping()).items()

@@ -286,7 +286,7 @@ class Streams(Part):
             ValueError: ``after`` is not a cursor.
         """
         run_id = run_id_of(run_id)
-        return TokenFollower(self.store, run_id, after)
+        return TokenFollower(self._store, run_id, after)
 
     async def stream(
         self, run_id: str | RunHandle, *, after: int | str = 0, poll_s: float = 0.1
@@ -309,7 +309,7 @@ class Streams(Part):
         run_id = run_id_of(run_id)
         follower = await asyncio.to_thread(self.follow_tokens, run_id, after=after)
         while True:
-            run = await asyncio.to_thread(self.get_run, run_id)
+            run = await asyncio.to_thread(self._get_run, run_id)
             for event in await asyncio.to_thread(follower.poll):
                 yield event
             if run.finished:  # read after the run ended: nothing more will come

@@ -17,7 +17,7 @@ import dataclasses
 import functools
 import random
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal, NoReturn
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -32,27 +32,23 @@ from .._errors import (
     StepInterrupted,
     ToolInputError,
 )
-from ..context import ContextPolicy, TokenCounter, Turn, counter_for
+from ..context import TokenCounter, Turn, counter_for
 from ..hitl import ask
-from ..journal import RetryPolicy, RunContext
-from ..limits import BoundRateLimits, Limits, Price, cost_usd
+from ..journal import RunContext
+from ..limits import BoundRateLimits, cost_usd
 from ..models import (
     AssistantMessage,
-    Model,
     ModelResponse,
-    ModelSettings,
     ToolCall,
     ToolResultMessage,
     ToolSpec,
 )
 from ..tools import (
-    OutputSchema,
-    ToolDeps,
     ToolRegistry,
-    Toolset,
     describe_errors,
     parse_arguments,
 )
+from ._agent import Agent
 from ._budget import Progress, check_limits, checkpoint
 from ._builtin import (
     Allowlist,
@@ -62,68 +58,14 @@ from ._builtin import (
     ToolCallBudget,
     ValidArguments,
 )
-from ._call import DEFAULT_MODEL_RETRY, call_model
+from ._call import call_model
 from ._delegate import AgentTool, AgentWorkflow, Handoff, handoff_spec, handoff_task
 from ._parse import action_from_text
 from ._policy import ModelCall, Policy, ToolOutcome, ToolUse, compose
 from ._state import AgentResult, AgentState, PlanItem
 
-__all__ = ["Agent", "CompletionValidator"]
+__all__ = ["AgentLoop"]
 
-CompletionValidator = Callable[[Any, AgentState], str | None]
-"""``(answer, state) -> None`` when the answer is acceptable, else what is wrong."""
-
-FINISH = ToolSpec(
-    name="finish",
-    description="Finish the task and give the final answer. Call it only when the task is "
-    "complete; the answer is checked before it is accepted.",
-    parameters={
-        "type": "object",
-        "properties": {"answer": {"description": "The final answer or result of the task."}},
-        "required": ["answer"],
-    },
-)
-UPDATE_STATE = ToolSpec(
-    name="update_state",
-    description="Record your plan, facts you established and a progress note. The state "
-    "is shown to you every turn; older turns are only summarised.",
-    parameters={
-        "type": "object",
-        "properties": {
-            "plan": {
-                "type": "array",
-                "description": "The whole plan, replacing the previous one.",
-                "items": {
-                    "type": "object",
-                    "properties": {
-                        "text": {"type": "string"},
-                        "status": {"enum": ["todo", "doing", "done", "dropped"]},
-                    },
-                    "required": ["text"],
-                },
-            },
-            "facts": {"type": "array", "items": {"type": "string"}},
-            "note": {"type": "string"},
-        },
-    },
-)
-ASK_HUMAN = ToolSpec(
-    name="ask_human",
-    description="Ask a person when you are unsure or the input is ambiguous. The run "
-    "pauses until they answer (which may take hours); use it sparingly.",
-    parameters={
-        "type": "object",
-        "properties": {
-            "question": {"type": "string", "description": "One clear question."},
-            "choices": {
-                "type": "array",
-                "items": {"type": "string"},
-                "description": "The possible answers, when the choice is closed.",
-            },
-        },
-        "required": ["question"],
-    },
-)
 GUIDANCE = (
     "You work in turns. Each turn, call one or more tools. Use update_state to keep your "
     "plan, facts and progress notes current: older turns are only shown as a summary. "
@@ -132,105 +74,39 @@ GUIDANCE = (
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
-class Agent:
-    """An agent's configuration. Made by :meth:`App.agent`, which registers the
-    workflow that runs it, binds ``rate_limits`` to its store and clock, and passes its
-    ``clock``, ``rng`` and ``inline_wait_s``. ``policies`` wrap its tool and model
-    calls (see :class:`Policy`)."""
+class AgentLoop:
+    """An :class:`Agent` as an App runs it: bound to the App's tool registry (which
+    tells a tool the agent may not call from one that does not exist), its rate limits
+    (bound to its store and clock), its clock, randomness and ``inline_wait_s``. The
+    App makes one when the agent is registered; its :meth:`run` is the workflow's body.
+    """
 
-    name: str
-    model: Model
-    instructions: str
+    agent: Agent[Any]
     tools: ToolRegistry
-    allowed: tuple[str, ...]
-    limits: Limits = field(default_factory=Limits)
-    context: ContextPolicy = field(default_factory=ContextPolicy)
-    settings: ModelSettings | None = None
-    planning: bool = False
-    planning_settings: ModelSettings | None = None
-    validators: tuple[CompletionValidator, ...] = ()
-    max_repairs: int = 3
-    session_turns: int | None = None
-    session_tokens: int | None = None
-    session_bytes: int | None = None
-    session_wall_s: float | None = None
-    model_retry: RetryPolicy = DEFAULT_MODEL_RETRY
-    prices: dict[str, Price] | None = None
-    ask_human: bool = False
     rate_limits: BoundRateLimits | None = None
-    rate_account: str = "default"
-    policies: tuple[Policy, ...] = ()
-    # agents the model may hand the task over to (``transfer_to_<name>``)
-    handoffs: tuple[AgentWorkflow, ...] = ()
     clock: Clock | None = None
     rng: random.Random | None = None
     inline_wait_s: float = 1.0
-    output_type: Any = None
-    deps: Callable[[], Any] | None = None
-    deps_type: type | None = None
-    # sources of tools listed when a session starts (MCP servers: ``app.mcp``)
-    toolsets: tuple[Toolset, ...] = ()
-
-    def __post_init__(self) -> None:
-        # Bad configuration fails where the agent is defined, not in a worker.
-        _ = self._output, self._deps
-        for target in self.handoffs:
-            if not isinstance(target, AgentWorkflow):
-                raise ConfigError(
-                    f"agent {self.name!r}: handoffs take agents (what app.agent returns), "
-                    f"got {target!r}"
-                )
-            handoff_spec(target)  # a name that cannot be a tool's fails here
 
     @functools.cached_property
     def _counter(self) -> TokenCounter:
-        return counter_for(self.model.provider)
-
-    @functools.cached_property
-    def _output(self) -> OutputSchema | None:
-        if self.output_type is None:
-            return None
-        return OutputSchema.of(self.output_type, agent=self.name)
-
-    @functools.cached_property
-    def _deps(self) -> ToolDeps:
-        # One per Agent, so per App: built once in each worker process, never journaled.
-        return ToolDeps(self.name, self.deps, self.deps_type)
-
-    @property
-    def result_type(self) -> Any:
-        """What the workflow returns: ``AgentResult[output_type]``, so that a result
-        read back from the journal is rebuilt as the output type."""
-        generic: Any = AgentResult  # subscripted with a runtime value
-        return generic if self.output_type is None else generic[self.output_type]
-
-    def tool_specs(
-        self, tools: ToolRegistry | None = None, allowed: tuple[str, ...] | None = None
-    ) -> list[ToolSpec]:
-        """What the model is told it may call (``tools`` and ``allowed``: a session's,
-        with what its toolsets listed; the agent's own by default)."""
-        extra = [ASK_HUMAN] if self.ask_human else []
-        extra += [handoff_spec(target) for target in self.handoffs]
-        finish = FINISH if self._output is None else self._output.spec
-        registry = self.tools if tools is None else tools
-        names = self.allowed if allowed is None else allowed
-        return [*registry.specs(names), *extra, UPDATE_STATE, finish]
+        return counter_for(self.agent.resolved_model.provider)
 
     async def _toolbox(self, ctx: RunContext) -> tuple[ToolRegistry, tuple[str, ...]]:
         """This session's tools and allowlist: the agent's, and its toolsets' (each
         listed once per session, as journaled steps)."""
-        if not self.toolsets:
-            return self.tools, self.allowed
-        registry = ToolRegistry(t for t in self.tools if t.name in self.allowed)
-        allowed = list(self.allowed)
+        if not self.agent.toolsets:
+            return self.tools, self.agent.allowed
+        registry = ToolRegistry(t for t in self.tools if t.name in self.agent.allowed)
+        allowed = list(self.agent.allowed)
         taken = {"finish", "update_state", "ask_human"}
-        taken.update(handoff_spec(target).name for target in self.handoffs)
-        for toolset in self.toolsets:
+        taken.update(handoff_spec(target).name for target in self.agent.handoffs)
+        for toolset in self.agent.toolsets:
             listed = await toolset.list_tools(ctx)
             for t in listed.tools:
                 if t.name in registry or t.name in taken:
                     raise ConfigError(
-                        f"agent {self.name!r}: the tool {t.name!r} of {toolset!r} has the "
+                        f"agent {self.agent.name!r}: the tool {t.name!r} of {toolset!r} has the "
                         "name of another tool of the agent; give the toolset a prefix= "
                         "(or leave the tool out with allow=[...])"
                     )
@@ -240,13 +116,13 @@ class Agent:
 
     async def run(self, ctx: RunContext, task: str) -> AgentResult:
         """The workflow body: one session of the loop, its tools given its deps."""
-        with self._deps.bound():
+        with self.agent._deps.bound():
             return await self._session(ctx, task)
 
     async def _session(self, ctx: RunContext, task: str) -> AgentResult:
         run = self._resume(ctx, task)
         run.tools, run.allowed = await self._toolbox(ctx)
-        specs = self.tool_specs(run.tools, run.allowed)
+        specs = self.agent.tool_specs(run.tools, run.allowed)
         while True:
             stop = await check_limits(ctx, run) or await checkpoint(ctx, run)
             if stop is not None:
@@ -282,21 +158,25 @@ class Agent:
     async def _ask_model(
         self, ctx: RunContext, run: Progress, task: str, specs: list[ToolSpec]
     ) -> ModelResponse | None:
-        planning = self.planning and run.state.turns == 0 and not run.state.plan
+        planning = self.agent.planning and run.state.turns == 0 and not run.state.plan
         messages = run.history.messages(
-            instructions=f"{self.instructions}\n\n{GUIDANCE}"
+            instructions=f"{self.agent.instructions}\n\n{GUIDANCE}"
             + ("\nStart by making a plan with update_state." if planning else ""),
             task=task,
             state_block=run.state.block(),
             earlier=run.earlier,
-            policy=self.context,
+            policy=self.agent.context,
             tools=specs,
             recent=run.recent,
             count=lambda m, t: round(self._counter.messages(m, t) * run.calibration),
         )
-        settings = self.planning_settings if planning and self.planning_settings else self.settings
-        model = self.model
-        counted = self.context.max_input_tokens or self.rate_limits is not None
+        settings = (
+            self.agent.planning_settings
+            if planning and self.agent.planning_settings
+            else self.agent.settings
+        )
+        model = self.agent.resolved_model
+        counted = self.agent.context.max_input_tokens or self.rate_limits is not None
         estimated = self._counter.messages(messages, specs) if counted else 0
         call = ModelCall(
             ctx=ctx,
@@ -306,7 +186,7 @@ class Agent:
             settings=settings,
             state=run.state,
         )
-        hooks = [ProviderRefusal().around_model, *(p.around_model for p in self.policies)]
+        hooks = [ProviderRefusal().around_model, *(p.around_model for p in self.agent.policies)]
         send = compose(hooks, functools.partial(self._call_model, run, estimated))
         try:
             response = await send(call)
@@ -329,7 +209,7 @@ class Agent:
         )
         run.state.input_tokens += usage.input_tokens
         run.state.output_tokens += usage.output_tokens
-        run.state.cost_usd += cost_usd(model.model_id, usage, self.prices)
+        run.state.cost_usd += cost_usd(model.model_id, usage, self.agent.prices)
         return response
 
     async def _act(
@@ -349,7 +229,9 @@ class Agent:
         for i, call in enumerate(calls):
             target = self._handoff_target(call.name)
             if target is not None:  # the task moves to that agent, as a child run
-                result = await ctx.child(target, handoff_task(self.name, call.arguments, run.state))
+                result = await ctx.child(
+                    target, handoff_task(self.agent.name, call.arguments, run.state)
+                )
                 results[i] = (f"handed over to {target.name}", False, False)
                 turn.results = [_result(c, results.get(j)) for j, c in enumerate(calls)]
                 return True, Handoff(result)
@@ -376,7 +258,7 @@ class Agent:
                 run,
                 message,
                 f"{call.name or '?'}({call.arguments:.300})",
-                output=call.name == "finish" and self._output is not None,
+                output=call.name == "finish" and self.agent._output is not None,
             )
         else:
             run.failed_turns = 0
@@ -389,7 +271,7 @@ class Agent:
         results: dict[int, tuple[str, bool, bool]],
     ) -> None:
         """Run the admitted tool calls together, through the policies, and count them."""
-        execute = compose([p.around_tool for p in self.policies], _run_tool)
+        execute = compose([p.around_tool for p in self.agent.policies], _run_tool)
         outcomes = await asyncio.gather(*(execute(use) for _, use in todo))
         for (i, use), done_call in zip(todo, outcomes, strict=True):
             results[i] = (done_call.content, done_call.is_error, False)
@@ -399,7 +281,7 @@ class Agent:
                 run.state.last_error = _named(use.call.name, done_call.content[:300])
 
     def _handoff_target(self, name: str) -> AgentWorkflow | None:
-        for target in self.handoffs:
+        for target in self.agent.handoffs:
             if name == f"transfer_to_{target.name}":
                 return target
         return None
@@ -411,7 +293,7 @@ class Agent:
         if calls or not (response.text and response.text.strip()):
             return calls
         known = {*run.allowed, "finish", "update_state"}
-        if self.ask_human:
+        if self.agent.ask_human:
             known.add("ask_human")
         found = action_from_text(response.text, f"text_{run.state.turns}", known)
         if found is not None:
@@ -427,7 +309,7 @@ class Agent:
             Allowlist(run.tools, run.allowed),
             ValidArguments(),
             ToolCallBudget(run.limits.max_tool_calls, run.state.tool_calls),
-            *self.policies,
+            *self.agent.policies,
             ApprovalRequired(),
         ]
 
@@ -446,7 +328,7 @@ class Agent:
             except ToolInputError as exc:
                 return exc.message, True, True
             return "state updated", False, False
-        if call.name == "ask_human" and self.ask_human:
+        if call.name == "ask_human" and self.agent.ask_human:
             return (*await self._ask_human(ctx, call), False)
         if not call.name.strip():
             # A garbled call, not a wrong tool: the model can repair it.
@@ -468,11 +350,11 @@ class Agent:
             tools=call.tools,
             settings=call.settings,
             rate_limits=self.rate_limits,
-            account=self.rate_account,
-            retry=self.model_retry,
+            account=self.agent.rate_account,
+            retry=self.agent.model_retry,
             max_rate_wait_s=run.limits.max_rate_wait_s,
             prompt_tokens=estimated if self.rate_limits is not None else None,
-            prices=self.prices,
+            prices=self.agent.prices,
             clock=self.clock,
             rng=self.rng,
             inline_wait_s=self.inline_wait_s,
@@ -481,9 +363,9 @@ class Agent:
     def _finish(self, ctx: RunContext, run: Progress, turn: Turn, answer: Any) -> tuple[bool, Any]:
         """A plain text reply is the final answer, if it is of the output type and the
         validators accept it."""
-        if self._output is not None:
+        if self.agent._output is not None:
             try:
-                answer = self._output.from_text(answer)
+                answer = self.agent._output.from_text(answer)
             except ToolInputError as exc:
                 note = f"{exc.message}\nCall finish with the answer."
                 self._repair(ctx, run, turn, note, output=True)
@@ -496,9 +378,9 @@ class Agent:
         return False, None
 
     def _check_finish(self, run: Progress, call: ToolCall) -> tuple[bool, Any, str]:
-        if self._output is not None:
+        if self.agent._output is not None:
             try:
-                answer = self._output.from_arguments(call.arguments)
+                answer = self.agent._output.from_arguments(call.arguments)
             except ToolInputError as exc:
                 return False, None, exc.message
             return self._validate_answer(run, answer)
@@ -512,7 +394,7 @@ class Agent:
         return self._validate_answer(run, arguments["answer"])
 
     def _validate_answer(self, run: Progress, answer: Any) -> tuple[bool, Any, str]:
-        for validator in self.validators:
+        for validator in self.agent.validators:
             problem = validator(answer, run.state)
             if problem:
                 return False, None, f"The answer was not accepted: {problem}. Fix it, then finish."
@@ -539,22 +421,23 @@ class Agent:
         run.failed_turns += 1
         run.state.repairs += 1
         about = f" about the call {call}" if call else ""
-        if run.failed_turns > self.max_repairs and output and self._output is not None:
-            name = self._output.name
+        if run.failed_turns > self.agent.max_repairs and output and self.agent._output is not None:
+            name = self.agent._output.name
             problems = message.partition("\n")[0].removeprefix(
                 f"finish: the answer is not a valid {name}: "
             )
             raise ModelOutputError(
-                f"agent {self.name!r}: the model's final answer is not a valid {name} after "
-                f"{run.failed_turns} turns in a row (max_repairs={self.max_repairs}); "
+                f"agent {self.agent.name!r}: the model's final answer is not a valid {name} after "
+                f"{run.failed_turns} turns in a row (max_repairs={self.agent.max_repairs}); "
                 f"what was wrong with the last one{f', {call}' if call else ''}: {problems}",
                 run_id=ctx.run_id,
             )
-        if run.failed_turns > self.max_repairs:
+        if run.failed_turns > self.agent.max_repairs:
             raise ModelOutputError(
-                f"agent {self.name!r}: the model could not produce a valid call: "
+                f"agent {self.agent.name!r}: the model could not produce a valid call: "
                 f"{run.failed_turns} turns in a row without a usable action "
-                f"(max_repairs={self.max_repairs}); the last repair asked{about}: {message!r}",
+                f"(max_repairs={self.agent.max_repairs}); "
+                f"the last repair asked{about}: {message!r}",
                 run_id=ctx.run_id,
             )
 
@@ -582,29 +465,32 @@ class Agent:
         """Has this session reached a bound (turns, tokens, journal bytes, wall time)?"""
         if run.session_turns == 0:
             return False  # a session always makes progress before it hands off
-        if self.session_turns is not None and run.session_turns >= self.session_turns:
+        if self.agent.session_turns is not None and run.session_turns >= self.agent.session_turns:
             return True
-        if self.session_tokens is not None and run.session_tokens >= self.session_tokens:
+        if (
+            self.agent.session_tokens is not None
+            and run.session_tokens >= self.agent.session_tokens
+        ):
             return True
-        if self.session_bytes is not None and run.session_bytes >= self.session_bytes:
+        if self.agent.session_bytes is not None and run.session_bytes >= self.agent.session_bytes:
             return True
-        if self.session_wall_s is not None:
-            return ctx.now().timestamp() - run.session_started >= self.session_wall_s
+        if self.agent.session_wall_s is not None:
+            return ctx.now().timestamp() - run.session_started >= self.agent.session_wall_s
         return False
 
     def _resume(self, ctx: RunContext, task: str) -> Progress:
         run = self._resume_run(ctx, task)
-        if self.session_wall_s is not None:
+        if self.agent.session_wall_s is not None:
             run.session_started = ctx.now().timestamp()
         return run
 
     def _resume_run(self, ctx: RunContext, task: str) -> Progress:
         handoff = ctx.handoff
         if not handoff:
-            started = ctx.now().timestamp() if self.limits.max_wall_s is not None else 0.0
+            started = ctx.now().timestamp() if self.agent.limits.max_wall_s is not None else 0.0
             return Progress(
                 state=AgentState(goal=task),
-                limits=self.limits,
+                limits=self.agent.limits,
                 started=started,
                 earlier="",
                 sessions=1,
@@ -613,7 +499,7 @@ class Agent:
         for key, value in handoff["state"].items():
             setattr(state, key, value)
         state.plan = [_plan_item(p) for p in handoff["state"]["plan"]]
-        limits = dataclasses.replace(self.limits, **handoff["limits"])
+        limits = dataclasses.replace(self.agent.limits, **handoff["limits"])
         return Progress(
             state=state,
             limits=limits,
@@ -623,14 +509,14 @@ class Agent:
         )
 
     def _hand_off(self, ctx: RunContext, run: Progress) -> NoReturn:
-        run.history.fold(len(run.history.turns), self.context)
+        run.history.fold(len(run.history.turns), self.agent.context)
         earlier = "\n".join(filter(None, [run.earlier, *run.history.summary_lines]))
         ctx.continue_as_new(
             {
                 "state": dataclasses.asdict(run.state),
                 "limits": dataclasses.asdict(run.limits),
                 "started": run.started,
-                "earlier": earlier[-self.context.summary_chars :],
+                "earlier": earlier[-self.agent.context.summary_chars :],
                 "sessions": run.sessions,
             }
         )

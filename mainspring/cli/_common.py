@@ -166,9 +166,9 @@ def set_tracing(app: App, otel: bool | None, capture_content: bool | None = None
         )
     app.telemetry.capture_content = capture_content
     if otel:
-        app.enable_tracing(capture_content=capture_content)
+        app.observe.enable_tracing(capture_content=capture_content)
     elif otel is False:
-        app.disable_tracing()
+        app.observe.disable_tracing()
 
 
 def iso_time(ts: float | None) -> str | None:

@@ -50,7 +50,7 @@ def keys_create(
 ) -> None:
     """Create a key. The key is printed once; only its hash is stored."""
     with cli_errors(), open_app(db, app_spec) as app:
-        key, token = app.create_key(name, _split(scope))
+        key, token = app.admin.create_key(name, _split(scope))
     if as_json:
         print_json({"id": key.id, "name": key.name, "scopes": list(key.scopes), "key": token})
         return
@@ -63,7 +63,7 @@ def keys_create(
 def keys_list(db: DbOption = None, app_spec: AppOption = None, as_json: JsonOption = False) -> None:
     """List keys (never the keys themselves)."""
     with cli_errors(), open_app(db, app_spec) as app:
-        found = app.list_keys()
+        found = app.admin.list_keys()
     if as_json:
         print_json(
             [
@@ -100,7 +100,7 @@ def keys_revoke(
 ) -> None:
     """Revoke a key: every request with it gets 401 from now on."""
     with cli_errors(), open_app(db, app_spec) as app:
-        if not app.revoke_key(key_id):
+        if not app.admin.revoke_key(key_id):
             raise RunNotFound(f"no active key {key_id!r} (see `mainspring keys list`)")
     console().print(f"revoked key {key_id}")
 
@@ -124,7 +124,7 @@ def webhooks_add(
         if secret is not None and len(secret) < 16:
             raise ConfigError("--secret must be at least 16 characters")
         with open_app(db, app_spec) as app:
-            hook, key = app.add_webhook(url, secret=secret, events=_split(event or []))
+            hook, key = app.admin.add_webhook(url, secret=secret, events=_split(event or []))
     if as_json:
         print_json({"id": hook.id, "url": hook.url, "events": list(hook.events), "secret": key})
         return
@@ -139,7 +139,7 @@ def webhooks_list(
 ) -> None:
     """List endpoints."""
     with cli_errors(), open_app(db, app_spec) as app:
-        hooks = app.list_webhooks()
+        hooks = app.admin.list_webhooks()
     if as_json:
         print_json(
             [
@@ -162,6 +162,6 @@ def webhooks_remove(
 ) -> None:
     """Stop delivering to an endpoint."""
     with cli_errors(), open_app(db, app_spec) as app:
-        if not app.remove_webhook(webhook_id):
+        if not app.admin.remove_webhook(webhook_id):
             raise RunNotFound(f"no webhook {webhook_id!r} (see `mainspring webhooks list`)")
     console().print(f"removed webhook {webhook_id}")

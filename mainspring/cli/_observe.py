@@ -49,7 +49,7 @@ def trace(
     """
     with cli_errors(), open_app(db, app_spec) as app:
         run_id = app.resolve_run_id(run_id)  # a unique prefix will do
-        t = app.trace(run_id)
+        t = app.observe.trace(run_id)
         kept = pick_steps(
             list(t.entries),
             where=lambda e: (e.session, e.seq),
@@ -89,7 +89,7 @@ def tail(
         out = console()
         last = None
         while True:
-            t = app.trace(run_id)
+            t = app.observe.trace(run_id)
             p = progress(t)
             if as_json:
                 line = json.dumps({"run_id": run_id, **dataclasses.asdict(p)}, default=str)
@@ -124,7 +124,7 @@ def doctor(
     """Diagnose a stuck or failed run with the failure table, and say what to check next."""
     with cli_errors(), open_app(db, app_spec) as app:
         run_id = app.resolve_run_id(run_id)  # a unique prefix will do
-        d = app.diagnose(run_id, stall_after_s=stall_after)
+        d = app.observe.diagnose(run_id, stall_after_s=stall_after)
     if as_json:
         print_json(d.to_json())
         return

@@ -16,13 +16,13 @@ def queues(db: DbOption = None, app_spec: AppOption = None, as_json: JsonOption 
     """List queues: their limits, and their runs running, retrying (sleeping on a
     retry back-off: each keeps its slot), queued and waiting (sleeping or waiting)."""
     with cli_errors(), open_app(db, app_spec) as app:
-        found = app.queues()
+        found = app.queues.list()
     if as_json:
         print_json({"queues": [dataclasses.asdict(q) for q in found]})  # the records as they are
         return
     out = console()
     if not found:
-        out.print("no queues yet (declare one with app.queue(...) and submit to it)")
+        out.print("no queues yet (declare one with app.queues.add(...) and submit to it)")
         return
     table = Table(box=None, pad_edge=False, header_style="bold")
     columns = ("queue", "running", "retrying", "queued", "waiting", "concurrency", "per key")

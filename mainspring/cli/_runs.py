@@ -247,13 +247,13 @@ def show(
     with cli_errors(), open_app(db, app_spec) as app:
         run_id = app.resolve_run_id(run_id)  # a unique prefix will do
         record = app.get_run(run_id)
-        steps = app.steps(run_id)
+        steps = app.observe.steps(run_id)
         current = max(
             (s for s in steps if s.session == record.session), key=lambda s: s.seq, default=None
         )
         # The whole run's, whatever --last/--errors/--step pick: 429s and rate waits.
         rate = build_trace(record, steps)
-        family = app.family(run_id)
+        family = app.observe.family(run_id)
         steps = pick_steps(
             steps,
             where=lambda s: (s.session, s.seq),

@@ -34,7 +34,7 @@ def schedules_list(
 ) -> None:
     """List the schedules workers have stored, with their next and last times."""
     with cli_errors(), open_app(db, app_spec) as app:
-        found = app.list_schedules()
+        found = app.schedules.list()
     if as_json:
         print_json([s.summary() for s in found])
         return
@@ -67,7 +67,7 @@ def schedules_pause(
 ) -> None:
     """Pause a schedule: no worker starts its runs until it is resumed."""
     with cli_errors(), open_app(db, app_spec) as app:
-        record = app.pause_schedule(name)
+        record = app.schedules.pause(name)
     _say(record, as_json)
 
 
@@ -78,5 +78,5 @@ def schedules_resume(
     """Resume a schedule from its next time after now (the times that passed while it
     was paused start nothing)."""
     with cli_errors(), open_app(db, app_spec) as app:
-        record = app.resume_schedule(name)
+        record = app.schedules.resume(name)
     _say(record, as_json)

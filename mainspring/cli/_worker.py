@@ -68,7 +68,7 @@ def worker(
         raise typer.BadParameter(f"must be > 0, got {lease_s!r}", param_hint="--lease-s")
     with app_process(app_spec, log_level, library_log_level, otel, capture_content) as app:
         for path in schedules or []:
-            app.load_schedules(path)
+            app.schedules.load(path)
         if metrics_port is not None:
             serve_metrics(app.telemetry, metrics_host, metrics_port)
         if lease_s is not None:

@@ -90,7 +90,7 @@ class Login:
         # in whatever others failed from its address (everyone behind one NAT), and a
         # throttled attempt takes the same path as any other (no timing tells them
         # apart). Keys carry 256 random bits: the throttle bounds noise and load.
-        key = self.app.verify_key(token) if token else None
+        key = self.app.admin.verify_key(token) if token else None
         if key is not None and key.allows("read"):
             audit.info("dashboard login of key %r (%s) from %s", key.id, key.name, client)
             return self._session(request, key)

@@ -88,7 +88,7 @@ class Pages:
         if not token:
             return None
         key_id = self.sessions.key_id(token, self.app.clock.now())
-        key = self.app.get_key(key_id) if key_id is not None else None
+        key = self.app.admin.get_key(key_id) if key_id is not None else None
         return key if key is not None and key.allows("read") else None
 
     def runs(
@@ -115,7 +115,7 @@ class Pages:
         )
         now = app.clock.now()
         rows = run_rows(
-            records, app.store.last_steps([r.id for r in records]), app.usage(records), now
+            records, app.store.last_steps([r.id for r in records]), app.observe.usage(records), now
         )
         filters = {
             k: v for k, v in (("status", status if wanted else None), ("workflow", workflow),
@@ -153,7 +153,7 @@ class Pages:
         return page(
             "schedules.html",
             key=key,
-            schedules=self.app.list_schedules(),
+            schedules=self.app.schedules.list(),
             can_admin=key.allows("admin"),
         )
 
@@ -165,7 +165,9 @@ class Pages:
             record = self.app.get_run(run_id)
         except RunNotFound:
             return page("missing.html", key=key, run_id=run_id)
-        diagnosis = self.app.diagnose(run_id) if record.status in ("failed", "running") else None
+        diagnosis = (
+            self.app.observe.diagnose(run_id) if record.status in ("failed", "running") else None
+        )
         return page(
             "run.html",
             key=key,
@@ -183,7 +185,9 @@ class Pages:
             live = self._live(request, run_id)
         except RunNotFound:
             return Response(status_code=404)
-        return page("_live.html", run=live["trace"].run, family=self.app.family(run_id), **live)
+        return page(
+            "_live.html", run=live["trace"].run, family=self.app.observe.family(run_id), **live
+        )
 
     def panel(self, request: Request, run_id: str) -> Response:
         """The run's status and pending requests, redrawn when the status changes."""
@@ -195,7 +199,7 @@ class Pages:
     def _live(self, request: Request, run_id: str) -> dict[str, Any]:
         """What the live part of a run's page shows: its trace, as a filtered
         timeline, and the usage chart of its model turns."""
-        trace = self.app.trace(run_id)
+        trace = self.app.observe.trace(run_id)
         timeline = build_timeline(
             trace.entries, Filters.parse(request.query_params), now=self.app.clock.now()
         )
@@ -213,5 +217,5 @@ class Pages:
             "run": record,
             "requests": [] if record.finished else self.app.requests(run_id),
             "children": self.app.children(run_id),
-            "family": self.app.family(run_id),
+            "family": self.app.observe.family(run_id),
         }

@@ -160,8 +160,7 @@ def preflight(
 
 
 def _tools(agent: Agent) -> list[Tool[Any, Any]]:
-    found = (agent.tools.get(n) for n in agent.allowed)
-    return [t for t in found if t is not None]
+    return list(agent.plain_tools)
 
 
 def _return_type(fn: Callable[..., Any]) -> Any:
@@ -189,7 +188,7 @@ def _structured(tp: Any) -> bool:
 def _check_agent(agent: Agent) -> tuple[Finding, ...]:
     tools = _tools(agent)
     writes = [t for t in tools if t.effect != "read"]
-    names = set(agent.tools.names)
+    names = set(agent.allowed)
     return (
         _finding(
             "schemas",
@@ -253,9 +252,9 @@ def _check_agent(agent: Agent) -> tuple[Finding, ...]:
         _finding(
             "traces",
             []
-            if price_of(agent.model.model_id, agent.prices) is not None
+            if price_of(agent.resolved_model.model_id, agent.prices) is not None
             else [
-                f"no price for model {agent.model.model_id!r}: its cost is recorded as 0 "
+                f"no price for model {agent.resolved_model.model_id!r}: its cost is recorded as 0 "
                 "in every trace"
             ],
             "pass prices={model_id: ms.limits.Price(input=..., output=...)} to app.agent",

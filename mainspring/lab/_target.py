@@ -22,7 +22,7 @@ from typing import Any
 
 from .. import App, ConfigError
 from ..agent import Agent, AgentResult
-from ..journal import RetryPolicy, RunContext, Workflow
+from ..journal import RetryPolicy, Workflow
 from ..storage import SQLiteStore
 from ..worker import Worker
 from ._chain import InstantClock, TrialOutcome, _quiet
@@ -136,8 +136,8 @@ class _Trials:
         self.stubs = stubs
         self.workflow = target.workflow
         self.agent = target.agent
-        if target.agent is not None:
-            self.agent, self.workflow = _agent_for(target.agent, policy)
+        if target.agent is not None and target.app is not None:
+            self.agent, self.workflow = _agent_for(target.agent, target.app, policy)
         self.count = 0
         self.error = ""  # the last failed run's error, for a clear message
 
@@ -283,20 +283,16 @@ _STOPS: dict[str, str] = {
 }
 
 
-def _agent_for(agent: Agent, policy: Policy) -> tuple[Agent, Workflow[Any, Any]]:
-    """The agent as the policy runs it: below ``validate``, with no completion
-    validators and no repair turns (a malformed reply fails the run)."""
-    changes: dict[str, Any] = {"rate_limits": None}
+def _agent_for(agent: Agent, app: App, policy: Policy) -> tuple[Agent, Workflow[Any, Any]]:
+    """The agent as the policy runs it, bound as ``app`` binds it but with no rate
+    limits: below ``validate``, with no completion validators and no repair turns (a
+    malformed reply fails the run)."""
+    spec = agent
     if policy not in ("validate", "mainspring"):
-        changes.update(validators=(), max_repairs=0)
-    spec = dataclasses.replace(agent, **changes)
-
-    async def run_agent(ctx: RunContext, task: str) -> AgentResult:
-        return await spec.run(ctx, task)
-
-    run_agent.__name__ = run_agent.__qualname__ = agent.name
-    run_agent.__annotations__["return"] = spec.result_type  # a typed output revives typed
-    return spec, Workflow.create(run_agent, agent.name)
+        spec = dataclasses.replace(agent, validators=(), max_repairs=0)
+    host = App(clock=app.clock, rng=app.rng, inline_wait_s=app.inline_wait_s, rate_limits=False)
+    host.tools = app.tools
+    return spec, host.add(spec)
 
 
 def _theory(policy: Policy, p: LabProfile, roles: Sequence[str], agent: bool) -> float | None:

@@ -1,7 +1,7 @@
 """Seeing runs: step traces, secret redaction, Prometheus metrics, OpenTelemetry
 export, and ``doctor``'s diagnosis by the failure table.
 
-``App.trace(run_id)`` returns a :class:`RunTrace`; :class:`MetricsCollector` (the
+``app.observe.trace(run_id)`` returns a :class:`RunTrace`; :class:`MetricsCollector` (the
 ``[metrics]`` extra) renders what ``/metrics`` serves; :func:`export_trace` (the
 ``[otel]`` extra) emits a run as GenAI-convention spans.
 """

@@ -80,8 +80,8 @@ class Telemetry(StepInterceptor):
     """Counters, histograms and live spans of what this process executes.
 
     Every :class:`~mainspring.App` has one (``app.telemetry``); its workers feed it.
-    ``app.metrics()`` serves it beside the store-wide gauges. You rarely need this
-    class directly: call :meth:`App.enable_tracing` to export spans live.
+    ``app.observe.metrics()`` serves it beside the store-wide gauges. You rarely need this
+    class directly: call ``app.observe.enable_tracing()`` to export spans live.
     """
 
     def __init__(self, clock: Clock, *, prices: Callable[[str], dict[str, Price] | None]) -> None:
@@ -131,7 +131,7 @@ class Telemetry(StepInterceptor):
         content_max_chars: int = 2000,
         steps: StepsLoader | None = None,
     ) -> None:
-        """Export spans live through ``tracer_provider`` (see :meth:`App.enable_tracing`).
+        """Export spans live through ``tracer_provider`` (see ``app.observe.enable_tracing()``).
         ``steps``: reads a run's journal, for a finished run's totals and a takeover's
         back-fill (off the event loop)."""
         self.tracing = True

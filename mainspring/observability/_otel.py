@@ -37,10 +37,10 @@ def export_trace(
 ) -> None:
     """Emit ``trace`` as OpenTelemetry spans through ``tracer_provider`` (default: the
     global one). Its span processors export them (batching, OTLP, ...). For back-filling
-    runs that ran without live export (see :meth:`App.enable_tracing`).
+    runs that ran without live export (see ``app.observe.enable_tracing()``).
 
     Args:
-        trace: from :meth:`App.trace`.
+        trace: from ``app.observe.trace``.
         tracer_provider: an ``opentelemetry.sdk.trace.TracerProvider``.
         agent: whether the run is an agent's (root span ``invoke_agent``); by default
             a run with model calls is taken for one.

@@ -1,7 +1,7 @@
 """Where spans go: the tracer provider live export uses, from the application or from
 the standard ``OTEL_*`` environment variables.
 
-A worker exports live when OpenTelemetry is configured: by ``app.enable_tracing()``
+A worker exports live when OpenTelemetry is configured: by ``app.observe.enable_tracing()``
 (or ``--otel``), or by the environment alone, when it names an exporter
 (``OTEL_EXPORTER_OTLP_ENDPOINT``, ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` or an
 ``OTEL_TRACES_EXPORTER`` other than ``none``) and ``OTEL_SDK_DISABLED`` is not

@@ -26,7 +26,7 @@ def _out(hook: Webhook, secret: str | None = None) -> WebhookOut:
 
 @router.get("/webhooks", response_model=list[WebhookOut], responses=responses())
 def list_webhooks(_key: Admin, ctx: Ctx) -> list[WebhookOut]:
-    return [_out(w) for w in ctx.app.list_webhooks()]
+    return [_out(w) for w in ctx.app.admin.list_webhooks()]
 
 
 @router.post("/webhooks", status_code=201, response_model=WebhookOut, responses=responses(413))
@@ -36,12 +36,12 @@ def add_webhook(body: WebhookIn, _key: Admin, ctx: Ctx) -> WebhookOut:
     and the IPv6 forms that carry such an IPv4 address) are refused unless the
     server allows their network (``--webhook-allow``)."""
     ctx.targets.check_url(body.url)
-    hook, secret = ctx.app.add_webhook(body.url, secret=body.secret, events=body.events)
+    hook, secret = ctx.app.admin.add_webhook(body.url, secret=body.secret, events=body.events)
     return _out(hook, secret)
 
 
 @router.delete("/webhooks/{webhook_id}", status_code=204, responses=responses(404))
 def remove_webhook(webhook_id: str, _key: Admin, ctx: Ctx) -> Response:
-    if not ctx.app.remove_webhook(webhook_id):
+    if not ctx.app.admin.remove_webhook(webhook_id):
         raise RunNotFound(f"no webhook {webhook_id!r}")
     return Response(status_code=204)

@@ -119,7 +119,7 @@ class ApiContext:
 
     def active(self, key_id: str) -> bool:
         """Whether the key still exists unrevoked (an open stream re-checks its own)."""
-        key = self.app.get_key(key_id)
+        key = self.app.admin.get_key(key_id)
         return key is not None and key.revoked_at is None
 
 
@@ -149,10 +149,10 @@ def _presented(
     if not token and not cookie:
         raise AuthError(401, "an API key is required: 'Authorization: Bearer msk_…'")
     if token:
-        key = ctx.app.verify_key(token)
+        key = ctx.app.admin.verify_key(token)
     else:  # the dashboard's session: the cookie stands for a key, never holds one
         key_id = ctx.sessions.key_id(cookie, ctx.app.clock.now())
-        key = ctx.app.get_key(key_id) if key_id is not None else None
+        key = ctx.app.admin.get_key(key_id) if key_id is not None else None
     if key is None:
         audit.warning("API request with an invalid key or session refused")
         raise AuthError(401, "the API key is not valid")

@@ -16,4 +16,4 @@ router = APIRouter()
 def list_queues(_key: Read, ctx: Ctx) -> list[QueueOut]:
     """Every queue with its limits and its runs by state, by name."""
     # A queue's view is its record, field for field.
-    return [QueueOut.model_validate(q, from_attributes=True) for q in ctx.app.queues()]
+    return [QueueOut.model_validate(q, from_attributes=True) for q in ctx.app.queues.list()]

@@ -100,7 +100,7 @@ def get_run(run_id: str, key: Read, ctx: Ctx) -> RunOut:
     current = app.store.last_steps([run_id]).get(run_id)
     pending = [] if record.finished else app.requests(run_id)
     out = run_out(record, current, pending, full=True, admin=key.allows("admin"))
-    family = app.family(run_id)
+    family = app.observe.family(run_id)
     out.usage = family_out(family)
     out.children = [
         ChildOut(

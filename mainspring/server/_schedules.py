@@ -36,17 +36,17 @@ def _out(record: ScheduleRecord) -> ScheduleOut:
 @router.get("/schedules", response_model=list[ScheduleOut], responses=responses())
 def list_schedules(_key: Read, ctx: Ctx) -> list[ScheduleOut]:
     """Every schedule the workers have stored, by name."""
-    return [_out(s) for s in ctx.app.list_schedules()]
+    return [_out(s) for s in ctx.app.schedules.list()]
 
 
 @router.post("/schedules/{name}/pause", response_model=ScheduleOut, responses=responses(404))
 def pause_schedule(name: str, _key: Admin, ctx: Ctx) -> ScheduleOut:
     """Stop the schedule from starting runs, on every worker, until resumed."""
-    return _out(ctx.app.pause_schedule(name))
+    return _out(ctx.app.schedules.pause(name))
 
 
 @router.post("/schedules/{name}/resume", response_model=ScheduleOut, responses=responses(404))
 def resume_schedule(name: str, _key: Admin, ctx: Ctx) -> ScheduleOut:
     """Let the schedule start runs again from its next time after now; the times
     that passed while it was paused start nothing."""
-    return _out(ctx.app.resume_schedule(name))
+    return _out(ctx.app.schedules.resume(name))

@@ -49,5 +49,5 @@ def metrics(request: Request, _key: Scrape, ctx: Ctx) -> Response:
     429s of an embedded worker), for Prometheus (a ``metrics`` or ``read`` key as a
     bearer token)."""
     with ctx.metrics_lock:
-        text, content_type = ctx.app.metrics().render(request.headers.get("accept"))
+        text, content_type = ctx.app.observe.metrics().render(request.headers.get("accept"))
     return Response(content=text, media_type=content_type)

@@ -1,4 +1,4 @@
-"""MCP tool servers as a :class:`Toolset` (``app.mcp(...)``), on the ``mcp`` SDK.
+"""MCP tool servers as a :class:`Toolset` (``app.mcp.add(...)``), on the ``mcp`` SDK.
 
 What the agent gets, and the choices behind it:
 
@@ -147,9 +147,33 @@ def _check_options(
 
 
 class MCPToolset(Toolset):
-    """The tools of one MCP server, for ``app.agent(..., tools=[...])``.
+    """The tools of one MCP server, for ``app.agent(..., tools=[...])``: declare it
+    with ``app.mcp.add(...)``, which takes these arguments (and closes the connections
+    with ``app.mcp.close()``).
 
-    Made by :meth:`App.mcp <mainspring.App.mcp>`, which documents the arguments.
+    Args:
+        name: the server's name in the App (journal step ``mcp:<name>:tools``).
+        command: a stdio server: the program and its arguments.
+        env / cwd: the stdio server's extra environment and working directory.
+        url: a streamable HTTP server's endpoint (``http://host:port/mcp``).
+        headers: HTTP headers for every request (an ``Authorization``, say).
+        prefix: put before each tool's name (``"fs_"``: ``fs_read_file``).
+        allow: the server's tool names the agents may call (default: all).
+        effects: effect class per tool name, over anything else
+            (``{"read_file": "read", "delete_file": "irreversible"}``).
+        idempotent: tools to treat as ``idempotentHint`` (safe to send again with the
+            same idempotency key).
+        timeout_s: seconds per call (by effect 30, 60 or 120 by default).
+        connect_timeout_s: seconds to start or reach the server and list its tools.
+        max_result_chars: longest text of a result shown to the model.
+        trust_annotations: believe the server's annotations (``readOnlyHint``,
+            ``destructiveHint``, ``idempotentHint``) when choosing effect classes. Off
+            by default: an untrusted server's tools are ``irreversible``, so a person
+            approves each call, unless ``effects=`` says otherwise. Trust a server you
+            wrote or vetted, never one that could lie.
+
+    Raises:
+        ConfigError: a bad argument.
     """
 
     def __init__(

@@ -16,7 +16,7 @@ from .._clock import Clock
 from ..journal import Committer, Engine, Workflow
 from ..storage import RunRecord, Store
 
-__all__ = ["WorkerHost", "WorkerTelemetry"]
+__all__ = ["ScheduleTicker", "WorkerHost", "WorkerTelemetry"]
 
 
 class WorkerTelemetry(Protocol):
@@ -43,6 +43,14 @@ class WorkerTelemetry(Protocol):
 
     def flush(self) -> None:
         """Export what is still batched (the worker is stopping)."""
+
+
+class ScheduleTicker(Protocol):
+    """The host's schedules, as a worker fires them (``app.schedules``)."""
+
+    def tick(self) -> list[str]:
+        """Fire the schedules that are due now (at most one run per due time across
+        every worker); the ids of the runs this call started."""
 
 
 class WorkerHost(Protocol):
@@ -86,9 +94,9 @@ class WorkerHost(Protocol):
     def telemetry(self) -> WorkerTelemetry:
         """Where the worker reports its load and the runs it holds."""
 
-    def tick_schedules(self) -> list[str]:
-        """Fire the host's schedules that are due now (at most one run per due time
-        across every worker); the ids of the runs this call started."""
+    @property
+    def schedules(self) -> ScheduleTicker:
+        """The host's schedules, which the worker ticks about once a second."""
 
     def engine(self, committer: Committer, threads: Executor) -> Engine:
         """The engine that executes steps for a worker committing through ``committer``

@@ -419,7 +419,7 @@ class Worker:
             return
         self._ticked_at = now
         try:
-            if await asyncio.to_thread(self.app.tick_schedules):
+            if await asyncio.to_thread(self.app.schedules.tick):
                 self._sweep = True  # claim what was just started without waiting a poll
         except (StoreUnavailable, StoreError) as exc:
             log.warning("worker %s: schedule tick failed: %s", self.worker_id, exc)

@@ -15,8 +15,8 @@ import time
 import mainspring as ms
 
 app = ms.App(lease_s=5.0, poll_interval_s=0.02)
-LIMITED = app.queue("limited", concurrency=2, per_key=1)
-SERIAL = app.queue("serial", concurrency=1)
+LIMITED = app.queues.add("limited", concurrency=2, per_key=1)
+SERIAL = app.queues.add("serial", concurrency=1)
 STEP_S = 0.05
 
 

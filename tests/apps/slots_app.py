@@ -15,7 +15,7 @@ import time
 import mainspring as ms
 
 app = ms.App(lease_s=float(os.environ.get("MAINSPRING_TEST_LEASE_S", "1.5")), poll_interval_s=0.02)
-PAIR = app.queue("pair", concurrency=2)
+PAIR = app.queues.add("pair", concurrency=2)
 STEP_S = float(os.environ.get("MAINSPRING_TEST_STEP_S", "0.4"))
 
 
