@@ -1,11 +1,12 @@
 """``App``: the registry of workflows over one store, and the way to start runs.
 
-``_core`` holds the App itself (registration, runs, looking and steering) and
-``_runtime`` the one value its parts share; the parts are ``_admin`` (API keys and
-webhooks), ``_agents``, ``_children``, ``_lineage`` (forks and retries), ``_mcp``,
-``_observe``, ``_queues``, ``_replay_check`` (the replay gate), ``_schedules`` (cron
-schedules), ``_shadow`` (the shadow lab: ``_shadow_journal``, ``_shadow_verdict``,
-``_shadow_app``) and ``_streams``.
+``_core`` holds the App itself (its core verbs: registration, runs, looking and
+steering) and ``_runtime`` the one value its parts share; the parts are ``_admin``
+(``app.admin``: API keys and webhooks), ``_agents``, ``_children``, ``_lineage`` (forks
+and retries), ``_mcp`` (``app.mcp``), ``_observe`` (``app.observe``), ``_queues``
+(``app.queues``), ``_replay_check`` (the replay gate), ``_schedules``
+(``app.schedules``: cron schedules), ``_shadow`` (the shadow lab: ``_shadow_journal``,
+``_shadow_verdict``, ``_shadow_app``) and ``_streams``.
 """
 
 from ._core import DEFAULT_URL, App
