@@ -39,7 +39,6 @@ from mainspring.models import (
 from mainspring.models._common import estimate_input_tokens
 from mainspring.storage import SQLiteStore
 from mainspring.testing import ScriptedModel
-from mainspring.tools import ToolRegistry
 
 Sync = Literal["NORMAL", "FULL"]
 Policy = ContextPolicy | None
@@ -134,11 +133,7 @@ async def mainspring_loop(sync: Sync, n: int) -> float:
 
 async def bare_loop(n: int) -> float:
     """The same calls without mainspring: a list of messages, resent whole each turn."""
-    registry = ToolRegistry()
-    registry.add(ms.tool(ping))
-    agent = ms.Agent(
-        name="bare", model=ScriptedModel([]), instructions="", tools=registry, allowed=("ping",)
-    )
+    agent = ms.Agent("bare", model=ScriptedModel([]), instructions="", tools=[ms.tool(ping)])
     tool_specs = agent.tool_specs()  # the same tools as mainspring's agent is told of
     model = ScriptedModel(script("ping", "i", n, Usage(input_tokens=1, output_tokens=1)))
     t0 = time.perf_counter()

@@ -292,6 +292,9 @@ class App:
 
     add.__doc__ = Agents.add.__doc__
 
+    # A part's method that is a core verb is the App's with one line (Via).
+    call_model = Via("_agents", Agents.call_model)
+
     def get_workflow(self, workflow: Workflow[Any, Any] | str) -> Workflow[Any, Any]:
         return self._runtime.get_workflow(workflow)
 
@@ -536,6 +539,10 @@ class App:
             versions=versions,
         )
 
+    children = Via("_children", Children.children)
+    follow_tokens = Via("_streams", Streams.follow_tokens)
+    stream = Via("_streams", Streams.stream)
+
     def signal(self, run_id: str | RunHandle, name: str, payload: Any = None) -> int:
         """Send a signal to a run; it is kept until a ``ctx.wait_for(name)`` takes it.
 
@@ -613,6 +620,9 @@ class App:
             reason = self.redactor.redact_text(reason)
         return self.store.cancel(run_id, self.clock.now(), reason)
 
+    fork = Via("_lineage", Lineage.fork)
+    retry = Via("_lineage", Lineage.retry)
+
     async def replay_check(
         self,
         runs: Iterable[str] | None = None,
@@ -684,16 +694,6 @@ class App:
             error=error,
             run_id=run_id,
         )
-
-    # -- the parts' methods, as the App's ----------------------------------------------
-
-    call_model = Via("_agents", Agents.call_model)
-    children = Via("_children", Children.children)
-    follow_tokens = Via("_streams", Streams.follow_tokens)
-    stream = Via("_streams", Streams.stream)
-
-    fork = Via("_lineage", Lineage.fork)
-    retry = Via("_lineage", Lineage.retry)
 
     # -- the namespaces ------------------------------------------------------------------
 

@@ -111,8 +111,9 @@ class Agent(Generic[OutputT]):
         instructions: the system prompt.
         tools: its allowlist: tools (``@app.tool``, registered in the App if new) and
             toolsets (``app.mcp.add(...)``).
-        limits: steps, tool calls, tokens, cost and wall time (pause and ask first).
-        context: how much history each request carries.
+        limits: steps, tool calls, tokens, cost and wall time (pause and ask first);
+            ``None``: the defaults.
+        context: how much history each request carries; ``None``: the default policy.
         settings / planning_settings: sampling for execution and planning turns.
         planning: ask for a plan (with ``update_state``) on the first turn.
         validators: ``(answer, state) -> None | problem`` checks of ``finish``.
@@ -182,6 +183,10 @@ class Agent(Generic[OutputT]):
         # Kept as tuples: an Agent is a value, shared by every run (and App) using it.
         for name in ("tools", "validators", "policies", "handoffs"):
             object.__setattr__(self, name, tuple(getattr(self, name)))
+        # ``None`` is the default, as ``app.agent`` has always taken it.
+        for name, default in (("limits", Limits), ("context", ContextPolicy)):
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, default())
         # Bad configuration fails where the agent is defined, not in a worker.
         _ = self._split, self.resolved_model, self._output, self._deps
         for target in self.handoffs:
