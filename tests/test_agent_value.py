@@ -126,6 +126,11 @@ def test_a_bad_option_fails_where_the_agent_is_defined_and_names_it(
     app.close()
 
 
+def test_none_is_the_default_of_limits_and_context_as_app_agent_took_it() -> None:
+    agent = _agent(limits=None, context=None)
+    assert (agent.limits, agent.context) == (ms.Limits(), ms.ContextPolicy())
+
+
 def test_a_variant_is_a_replaced_copy_checked_again() -> None:
     orders = _agent()
     strict = dataclasses.replace(orders, name="strict", max_repairs=0)
