@@ -111,7 +111,7 @@ def build(inner: Store, ledger_path: Path, faults: list[Fault]) -> Scenario:
     )
     scenario = Scenario(store, clock, ledger, history, app, state={"fixed": False})
     # An endpoint, so that every final transition queues an event (never delivered here).
-    inner.admin.add_webhook("http://127.0.0.1:9/hook", clock.now())
+    inner.add_webhook("http://127.0.0.1:9/hook", clock.now())
 
     def pay(n: int) -> int:
         ledger.apply(ms.current_step().idempotency_key, "pay", n)
