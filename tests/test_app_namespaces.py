@@ -53,7 +53,7 @@ OLD = {
 OTHER = {"mcp_servers", "split_tools", "child_workflow", "start_child"}
 
 CORE = {
-    "workflow", "tool", "agent", "add", "get_workflow", "replay_check",
+    "workflow", "tool", "agent", "add", "get_workflow", "replay_check", "shadow",
     "submit", "enqueue", "run", "result",
     "get_run", "list_runs", "resolve_run_id", "children", "stream", "follow_tokens",
     "signal", "requests", "answer", "cancel", "fork", "retry",

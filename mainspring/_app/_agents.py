@@ -16,7 +16,7 @@ from ..limits import BoundRateLimits
 from ..models import Message, Model, ModelResponse, ModelSettings, ToolSpec, resolve_model
 from ._runtime import Part, Runtime, takes_options_of
 
-__all__ = ["Agents", "agent_options"]
+__all__ = ["Agents", "agent_options", "workflow_of"]
 
 OutputT = TypeVar("OutputT", default=Any)
 P = ParamSpec("P")
@@ -33,6 +33,19 @@ def agent_options(
     a type checker sees through)."""
     forward: Any = takes_options_of(make)
     return forward  # type: ignore[no-any-return]
+
+
+def workflow_of(loop: AgentLoop) -> AgentWorkflow[Any]:
+    """The workflow that runs ``loop`` (a bound agent) under the agent's name: the
+    agent's own kind of workflow, a run plus ``as_tool``."""
+    agent = loop.agent
+
+    async def run_agent(ctx: RunContext, task: str) -> AgentResult[Any]:
+        return await loop.run(ctx, task)
+
+    run_agent.__name__ = run_agent.__qualname__ = agent.name
+    run_agent.__annotations__["return"] = agent.result_type  # revives the typed output
+    return AgentWorkflow.for_agent(run_agent, agent.name)
 
 
 class Agents(Part):
@@ -73,15 +86,8 @@ class Agents(Part):
             rng=runtime.rng,
             inline_wait_s=runtime.inline_wait_s,
         )
-
-        async def run_agent(ctx: RunContext, task: str) -> AgentResult[OutputT]:
-            return await loop.run(ctx, task)
-
-        run_agent.__name__ = run_agent.__qualname__ = agent.name
-        run_agent.__annotations__["return"] = agent.result_type  # revives the typed output
-        runtime.register(run_agent, agent.name)  # refuses a name taken
-        # the agent's own kind of workflow: the same run, plus ``as_tool``
-        workflow = AgentWorkflow.for_agent(run_agent, agent.name)
+        workflow: AgentWorkflow[OutputT] = workflow_of(loop)
+        runtime.register(workflow.fn, agent.name)  # refuses a name taken
         runtime.workflows[agent.name] = self._workflows[agent.name] = workflow
         runtime.agents[agent.name] = agent
         return workflow

@@ -11,11 +11,12 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from .._errors import ConfigError
-from ..agent import Agent, AgentResult, AgentWorkflow
-from ..journal import RunContext, StepInterceptor
+from ..agent import Agent, AgentLoop, AgentWorkflow
+from ..journal import StepInterceptor
 from ..limits import Price
 from ..models import Model, resolve_model
 from ..storage import Store
+from ._agents import workflow_of
 from ._shadow import Reads, ShadowOptions, recorded_runs, shadow
 from ._shadow_journal import RecordedRun
 from ._shadow_verdict import ShadowReport
@@ -23,17 +24,15 @@ from ._shadow_verdict import ShadowReport
 __all__ = ["app_shadow"]
 
 
-def _candidate(agent: Agent, changes: Mapping[str, Any]) -> tuple[Agent, AgentWorkflow]:
-    """The agent as the shadow runs it: with the overrides, and booking no rate limit
-    in the App's own store (the shadow's database is the only one it writes)."""
-    spec = dataclasses.replace(agent, rate_limits=None, **changes)
-
-    async def run_agent(ctx: RunContext, task: str) -> AgentResult:
-        return await spec.run(ctx, task)
-
-    run_agent.__name__ = run_agent.__qualname__ = agent.name
-    run_agent.__annotations__["return"] = spec.result_type  # a typed output revives typed
-    return spec, AgentWorkflow.for_agent(run_agent, agent.name)
+def _candidate(agent: Agent, changes: Mapping[str, Any], app: Any) -> tuple[Agent, AgentWorkflow]:
+    """The agent as the shadow runs it: with the overrides, bound as ``app`` binds it
+    but booking no rate limit in the App's own store (the shadow's database is the only
+    one it writes)."""
+    spec = dataclasses.replace(agent, **changes)
+    loop = AgentLoop(
+        agent=spec, tools=app.tools, clock=app.clock, rng=app.rng, inline_wait_s=app.inline_wait_s
+    )
+    return spec, workflow_of(loop)
 
 
 async def app_shadow(
@@ -130,7 +129,7 @@ async def app_shadow(
         app.workflows.update(self.workflows)
         app.tools = self.tools
         for name, agent in self.agents.items():
-            app.agents[name], app.workflows[name] = _candidate(agent, changes)
+            app.agents[name], app.workflows[name] = _candidate(agent, changes, self)
         return app
 
     return await shadow(recordings, scratch_app, options, scratch)
