@@ -73,8 +73,9 @@ class Agents(Part):
                 f"got {agent!r:.100}"
             )
         runtime = self._runtime
-        if runtime.agents.get(agent.name) is agent:
-            return self._workflows[agent.name]
+        added = self._workflows.get(agent.name)
+        if added is not None and runtime.agents.get(agent.name) is agent:
+            return added
         for t in agent.plain_tools:
             if t.name not in runtime.tools:
                 runtime.tools.add(t)
