@@ -273,6 +273,12 @@ async def test_a_run_mid_step_and_an_asleep_run_replay_to_their_next_write(
     assert [(r.run_id, r.verdict, r.then) for r in report.runs] == [(asleep, "clean", "wait")]
     [r] = (await app.replay_check([done])).runs
     assert (r.verdict, r.then, r.status) == ("clean", "finish", "succeeded")
+    # A run asked for that is not there is named: a gate that checked nothing says no.
+    report = await app.replay_check(iter([done, "no-such-run"]))
+    assert not report.ok
+    assert [(r.run_id, r.verdict) for r in report.runs] == [
+        (done, "clean"), ("no-such-run", "error"),
+    ]  # fmt: skip
 
 
 async def test_the_check_reads_another_database_read_only(

@@ -121,6 +121,7 @@ async def replay_check(
 ) -> ReplayReport:
     """:meth:`App.replay_check <mainspring.App.replay_check>`, for any worker host."""
     started = time.perf_counter()
+    runs = None if runs is None else list(dict.fromkeys(runs))
     claimed = accepted_versions(host.version, versions)
     store = open_read_only(database) if isinstance(database, str) else database
     try:
@@ -131,6 +132,7 @@ async def replay_check(
                 replace(host.engine(Committer(source, host.clock), threads), store=source), threads
             )
             checked = [await _check(host, engine, run) for run in records]
+        checked += _missing(source, runs)
     finally:
         if isinstance(database, str) and store is not None:
             store.close()
@@ -163,6 +165,24 @@ async def _check(host: WorkerHost, engine: Engine, run: RunRecord) -> RunCheck:
     except Exception as exc:
         return replace(head, verdict="error", message=f"{type(exc).__name__}: {safe_str(exc)}")
     return _of(head, found)
+
+
+def _missing(store: Store, runs: list[str] | None) -> list[RunCheck]:
+    """Runs asked for by id that the database does not hold: named, never passed over
+    (a gate that checked nothing must not say yes)."""
+    return [
+        RunCheck(
+            run_id=run_id,
+            workflow="",
+            version=None,
+            status="missing",
+            session=0,
+            verdict="error",
+            message=f"no run {run_id!r} in this database",
+        )
+        for run_id in runs or ()
+        if store.get_run(run_id) is None
+    ]
 
 
 def _of(head: RunCheck, found: Replayed) -> RunCheck:
