@@ -519,6 +519,9 @@ async def test_fault_walk_sample(stores: Stores, kind: FaultKind) -> None:
 
 
 @pytest.mark.slow
+# About 380 cases a kind, each a fresh scenario: about 1 s each on PostgreSQL on an idle
+# machine, 3-7 s on two shared cores (7 to 40 minutes), past the suite's 300 s per test.
+@pytest.mark.timeout(3600)
 @pytest.mark.parametrize("kind", KINDS)
 async def test_fault_walk_every_call(stores: Stores, kind: FaultKind) -> None:
     report = await walk(stores, (kind,), None)
