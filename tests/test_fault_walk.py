@@ -360,7 +360,10 @@ def outcome(s: Scenario) -> list[str]:
         record = s.store.inner.get_run(s.ids[name]) or s.pruned.get(name)
         status = None if record is None else record.status
         if status != want:
-            found.append(f"[outcome] {name} ended {status!r}, expected {want!r}")
+            # The run's error says why (a dead-letter, an exception): a rare failure of
+            # the slow walk must be diagnosable from its report alone.
+            why = "" if record is None or record.error is None else f" ({record.error[:300]})"
+            found.append(f"[outcome] {name} ended {status!r}, expected {want!r}{why}")
     for name, f1 in ((n, rid) for n, rid in s.ids.items() if n.startswith("f1-")):
         if s.store.inner.get_run(f1) is None:  # ended, but the fork below it waited
             found.append(f"[prune] deleted {name} {f1}, which a waiting fork needed")
