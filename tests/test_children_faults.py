@@ -241,6 +241,7 @@ async def test_child_runs_fault_walk_sample(stores: Stores, kind: FaultKind) -> 
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3600)  # every call, a fresh scenario each: minutes on a shared machine
 @pytest.mark.parametrize("kind", KINDS)
 async def test_child_runs_fault_walk_every_call(stores: Stores, kind: FaultKind) -> None:
     await walk(stores, (kind,), None)
